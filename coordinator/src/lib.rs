@@ -1,0 +1,5 @@
+//! The Tessera coordinator: splits jobs into tasks, leases them to workers,
+//! keeps every acknowledged job and result durable, stores assets by digest
+//! and stitches finished tiles into frames.
+
+pub mod scheduler;

@@ -1,0 +1,5 @@
+//! The Tessera worker: joins a coordinator with a worker ticket, keeps a
+//! content-addressed cache of job assets, and renders the tasks it is leased
+//! with one of its engines.
+
+pub mod engine;
