@@ -1,1 +1,13 @@
-pub fn placeholder() {}
+//! The only crate that knows Tessera's wire: message enums, framing (a length
+//! prefix plus bincode, with hard size caps), the blake3 [`Digest`], job
+//! description types, join tickets, and the QUIC transport with its version
+//! handshake. Everything else converts to and from these types.
+
+pub mod codec;
+pub mod digest;
+pub mod job;
+pub mod messages;
+pub mod ticket;
+pub mod transport;
+
+pub use digest::Digest;

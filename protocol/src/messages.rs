@@ -1,0 +1,201 @@
+//! The message enums. A connection opens one bidirectional *control* stream
+//! and says `Hello`; after `Welcome::Accepted`, workers exchange
+//! [`WorkerMsg`]/[`CoordMsg`] and clients send [`ClientRequest`]s, each
+//! answered by one [`ClientResponse`]. Blob bytes travel on streams of their
+//! own, each opened with a [`BlobRequest`] frame, so an upload never delays a
+//! heartbeat.
+
+use serde::{Deserialize, Serialize};
+
+use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
+use crate::Digest;
+
+/// Bumped whenever a message changes shape.
+pub const PROTOCOL_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Role {
+    Worker,
+    Client,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello {
+    pub version: u32,
+    pub role: Role,
+    pub secret: String,
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Welcome {
+    Accepted { version: u32 },
+    Refused { reason: String },
+}
+
+/// Identifies one lease of one task.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct TaskRef {
+    pub job: u64,
+    pub index: u32,
+    pub epoch: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerInfo {
+    pub engines: Vec<Engine>,
+    pub slots: u32,
+    pub price_per_hour: f64,
+    pub hostname: String,
+}
+
+/// Worker → coordinator, on the control stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum WorkerMsg {
+    Join(WorkerInfo),
+    Heartbeat,
+    /// The output blob was uploaded first; `output` names it.
+    Done { task: TaskRef, output: Digest, render_ms: u64 },
+    Failed { task: TaskRef, error: String },
+}
+
+/// What a worker needs to know about a job, sent once per connection before
+/// its first task.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobInfo {
+    pub job: u64,
+    pub engine: Engine,
+    pub scene: String,
+    pub manifest: Vec<ManifestEntry>,
+    pub resolution: (u32, u32),
+    pub output: OutputFormat,
+}
+
+/// One task under one lease.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskSpec {
+    pub task: TaskRef,
+    pub frame: u32,
+    pub tile: TileRect,
+    /// Samples `[start, end)` of `total`.
+    pub samples: (u32, u32),
+    pub total_samples: u32,
+}
+
+/// Coordinator → worker, on the control stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum CoordMsg {
+    Joined { worker_id: u64, heartbeat_ms: u64, lease_ms: u64 },
+    Job(JobInfo),
+    Assign(TaskSpec),
+    /// Stop working on this lease; its result would be refused.
+    Cancel(TaskRef),
+    /// Reply to `Done`/`Failed`: the result is durable (`accepted`) or refused.
+    Ack { task: TaskRef, accepted: bool, reason: Option<String> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum JobState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Canceled,
+}
+
+impl JobState {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Canceled => "canceled",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Done | JobState::Failed | JobState::Canceled)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub id: u64,
+    pub name: String,
+    pub engine: Engine,
+    pub state: JobState,
+    pub priority: i32,
+    pub frames_total: u32,
+    pub frames_done: u32,
+    pub tasks_total: u32,
+    pub tasks_done: u32,
+    pub tasks_running: u32,
+    pub bytes_uploaded: u64,
+    pub bytes_deduplicated: u64,
+    /// Σ render time of accepted results, milliseconds.
+    pub render_ms: u64,
+    pub submitted_unix_ms: u64,
+    pub finished_unix_ms: Option<u64>,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub id: u64,
+    pub name: String,
+    pub engines: Vec<Engine>,
+    pub slots: u32,
+    pub running: u32,
+    pub tasks_done: u64,
+    pub price_per_hour: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FrameOutput {
+    pub frame: u32,
+    pub digest: Digest,
+    pub size: u64,
+    pub format: OutputFormat,
+}
+
+/// Client → coordinator, on the control stream; each gets one response.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ClientRequest {
+    /// Which of these blobs does the coordinator lack?
+    MissingBlobs(Vec<Digest>),
+    Submit(JobSpec),
+    /// One job, or every job when `None`.
+    Status(Option<u64>),
+    Cancel(u64),
+    /// The stitched frames of a job so far.
+    Frames(u64),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum ClientResponse {
+    Missing(Vec<Digest>),
+    Submitted(JobStatus),
+    Status { jobs: Vec<JobStatus>, workers: Vec<WorkerStatus> },
+    Canceled(JobStatus),
+    Frames(Vec<FrameOutput>),
+    Error(String),
+}
+
+/// First frame of a blob stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum BlobRequest {
+    /// `len` raw bytes follow; the receiver re-hashes them.
+    Put { digest: Digest, len: u64 },
+    Get { digest: Digest },
+}
+
+/// The receiver's answer on a blob stream.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum BlobReply {
+    Stored,
+    Refused { reason: String },
+    /// `len` raw bytes follow.
+    Found { len: u64 },
+    NotFound,
+}

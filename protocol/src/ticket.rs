@@ -1,0 +1,108 @@
+//! Join tickets: one line that lets a machine reach the coordinator and prove
+//! its role. `tessera://ROLE@ADDR/?fp=FINGERPRINT&secret=SECRET`, where the
+//! fingerprint pins the coordinator's self-signed certificate.
+
+use std::fmt;
+use std::net::SocketAddr;
+use std::str::FromStr;
+
+use crate::messages::Role;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ticket {
+    pub role: Role,
+    pub addr: SocketAddr,
+    /// blake3 of the coordinator certificate (DER), hex.
+    pub fingerprint: String,
+    pub secret: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("not a Tessera ticket: {0} (a ticket looks like tessera://worker@203.0.113.5:7700/?fp=…&secret=…)")]
+pub struct TicketError(String);
+
+impl Ticket {
+    /// A fresh random secret (256 bits, hex).
+    pub fn new_secret() -> String {
+        use rand::RngCore;
+        let mut bytes = [0u8; 32];
+        rand::rng().fill_bytes(&mut bytes);
+        bytes.iter().map(|b| format!("{b:02x}")).collect()
+    }
+}
+
+impl fmt::Display for Ticket {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let role = match self.role {
+            Role::Worker => "worker",
+            Role::Client => "client",
+        };
+        write!(f, "tessera://{role}@{}/?fp={}&secret={}", self.addr, self.fingerprint, self.secret)
+    }
+}
+
+impl FromStr for Ticket {
+    type Err = TicketError;
+
+    fn from_str(s: &str) -> Result<Self, TicketError> {
+        let s = s.trim();
+        let rest = s
+            .strip_prefix("tessera://")
+            .ok_or_else(|| TicketError("it does not start with tessera://".into()))?;
+        let (role, rest) =
+            rest.split_once('@').ok_or_else(|| TicketError("no ROLE@ part".into()))?;
+        let role = match role {
+            "worker" => Role::Worker,
+            "client" => Role::Client,
+            other => return Err(TicketError(format!("unknown role `{other}`"))),
+        };
+        let (addr, query) =
+            rest.split_once("/?").ok_or_else(|| TicketError("no /?fp=… part".into()))?;
+        let addr: SocketAddr =
+            addr.parse().map_err(|_| TicketError(format!("bad address `{addr}`")))?;
+        let (mut fingerprint, mut secret) = (None, None);
+        for pair in query.split('&') {
+            match pair.split_once('=') {
+                Some(("fp", v)) => fingerprint = Some(v.to_string()),
+                Some(("secret", v)) => secret = Some(v.to_string()),
+                _ => return Err(TicketError(format!("unexpected `{pair}`"))),
+            }
+        }
+        let fingerprint = fingerprint.ok_or_else(|| TicketError("no fp=".into()))?;
+        let secret = secret.ok_or_else(|| TicketError("no secret=".into()))?;
+        if fingerprint.len() != 64 || !fingerprint.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(TicketError("the fingerprint is not 64 hex digits".into()));
+        }
+        if secret.is_empty() {
+            return Err(TicketError("the secret is empty".into()));
+        }
+        Ok(Ticket { role, addr, fingerprint: fingerprint.to_ascii_lowercase(), secret })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip() {
+        let t = Ticket {
+            role: Role::Worker,
+            addr: "127.0.0.1:7700".parse().unwrap(),
+            fingerprint: "ab".repeat(32),
+            secret: Ticket::new_secret(),
+        };
+        let line = t.to_string();
+        assert!(!line.contains('\n'));
+        assert_eq!(line.parse::<Ticket>().unwrap(), t);
+        let v6 = Ticket { addr: "[::1]:9".parse().unwrap(), ..t };
+        assert_eq!(v6.to_string().parse::<Ticket>().unwrap(), v6);
+    }
+
+    #[test]
+    fn garbage_is_refused_clearly() {
+        let e = "hello".parse::<Ticket>().unwrap_err().to_string();
+        assert!(e.starts_with("not a Tessera ticket"), "{e}");
+        assert!("tessera://boss@127.0.0.1:1/?fp=00&secret=x".parse::<Ticket>().is_err());
+    }
+}

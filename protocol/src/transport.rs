@@ -1,0 +1,312 @@
+//! The QUIC transport: the coordinator's self-signed certificate, endpoints
+//! for both sides, certificate pinning by fingerprint, the `Hello` handshake,
+//! and [`Channel`], which turns a QUIC stream pair into typed messages.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
+use rustls::{DigitallySignedStruct, SignatureScheme};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+use crate::codec::{self, CodecError};
+use crate::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
+use crate::ticket::Ticket;
+
+const ALPN: &[u8] = b"tessera/1";
+const SERVER_NAME: &str = "tessera-coordinator";
+
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error("cannot reach the coordinator at {addr}: {reason}")]
+    Connect { addr: SocketAddr, reason: String },
+    #[error("the coordinator refused this connection: {0}")]
+    Refused(String),
+    #[error("protocol version mismatch: {0}")]
+    Version(String),
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("connection lost: {0}")]
+    Lost(String),
+    #[error("tls setup failed: {0}")]
+    Tls(String),
+}
+
+/// A coordinator certificate and its private key, both DER.
+pub struct Identity {
+    pub cert_der: Vec<u8>,
+    pub key_der: Vec<u8>,
+}
+
+impl Identity {
+    pub fn generate() -> Result<Identity, TransportError> {
+        let cert = rcgen::generate_simple_self_signed(vec![SERVER_NAME.to_string()])
+            .map_err(|e| TransportError::Tls(e.to_string()))?;
+        Ok(Identity {
+            cert_der: cert.cert.der().to_vec(),
+            key_der: cert.signing_key.serialize_der(),
+        })
+    }
+
+    /// blake3 of the certificate, hex: what tickets pin.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&self.cert_der)
+    }
+}
+
+pub fn fingerprint(cert_der: &[u8]) -> String {
+    blake3::hash(cert_der).to_hex().to_string()
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Timings both sides agree on. Keep-alives keep an idle control connection
+/// open; the idle timeout is how long a silent peer is tolerated.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub keep_alive: Duration,
+    pub idle_timeout: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Timing { keep_alive: Duration::from_secs(1), idle_timeout: Duration::from_secs(10) }
+    }
+}
+
+fn transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
+    let mut t = quinn::TransportConfig::default();
+    t.keep_alive_interval(Some(timing.keep_alive));
+    t.max_idle_timeout(Some(timing.idle_timeout.try_into().expect("idle timeout fits")));
+    t.stream_receive_window((8u32 * 1024 * 1024).into());
+    t.receive_window((32u32 * 1024 * 1024).into());
+    t.send_window(32 * 1024 * 1024);
+    t.max_concurrent_bidi_streams(256u32.into());
+    t.max_concurrent_uni_streams(0u32.into());
+    Arc::new(t)
+}
+
+/// A server endpoint bound to `addr` presenting `identity`.
+pub fn server_endpoint(
+    addr: SocketAddr,
+    identity: &Identity,
+    timing: Timing,
+) -> Result<quinn::Endpoint, TransportError> {
+    let cert = CertificateDer::from(identity.cert_der.clone());
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(identity.key_der.clone()));
+    let mut tls = rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TransportError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(vec![cert], key)
+        .map_err(|e| TransportError::Tls(e.to_string()))?;
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic =
+        QuicServerConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
+    let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
+    config.transport_config(transport_config(timing));
+    quinn::Endpoint::server(config, addr).map_err(|e| TransportError::Connect {
+        addr,
+        reason: format!("cannot listen: {e}"),
+    })
+}
+
+/// Accepts exactly the certificate whose blake3 fingerprint the ticket names.
+#[derive(Debug)]
+struct PinnedCert {
+    fingerprint: String,
+    provider: Arc<rustls::crypto::CryptoProvider>,
+}
+
+impl ServerCertVerifier for PinnedCert {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &ServerName<'_>,
+        _ocsp: &[u8],
+        _now: UnixTime,
+    ) -> Result<ServerCertVerified, rustls::Error> {
+        if fingerprint(end_entity.as_ref()) == self.fingerprint {
+            Ok(ServerCertVerified::assertion())
+        } else {
+            Err(rustls::Error::General(
+                "the coordinator's certificate does not match the ticket's fingerprint".into(),
+            ))
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> Result<HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.provider.signature_verification_algorithms,
+        )
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// A typed message channel over one QUIC bidirectional stream.
+pub struct Channel {
+    pub send: quinn::SendStream,
+    pub recv: quinn::RecvStream,
+}
+
+impl Channel {
+    pub fn new((send, recv): (quinn::SendStream, quinn::RecvStream)) -> Channel {
+        Channel { send, recv }
+    }
+
+    pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), CodecError> {
+        codec::write_frame(&mut self.send, msg).await
+    }
+
+    /// The next message, or `None` when the peer finished the stream.
+    pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
+        codec::read_frame(&mut self.recv).await
+    }
+
+    pub fn split(self) -> (quinn::SendStream, quinn::RecvStream) {
+        (self.send, self.recv)
+    }
+}
+
+/// An authenticated connection to the coordinator.
+pub struct Session {
+    pub endpoint: quinn::Endpoint,
+    pub connection: quinn::Connection,
+    pub control: Channel,
+}
+
+/// Connects with `ticket`, pins the certificate, and says `Hello`.
+pub async fn connect(ticket: &Ticket, name: &str, timing: Timing) -> Result<Session, TransportError> {
+    let addr = ticket.addr;
+    let fail = |reason: String| TransportError::Connect { addr, reason };
+    let provider = provider();
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TransportError::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedCert {
+            fingerprint: ticket.fingerprint.clone(),
+            provider,
+        }))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let quic = QuicClientConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
+    let mut config = quinn::ClientConfig::new(Arc::new(quic));
+    config.transport_config(transport_config(timing));
+    let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().unwrap();
+    let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| fail(e.to_string()))?;
+    endpoint.set_default_client_config(config);
+    let connecting = endpoint.connect(addr, SERVER_NAME).map_err(|e| fail(e.to_string()))?;
+    let connection = tokio::time::timeout(Duration::from_secs(10), connecting)
+        .await
+        .map_err(|_| fail("timed out after 10 s".into()))?
+        .map_err(|e| fail(e.to_string()))?;
+    let mut control =
+        Channel::new(connection.open_bi().await.map_err(|e| TransportError::Lost(e.to_string()))?);
+    control
+        .send(&Hello {
+            version: PROTOCOL_VERSION,
+            role: ticket.role,
+            secret: ticket.secret.clone(),
+            name: name.to_string(),
+        })
+        .await?;
+    let welcome: Welcome = tokio::time::timeout(Duration::from_secs(10), control.recv())
+        .await
+        .map_err(|_| fail("no answer to hello within 10 s".into()))?
+        .map_err(|e| match e {
+            // A refusal closes the connection right after the reason.
+            CodecError::Closed => TransportError::Refused("connection closed during hello".into()),
+            other => TransportError::Codec(other),
+        })?
+        .ok_or_else(|| TransportError::Refused("connection closed during hello".into()))?;
+    match welcome {
+        Welcome::Accepted { .. } => Ok(Session { endpoint, connection, control }),
+        Welcome::Refused { reason } if reason.contains("version") => {
+            Err(TransportError::Version(reason))
+        }
+        Welcome::Refused { reason } => Err(TransportError::Refused(reason)),
+    }
+}
+
+/// Server side of the handshake: checks the version and which role the
+/// secret proves. Returns the role, or the reason to send back.
+pub fn check_hello(hello: &Hello, worker_secret: &str, client_secret: &str) -> Result<Role, String> {
+    if hello.version != PROTOCOL_VERSION {
+        return Err(format!(
+            "protocol version mismatch: this coordinator speaks version {PROTOCOL_VERSION}, \
+             the peer speaks version {}; run the same Tessera release on both sides",
+            hello.version
+        ));
+    }
+    let secret_ok = match hello.role {
+        Role::Worker => constant_time_eq(&hello.secret, worker_secret),
+        Role::Client => constant_time_eq(&hello.secret, client_secret),
+    };
+    if !secret_ok {
+        return Err(match hello.role {
+            Role::Worker => "wrong worker ticket secret: use DATA_DIR/worker.ticket of this coordinator".into(),
+            Role::Client => "wrong client ticket secret: use DATA_DIR/client.ticket of this coordinator".into(),
+        });
+    }
+    Ok(hello.role)
+}
+
+fn constant_time_eq(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn version_and_role_are_checked() {
+        let hello = |version, role, secret: &str| Hello {
+            version,
+            role,
+            secret: secret.into(),
+            name: "t".into(),
+        };
+        assert_eq!(check_hello(&hello(PROTOCOL_VERSION, Role::Worker, "w"), "w", "c"), Ok(Role::Worker));
+        assert_eq!(check_hello(&hello(PROTOCOL_VERSION, Role::Client, "c"), "w", "c"), Ok(Role::Client));
+        // A worker secret does not make a client.
+        let e = check_hello(&hello(PROTOCOL_VERSION, Role::Client, "w"), "w", "c").unwrap_err();
+        assert!(e.contains("wrong client ticket secret"), "{e}");
+        let e = check_hello(&hello(99, Role::Worker, "w"), "w", "c").unwrap_err();
+        assert!(e.contains("protocol version mismatch") && e.contains("99"), "{e}");
+    }
+}
