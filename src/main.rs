@@ -1,1 +1,379 @@
-fn main() {}
+//! `tessera`: the one binary of the farm — coordinator, worker, the client
+//! commands artists and scripts use, and the one-command demo.
+
+mod client;
+mod demo;
+mod progress;
+mod report;
+
+use std::io::IsTerminal;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{Parser, Subcommand};
+use tessera_protocol::job::{Engine, TileGrid};
+use tessera_worker::engine;
+
+use crate::client::{Client, SubmitOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "tessera",
+    version,
+    about = "A distributed render farm for rented GPUs"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(clap::Args)]
+struct TicketArg {
+    /// Client ticket (the line in DATA_DIR/client.ticket), or @FILE holding it.
+    #[arg(long, env = "TESSERA_TICKET", hide_env_values = true)]
+    ticket: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run the coordinator: schedules jobs, stores assets, stitches frames.
+    Coordinator {
+        /// Where state, assets, the certificate and the tickets live.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// Address to listen on (UDP). Port 0 picks a free port, and keeps it
+        /// across restarts with the same data dir.
+        #[arg(long, default_value = "127.0.0.1:7700")]
+        listen: SocketAddr,
+        /// Address written into tickets, when workers reach this machine by
+        /// another address than --listen (e.g. a public IP).
+        #[arg(long)]
+        advertise: Option<SocketAddr>,
+        /// How often workers send heartbeats, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        heartbeat_ms: u64,
+        /// How long a lease lives without a heartbeat, in milliseconds.
+        #[arg(long, default_value_t = 3000)]
+        lease_ms: u64,
+    },
+    /// Run a worker: joins the farm with a worker ticket and renders tasks.
+    Worker {
+        /// Worker ticket (the line in DATA_DIR/worker.ticket), or @FILE holding it.
+        #[arg(long, env = "TESSERA_WORKER_TICKET", hide_env_values = true)]
+        ticket: String,
+        /// Name shown in status and the monitor (default: host name and pid).
+        #[arg(long)]
+        name: Option<String>,
+        /// Where fetched assets are kept.
+        #[arg(long)]
+        cache_dir: Option<PathBuf>,
+        /// Engine to offer: auto (every engine available here), builtin, blender, unreal.
+        #[arg(long, default_value = "auto")]
+        engine: String,
+        /// Concurrent tasks (one per GPU for GPU engines).
+        #[arg(long, default_value_t = 1)]
+        slots: u32,
+        /// Render threads per slot for CPU engines (default: cores ÷ slots).
+        #[arg(long)]
+        threads: Option<usize>,
+        /// What this node costs, for cost accounting.
+        #[arg(long, default_value_t = 0.0)]
+        price_per_hour: f64,
+    },
+    /// Submit a scene: uploads what the farm lacks, then queues the job.
+    Submit {
+        /// A .blend file or a builtin *.scene.json file.
+        scene: PathBuf,
+        /// Frames to render: 1-250, 1,5,9 or a mix (default: the scene's range).
+        #[arg(long)]
+        frames: Option<String>,
+        /// Split each frame into COLSxROWS tiles.
+        #[arg(long, default_value = "1x1")]
+        tiles: TileGrid,
+        /// Split each tile's samples into K ranges rendered as separate tasks.
+        #[arg(long, default_value_t = 1)]
+        sample_ranges: u32,
+        /// Override the scene's sample count.
+        #[arg(long)]
+        samples: Option<u32>,
+        /// With --wait: download the frames here.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        /// Job name (default: the scene's file name).
+        #[arg(long)]
+        name: Option<String>,
+        /// Higher runs first.
+        #[arg(long, default_value_t = 0)]
+        priority: i32,
+        /// Wait for the job to finish.
+        #[arg(long)]
+        wait: bool,
+        /// Print one JSON object on stdout.
+        #[arg(long)]
+        json: bool,
+        /// Makes a retried submit idempotent: the same id gets the same job.
+        #[arg(long)]
+        request_id: Option<String>,
+        /// Force an engine instead of choosing by file type.
+        #[arg(long, hide = true)]
+        engine: Option<Engine>,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Show jobs and workers, or one job.
+    Status {
+        job: Option<u64>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Wait for a job to finish; exits non-zero if it failed or was canceled.
+    Wait {
+        job: u64,
+        /// Download the frames here.
+        #[arg(long)]
+        output: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Cancel a job.
+    Cancel {
+        job: u64,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Run a whole farm on this machine on a sample scene.
+    Demo {
+        #[arg(long, default_value_t = 3)]
+        workers: u32,
+        #[arg(long, default_value = "tessera-demo")]
+        output: PathBuf,
+        /// Split each frame into COLSxROWS tiles.
+        #[arg(long, default_value = "4x4")]
+        tiles: TileGrid,
+    },
+}
+
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let server = matches!(
+        cli.command,
+        Command::Coordinator { .. } | Command::Worker { .. }
+    );
+    init_logging(if server { "info" } else { "warn" });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    match runtime.block_on(run(cli.command)) {
+        Ok(code) => std::process::exit(code),
+        Err(e) => {
+            // One line: the reason, with its causes.
+            eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
+            std::process::exit(1);
+        }
+    }
+}
+
+async fn shutdown_signal() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("signal handler");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}
+
+async fn run(command: Command) -> anyhow::Result<i32> {
+    match command {
+        Command::Coordinator {
+            data_dir,
+            listen,
+            advertise,
+            heartbeat_ms,
+            lease_ms,
+        } => {
+            let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
+            config.advertise = advertise;
+            config.heartbeat_ms = heartbeat_ms;
+            config.lease_ms = lease_ms.max(heartbeat_ms);
+            let coordinator = tessera_coordinator::server::start(config).await?;
+            println!("tessera coordinator listening on {}", coordinator.addr);
+            println!(
+                "worker ticket: {}",
+                data_dir.join("worker.ticket").display()
+            );
+            println!(
+                "client ticket: {}",
+                data_dir.join("client.ticket").display()
+            );
+            coordinator.run_until(shutdown_signal()).await;
+            Ok(0)
+        }
+        Command::Worker {
+            ticket,
+            name,
+            cache_dir,
+            engine,
+            slots,
+            threads,
+            price_per_hour,
+        } => {
+            let ticket = client::resolve_ticket(Some(&ticket))?;
+            if ticket.role != tessera_protocol::messages::Role::Worker {
+                anyhow::bail!(
+                    "this is a client ticket; a worker joins with DATA_DIR/worker.ticket"
+                );
+            }
+            let slots = slots.max(1);
+            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let threads = threads.unwrap_or((cores / slots as usize).max(1));
+            let engines = worker_engines(&engine, threads)?;
+            let name = name.unwrap_or_else(|| {
+                let host =
+                    std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "worker".into());
+                format!("{}-{}", host.trim(), std::process::id())
+            });
+            let cache_dir = cache_dir.unwrap_or_else(|| default_cache_dir(&name));
+            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+            tokio::spawn(async move {
+                shutdown_signal().await;
+                let _ = stop_tx.send(true);
+            });
+            let config = tessera_worker::run::Config {
+                ticket,
+                name,
+                cache_dir,
+                engines,
+                slots,
+                price_per_hour,
+            };
+            tessera_worker::run::run(config, stop_rx).await?;
+            Ok(0)
+        }
+        Command::Submit {
+            scene,
+            frames,
+            tiles,
+            sample_ranges,
+            samples,
+            output,
+            name,
+            priority,
+            wait,
+            json,
+            request_id,
+            engine,
+            ticket,
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let opts = SubmitOptions {
+                scene,
+                frames,
+                tiles,
+                sample_ranges,
+                samples,
+                name,
+                priority,
+                request_id,
+                engine,
+                progress: !json,
+            };
+            let mut client = Client::connect(&ticket).await?;
+            let status = client::submit(&mut client, &opts).await?;
+            if !wait {
+                report::print_submitted(&status, json);
+                return Ok(0);
+            }
+            if !json {
+                eprintln!(
+                    "job {} submitted: {}",
+                    status.id,
+                    report::summary_line(&status)
+                );
+            }
+            finish_wait(&mut client, status.id, output, json).await
+        }
+        Command::Status { job, json, ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let (jobs, workers) = client.status(job).await?;
+            report::print_status(job, &jobs, &workers, json);
+            Ok(0)
+        }
+        Command::Wait {
+            job,
+            output,
+            json,
+            ticket,
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            finish_wait(&mut client, job, output, json).await
+        }
+        Command::Cancel { job, ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let status = client.cancel(job).await?;
+            println!("job {} is {}", status.id, status.state.name());
+            Ok(0)
+        }
+        Command::Demo {
+            workers,
+            output,
+            tiles,
+        } => demo::run(workers.max(1), &output, tiles).await,
+    }
+}
+
+async fn finish_wait(
+    client: &mut Client,
+    job: u64,
+    output: Option<PathBuf>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    let status = client.wait(job, !json).await?;
+    let mut files = Vec::new();
+    if let (Some(dir), tessera_protocol::messages::JobState::Done) = (&output, status.state) {
+        files = client.download_frames(job, dir).await?;
+    }
+    report::print_final(&status, &files, json);
+    Ok(client::job_exit_code(&status))
+}
+
+fn worker_engines(choice: &str, threads: usize) -> anyhow::Result<Vec<Arc<dyn engine::Engine>>> {
+    let builtin = || Arc::new(engine::Builtin::new(threads)) as Arc<dyn engine::Engine>;
+    Ok(match choice {
+        "auto" | "builtin" => vec![builtin()],
+        "noop" => vec![Arc::new(engine::Noop) as Arc<dyn engine::Engine>],
+        "blender" | "unreal" => {
+            anyhow::bail!("the {choice} engine is not supported by this build yet")
+        }
+        other => {
+            anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)")
+        }
+    })
+}
+
+fn default_cache_dir(name: &str) -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("tessera").join(name)
+}

@@ -2,4 +2,7 @@
 //! keeps every acknowledged job and result durable, stores assets by digest
 //! and stitches finished tiles into frames.
 
+pub mod db;
 pub mod scheduler;
+pub mod server;
+pub mod stitch;

@@ -34,7 +34,10 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
         .map_err(|e| CodecError::Malformed(e.to_string()))?;
     let len = out.len() - 4;
     if len > MAX_FRAME as usize {
-        return Err(CodecError::TooLarge { len: len as u64, max: MAX_FRAME });
+        return Err(CodecError::TooLarge {
+            len: len as u64,
+            max: MAX_FRAME,
+        });
     }
     out[..4].copy_from_slice(&(len as u32).to_be_bytes());
     Ok(out)
@@ -44,7 +47,10 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 pub fn check_len(prefix: [u8; 4]) -> Result<usize, CodecError> {
     let len = u32::from_be_bytes(prefix);
     if len > MAX_FRAME {
-        return Err(CodecError::TooLarge { len: u64::from(len), max: MAX_FRAME });
+        return Err(CodecError::TooLarge {
+            len: u64::from(len),
+            max: MAX_FRAME,
+        });
     }
     Ok(len as usize)
 }
@@ -88,7 +94,11 @@ pub async fn read_frame<T: DeserializeOwned, R: AsyncRead + Unpin>(
     while got < 4 {
         let n = r.read(&mut prefix[got..]).await?;
         if n == 0 {
-            return if got == 0 { Ok(None) } else { Err(CodecError::Closed) };
+            return if got == 0 {
+                Ok(None)
+            } else {
+                Err(CodecError::Closed)
+            };
         }
         got += n;
     }
@@ -140,30 +150,46 @@ mod tests {
             other => panic!("expected TooLarge, got {other:?}"),
         }
         // The async reader refuses it too, reading only the 4 prefix bytes.
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let mut input: &[u8] = &[0xff, 0xff, 0xff, 0xff, 1, 2, 3];
-        let err = rt
-            .block_on(read_frame::<Hello, _>(&mut input))
-            .unwrap_err();
+        let err = rt.block_on(read_frame::<Hello, _>(&mut input)).unwrap_err();
         assert!(err.to_string().contains("exceeds the limit"), "{err}");
         assert_eq!(input, &[1, 2, 3], "nothing past the prefix was consumed");
     }
 
     #[test]
     fn truncated_and_garbage_frames_are_errors() {
-        let hello = Hello { version: 1, role: Role::Client, secret: "s".into(), name: "n".into() };
+        let hello = Hello {
+            version: 1,
+            role: Role::Client,
+            secret: "s".into(),
+            name: "n".into(),
+        };
         let frame = encode(&hello).unwrap();
         assert!(decode_frame::<Hello>(&frame[..frame.len() - 1]).is_err());
         let garbage = [0u8, 0, 0, 3, 0xff, 0xff, 0xff];
-        assert!(matches!(decode_frame::<Hello>(&garbage), Err(CodecError::Malformed(_))));
+        assert!(matches!(
+            decode_frame::<Hello>(&garbage),
+            Err(CodecError::Malformed(_))
+        ));
     }
 
     #[test]
     fn clean_eof_between_frames_is_none() {
-        let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
         let mut input: &[u8] = &[];
-        assert!(rt.block_on(read_frame::<Hello, _>(&mut input)).unwrap().is_none());
+        assert!(rt
+            .block_on(read_frame::<Hello, _>(&mut input))
+            .unwrap()
+            .is_none());
         let mut cut: &[u8] = &[0, 0];
-        assert!(matches!(rt.block_on(read_frame::<Hello, _>(&mut cut)), Err(CodecError::Closed)));
+        assert!(matches!(
+            rt.block_on(read_frame::<Hello, _>(&mut cut)),
+            Err(CodecError::Closed)
+        ));
     }
 }

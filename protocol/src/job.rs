@@ -47,7 +47,9 @@ impl FromStr for Engine {
             "blender" => Ok(Engine::Blender),
             "unreal" => Ok(Engine::Unreal),
             "noop" => Ok(Engine::Noop),
-            _ => Err(format!("unknown engine `{s}` (expected builtin, blender, unreal or noop)")),
+            _ => Err(format!(
+                "unknown engine `{s}` (expected builtin, blender, unreal or noop)"
+            )),
         }
     }
 }
@@ -83,7 +85,12 @@ impl TileGrid {
         let x1 = width * (c + 1) / self.cols;
         let y0 = height * r / self.rows;
         let y1 = height * (r + 1) / self.rows;
-        TileRect { x: x0, y: y0, width: x1 - x0, height: y1 - y0 }
+        TileRect {
+            x: x0,
+            y: y0,
+            width: x1 - x0,
+            height: y1 - y0,
+        }
     }
 }
 
@@ -227,7 +234,9 @@ mod tests {
         assert_eq!(parse_frames("1-4").unwrap(), vec![1, 2, 3, 4]);
         assert_eq!(parse_frames("9,1,5").unwrap(), vec![1, 5, 9]);
         assert_eq!(parse_frames("1-3,2,7").unwrap(), vec![1, 2, 3, 7]);
-        assert!(parse_frames("4-1").unwrap_err().contains("ends before it starts"));
+        assert!(parse_frames("4-1")
+            .unwrap_err()
+            .contains("ends before it starts"));
         assert!(parse_frames("a").is_err());
         assert!(parse_frames("1,,2").is_err());
     }
@@ -252,15 +261,42 @@ mod tests {
 
     #[test]
     fn hostile_manifest_paths_are_refused() {
-        assert_eq!(sanitize_manifest_path("textures/a.png").unwrap(), vec!["textures", "a.png"]);
-        assert!(matches!(sanitize_manifest_path("../../x"), Err(PathError::ParentDir(_))));
-        assert!(matches!(sanitize_manifest_path("a/../../x"), Err(PathError::ParentDir(_))));
-        assert!(matches!(sanitize_manifest_path("/etc/x"), Err(PathError::Absolute(_))));
-        assert!(matches!(sanitize_manifest_path("a\0b"), Err(PathError::Nul(_))));
-        assert!(matches!(sanitize_manifest_path("a//b"), Err(PathError::EmptyComponent(_))));
-        assert!(matches!(sanitize_manifest_path(""), Err(PathError::EmptyComponent(_))));
-        assert!(matches!(sanitize_manifest_path("C:\\x"), Err(PathError::Backslash(_))));
+        assert_eq!(
+            sanitize_manifest_path("textures/a.png").unwrap(),
+            vec!["textures", "a.png"]
+        );
+        assert!(matches!(
+            sanitize_manifest_path("../../x"),
+            Err(PathError::ParentDir(_))
+        ));
+        assert!(matches!(
+            sanitize_manifest_path("a/../../x"),
+            Err(PathError::ParentDir(_))
+        ));
+        assert!(matches!(
+            sanitize_manifest_path("/etc/x"),
+            Err(PathError::Absolute(_))
+        ));
+        assert!(matches!(
+            sanitize_manifest_path("a\0b"),
+            Err(PathError::Nul(_))
+        ));
+        assert!(matches!(
+            sanitize_manifest_path("a//b"),
+            Err(PathError::EmptyComponent(_))
+        ));
+        assert!(matches!(
+            sanitize_manifest_path(""),
+            Err(PathError::EmptyComponent(_))
+        ));
+        assert!(matches!(
+            sanitize_manifest_path("C:\\x"),
+            Err(PathError::Backslash(_))
+        ));
         let msg = sanitize_manifest_path("../../x").unwrap_err().to_string();
-        assert_eq!(msg, "manifest path `../../x` climbs out of the job folder with `..`");
+        assert_eq!(
+            msg,
+            "manifest path `../../x` climbs out of the job folder with `..`"
+        );
     }
 }

@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
 use crate::Digest;
 
+/// Outputs up to this size travel inside `WorkerMsg::Done`.
+pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
+
 /// Bumped whenever a message changes shape.
 pub const PROTOCOL_VERSION: u32 = 1;
 
@@ -54,9 +57,18 @@ pub struct WorkerInfo {
 pub enum WorkerMsg {
     Join(WorkerInfo),
     Heartbeat,
-    /// The output blob was uploaded first; `output` names it.
-    Done { task: TaskRef, output: Digest, render_ms: u64 },
-    Failed { task: TaskRef, error: String },
+    /// A finished task. Small outputs travel `inline`; larger ones were
+    /// uploaded as a blob first. Either way `output` names the bytes.
+    Done {
+        task: TaskRef,
+        output: Digest,
+        render_ms: u64,
+        inline: Option<Vec<u8>>,
+    },
+    Failed {
+        task: TaskRef,
+        error: String,
+    },
 }
 
 /// What a worker needs to know about a job, sent once per connection before
@@ -85,13 +97,21 @@ pub struct TaskSpec {
 /// Coordinator → worker, on the control stream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum CoordMsg {
-    Joined { worker_id: u64, heartbeat_ms: u64, lease_ms: u64 },
+    Joined {
+        worker_id: u64,
+        heartbeat_ms: u64,
+        lease_ms: u64,
+    },
     Job(JobInfo),
     Assign(TaskSpec),
     /// Stop working on this lease; its result would be refused.
     Cancel(TaskRef),
     /// Reply to `Done`/`Failed`: the result is durable (`accepted`) or refused.
-    Ack { task: TaskRef, accepted: bool, reason: Option<String> },
+    Ack {
+        task: TaskRef,
+        accepted: bool,
+        reason: Option<String>,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -176,7 +196,10 @@ pub enum ClientRequest {
 pub enum ClientResponse {
     Missing(Vec<Digest>),
     Submitted(JobStatus),
-    Status { jobs: Vec<JobStatus>, workers: Vec<WorkerStatus> },
+    Status {
+        jobs: Vec<JobStatus>,
+        workers: Vec<WorkerStatus>,
+    },
     Canceled(JobStatus),
     Frames(Vec<FrameOutput>),
     Error(String),
@@ -186,16 +209,25 @@ pub enum ClientResponse {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum BlobRequest {
     /// `len` raw bytes follow; the receiver re-hashes them.
-    Put { digest: Digest, len: u64 },
-    Get { digest: Digest },
+    Put {
+        digest: Digest,
+        len: u64,
+    },
+    Get {
+        digest: Digest,
+    },
 }
 
 /// The receiver's answer on a blob stream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum BlobReply {
     Stored,
-    Refused { reason: String },
+    Refused {
+        reason: String,
+    },
     /// `len` raw bytes follow.
-    Found { len: u64 },
+    Found {
+        len: u64,
+    },
     NotFound,
 }

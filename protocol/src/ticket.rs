@@ -37,7 +37,11 @@ impl fmt::Display for Ticket {
             Role::Worker => "worker",
             Role::Client => "client",
         };
-        write!(f, "tessera://{role}@{}/?fp={}&secret={}", self.addr, self.fingerprint, self.secret)
+        write!(
+            f,
+            "tessera://{role}@{}/?fp={}&secret={}",
+            self.addr, self.fingerprint, self.secret
+        )
     }
 }
 
@@ -49,17 +53,20 @@ impl FromStr for Ticket {
         let rest = s
             .strip_prefix("tessera://")
             .ok_or_else(|| TicketError("it does not start with tessera://".into()))?;
-        let (role, rest) =
-            rest.split_once('@').ok_or_else(|| TicketError("no ROLE@ part".into()))?;
+        let (role, rest) = rest
+            .split_once('@')
+            .ok_or_else(|| TicketError("no ROLE@ part".into()))?;
         let role = match role {
             "worker" => Role::Worker,
             "client" => Role::Client,
             other => return Err(TicketError(format!("unknown role `{other}`"))),
         };
-        let (addr, query) =
-            rest.split_once("/?").ok_or_else(|| TicketError("no /?fp=… part".into()))?;
-        let addr: SocketAddr =
-            addr.parse().map_err(|_| TicketError(format!("bad address `{addr}`")))?;
+        let (addr, query) = rest
+            .split_once("/?")
+            .ok_or_else(|| TicketError("no /?fp=… part".into()))?;
+        let addr: SocketAddr = addr
+            .parse()
+            .map_err(|_| TicketError(format!("bad address `{addr}`")))?;
         let (mut fingerprint, mut secret) = (None, None);
         for pair in query.split('&') {
             match pair.split_once('=') {
@@ -76,7 +83,12 @@ impl FromStr for Ticket {
         if secret.is_empty() {
             return Err(TicketError("the secret is empty".into()));
         }
-        Ok(Ticket { role, addr, fingerprint: fingerprint.to_ascii_lowercase(), secret })
+        Ok(Ticket {
+            role,
+            addr,
+            fingerprint: fingerprint.to_ascii_lowercase(),
+            secret,
+        })
     }
 }
 
@@ -95,7 +107,10 @@ mod tests {
         let line = t.to_string();
         assert!(!line.contains('\n'));
         assert_eq!(line.parse::<Ticket>().unwrap(), t);
-        let v6 = Ticket { addr: "[::1]:9".parse().unwrap(), ..t };
+        let v6 = Ticket {
+            addr: "[::1]:9".parse().unwrap(),
+            ..t
+        };
         assert_eq!(v6.to_string().parse::<Ticket>().unwrap(), v6);
     }
 
@@ -103,6 +118,8 @@ mod tests {
     fn garbage_is_refused_clearly() {
         let e = "hello".parse::<Ticket>().unwrap_err().to_string();
         assert!(e.starts_with("not a Tessera ticket"), "{e}");
-        assert!("tessera://boss@127.0.0.1:1/?fp=00&secret=x".parse::<Ticket>().is_err());
+        assert!("tessera://boss@127.0.0.1:1/?fp=00&secret=x"
+            .parse::<Ticket>()
+            .is_err());
     }
 }

@@ -76,14 +76,19 @@ pub struct Timing {
 
 impl Default for Timing {
     fn default() -> Self {
-        Timing { keep_alive: Duration::from_secs(1), idle_timeout: Duration::from_secs(10) }
+        Timing {
+            keep_alive: Duration::from_secs(1),
+            idle_timeout: Duration::from_secs(10),
+        }
     }
 }
 
 fn transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(timing.keep_alive));
-    t.max_idle_timeout(Some(timing.idle_timeout.try_into().expect("idle timeout fits")));
+    t.max_idle_timeout(Some(
+        timing.idle_timeout.try_into().expect("idle timeout fits"),
+    ));
     t.stream_receive_window((8u32 * 1024 * 1024).into());
     t.receive_window((32u32 * 1024 * 1024).into());
     t.send_window(32 * 1024 * 1024);
@@ -107,8 +112,7 @@ pub fn server_endpoint(
         .with_single_cert(vec![cert], key)
         .map_err(|e| TransportError::Tls(e.to_string()))?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
-    let quic =
-        QuicServerConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
+    let quic = QuicServerConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     config.transport_config(transport_config(timing));
     quinn::Endpoint::server(config, addr).map_err(|e| TransportError::Connect {
@@ -171,7 +175,9 @@ impl ServerCertVerifier for PinnedCert {
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider.signature_verification_algorithms.supported_schemes()
+        self.provider
+            .signature_verification_algorithms
+            .supported_schemes()
     }
 }
 
@@ -208,7 +214,11 @@ pub struct Session {
 }
 
 /// Connects with `ticket`, pins the certificate, and says `Hello`.
-pub async fn connect(ticket: &Ticket, name: &str, timing: Timing) -> Result<Session, TransportError> {
+pub async fn connect(
+    ticket: &Ticket,
+    name: &str,
+    timing: Timing,
+) -> Result<Session, TransportError> {
     let addr = ticket.addr;
     let fail = |reason: String| TransportError::Connect { addr, reason };
     let provider = provider();
@@ -225,16 +235,28 @@ pub async fn connect(ticket: &Ticket, name: &str, timing: Timing) -> Result<Sess
     let quic = QuicClientConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     config.transport_config(transport_config(timing));
-    let bind: SocketAddr = if addr.is_ipv6() { "[::]:0" } else { "0.0.0.0:0" }.parse().unwrap();
+    let bind: SocketAddr = if addr.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    }
+    .parse()
+    .unwrap();
     let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| fail(e.to_string()))?;
     endpoint.set_default_client_config(config);
-    let connecting = endpoint.connect(addr, SERVER_NAME).map_err(|e| fail(e.to_string()))?;
+    let connecting = endpoint
+        .connect(addr, SERVER_NAME)
+        .map_err(|e| fail(e.to_string()))?;
     let connection = tokio::time::timeout(Duration::from_secs(10), connecting)
         .await
         .map_err(|_| fail("timed out after 10 s".into()))?
         .map_err(|e| fail(e.to_string()))?;
-    let mut control =
-        Channel::new(connection.open_bi().await.map_err(|e| TransportError::Lost(e.to_string()))?);
+    let mut control = Channel::new(
+        connection
+            .open_bi()
+            .await
+            .map_err(|e| TransportError::Lost(e.to_string()))?,
+    );
     control
         .send(&Hello {
             version: PROTOCOL_VERSION,
@@ -253,7 +275,11 @@ pub async fn connect(ticket: &Ticket, name: &str, timing: Timing) -> Result<Sess
         })?
         .ok_or_else(|| TransportError::Refused("connection closed during hello".into()))?;
     match welcome {
-        Welcome::Accepted { .. } => Ok(Session { endpoint, connection, control }),
+        Welcome::Accepted { .. } => Ok(Session {
+            endpoint,
+            connection,
+            control,
+        }),
         Welcome::Refused { reason } if reason.contains("version") => {
             Err(TransportError::Version(reason))
         }
@@ -263,7 +289,11 @@ pub async fn connect(ticket: &Ticket, name: &str, timing: Timing) -> Result<Sess
 
 /// Server side of the handshake: checks the version and which role the
 /// secret proves. Returns the role, or the reason to send back.
-pub fn check_hello(hello: &Hello, worker_secret: &str, client_secret: &str) -> Result<Role, String> {
+pub fn check_hello(
+    hello: &Hello,
+    worker_secret: &str,
+    client_secret: &str,
+) -> Result<Role, String> {
     if hello.version != PROTOCOL_VERSION {
         return Err(format!(
             "protocol version mismatch: this coordinator speaks version {PROTOCOL_VERSION}, \
@@ -277,8 +307,12 @@ pub fn check_hello(hello: &Hello, worker_secret: &str, client_secret: &str) -> R
     };
     if !secret_ok {
         return Err(match hello.role {
-            Role::Worker => "wrong worker ticket secret: use DATA_DIR/worker.ticket of this coordinator".into(),
-            Role::Client => "wrong client ticket secret: use DATA_DIR/client.ticket of this coordinator".into(),
+            Role::Worker => {
+                "wrong worker ticket secret: use DATA_DIR/worker.ticket of this coordinator".into()
+            }
+            Role::Client => {
+                "wrong client ticket secret: use DATA_DIR/client.ticket of this coordinator".into()
+            }
         });
     }
     Ok(hello.role)
@@ -301,12 +335,21 @@ mod tests {
             secret: secret.into(),
             name: "t".into(),
         };
-        assert_eq!(check_hello(&hello(PROTOCOL_VERSION, Role::Worker, "w"), "w", "c"), Ok(Role::Worker));
-        assert_eq!(check_hello(&hello(PROTOCOL_VERSION, Role::Client, "c"), "w", "c"), Ok(Role::Client));
+        assert_eq!(
+            check_hello(&hello(PROTOCOL_VERSION, Role::Worker, "w"), "w", "c"),
+            Ok(Role::Worker)
+        );
+        assert_eq!(
+            check_hello(&hello(PROTOCOL_VERSION, Role::Client, "c"), "w", "c"),
+            Ok(Role::Client)
+        );
         // A worker secret does not make a client.
         let e = check_hello(&hello(PROTOCOL_VERSION, Role::Client, "w"), "w", "c").unwrap_err();
         assert!(e.contains("wrong client ticket secret"), "{e}");
         let e = check_hello(&hello(99, Role::Worker, "w"), "w", "c").unwrap_err();
-        assert!(e.contains("protocol version mismatch") && e.contains("99"), "{e}");
+        assert!(
+            e.contains("protocol version mismatch") && e.contains("99"),
+            "{e}"
+        );
     }
 }

@@ -2,4 +2,6 @@
 //! content-addressed cache of job assets, and renders the tasks it is leased
 //! with one of its engines.
 
+pub mod cache;
 pub mod engine;
+pub mod run;

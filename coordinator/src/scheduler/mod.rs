@@ -1,1 +1,665 @@
-//! placeholder
+//! The scheduler core: which worker renders which task, under which lease.
+//!
+//! This is a plain state machine in the manner of `quinn-proto`: it does no
+//! networking, no disk I/O and never reads a clock. The async server owns one
+//! [`Scheduler`] behind a mutex, feeds it events (a job was submitted, a worker
+//! joined, heartbeated, finished or failed a task, left) together with the
+//! current time `now` in milliseconds, and carries out what comes back: send
+//! these [`Assignment`]s, tell these workers to drop these tasks. It calls
+//! [`Scheduler::expire`] once [`Scheduler::next_deadline`] is reached.
+//!
+//! Every assignment is a lease under a fresh, strictly increasing [`Epoch`].
+//! A result is accepted only from the worker holding the current lease, with
+//! that lease's epoch, so each task is marked done exactly once and a worker
+//! that wakes up after its lease expired cannot overwrite newer work. Tasks of
+//! an expired lease, or of a worker that left, go back to the front of their
+//! job's queue.
+//!
+//! Cost: assigning, completing, failing or expiring one task is O(log n) in
+//! the number of jobs and running leases; one [`Scheduler::assign`] call also
+//! visits each worker once. Nothing scans all tasks.
+
+use std::cmp::Reverse;
+use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::fmt;
+
+#[cfg(test)]
+mod tests;
+
+/// A job's id, chosen by the caller (the durable store).
+pub type JobId = u64;
+/// A worker's id, chosen by the caller (one per connection).
+pub type WorkerId = u64;
+/// Virtual time in milliseconds, always passed in by the caller.
+pub type Millis = u64;
+
+/// One task of a job (a frame, a tile or a sample range), named by its index
+/// within the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct TaskKey {
+    pub job: JobId,
+    pub index: u32,
+}
+
+impl fmt::Display for TaskKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "task {} of job {}", self.index, self.job)
+    }
+}
+
+/// The generation of a lease. Every assignment gets a new one, larger than
+/// all before it; a result must carry the epoch of the task's current lease.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Epoch(pub u64);
+
+impl fmt::Display for Epoch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.0)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Config {
+    /// How long a lease lives after it was granted or last renewed by a
+    /// heartbeat.
+    pub lease_ms: Millis,
+    /// Failed attempts of one task after which its whole job fails. 0 counts
+    /// as 1.
+    pub max_attempts: u32,
+    /// The first epoch handed out; later ones are strictly larger. The server
+    /// seeds it from [`Scheduler::next_epoch`] saved before a restart, so
+    /// epochs never repeat.
+    pub first_epoch: u64,
+}
+
+/// A job as the scheduler needs it: what to render next and with which engine.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewJob {
+    pub id: JobId,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Submission order; among equal priorities, earlier runs first.
+    pub submit_seq: u64,
+    /// The engine a worker must offer to get this job's tasks.
+    pub engine: String,
+    /// Indices of the tasks still to render; the others (below `total`) are
+    /// already done, e.g. before a coordinator restart. Handed out in index
+    /// order; repeats and indices `>= total` are ignored.
+    pub pending: Vec<u32>,
+    /// Number of tasks in the job.
+    pub total: u32,
+}
+
+/// A lease: `worker` renders `task` under `epoch`. Also used to name a lease
+/// that ended (expired, canceled), so the server can tell that worker.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub worker: WorkerId,
+    pub task: TaskKey,
+    pub epoch: Epoch,
+}
+
+/// What an accepted result did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Accepted {
+    /// The task is done; `job_done` is true when it was the job's last one.
+    TaskDone { job_done: bool },
+}
+
+/// What an accepted failure report did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FailOutcome {
+    /// Failed attempts of this task so far, this one included.
+    pub attempts: u32,
+    /// The attempts are used up: the job is now `Failed` with the reported
+    /// error. Otherwise the task was requeued behind the job's other tasks.
+    pub job_failed: bool,
+    /// Other leases of the job that ended because it failed; the server tells
+    /// these workers to stop. Empty unless `job_failed`.
+    pub cancel: Vec<Assignment>,
+}
+
+/// Why a result or failure report was refused. A refusal changes nothing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refused {
+    #[error("{task} does not exist; the job is unknown or has fewer tasks")]
+    UnknownTask { task: TaskKey },
+    #[error("{task} is already done; this duplicate result was dropped")]
+    AlreadyDone { task: TaskKey },
+    #[error("job {job} is {state}; its results are no longer wanted")]
+    JobNotRunning { job: JobId, state: JobState },
+    #[error("result for {task} carries lease epoch {epoch}, but {}; drop this result", describe_current(.current))]
+    StaleEpoch {
+        task: TaskKey,
+        epoch: Epoch,
+        current: Option<Epoch>,
+    },
+    #[error("{task} is leased to worker {holder}, not to worker {worker}")]
+    NotLeasedToWorker {
+        task: TaskKey,
+        worker: WorkerId,
+        holder: WorkerId,
+    },
+}
+
+fn describe_current(current: &Option<Epoch>) -> String {
+    match current {
+        Some(epoch) => format!("the task was handed out again under epoch {epoch}"),
+        None => "that lease ended and the task is back in the queue".to_string(),
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum JobState {
+    /// No task of it was handed out yet.
+    Queued,
+    /// Some task was handed out; not all are done.
+    Running,
+    /// All tasks are done.
+    Done,
+    /// A task failed `max_attempts` times; this is its last error.
+    Failed(String),
+    Canceled,
+}
+
+impl JobState {
+    /// Queued or running: it still hands out tasks and accepts results.
+    pub fn is_live(&self) -> bool {
+        matches!(self, JobState::Queued | JobState::Running)
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            JobState::Queued => f.write_str("queued"),
+            JobState::Running => f.write_str("running"),
+            JobState::Done => f.write_str("done"),
+            JobState::Failed(error) => write!(f, "failed ({error})"),
+            JobState::Canceled => f.write_str("canceled"),
+        }
+    }
+}
+
+/// Task counts of one job. While the job is live, `done + running + queued
+/// == total`; a failed or canceled job has nothing running or queued.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JobProgress {
+    pub total: u32,
+    pub done: u32,
+    pub running: u32,
+    pub queued: u32,
+}
+
+/// Where a job stands in the assignment order: higher priority, then earlier
+/// submission, then lower id.
+type Rank = (Reverse<i32>, u64, JobId);
+
+struct Job {
+    rank: Rank,
+    engine: String,
+    state: JobState,
+    /// Per task index: done or not.
+    done: Vec<bool>,
+    done_count: u32,
+    running: u32,
+    /// Task indices waiting for a worker, next first.
+    queue: VecDeque<u32>,
+    /// Failed attempts per task index, for tasks that failed at least once.
+    failures: HashMap<u32, u32>,
+}
+
+impl Job {
+    fn total(&self) -> u32 {
+        self.done.len() as u32
+    }
+}
+
+struct Worker {
+    slots: u32,
+    engines: Vec<String>,
+    leases: BTreeSet<TaskKey>,
+}
+
+impl Worker {
+    fn has_free_slot(&self) -> bool {
+        self.leases.len() < self.slots as usize
+    }
+}
+
+struct Lease {
+    worker: WorkerId,
+    epoch: Epoch,
+    deadline: Millis,
+}
+
+/// Which end of its job's queue a task goes back to.
+#[derive(Clone, Copy)]
+enum Requeue {
+    /// Older work (an expired or returned lease): next in line.
+    Front,
+    /// A failed attempt: retried after the job's other tasks.
+    Back,
+}
+
+/// The scheduler state machine; see the module documentation.
+pub struct Scheduler {
+    config: Config,
+    next_epoch: u64,
+    jobs: HashMap<JobId, Job>,
+    /// Live jobs with queued tasks, per engine, in assignment order.
+    ready: HashMap<String, BTreeSet<Rank>>,
+    workers: BTreeMap<WorkerId, Worker>,
+    leases: BTreeMap<TaskKey, Lease>,
+    deadlines: BTreeSet<(Millis, TaskKey)>,
+    /// The worker that got the latest assignment; the next round of
+    /// [`Scheduler::assign`] starts after it.
+    last_served: Option<WorkerId>,
+}
+
+impl Scheduler {
+    pub fn new(config: Config) -> Self {
+        Scheduler {
+            config,
+            next_epoch: config.first_epoch,
+            jobs: HashMap::new(),
+            ready: HashMap::new(),
+            workers: BTreeMap::new(),
+            leases: BTreeMap::new(),
+            deadlines: BTreeSet::new(),
+            last_served: None,
+        }
+    }
+
+    /// Adds a job. A job with no pending task is `Done` at once. Adding an id
+    /// that is already known does nothing (submission is idempotent).
+    pub fn add_job(&mut self, job: NewJob, _now: Millis) {
+        if self.jobs.contains_key(&job.id) {
+            return;
+        }
+        let mut pending = job.pending;
+        pending.retain(|&index| index < job.total);
+        pending.sort_unstable();
+        pending.dedup();
+        let mut done = vec![true; job.total as usize];
+        for &index in &pending {
+            done[index as usize] = false;
+        }
+        let entry = Job {
+            rank: (Reverse(job.priority), job.submit_seq, job.id),
+            engine: job.engine,
+            state: if pending.is_empty() {
+                JobState::Done
+            } else {
+                JobState::Queued
+            },
+            done_count: job.total - pending.len() as u32,
+            done,
+            running: 0,
+            queue: pending.into(),
+            failures: HashMap::new(),
+        };
+        sync_ready(&mut self.ready, &entry);
+        self.jobs.insert(job.id, entry);
+    }
+
+    /// Adds a worker with `slots` concurrent tasks for the given engines. A
+    /// known worker re-registering gets the new slots and engines and keeps
+    /// its leases.
+    pub fn add_worker(&mut self, worker: WorkerId, slots: u32, engines: Vec<String>, _now: Millis) {
+        match self.workers.entry(worker) {
+            btree_map::Entry::Occupied(entry) => {
+                let known = entry.into_mut();
+                known.slots = slots;
+                known.engines = engines;
+            }
+            btree_map::Entry::Vacant(entry) => {
+                entry.insert(Worker {
+                    slots,
+                    engines,
+                    leases: BTreeSet::new(),
+                });
+            }
+        }
+    }
+
+    /// Removes a worker (it left, was preempted or lost its connection). Its
+    /// leases end at once and their tasks go back to the front of their jobs'
+    /// queues; returns those tasks in order.
+    pub fn remove_worker(&mut self, worker: WorkerId, _now: Millis) -> Vec<TaskKey> {
+        let Some(removed) = self.workers.remove(&worker) else {
+            return Vec::new();
+        };
+        let tasks: Vec<TaskKey> = removed.leases.into_iter().collect();
+        for &task in &tasks {
+            self.end_lease(task);
+        }
+        self.requeue_front(tasks.clone());
+        tasks
+    }
+
+    /// Renews every lease `worker` holds until `now + lease_ms`.
+    pub fn heartbeat(&mut self, worker: WorkerId, now: Millis) {
+        let Some(known) = self.workers.get(&worker) else {
+            return;
+        };
+        let deadline = now.saturating_add(self.config.lease_ms);
+        for &task in &known.leases {
+            let lease = self
+                .leases
+                .get_mut(&task)
+                .expect("a worker's lease is in the lease table");
+            self.deadlines.remove(&(lease.deadline, task));
+            lease.deadline = deadline;
+            self.deadlines.insert((deadline, task));
+        }
+    }
+
+    /// Fills every free slot that some queued task can use. Each worker gets
+    /// the first task it can render in job order (priority, submission, task
+    /// index); workers take turns one task at a time, starting after the
+    /// worker served last, so work spreads over the farm.
+    pub fn assign(&mut self, now: Millis) -> Vec<Assignment> {
+        let start = self.last_served.map_or(0, |id| id.wrapping_add(1));
+        let mut turns: VecDeque<WorkerId> = (self.workers.range(start..))
+            .chain(self.workers.range(..start))
+            .filter(|(_, worker)| worker.has_free_slot())
+            .map(|(&id, _)| id)
+            .collect();
+        let mut assignments = Vec::new();
+        while let Some(worker) = turns.pop_front() {
+            let Some(job) = self.best_job_for(worker) else {
+                continue;
+            };
+            assignments.push(self.lease_next_task(job, worker, now));
+            self.last_served = Some(worker);
+            if self.workers[&worker].has_free_slot() {
+                turns.push_back(worker);
+            }
+        }
+        assignments
+    }
+
+    /// Accepts the result of `task` from the worker holding its current lease
+    /// under `epoch`. Anything else is refused and changes nothing.
+    pub fn complete(
+        &mut self,
+        worker: WorkerId,
+        task: TaskKey,
+        epoch: Epoch,
+        _now: Millis,
+    ) -> Result<Accepted, Refused> {
+        self.check_lease(worker, task, epoch)?;
+        self.end_lease(task);
+        let job = self.jobs.get_mut(&task.job).expect("checked above");
+        job.done[task.index as usize] = true;
+        job.done_count += 1;
+        let job_done = job.done_count == job.total();
+        if job_done {
+            job.state = JobState::Done;
+        }
+        Ok(Accepted::TaskDone { job_done })
+    }
+
+    /// Accepts a failed attempt of `task`, under the same rules as
+    /// [`Scheduler::complete`]. The task is retried until it has failed
+    /// `max_attempts` times; then the job fails with `error` and its other
+    /// leases end. An expired lease is not a failed attempt.
+    pub fn fail(
+        &mut self,
+        worker: WorkerId,
+        task: TaskKey,
+        epoch: Epoch,
+        error: String,
+        _now: Millis,
+    ) -> Result<FailOutcome, Refused> {
+        self.check_lease(worker, task, epoch)?;
+        self.end_lease(task);
+        let job = self.jobs.get_mut(&task.job).expect("checked above");
+        let attempts = job.failures.entry(task.index).or_insert(0);
+        *attempts += 1;
+        let attempts = *attempts;
+        if attempts < self.config.max_attempts.max(1) {
+            self.requeue(task, Requeue::Back);
+            return Ok(FailOutcome {
+                attempts,
+                job_failed: false,
+                cancel: Vec::new(),
+            });
+        }
+        let cancel = self.stop_job(task.job, JobState::Failed(error));
+        Ok(FailOutcome {
+            attempts,
+            job_failed: true,
+            cancel,
+        })
+    }
+
+    /// Ends every lease whose deadline is at or before `now` and requeues its
+    /// task at the front of its job; returns the expired leases.
+    pub fn expire(&mut self, now: Millis) -> Vec<Assignment> {
+        let mut expired = Vec::new();
+        while let Some(&(deadline, task)) = self.deadlines.first() {
+            if deadline > now {
+                break;
+            }
+            let lease = self
+                .end_lease(task)
+                .expect("every deadline belongs to a lease");
+            expired.push(Assignment {
+                worker: lease.worker,
+                task,
+                epoch: lease.epoch,
+            });
+        }
+        self.requeue_front(expired.iter().map(|lease| lease.task).collect());
+        expired
+    }
+
+    /// Cancels a queued or running job: it hands out no more tasks and its
+    /// results are refused. Returns the leases the server must tell workers
+    /// to drop. A job that is unknown or already over is left as it is.
+    pub fn cancel_job(&mut self, job: JobId) -> Vec<Assignment> {
+        match self.jobs.get(&job) {
+            Some(known) if known.state.is_live() => self.stop_job(job, JobState::Canceled),
+            _ => Vec::new(),
+        }
+    }
+
+    pub fn job_state(&self, job: JobId) -> Option<JobState> {
+        self.jobs.get(&job).map(|known| known.state.clone())
+    }
+
+    pub fn job_progress(&self, job: JobId) -> Option<JobProgress> {
+        self.jobs.get(&job).map(|known| JobProgress {
+            total: known.total(),
+            done: known.done_count,
+            running: known.running,
+            queued: known.queue.len() as u32,
+        })
+    }
+
+    /// The earliest lease deadline: call [`Scheduler::expire`] then.
+    pub fn next_deadline(&self) -> Option<Millis> {
+        self.deadlines.first().map(|&(deadline, _)| deadline)
+    }
+
+    /// The leases `worker` holds, in task order.
+    pub fn running_on(&self, worker: WorkerId) -> Vec<(TaskKey, Epoch)> {
+        let Some(known) = self.workers.get(&worker) else {
+            return Vec::new();
+        };
+        known
+            .leases
+            .iter()
+            .map(|&task| (task, self.leases[&task].epoch))
+            .collect()
+    }
+
+    /// The epoch the next assignment will get; persist it to seed
+    /// [`Config::first_epoch`] after a restart.
+    pub fn next_epoch(&self) -> u64 {
+        self.next_epoch
+    }
+
+    /// The live job that comes first among those `worker` can render.
+    fn best_job_for(&self, worker: WorkerId) -> Option<JobId> {
+        let engines = &self.workers[&worker].engines;
+        engines
+            .iter()
+            .filter_map(|engine| self.ready.get(engine)?.first())
+            .min()
+            .map(|&(_, _, job)| job)
+    }
+
+    fn lease_next_task(&mut self, job_id: JobId, worker: WorkerId, now: Millis) -> Assignment {
+        let job = self.jobs.get_mut(&job_id).expect("a ready job exists");
+        let index = job
+            .queue
+            .pop_front()
+            .expect("a ready job has a queued task");
+        job.running += 1;
+        if job.state == JobState::Queued {
+            job.state = JobState::Running;
+        }
+        sync_ready(&mut self.ready, job);
+        let task = TaskKey { job: job_id, index };
+        let epoch = Epoch(self.next_epoch);
+        self.next_epoch += 1;
+        let deadline = now.saturating_add(self.config.lease_ms);
+        self.leases.insert(
+            task,
+            Lease {
+                worker,
+                epoch,
+                deadline,
+            },
+        );
+        self.deadlines.insert((deadline, task));
+        self.workers
+            .get_mut(&worker)
+            .expect("assign picks known workers")
+            .leases
+            .insert(task);
+        Assignment {
+            worker,
+            task,
+            epoch,
+        }
+    }
+
+    /// Whether `worker` holds the current lease of `task` under `epoch`.
+    fn check_lease(&self, worker: WorkerId, task: TaskKey, epoch: Epoch) -> Result<(), Refused> {
+        let job = (self.jobs.get(&task.job))
+            .filter(|job| task.index < job.total())
+            .ok_or(Refused::UnknownTask { task })?;
+        if job.done[task.index as usize] {
+            return Err(Refused::AlreadyDone { task });
+        }
+        if !job.state.is_live() {
+            return Err(Refused::JobNotRunning {
+                job: task.job,
+                state: job.state.clone(),
+            });
+        }
+        let lease = self.leases.get(&task);
+        match lease {
+            Some(lease) if lease.epoch == epoch && lease.worker == worker => Ok(()),
+            Some(lease) if lease.epoch == epoch => Err(Refused::NotLeasedToWorker {
+                task,
+                worker,
+                holder: lease.worker,
+            }),
+            _ => Err(Refused::StaleEpoch {
+                task,
+                epoch,
+                current: lease.map(|lease| lease.epoch),
+            }),
+        }
+    }
+
+    /// Removes a lease from every table; the task is then neither running nor
+    /// queued until the caller decides.
+    fn end_lease(&mut self, task: TaskKey) -> Option<Lease> {
+        let lease = self.leases.remove(&task)?;
+        self.deadlines.remove(&(lease.deadline, task));
+        if let Some(worker) = self.workers.get_mut(&lease.worker) {
+            worker.leases.remove(&task);
+        }
+        if let Some(job) = self.jobs.get_mut(&task.job) {
+            job.running -= 1;
+        }
+        Some(lease)
+    }
+
+    fn requeue(&mut self, task: TaskKey, end: Requeue) {
+        let job = self
+            .jobs
+            .get_mut(&task.job)
+            .expect("a leased task's job exists");
+        match end {
+            Requeue::Front => job.queue.push_front(task.index),
+            Requeue::Back => job.queue.push_back(task.index),
+        }
+        sync_ready(&mut self.ready, job);
+    }
+
+    /// Requeues tasks at the front so that they come back in task order.
+    fn requeue_front(&mut self, mut tasks: Vec<TaskKey>) {
+        tasks.sort_unstable_by(|a, b| b.cmp(a));
+        for task in tasks {
+            self.requeue(task, Requeue::Front);
+        }
+    }
+
+    /// Ends a live job as `state`: its leases end and its queue empties.
+    fn stop_job(&mut self, job_id: JobId, state: JobState) -> Vec<Assignment> {
+        let first = TaskKey {
+            job: job_id,
+            index: 0,
+        };
+        let last = TaskKey {
+            job: job_id,
+            index: u32::MAX,
+        };
+        let tasks: Vec<TaskKey> = self
+            .leases
+            .range(first..=last)
+            .map(|(&task, _)| task)
+            .collect();
+        let mut ended = Vec::with_capacity(tasks.len());
+        for task in tasks {
+            let lease = self.end_lease(task).expect("listed from the lease table");
+            ended.push(Assignment {
+                worker: lease.worker,
+                task,
+                epoch: lease.epoch,
+            });
+        }
+        let job = self
+            .jobs
+            .get_mut(&job_id)
+            .expect("the caller checked the job");
+        job.state = state;
+        job.queue.clear();
+        sync_ready(&mut self.ready, job);
+        ended
+    }
+}
+
+/// Keeps `job` in its engine's ready set exactly while it is live and has
+/// queued tasks.
+fn sync_ready(ready: &mut HashMap<String, BTreeSet<Rank>>, job: &Job) {
+    if job.state.is_live() && !job.queue.is_empty() {
+        match ready.get_mut(&job.engine) {
+            Some(ranks) => {
+                ranks.insert(job.rank);
+            }
+            None => {
+                ready.insert(job.engine.clone(), BTreeSet::from([job.rank]));
+            }
+        }
+    } else if let Some(ranks) = ready.get_mut(&job.engine) {
+        ranks.remove(&job.rank);
+    }
+}

@@ -1,4 +1,103 @@
 //! Render engines. Each engine turns one task (frame, tile rectangle, sample
-//! range) of a job whose files are laid out in a local folder into bytes.
+//! range) of a job whose files are laid out in a local folder into the bytes
+//! of its output image. Engines are blocking; the worker runs them on
+//! blocking threads.
 
 pub mod builtin;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use tessera_protocol::job::Engine as EngineKind;
+use tessera_protocol::messages::{JobInfo, TaskSpec};
+
+/// One renderer a worker offers.
+pub trait Engine: Send + Sync {
+    fn kind(&self) -> EngineKind;
+
+    /// Renders `task` of `job`, whose files are laid out under `job_dir`.
+    fn render(&self, job: &JobInfo, job_dir: &Path, task: &TaskSpec) -> anyhow::Result<Vec<u8>>;
+}
+
+/// The embedded path tracer. Keeps the last few parsed scenes so successive
+/// tiles of a job skip parsing and texture decoding.
+pub struct Builtin {
+    threads: usize,
+    scenes: Mutex<HashMap<PathBuf, Arc<(builtin::Scene, builtin::Textures)>>>,
+}
+
+impl Builtin {
+    pub fn new(threads: usize) -> Builtin {
+        Builtin {
+            threads: threads.max(1),
+            scenes: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn scene(&self, path: &Path) -> anyhow::Result<Arc<(builtin::Scene, builtin::Textures)>> {
+        if let Some(s) = self.scenes.lock().expect("scene cache").get(path) {
+            return Ok(s.clone());
+        }
+        let scene = builtin::Scene::load(path)?;
+        let textures = builtin::Textures::load(&scene, path.parent().unwrap_or(Path::new(".")))?;
+        let loaded = Arc::new((scene, textures));
+        let mut cache = self.scenes.lock().expect("scene cache");
+        if cache.len() >= 8 {
+            cache.clear();
+        }
+        cache.insert(path.to_path_buf(), loaded.clone());
+        Ok(loaded)
+    }
+}
+
+impl Engine for Builtin {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Builtin
+    }
+
+    fn render(&self, job: &JobInfo, job_dir: &Path, task: &TaskSpec) -> anyhow::Result<Vec<u8>> {
+        let loaded = self
+            .scene(&job_dir.join(&job.scene))
+            .context("loading the scene")?;
+        let (scene, textures) = &*loaded;
+        let (w, h) = scene.resolution();
+        let rect = builtin::PixelRect {
+            x: task.tile.x,
+            y: task.tile.y,
+            width: task.tile.width,
+            height: task.tile.height,
+        };
+        anyhow::ensure!(
+            rect.fits(w, h),
+            "tile {rect:?} lies outside the {w}x{h} frame"
+        );
+        anyhow::ensure!(
+            task.samples == (0, task.total_samples),
+            "the builtin engine renders whole sample counts, not ranges"
+        );
+        let rgb = builtin::render_tile(
+            scene,
+            textures,
+            task.frame,
+            rect,
+            task.total_samples,
+            self.threads,
+        );
+        Ok(builtin::encode_png(rect.width, rect.height, &rgb))
+    }
+}
+
+/// Renders nothing; for measuring the farm's dispatch overhead.
+pub struct Noop;
+
+impl Engine for Noop {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Noop
+    }
+
+    fn render(&self, _job: &JobInfo, _job_dir: &Path, _task: &TaskSpec) -> anyhow::Result<Vec<u8>> {
+        Ok(Vec::new())
+    }
+}

@@ -1,0 +1,1127 @@
+//! The coordinator's async layer: the QUIC server, one task per connection,
+//! the dispatcher that feeds the scheduler core, the group-commit thread that
+//! makes results durable before they are acknowledged, and stitching.
+//!
+//! The scheduler core and the job table live in [`Core`] under a std mutex
+//! that is never held across an `.await`; connections hold a channel to their
+//! worker, not a socket.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::{bail, Context};
+use tessera_protocol::blob::{self, BlobDir};
+use tessera_protocol::job::{sanitize_manifest_path, Engine, JobSpec};
+use tessera_protocol::messages::{
+    BlobReply, BlobRequest, ClientRequest, ClientResponse, CoordMsg, FrameOutput, Hello, JobInfo,
+    JobState, JobStatus, Role, TaskRef, TaskSpec, Welcome, WorkerInfo, WorkerMsg, WorkerStatus,
+    MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
+};
+use tessera_protocol::ticket::Ticket;
+use tessera_protocol::transport::{self, Channel, Identity, Timing};
+use tessera_protocol::Digest;
+use tokio::sync::{mpsc, Notify};
+
+use crate::db::{Db, NewResult, StoredFrame};
+use crate::scheduler::{self, Epoch, NewJob, Scheduler, TaskKey, WorkerId};
+use crate::stitch;
+
+/// How the coordinator runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// The address written into tickets, when it differs from `listen`
+    /// (a public address in front of `0.0.0.0`).
+    pub advertise: Option<SocketAddr>,
+    pub heartbeat_ms: u64,
+    pub lease_ms: u64,
+    pub max_attempts: u32,
+}
+
+impl Config {
+    pub fn new(data_dir: PathBuf, listen: SocketAddr) -> Config {
+        Config {
+            data_dir,
+            listen,
+            advertise: None,
+            heartbeat_ms: 1000,
+            lease_ms: 3000,
+            max_attempts: 3,
+        }
+    }
+}
+
+/// A job as the coordinator tracks it in memory; rebuilt from the database
+/// on start.
+struct Job {
+    spec: Arc<JobSpec>,
+    /// Set once the job is done, failed or canceled.
+    final_state: Option<JobState>,
+    error: Option<String>,
+    tasks_per_frame: u32,
+    tasks_done: u32,
+    /// Accepted results per frame position.
+    done_per_frame: Vec<u32>,
+    stitched: Vec<bool>,
+    frames_done: u32,
+    render_ms: u64,
+    bytes_uploaded: u64,
+    bytes_deduplicated: u64,
+    submitted_unix_ms: u64,
+    finished_unix_ms: Option<u64>,
+}
+
+impl Job {
+    fn new(
+        spec: JobSpec,
+        submitted_unix_ms: u64,
+        bytes_uploaded: u64,
+        bytes_deduplicated: u64,
+    ) -> Job {
+        let tasks_per_frame = spec.tiles.count() * spec.sample_ranges;
+        let frames = spec.frames.len();
+        Job {
+            spec: Arc::new(spec),
+            final_state: None,
+            error: None,
+            tasks_per_frame,
+            tasks_done: 0,
+            done_per_frame: vec![0; frames],
+            stitched: vec![false; frames],
+            frames_done: 0,
+            render_ms: 0,
+            bytes_uploaded,
+            bytes_deduplicated,
+            submitted_unix_ms,
+            finished_unix_ms: None,
+        }
+    }
+
+    fn tasks_total(&self) -> u32 {
+        self.tasks_per_frame * self.spec.frames.len() as u32
+    }
+
+    /// Frame, tile and sample range of task `index`.
+    fn task_spec(&self, task: TaskRef) -> TaskSpec {
+        let spec = &self.spec;
+        let frame_pos = task.index / self.tasks_per_frame;
+        let rest = task.index % self.tasks_per_frame;
+        let (tile, range) = (rest / spec.sample_ranges, rest % spec.sample_ranges);
+        let (w, h) = spec.resolution;
+        let k = spec.sample_ranges;
+        let n = spec.samples;
+        TaskSpec {
+            task,
+            frame: spec.frames[frame_pos as usize],
+            tile: spec.tiles.rect(tile, w, h),
+            samples: (n * range / k, n * (range + 1) / k),
+            total_samples: n,
+        }
+    }
+
+    fn status(&self, id: u64, running: u32) -> JobStatus {
+        let state = match self.final_state {
+            Some(s) => s,
+            None if self.tasks_done > 0 || running > 0 => JobState::Running,
+            None => JobState::Queued,
+        };
+        JobStatus {
+            id,
+            name: self.spec.name.clone(),
+            engine: self.spec.engine,
+            state,
+            priority: self.spec.priority,
+            frames_total: self.spec.frames.len() as u32,
+            frames_done: self.frames_done,
+            tasks_total: self.tasks_total(),
+            tasks_done: self.tasks_done,
+            tasks_running: running,
+            bytes_uploaded: self.bytes_uploaded,
+            bytes_deduplicated: self.bytes_deduplicated,
+            render_ms: self.render_ms,
+            submitted_unix_ms: self.submitted_unix_ms,
+            finished_unix_ms: self.finished_unix_ms,
+            error: self.error.clone(),
+        }
+    }
+}
+
+struct WorkerConn {
+    name: String,
+    info: WorkerInfo,
+    tx: mpsc::UnboundedSender<CoordMsg>,
+    /// Jobs whose `JobInfo` this connection has already been sent.
+    jobs_sent: HashSet<u64>,
+    tasks_done: u64,
+}
+
+/// Everything the scheduler decides with, under one lock.
+struct Core {
+    sched: Scheduler,
+    jobs: BTreeMap<u64, Job>,
+    workers: HashMap<WorkerId, WorkerConn>,
+    next_worker: WorkerId,
+    submit_seq: u64,
+}
+
+impl Core {
+    fn running(&self, job: u64) -> u32 {
+        self.sched.job_progress(job).map_or(0, |p| p.running)
+    }
+
+    fn job_status(&self, id: u64) -> Option<JobStatus> {
+        self.jobs.get(&id).map(|j| j.status(id, self.running(id)))
+    }
+
+    /// Tells the holders of `leases` to stop working on them.
+    fn send_cancels(&self, leases: &[scheduler::Assignment]) {
+        for lease in leases {
+            if let Some(w) = self.workers.get(&lease.worker) {
+                let _ = w.tx.send(CoordMsg::Cancel(TaskRef {
+                    job: lease.task.job,
+                    index: lease.task.index,
+                    epoch: lease.epoch.0,
+                }));
+            }
+        }
+    }
+
+    /// Marks a job final, tells workers to drop its leases, and returns
+    /// nothing to persist (the caller persists).
+    fn finish_job(&mut self, id: u64, state: JobState, error: Option<String>) {
+        if state != JobState::Done {
+            let leases = self.sched.cancel_job(id);
+            self.send_cancels(&leases);
+        }
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.final_state = Some(state);
+            job.error = error;
+            job.finished_unix_ms = Some(unix_ms());
+        }
+    }
+}
+
+/// A result accepted by the scheduler, waiting for its commit.
+struct Commit {
+    worker: WorkerId,
+    worker_name: String,
+    task: TaskRef,
+    output: Digest,
+    render_ms: u64,
+}
+
+struct Farm {
+    core: Mutex<Core>,
+    db: Mutex<Db>,
+    store: BlobDir,
+    wake: Notify,
+    start: Instant,
+    config: Config,
+    worker_secret: String,
+    client_secret: String,
+    commits: mpsc::UnboundedSender<Commit>,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Farm {
+    fn now(&self) -> scheduler::Millis {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    fn core(&self) -> std::sync::MutexGuard<'_, Core> {
+        self.core.lock().expect("core lock poisoned")
+    }
+
+    fn db(&self) -> std::sync::MutexGuard<'_, Db> {
+        self.db.lock().expect("db lock poisoned")
+    }
+}
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A coordinator that is up and listening.
+pub struct Coordinator {
+    pub addr: SocketAddr,
+    pub worker_ticket: Ticket,
+    pub client_ticket: Ticket,
+    endpoint: quinn::Endpoint,
+    farm: Arc<Farm>,
+}
+
+/// Opens the data dir (creating it, the certificate and the tickets on first
+/// start), restores every job, and starts listening.
+pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
+    let dir = &config.data_dir;
+    std::fs::create_dir_all(dir)
+        .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
+    let identity = load_identity(dir)?;
+    let previous = read_ticket(&dir.join("worker.ticket"));
+    let previous_client = read_ticket(&dir.join("client.ticket"));
+
+    // Keep the port of the previous run when asked for any port, so workers
+    // holding the old ticket find the coordinator again after a restart.
+    let mut endpoint = None;
+    if config.listen.port() == 0 {
+        if let Some(prev) = &previous {
+            let addr = SocketAddr::new(config.listen.ip(), prev.addr.port());
+            endpoint = transport::server_endpoint(addr, &identity, Timing::default()).ok();
+        }
+    }
+    let endpoint = match endpoint {
+        Some(e) => e,
+        None => transport::server_endpoint(config.listen, &identity, Timing::default())?,
+    };
+    let bound = endpoint.local_addr()?;
+    let advertised = match config.advertise {
+        Some(a) => a,
+        None if bound.ip().is_unspecified() => {
+            bail!("listening on {bound}: pass --advertise HOST:PORT so tickets name an address workers can reach")
+        }
+        None => bound,
+    };
+    let fingerprint = identity.fingerprint();
+    let ticket = |role, prev: Option<Ticket>| Ticket {
+        role,
+        addr: advertised,
+        fingerprint: fingerprint.clone(),
+        secret: prev
+            .filter(|t| t.role == role)
+            .map_or_else(Ticket::new_secret, |t| t.secret),
+    };
+    let worker_ticket = ticket(Role::Worker, previous);
+    let client_ticket = ticket(Role::Client, previous_client);
+    write_secret_file(&dir.join("worker.ticket"), &format!("{worker_ticket}\n"))?;
+    write_secret_file(&dir.join("client.ticket"), &format!("{client_ticket}\n"))?;
+
+    let mut db = Db::open(&dir.join("state.sqlite"))
+        .with_context(|| format!("cannot open the database in {}", dir.display()))?;
+    let generation = db.next_generation()?;
+    let store = BlobDir::open(dir.join("blobs"))?;
+    let sched = Scheduler::new(scheduler::Config {
+        lease_ms: config.lease_ms,
+        max_attempts: config.max_attempts,
+        first_epoch: generation << 32,
+    });
+    let (commit_tx, commit_rx) = mpsc::unbounded_channel();
+    let farm = Arc::new(Farm {
+        core: Mutex::new(Core {
+            sched,
+            jobs: BTreeMap::new(),
+            workers: HashMap::new(),
+            next_worker: 1,
+            submit_seq: 0,
+        }),
+        db: Mutex::new(db),
+        store,
+        wake: Notify::new(),
+        start: Instant::now(),
+        config: config.clone(),
+        worker_secret: worker_ticket.secret.clone(),
+        client_secret: client_ticket.secret.clone(),
+        commits: commit_tx,
+        runtime: tokio::runtime::Handle::current(),
+    });
+    let unstitched = restore(&farm)?;
+    for (job, frame_pos) in unstitched {
+        spawn_stitch(&farm, job, frame_pos);
+    }
+    {
+        let farm = farm.clone();
+        std::thread::Builder::new()
+            .name("commit".into())
+            .spawn(move || committer(farm, commit_rx))?;
+    }
+    tokio::spawn(dispatcher(farm.clone()));
+    {
+        let (farm, endpoint) = (farm.clone(), endpoint.clone());
+        tokio::spawn(async move {
+            while let Some(incoming) = endpoint.accept().await {
+                let farm = farm.clone();
+                tokio::spawn(async move {
+                    if let Err(e) = serve_connection(farm, incoming).await {
+                        tracing::debug!("connection ended: {e:#}");
+                    }
+                });
+            }
+        });
+    }
+    tracing::info!(%bound, %advertised, "coordinator listening");
+    Ok(Coordinator {
+        addr: bound,
+        worker_ticket,
+        client_ticket,
+        endpoint,
+        farm,
+    })
+}
+
+impl Coordinator {
+    /// Runs until `shutdown` resolves, then closes every connection.
+    pub async fn run_until(self, shutdown: impl std::future::Future<Output = ()>) {
+        shutdown.await;
+        self.endpoint
+            .close(0u32.into(), b"coordinator shutting down");
+        let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+        drop(self.farm);
+    }
+}
+
+fn load_identity(dir: &Path) -> anyhow::Result<Identity> {
+    let (cert, key) = (
+        dir.join("coordinator.crt.der"),
+        dir.join("coordinator.key.der"),
+    );
+    if cert.exists() && key.exists() {
+        return Ok(Identity {
+            cert_der: std::fs::read(&cert)
+                .with_context(|| format!("reading {}", cert.display()))?,
+            key_der: std::fs::read(&key).with_context(|| format!("reading {}", key.display()))?,
+        });
+    }
+    let identity = Identity::generate()?;
+    std::fs::write(&cert, &identity.cert_der)?;
+    write_secret_file(&key, "")?;
+    std::fs::write(&key, &identity.key_der)?;
+    Ok(identity)
+}
+
+fn read_ticket(path: &Path) -> Option<Ticket> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// Writes a file readable by its owner only.
+fn write_secret_file(path: &Path, contents: &str) -> anyhow::Result<()> {
+    use std::io::Write;
+    #[cfg(unix)]
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut opts = std::fs::OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    opts.mode(0o600);
+    let mut f = opts
+        .open(path)
+        .with_context(|| format!("cannot write {}", path.display()))?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()?;
+    Ok(())
+}
+
+/// Rebuilds the job table and the scheduler from the database. Returns the
+/// frames whose tasks are all done but which were not stitched yet.
+fn restore(farm: &Farm) -> anyhow::Result<Vec<(u64, usize)>> {
+    let db = farm.db();
+    let mut core = farm.core();
+    let now = farm.now();
+    let mut unstitched = Vec::new();
+    for stored in db.jobs()? {
+        let id = stored.id;
+        let mut job = Job::new(
+            stored.spec,
+            stored.submitted_ms,
+            stored.bytes_uploaded,
+            stored.bytes_deduplicated,
+        );
+        let mut done = vec![false; job.tasks_total() as usize];
+        for r in db.results(id)? {
+            if let Some(slot) = done.get_mut(r.index as usize) {
+                *slot = true;
+                job.tasks_done += 1;
+                job.render_ms += r.render_ms;
+                job.done_per_frame[(r.index / job.tasks_per_frame) as usize] += 1;
+            }
+        }
+        for f in db.frames(id)? {
+            if let Some(pos) = job.spec.frames.iter().position(|&x| x == f.frame) {
+                job.stitched[pos] = true;
+                job.frames_done += 1;
+            }
+        }
+        if stored.state.is_final() {
+            job.final_state = Some(stored.state);
+            job.error = stored.error;
+            job.finished_unix_ms = stored.finished_ms;
+        } else {
+            let pending: Vec<u32> = (0..job.tasks_total())
+                .filter(|&i| !done[i as usize])
+                .collect();
+            for (pos, &n) in job.done_per_frame.iter().enumerate() {
+                if n == job.tasks_per_frame && !job.stitched[pos] {
+                    unstitched.push((id, pos));
+                }
+            }
+            core.submit_seq += 1;
+            let seq = core.submit_seq;
+            core.sched.add_job(
+                NewJob {
+                    id,
+                    priority: job.spec.priority,
+                    submit_seq: seq,
+                    engine: job.spec.engine.name().to_string(),
+                    total: job.tasks_total(),
+                    pending,
+                },
+                now,
+            );
+            tracing::info!(
+                job = id,
+                done = job.tasks_done,
+                total = job.tasks_total(),
+                "resumed job"
+            );
+        }
+        core.jobs.insert(id, job);
+    }
+    Ok(unstitched)
+}
+
+/// Hands out work: expires overdue leases and fills free slots, whenever
+/// woken or when the next lease deadline passes.
+async fn dispatcher(farm: Arc<Farm>) {
+    loop {
+        let deadline = {
+            let mut core = farm.core();
+            let now = farm.now();
+            let core = &mut *core;
+            let expired = core.sched.expire(now);
+            for lost in &expired {
+                tracing::info!(
+                    job = lost.task.job,
+                    task = lost.task.index,
+                    worker = lost.worker,
+                    "lease expired; task requeued"
+                );
+            }
+            core.send_cancels(&expired);
+            for a in core.sched.assign(now) {
+                let (Some(job), Some(worker)) =
+                    (core.jobs.get(&a.task.job), core.workers.get_mut(&a.worker))
+                else {
+                    continue;
+                };
+                if worker.jobs_sent.insert(a.task.job) {
+                    let spec = &job.spec;
+                    let _ = worker.tx.send(CoordMsg::Job(JobInfo {
+                        job: a.task.job,
+                        engine: spec.engine,
+                        scene: spec.scene.clone(),
+                        manifest: spec.manifest.clone(),
+                        resolution: spec.resolution,
+                        output: spec.output,
+                    }));
+                }
+                let task = TaskRef {
+                    job: a.task.job,
+                    index: a.task.index,
+                    epoch: a.epoch.0,
+                };
+                let _ = worker.tx.send(CoordMsg::Assign(job.task_spec(task)));
+            }
+            core.sched.next_deadline()
+        };
+        let sleep = match deadline {
+            Some(at) => Duration::from_millis(at.saturating_sub(farm.now()) + 1),
+            None => Duration::from_secs(3600),
+        };
+        tokio::select! {
+            _ = farm.wake.notified() => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+    }
+}
+
+/// The group-commit thread: writes accepted results in batches, then
+/// acknowledges them and counts them, and starts stitching finished frames.
+fn committer(farm: Arc<Farm>, mut rx: mpsc::UnboundedReceiver<Commit>) {
+    while let Some(first) = rx.blocking_recv() {
+        let mut batch = vec![first];
+        while batch.len() < 4096 {
+            match rx.try_recv() {
+                Ok(c) => batch.push(c),
+                Err(_) => break,
+            }
+        }
+        let rows: Vec<NewResult<'_>> = batch
+            .iter()
+            .map(|c| NewResult {
+                job: c.task.job,
+                index: c.task.index,
+                output: c.output,
+                render_ms: c.render_ms,
+                worker: &c.worker_name,
+                epoch: c.task.epoch,
+            })
+            .collect();
+        let outcome = farm.db().insert_results(&rows);
+        let mut to_stitch = Vec::new();
+        let mut failed_jobs = Vec::new();
+        {
+            let mut core = farm.core();
+            let core = &mut *core;
+            for (i, c) in batch.iter().enumerate() {
+                let (accepted, reason) = match &outcome {
+                    Ok(fresh) => {
+                        if fresh[i] {
+                            if let Some(job) = core.jobs.get_mut(&c.task.job) {
+                                job.tasks_done += 1;
+                                job.render_ms += c.render_ms;
+                                let pos = (c.task.index / job.tasks_per_frame) as usize;
+                                job.done_per_frame[pos] += 1;
+                                if job.done_per_frame[pos] == job.tasks_per_frame {
+                                    to_stitch.push((c.task.job, pos));
+                                }
+                            }
+                        }
+                        (true, None)
+                    }
+                    Err(e) => {
+                        failed_jobs.push((
+                            c.task.job,
+                            format!("the coordinator could not store a result: {e}"),
+                        ));
+                        (false, Some(e.to_string()))
+                    }
+                };
+                if let Some(w) = core.workers.get_mut(&c.worker) {
+                    w.tasks_done += u64::from(accepted);
+                    let _ = w.tx.send(CoordMsg::Ack {
+                        task: c.task,
+                        accepted,
+                        reason,
+                    });
+                }
+            }
+        }
+        for (job, error) in failed_jobs {
+            fail_job(&farm, job, error);
+        }
+        for (job, pos) in to_stitch {
+            spawn_stitch(&farm, job, pos);
+        }
+        farm.wake.notify_one();
+    }
+}
+
+fn fail_job(farm: &Farm, job: u64, error: String) {
+    tracing::error!(job, "job failed: {error}");
+    farm.core()
+        .finish_job(job, JobState::Failed, Some(error.clone()));
+    if let Err(e) = farm
+        .db()
+        .set_state(job, JobState::Failed, Some(unix_ms()), Some(&error))
+    {
+        tracing::error!(job, "cannot record the failure: {e}");
+    }
+}
+
+fn spawn_stitch(farm: &Arc<Farm>, job: u64, frame_pos: usize) {
+    let farm2 = farm.clone();
+    farm.runtime.spawn_blocking(move || {
+        if let Err(e) = stitch_frame(&farm2, job, frame_pos) {
+            fail_job(&farm2, job, format!("stitching failed: {e:#}"));
+        }
+    });
+}
+
+fn stitch_frame(farm: &Farm, job_id: u64, frame_pos: usize) -> anyhow::Result<()> {
+    let (spec, per_frame) = {
+        let core = farm.core();
+        let job = core.jobs.get(&job_id).context("job vanished")?;
+        if job.stitched[frame_pos] || job.final_state.is_some() {
+            return Ok(());
+        }
+        (job.spec.clone(), job.tasks_per_frame)
+    };
+    let frame = spec.frames[frame_pos];
+    let first = frame_pos as u32 * per_frame;
+    let outputs = farm.db().result_range(job_id, first, per_frame)?;
+    if outputs.len() != per_frame as usize {
+        bail!(
+            "frame {frame}: {} of {per_frame} results are stored",
+            outputs.len()
+        );
+    }
+    if spec.sample_ranges != 1 {
+        bail!("frame {frame}: merging sample ranges needs the blender engine");
+    }
+    let (w, h) = spec.resolution;
+    let tiles = outputs
+        .iter()
+        .enumerate()
+        .map(|(i, d)| Ok((spec.tiles.rect(i as u32, w, h), farm.store.read(d)?)))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let png = stitch::stitch_png(w, h, &tiles).with_context(|| format!("frame {frame}"))?;
+    let digest = farm.store.put_bytes(&png)?;
+    farm.db().insert_frame(
+        job_id,
+        &StoredFrame {
+            frame,
+            digest,
+            size: png.len() as u64,
+        },
+    )?;
+    let done = {
+        let mut core = farm.core();
+        let job = core.jobs.get_mut(&job_id).context("job vanished")?;
+        if !job.stitched[frame_pos] {
+            job.stitched[frame_pos] = true;
+            job.frames_done += 1;
+        }
+        job.frames_done == job.spec.frames.len() as u32 && job.final_state.is_none()
+    };
+    tracing::info!(job = job_id, frame, "frame stitched");
+    if done {
+        farm.core().finish_job(job_id, JobState::Done, None);
+        farm.db()
+            .set_state(job_id, JobState::Done, Some(unix_ms()), None)?;
+        tracing::info!(job = job_id, "job done");
+    }
+    Ok(())
+}
+
+async fn serve_connection(farm: Arc<Farm>, incoming: quinn::Incoming) -> anyhow::Result<()> {
+    let conn = incoming.await?;
+    let mut control = Channel::new(
+        tokio::time::timeout(Duration::from_secs(10), conn.accept_bi())
+            .await
+            .context("no hello within 10 s")??,
+    );
+    let hello: Hello = control.recv().await?.context("closed before hello")?;
+    let role = match transport::check_hello(&hello, &farm.worker_secret, &farm.client_secret) {
+        Ok(role) => role,
+        Err(reason) => {
+            tracing::warn!(peer = %conn.remote_address(), "refused: {reason}");
+            control.send(&Welcome::Refused { reason }).await?;
+            let _ = control.send.finish();
+            let _ = tokio::time::timeout(Duration::from_secs(2), control.send.stopped()).await;
+            conn.close(1u32.into(), b"refused");
+            return Ok(());
+        }
+    };
+    control
+        .send(&Welcome::Accepted {
+            version: PROTOCOL_VERSION,
+        })
+        .await?;
+    let uploaded = Arc::new(AtomicU64::new(0));
+    {
+        let (farm, conn, uploaded) = (farm.clone(), conn.clone(), uploaded.clone());
+        tokio::spawn(async move { serve_blob_streams(farm, conn, uploaded).await });
+    }
+    match role {
+        Role::Worker => serve_worker(farm, conn, control, hello.name).await,
+        Role::Client => serve_client(farm, control, uploaded).await,
+    }
+}
+
+async fn serve_blob_streams(farm: Arc<Farm>, conn: quinn::Connection, uploaded: Arc<AtomicU64>) {
+    while let Ok(streams) = conn.accept_bi().await {
+        let (farm, uploaded) = (farm.clone(), uploaded.clone());
+        tokio::spawn(async move {
+            let mut ch = Channel::new(streams);
+            if let Err(e) = serve_blob(&farm, &mut ch, &uploaded).await {
+                tracing::debug!("blob stream: {e:#}");
+            }
+        });
+    }
+}
+
+async fn serve_blob(farm: &Farm, ch: &mut Channel, uploaded: &AtomicU64) -> anyhow::Result<()> {
+    match ch
+        .recv::<BlobRequest>()
+        .await?
+        .context("empty blob stream")?
+    {
+        BlobRequest::Put { digest, len } => {
+            let reply = if farm.store.contains(&digest) {
+                // Drain and discard: the store already holds these bytes.
+                let mut rest = tokio::io::AsyncReadExt::take(&mut ch.recv, len);
+                tokio::io::copy(&mut rest, &mut tokio::io::sink()).await?;
+                BlobReply::Stored
+            } else {
+                match farm.store.receive(digest, len, &mut ch.recv).await {
+                    Ok(()) => {
+                        uploaded.fetch_add(len, Ordering::Relaxed);
+                        BlobReply::Stored
+                    }
+                    Err(e) => {
+                        tracing::warn!("upload refused: {e}");
+                        BlobReply::Refused {
+                            reason: e.to_string(),
+                        }
+                    }
+                }
+            };
+            ch.send(&reply).await?;
+            ch.send.finish()?;
+        }
+        BlobRequest::Get { digest } => match farm.store.size(&digest) {
+            Some(len) => {
+                ch.send(&BlobReply::Found { len }).await?;
+                blob::send_file(&farm.store.path(&digest), &mut ch.send).await?;
+                ch.send.finish()?;
+            }
+            None => {
+                ch.send(&BlobReply::NotFound).await?;
+                ch.send.finish()?;
+            }
+        },
+    }
+    let _ = ch.send.stopped().await;
+    Ok(())
+}
+
+async fn serve_worker(
+    farm: Arc<Farm>,
+    conn: quinn::Connection,
+    control: Channel,
+    name: String,
+) -> anyhow::Result<()> {
+    let (mut send, mut recv) = control.split();
+    let info = match tessera_protocol::codec::read_frame::<WorkerMsg, _>(&mut recv).await? {
+        Some(WorkerMsg::Join(info)) => info,
+        other => bail!("worker {name} sent {other:?} before joining"),
+    };
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let id = {
+        let mut core = farm.core();
+        let id = core.next_worker;
+        core.next_worker += 1;
+        let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
+        core.sched.add_worker(id, info.slots, engines, farm.now());
+        core.workers.insert(
+            id,
+            WorkerConn {
+                name: name.clone(),
+                info: info.clone(),
+                tx: tx.clone(),
+                jobs_sent: HashSet::new(),
+                tasks_done: 0,
+            },
+        );
+        id
+    };
+    tracing::info!(worker = id, %name, slots = info.slots, engines = ?info.engines, peer = %conn.remote_address(), "worker joined");
+    let _ = tx.send(CoordMsg::Joined {
+        worker_id: id,
+        heartbeat_ms: farm.config.heartbeat_ms,
+        lease_ms: farm.config.lease_ms,
+    });
+    farm.wake.notify_one();
+    let writer = tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            if tessera_protocol::codec::write_frame(&mut send, &msg)
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+    });
+    let result = async {
+        while let Some(msg) = tessera_protocol::codec::read_frame::<WorkerMsg, _>(&mut recv).await?
+        {
+            handle_worker_msg(&farm, id, &name, &tx, msg);
+        }
+        anyhow::Ok(())
+    }
+    .await;
+    let requeued = {
+        let mut core = farm.core();
+        core.workers.remove(&id);
+        core.sched.remove_worker(id, farm.now())
+    };
+    tracing::info!(worker = id, %name, requeued = requeued.len(), "worker left");
+    farm.wake.notify_one();
+    writer.abort();
+    result
+}
+
+fn handle_worker_msg(
+    farm: &Farm,
+    id: WorkerId,
+    name: &str,
+    tx: &mpsc::UnboundedSender<CoordMsg>,
+    msg: WorkerMsg,
+) {
+    let refuse = |task: TaskRef, reason: String| {
+        tracing::info!(
+            worker = id,
+            job = task.job,
+            task = task.index,
+            "result refused: {reason}"
+        );
+        let _ = tx.send(CoordMsg::Ack {
+            task,
+            accepted: false,
+            reason: Some(reason),
+        });
+    };
+    match msg {
+        WorkerMsg::Join(_) => {}
+        WorkerMsg::Heartbeat => farm.core().sched.heartbeat(id, farm.now()),
+        WorkerMsg::Done {
+            task,
+            output,
+            render_ms,
+            inline,
+        } => {
+            if let Some(bytes) = inline {
+                if bytes.len() > MAX_INLINE_OUTPUT || Digest::of(&bytes) != output {
+                    return refuse(
+                        task,
+                        format!("inline output does not match its digest {output}"),
+                    );
+                }
+                if let Err(e) = farm.store.put_bytes(&bytes) {
+                    return refuse(task, format!("cannot store the output: {e}"));
+                }
+            } else if !farm.store.contains(&output) {
+                return refuse(task, format!("output blob {output} was not uploaded"));
+            }
+            let key = TaskKey {
+                job: task.job,
+                index: task.index,
+            };
+            let verdict = farm
+                .core()
+                .sched
+                .complete(id, key, Epoch(task.epoch), farm.now());
+            match verdict {
+                Ok(_) => {
+                    let _ = farm.commits.send(Commit {
+                        worker: id,
+                        worker_name: name.to_string(),
+                        task,
+                        output,
+                        render_ms,
+                    });
+                }
+                Err(refused) => refuse(task, refused.to_string()),
+            }
+        }
+        WorkerMsg::Failed { task, error } => {
+            tracing::warn!(
+                worker = id,
+                job = task.job,
+                task = task.index,
+                "task failed: {error}"
+            );
+            let key = TaskKey {
+                job: task.job,
+                index: task.index,
+            };
+            let outcome =
+                farm.core()
+                    .sched
+                    .fail(id, key, Epoch(task.epoch), error.clone(), farm.now());
+            match outcome {
+                Ok(outcome) if outcome.job_failed => {
+                    farm.core().send_cancels(&outcome.cancel);
+                    fail_job(
+                        farm,
+                        task.job,
+                        format!(
+                            "task {} failed {} times; last error: {error}",
+                            task.index, farm.config.max_attempts
+                        ),
+                    );
+                }
+                Ok(_) => {}
+                Err(refused) => refuse(task, refused.to_string()),
+            }
+            farm.wake.notify_one();
+        }
+    }
+}
+
+async fn serve_client(
+    farm: Arc<Farm>,
+    mut control: Channel,
+    uploaded: Arc<AtomicU64>,
+) -> anyhow::Result<()> {
+    while let Some(request) = control.recv::<ClientRequest>().await? {
+        let response = match request {
+            ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
+                digests
+                    .into_iter()
+                    .filter(|d| !farm.store.contains(d))
+                    .collect(),
+            ),
+            ClientRequest::Submit(spec) => {
+                match submit(&farm, spec, uploaded.swap(0, Ordering::Relaxed)) {
+                    Ok(status) => ClientResponse::Submitted(status),
+                    Err(e) => ClientResponse::Error(format!("{e:#}")),
+                }
+            }
+            ClientRequest::Status(job) => {
+                let core = farm.core();
+                let jobs: Vec<JobStatus> = match job {
+                    Some(id) => core.job_status(id).into_iter().collect(),
+                    None => core
+                        .jobs
+                        .keys()
+                        .filter_map(|&id| core.job_status(id))
+                        .collect(),
+                };
+                if let (Some(id), true) = (job, jobs.is_empty()) {
+                    ClientResponse::Error(format!("no job {id} on this coordinator"))
+                } else {
+                    let workers = core
+                        .workers
+                        .iter()
+                        .map(|(&id, w)| WorkerStatus {
+                            id,
+                            name: w.name.clone(),
+                            engines: w.info.engines.clone(),
+                            slots: w.info.slots,
+                            running: core.sched.running_on(id).len() as u32,
+                            tasks_done: w.tasks_done,
+                            price_per_hour: w.info.price_per_hour,
+                        })
+                        .collect();
+                    ClientResponse::Status { jobs, workers }
+                }
+            }
+            ClientRequest::Cancel(id) => cancel(&farm, id),
+            ClientRequest::Frames(id) => match farm.db().frames(id) {
+                Ok(frames) => {
+                    let format = farm.core().jobs.get(&id).map(|j| j.spec.output);
+                    match format {
+                        Some(format) => ClientResponse::Frames(
+                            frames
+                                .into_iter()
+                                .map(|f| FrameOutput {
+                                    frame: f.frame,
+                                    digest: f.digest,
+                                    size: f.size,
+                                    format,
+                                })
+                                .collect(),
+                        ),
+                        None => ClientResponse::Error(format!("no job {id} on this coordinator")),
+                    }
+                }
+                Err(e) => ClientResponse::Error(e.to_string()),
+            },
+        };
+        control.send(&response).await?;
+    }
+    Ok(())
+}
+
+fn cancel(farm: &Farm, id: u64) -> ClientResponse {
+    let state = farm.core().job_status(id).map(|s| s.state);
+    match state {
+        None => ClientResponse::Error(format!("no job {id} on this coordinator")),
+        Some(s) if s.is_final() => {
+            ClientResponse::Canceled(farm.core().job_status(id).expect("exists"))
+        }
+        Some(_) => {
+            farm.core().finish_job(id, JobState::Canceled, None);
+            if let Err(e) = farm
+                .db()
+                .set_state(id, JobState::Canceled, Some(unix_ms()), None)
+            {
+                return ClientResponse::Error(format!("cannot record the cancel: {e}"));
+            }
+            tracing::info!(job = id, "job canceled");
+            ClientResponse::Canceled(farm.core().job_status(id).expect("exists"))
+        }
+    }
+}
+
+/// Validates and records a job; it is durable before the client hears of it.
+fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus> {
+    if let Some(rid) = &spec.request_id {
+        if let Some(id) = farm.db().job_by_request(rid)? {
+            return farm.core().job_status(id).context("job vanished");
+        }
+    }
+    validate(farm, &spec)?;
+    let total: u64 = spec.manifest.iter().map(|m| m.size).sum();
+    let dedup = total.saturating_sub(uploaded);
+    let submitted = unix_ms();
+    let id = farm.db().insert_job(&spec, submitted, uploaded, dedup)?;
+    let job = Job::new(spec, submitted, uploaded, dedup);
+    let status = {
+        let mut core = farm.core();
+        core.submit_seq += 1;
+        let seq = core.submit_seq;
+        let new = NewJob {
+            id,
+            priority: job.spec.priority,
+            submit_seq: seq,
+            engine: job.spec.engine.name().to_string(),
+            total: job.tasks_total(),
+            pending: (0..job.tasks_total()).collect(),
+        };
+        core.sched.add_job(new, farm.now());
+        let status = job.status(id, 0);
+        core.jobs.insert(id, job);
+        status
+    };
+    tracing::info!(job = id, name = %status.name, tasks = status.tasks_total, "job submitted");
+    farm.wake.notify_one();
+    Ok(status)
+}
+
+fn validate(farm: &Farm, spec: &JobSpec) -> anyhow::Result<()> {
+    if spec.frames.is_empty() {
+        bail!("the job has no frames");
+    }
+    let (w, h) = spec.resolution;
+    if w == 0 || h == 0 || w > 65536 || h > 65536 {
+        bail!("resolution {w}x{h} is out of range");
+    }
+    if spec.tiles.cols == 0 || spec.tiles.rows == 0 || spec.tiles.cols > w || spec.tiles.rows > h {
+        bail!("tile grid {} does not fit a {w}x{h} frame", spec.tiles);
+    }
+    if spec.samples == 0 {
+        bail!("the sample count must be at least 1");
+    }
+    if spec.sample_ranges == 0 || spec.sample_ranges > spec.samples {
+        bail!(
+            "--sample-ranges {} must be between 1 and the sample count {}",
+            spec.sample_ranges,
+            spec.samples
+        );
+    }
+    if spec.sample_ranges > 1 && spec.engine != Engine::Blender {
+        bail!(
+            "--sample-ranges needs the blender engine; the {} engine renders whole sample counts",
+            spec.engine
+        );
+    }
+    let tasks =
+        u64::from(spec.tiles.count()) * u64::from(spec.sample_ranges) * spec.frames.len() as u64;
+    if tasks > 10_000_000 {
+        bail!("the job would have {tasks} tasks; the limit is 10,000,000");
+    }
+    let mut seen = HashSet::new();
+    for entry in &spec.manifest {
+        sanitize_manifest_path(&entry.path)?;
+        if !seen.insert(entry.path.as_str()) {
+            bail!("manifest path `{}` appears twice", entry.path);
+        }
+        if farm.store.size(&entry.digest) != Some(entry.size) {
+            bail!(
+                "`{}` ({}) was not uploaded; submit again to upload it",
+                entry.path,
+                entry.digest
+            );
+        }
+    }
+    if !seen.contains(spec.scene.as_str()) {
+        bail!("the scene `{}` is not in the manifest", spec.scene);
+    }
+    Ok(())
+}

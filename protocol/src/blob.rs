@@ -1,0 +1,316 @@
+//! Blobs: a folder of files named by their digest, written only through a
+//! verifying writer that re-hashes every byte, plus the blob streams that
+//! carry them (`BlobRequest` header frame, then raw bytes).
+//!
+//! Both the coordinator's asset store and a worker's cache are a [`BlobDir`].
+
+use std::path::{Path, PathBuf};
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::codec::CodecError;
+use crate::messages::{BlobReply, BlobRequest};
+use crate::transport::Channel;
+use crate::Digest;
+
+/// The largest blob either side accepts.
+pub const MAX_BLOB: u64 = 1 << 40;
+const BLOCK: usize = 256 * 1024;
+
+#[derive(Debug, thiserror::Error)]
+pub enum BlobError {
+    #[error("blob {expected} does not match its digest: the bytes hash to {actual}; not stored")]
+    Mismatch { expected: Digest, actual: Digest },
+    #[error("blob {digest} was cut short: expected {expected} bytes, got {got}")]
+    Short {
+        digest: Digest,
+        expected: u64,
+        got: u64,
+    },
+    #[error("blob {digest} of {len} bytes exceeds the limit of {MAX_BLOB} bytes")]
+    TooLarge { digest: Digest, len: u64 },
+    #[error("blob {0} not found")]
+    NotFound(Digest),
+    #[error("the receiver refused blob {digest}: {reason}")]
+    Refused { digest: Digest, reason: String },
+    #[error(transparent)]
+    Codec(#[from] CodecError),
+    #[error("connection lost: {0}")]
+    Lost(String),
+    #[error("blob store i/o error: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// A folder of blobs: `ROOT/ab/abcdef…`, temporary files under `ROOT/tmp`.
+#[derive(Debug, Clone)]
+pub struct BlobDir {
+    root: PathBuf,
+}
+
+impl BlobDir {
+    pub fn open(root: impl Into<PathBuf>) -> std::io::Result<BlobDir> {
+        let root = root.into();
+        std::fs::create_dir_all(root.join("tmp"))?;
+        Ok(BlobDir { root })
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn path(&self, digest: &Digest) -> PathBuf {
+        let hex = digest.to_hex();
+        self.root.join(&hex[..2]).join(hex)
+    }
+
+    /// The size of a stored blob, if present.
+    pub fn size(&self, digest: &Digest) -> Option<u64> {
+        std::fs::metadata(self.path(digest))
+            .ok()
+            .filter(|m| m.is_file())
+            .map(|m| m.len())
+    }
+
+    pub fn contains(&self, digest: &Digest) -> bool {
+        self.size(digest).is_some()
+    }
+
+    fn temp_path(&self, digest: &Digest) -> PathBuf {
+        use rand::Rng;
+        let tag: u64 = rand::rng().random();
+        self.root
+            .join("tmp")
+            .join(format!("{}.{tag:016x}", digest.to_hex()))
+    }
+
+    fn commit(&self, temp: &Path, digest: &Digest) -> std::io::Result<()> {
+        let dest = self.path(digest);
+        std::fs::create_dir_all(dest.parent().expect("blob paths have a parent"))?;
+        std::fs::rename(temp, dest)
+    }
+
+    /// Stores `bytes`, returning their digest.
+    pub fn put_bytes(&self, bytes: &[u8]) -> std::io::Result<Digest> {
+        let digest = Digest::of(bytes);
+        if !self.contains(&digest) {
+            let temp = self.temp_path(&digest);
+            std::fs::write(&temp, bytes)?;
+            self.commit(&temp, &digest)?;
+        }
+        Ok(digest)
+    }
+
+    pub fn read(&self, digest: &Digest) -> Result<Vec<u8>, BlobError> {
+        std::fs::read(self.path(digest)).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => BlobError::NotFound(*digest),
+            _ => BlobError::Io(e),
+        })
+    }
+
+    /// Reads exactly `len` bytes from `src` into the store, hashing as it
+    /// writes. A mismatch leaves nothing behind.
+    pub async fn receive<R: AsyncRead + Unpin>(
+        &self,
+        digest: Digest,
+        len: u64,
+        src: &mut R,
+    ) -> Result<(), BlobError> {
+        if len > MAX_BLOB {
+            return Err(BlobError::TooLarge { digest, len });
+        }
+        let temp = self.temp_path(&digest);
+        let result = self.receive_into(&temp, digest, len, src).await;
+        match result {
+            Ok(()) => Ok(self.commit(&temp, &digest)?),
+            Err(e) => {
+                let _ = tokio::fs::remove_file(&temp).await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn receive_into<R: AsyncRead + Unpin>(
+        &self,
+        temp: &Path,
+        digest: Digest,
+        len: u64,
+        src: &mut R,
+    ) -> Result<(), BlobError> {
+        let mut file = tokio::fs::File::create(temp).await?;
+        let mut hasher = blake3::Hasher::new();
+        let mut buf = vec![0u8; BLOCK];
+        let mut got = 0u64;
+        while got < len {
+            let want = (len - got).min(BLOCK as u64) as usize;
+            let n = src.read(&mut buf[..want]).await?;
+            if n == 0 {
+                return Err(BlobError::Short {
+                    digest,
+                    expected: len,
+                    got,
+                });
+            }
+            hasher.update(&buf[..n]);
+            file.write_all(&buf[..n]).await?;
+            got += n as u64;
+        }
+        let actual = Digest::from(hasher.finalize());
+        if actual != digest {
+            return Err(BlobError::Mismatch {
+                expected: digest,
+                actual,
+            });
+        }
+        file.flush().await?;
+        Ok(())
+    }
+}
+
+/// Copies `len` bytes of the file at `path` to `dst`.
+pub async fn send_file<W: AsyncWrite + Unpin>(path: &Path, dst: &mut W) -> Result<u64, BlobError> {
+    let mut file = tokio::fs::File::open(path).await?;
+    let mut buf = vec![0u8; BLOCK];
+    let mut sent = 0u64;
+    loop {
+        let n = file.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(sent);
+        }
+        dst.write_all(&buf[..n])
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?;
+        sent += n as u64;
+    }
+}
+
+/// What a blob upload sends: a file on disk or bytes in memory.
+pub enum BlobSource<'a> {
+    File(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+/// Uploads one blob on a new stream of `conn`; returns once the receiver
+/// verified and stored it.
+pub async fn put(
+    conn: &quinn::Connection,
+    digest: Digest,
+    len: u64,
+    source: BlobSource<'_>,
+) -> Result<(), BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    ch.send(&BlobRequest::Put { digest, len }).await?;
+    match source {
+        BlobSource::File(path) => {
+            send_file(path, &mut ch.send).await?;
+        }
+        BlobSource::Bytes(bytes) => {
+            ch.send
+                .write_all(bytes)
+                .await
+                .map_err(|e| BlobError::Lost(e.to_string()))?;
+        }
+    }
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    match ch.recv::<BlobReply>().await? {
+        Some(BlobReply::Stored) => Ok(()),
+        Some(BlobReply::Refused { reason }) => Err(BlobError::Refused { digest, reason }),
+        Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+        None => Err(BlobError::Lost(
+            "stream closed before the receiver answered".into(),
+        )),
+    }
+}
+
+/// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
+pub async fn get(
+    conn: &quinn::Connection,
+    digest: Digest,
+    dir: &BlobDir,
+) -> Result<u64, BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    ch.send(&BlobRequest::Get { digest }).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    match ch.recv::<BlobReply>().await? {
+        Some(BlobReply::Found { len }) => {
+            dir.receive(digest, len, &mut ch.recv).await?;
+            Ok(len)
+        }
+        Some(BlobReply::NotFound) => Err(BlobError::NotFound(digest)),
+        Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+        None => Err(BlobError::Lost(
+            "stream closed before the sender answered".into(),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tessera-blob-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn verified_receive_stores_only_matching_bytes() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let dir = BlobDir::open(temp_dir("recv")).unwrap();
+        let data = vec![42u8; 700_000];
+        let digest = Digest::of(&data);
+        rt.block_on(dir.receive(digest, data.len() as u64, &mut &data[..]))
+            .unwrap();
+        assert_eq!(dir.read(&digest).unwrap(), data);
+
+        // Flipped byte: refused, nothing stored, no temp file left.
+        let mut bad = data.clone();
+        bad[1234] ^= 1;
+        let other = Digest::of(b"something else");
+        let err = rt
+            .block_on(dir.receive(other, bad.len() as u64, &mut &bad[..]))
+            .unwrap_err();
+        assert!(matches!(err, BlobError::Mismatch { .. }), "{err}");
+        assert!(err.to_string().contains("does not match its digest"));
+        assert!(!dir.contains(&other));
+        assert_eq!(
+            std::fs::read_dir(dir.root().join("tmp")).unwrap().count(),
+            0
+        );
+
+        // Short stream: refused.
+        let err = rt
+            .block_on(dir.receive(other, 10, &mut &b"abc"[..]))
+            .unwrap_err();
+        assert!(matches!(err, BlobError::Short { got: 3, .. }), "{err}");
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    #[test]
+    fn put_bytes_is_idempotent() {
+        let dir = BlobDir::open(temp_dir("put")).unwrap();
+        let a = dir.put_bytes(b"tile").unwrap();
+        let b = dir.put_bytes(b"tile").unwrap();
+        assert_eq!(a, b);
+        assert_eq!(dir.size(&a), Some(4));
+        assert!(matches!(
+            dir.read(&Digest::of(b"nope")),
+            Err(BlobError::NotFound(_))
+        ));
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+}

@@ -1,0 +1,336 @@
+//! The client side of `submit`, `status`, `wait` and `cancel`: finds every
+//! file a scene needs, hashes it, uploads only what the coordinator lacks,
+//! submits the manifest, follows a job and downloads its frames.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use tessera_protocol::blob::{self, BlobDir, BlobSource};
+use tessera_protocol::job::{parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+use tessera_protocol::messages::{
+    ClientRequest, ClientResponse, JobState, JobStatus, Role, WorkerStatus,
+};
+use tessera_protocol::ticket::Ticket;
+use tessera_protocol::transport::{self, Channel, Timing};
+use tessera_protocol::Digest;
+use tessera_worker::engine::builtin;
+
+use crate::progress::Progress;
+
+/// Reads a ticket given as text, or as `@FILE`.
+pub fn resolve_ticket(value: Option<&str>) -> anyhow::Result<Ticket> {
+    let value = value.context(
+        "no ticket: pass --ticket @DATA_DIR/client.ticket (or set TESSERA_TICKET) with the ticket the coordinator wrote",
+    )?;
+    let text = match value.strip_prefix('@') {
+        Some(path) => std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the ticket file {path}"))?,
+        None => value.to_string(),
+    };
+    Ok(text.trim().parse()?)
+}
+
+/// A connected client.
+pub struct Client {
+    session: transport::Session,
+}
+
+impl Client {
+    pub async fn connect(ticket: &Ticket) -> anyhow::Result<Client> {
+        if ticket.role != Role::Client {
+            bail!(
+                "this is a worker ticket; it can only join workers. Use the client ticket (DATA_DIR/client.ticket) to submit or administer"
+            );
+        }
+        let name = format!("client-{}", std::process::id());
+        let session = transport::connect(ticket, &name, Timing::default()).await?;
+        Ok(Client { session })
+    }
+
+    pub async fn call(&mut self, request: &ClientRequest) -> anyhow::Result<ClientResponse> {
+        let ch: &mut Channel = &mut self.session.control;
+        ch.send(request).await?;
+        let response = ch
+            .recv::<ClientResponse>()
+            .await?
+            .context("the coordinator closed the connection")?;
+        if let ClientResponse::Error(e) = response {
+            bail!("{e}");
+        }
+        Ok(response)
+    }
+
+    pub async fn status(
+        &mut self,
+        job: Option<u64>,
+    ) -> anyhow::Result<(Vec<JobStatus>, Vec<WorkerStatus>)> {
+        match self.call(&ClientRequest::Status(job)).await? {
+            ClientResponse::Status { jobs, workers } => Ok((jobs, workers)),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    pub async fn job(&mut self, job: u64) -> anyhow::Result<JobStatus> {
+        self.status(Some(job))
+            .await?
+            .0
+            .pop()
+            .with_context(|| format!("no job {job} on this coordinator"))
+    }
+
+    pub async fn cancel(&mut self, job: u64) -> anyhow::Result<JobStatus> {
+        match self.call(&ClientRequest::Cancel(job)).await? {
+            ClientResponse::Canceled(s) => Ok(s),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// Polls until the job is final, showing progress on a terminal.
+    pub async fn wait(&mut self, job: u64, show_progress: bool) -> anyhow::Result<JobStatus> {
+        let mut bar = show_progress.then(|| Progress::new("rendering", "tasks"));
+        loop {
+            let status = self.job(job).await?;
+            if let Some(bar) = &mut bar {
+                bar.update(u64::from(status.tasks_done), u64::from(status.tasks_total));
+            }
+            if status.state.is_final() {
+                if let Some(bar) = &mut bar {
+                    bar.finish();
+                }
+                return Ok(status);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Downloads every stitched frame of `job` into `dir` as `frame_NNNN.EXT`.
+    pub async fn download_frames(&mut self, job: u64, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+        let frames = match self.call(&ClientRequest::Frames(job)).await? {
+            ClientResponse::Frames(f) => f,
+            other => bail!("unexpected reply {other:?}"),
+        };
+        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
+        let staging = BlobDir::open(dir.join(".tessera-download"))?;
+        let mut written = Vec::new();
+        for f in frames {
+            blob::get(&self.session.connection, f.digest, &staging)
+                .await
+                .with_context(|| format!("downloading frame {}", f.frame))?;
+            let dest = dir.join(format!("frame_{:04}.{}", f.frame, f.format.extension()));
+            std::fs::rename(staging.path(&f.digest), &dest)
+                .with_context(|| format!("writing {}", dest.display()))?;
+            written.push(dest);
+        }
+        let _ = std::fs::remove_dir_all(staging.root());
+        Ok(written)
+    }
+}
+
+/// What the user asked `submit` for.
+pub struct SubmitOptions {
+    pub scene: PathBuf,
+    pub frames: Option<String>,
+    pub tiles: TileGrid,
+    pub sample_ranges: u32,
+    pub samples: Option<u32>,
+    pub name: Option<String>,
+    pub priority: i32,
+    pub request_id: Option<String>,
+    pub engine: Option<Engine>,
+    pub progress: bool,
+}
+
+/// A scene file and everything it references, ready to hash.
+struct Scan {
+    engine: Engine,
+    frames: Vec<u32>,
+    samples: u32,
+    resolution: (u32, u32),
+    output: OutputFormat,
+    /// (manifest path, file on disk)
+    files: Vec<(String, PathBuf)>,
+}
+
+fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
+    let path = &opts.scene;
+    let file_name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .with_context(|| format!("`{}` is not a file name", path.display()))?
+        .to_string();
+    let engine = match opts.engine {
+        Some(e) => e,
+        None if file_name.ends_with(".blend") => Engine::Blender,
+        None if file_name.ends_with(".json") => Engine::Builtin,
+        None => bail!(
+            "`{}`: unknown scene type (expected a .blend or a builtin *.scene.json file)",
+            path.display()
+        ),
+    };
+    if !path.is_file() {
+        bail!("scene `{}` does not exist", path.display());
+    }
+    match engine {
+        Engine::Builtin | Engine::Noop => {
+            let scene = builtin::Scene::load(path)?;
+            let (first, last) = scene.frame_range();
+            let frames = match &opts.frames {
+                Some(f) => parse_frames(f).map_err(anyhow::Error::msg)?,
+                None => (first..=last).collect(),
+            };
+            if let Some(bad) = frames.iter().find(|&&f| f < first || f > last) {
+                bail!(
+                    "frame {bad} is outside the scene's frame range {first}-{last}; nothing was uploaded"
+                );
+            }
+            let dir = path.parent().unwrap_or(Path::new("."));
+            let mut files = vec![(file_name, path.clone())];
+            for tex in scene.texture_paths() {
+                let on_disk = dir.join(&tex);
+                if !on_disk.is_file() {
+                    bail!("texture `{tex}` named by the scene is missing (looked for {}); nothing was uploaded", on_disk.display());
+                }
+                files.push((tex, on_disk));
+            }
+            Ok(Scan {
+                engine,
+                frames,
+                samples: opts.samples.unwrap_or_else(|| scene.samples()),
+                resolution: scene.resolution(),
+                output: OutputFormat::Png,
+                files,
+            })
+        }
+        Engine::Blender => bail!(
+            "`{}`: rendering .blend files needs the blender engine, which this build does not support yet",
+            path.display()
+        ),
+        Engine::Unreal => bail!("the unreal engine is not supported by this build"),
+    }
+}
+
+/// Scans, hashes, uploads what is missing, and submits. Returns the job's status.
+pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<JobStatus> {
+    let scan = scan(opts)?;
+    if scan.samples == 0 {
+        bail!("--samples must be at least 1");
+    }
+    let mut manifest = Vec::new();
+    for (path, on_disk) in &scan.files {
+        let file = std::fs::File::open(on_disk)
+            .with_context(|| format!("cannot read {}", on_disk.display()))?;
+        let (digest, size) = Digest::of_reader(std::io::BufReader::new(file))?;
+        manifest.push((
+            ManifestEntry {
+                path: path.clone(),
+                digest,
+                size,
+            },
+            on_disk.clone(),
+        ));
+    }
+    let digests: Vec<Digest> = manifest.iter().map(|(m, _)| m.digest).collect();
+    let missing = match client.call(&ClientRequest::MissingBlobs(digests)).await? {
+        ClientResponse::Missing(m) => m,
+        other => bail!("unexpected reply {other:?}"),
+    };
+    let mut uploads: Vec<(Digest, u64, PathBuf)> = Vec::new();
+    for (entry, on_disk) in &manifest {
+        if missing.contains(&entry.digest) && !uploads.iter().any(|(d, _, _)| *d == entry.digest) {
+            uploads.push((entry.digest, entry.size, on_disk.clone()));
+        }
+    }
+    upload(&client.session.connection, &uploads, opts.progress).await?;
+    let name = opts.name.clone().unwrap_or_else(|| {
+        opts.scene
+            .file_name()
+            .map_or("job".into(), |n| n.to_string_lossy().into_owned())
+    });
+    let spec = JobSpec {
+        request_id: opts.request_id.clone(),
+        name,
+        engine: scan.engine,
+        scene: scan.files[0].0.clone(),
+        manifest: manifest.into_iter().map(|(m, _)| m).collect(),
+        frames: scan.frames,
+        tiles: opts.tiles,
+        sample_ranges: opts.sample_ranges,
+        samples: scan.samples,
+        resolution: scan.resolution,
+        priority: opts.priority,
+        output: scan.output,
+    };
+    match client.call(&ClientRequest::Submit(spec)).await? {
+        ClientResponse::Submitted(status) => Ok(status),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+/// Uploads blobs, four streams at a time, with a progress bar on a terminal.
+async fn upload(
+    conn: &quinn::Connection,
+    uploads: &[(Digest, u64, PathBuf)],
+    progress: bool,
+) -> anyhow::Result<()> {
+    if uploads.is_empty() {
+        return Ok(());
+    }
+    let total: u64 = uploads.iter().map(|u| u.1).sum();
+    let sent = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let bar_task = progress.then(|| {
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            let mut bar = Progress::new("uploading", "bytes");
+            loop {
+                let s = sent.load(Ordering::Relaxed);
+                bar.update(s, total);
+                if s >= total {
+                    bar.finish();
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    });
+    let queue = Arc::new(std::sync::Mutex::new(uploads.to_vec()));
+    let mut workers = Vec::new();
+    for _ in 0..4 {
+        let (conn, queue, sent) = (conn.clone(), queue.clone(), sent.clone());
+        workers.push(tokio::spawn(async move {
+            loop {
+                let next = queue.lock().expect("upload queue").pop();
+                let Some((digest, len, path)) = next else {
+                    return anyhow::Ok(());
+                };
+                blob::put(&conn, digest, len, BlobSource::File(&path))
+                    .await
+                    .with_context(|| format!("uploading {}", path.display()))?;
+                sent.fetch_add(len, Ordering::Relaxed);
+            }
+        }));
+    }
+    for w in workers {
+        w.await??;
+    }
+    if let Some(t) = bar_task {
+        let _ = t.await;
+    }
+    tracing::info!(
+        bytes = total,
+        ms = started.elapsed().as_millis() as u64,
+        "uploaded"
+    );
+    Ok(())
+}
+
+/// The process exit code for a final job.
+pub fn job_exit_code(status: &JobStatus) -> i32 {
+    match status.state {
+        JobState::Done => 0,
+        _ => 1,
+    }
+}

@@ -1,0 +1,159 @@
+//! What client commands print: one JSON object with `--json` (the contract
+//! scripts rely on), readable lines and tables otherwise.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use tessera_protocol::messages::{JobState, JobStatus, WorkerStatus};
+
+use crate::progress::human_bytes;
+
+pub fn job_json(s: &JobStatus) -> serde_json::Value {
+    json!({
+        "id": s.id,
+        "name": s.name,
+        "engine": s.engine.name(),
+        "state": s.state.name(),
+        "priority": s.priority,
+        "frames_total": s.frames_total,
+        "frames_done": s.frames_done,
+        "tasks_total": s.tasks_total,
+        "tasks_done": s.tasks_done,
+        "tasks_running": s.tasks_running,
+        "bytes_uploaded": s.bytes_uploaded,
+        "bytes_deduplicated": s.bytes_deduplicated,
+        "render_ms": s.render_ms,
+        "submitted_unix_ms": s.submitted_unix_ms,
+        "finished_unix_ms": s.finished_unix_ms,
+        "error": s.error,
+    })
+}
+
+fn worker_json(w: &WorkerStatus) -> serde_json::Value {
+    json!({
+        "id": w.id,
+        "name": w.name,
+        "engines": w.engines.iter().map(|e| e.name()).collect::<Vec<_>>(),
+        "slots": w.slots,
+        "running": w.running,
+        "tasks_done": w.tasks_done,
+        "price_per_hour": w.price_per_hour,
+    })
+}
+
+pub fn summary_line(s: &JobStatus) -> String {
+    format!(
+        "{} frames, {} tasks; uploaded {}, deduplicated {}",
+        s.frames_total,
+        s.tasks_total,
+        human_bytes(s.bytes_uploaded),
+        human_bytes(s.bytes_deduplicated)
+    )
+}
+
+pub fn print_submitted(s: &JobStatus, json: bool) {
+    if json {
+        println!("{}", job_json(s));
+    } else {
+        println!("job {} submitted: {}", s.id, summary_line(s));
+    }
+}
+
+pub fn print_final(s: &JobStatus, files: &[PathBuf], json: bool) {
+    if json {
+        let mut v = job_json(s);
+        v["files"] = json!(files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>());
+        println!("{v}");
+        return;
+    }
+    match s.state {
+        JobState::Done => {
+            println!(
+                "job {} done: {} frames, {} tasks",
+                s.id, s.frames_done, s.tasks_done
+            );
+            if let Some(dir) = files.first().and_then(|f| f.parent()) {
+                println!("{} frames written to {}", files.len(), dir.display());
+            }
+        }
+        _ => eprintln!(
+            "error: job {} {}{}",
+            s.id,
+            s.state.name(),
+            s.error
+                .as_deref()
+                .map(|e| format!(": {e}"))
+                .unwrap_or_default()
+        ),
+    }
+}
+
+pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatus], json: bool) {
+    if json {
+        match job {
+            Some(_) => println!("{}", job_json(&jobs[0])),
+            None => println!(
+                "{}",
+                json!({
+                    "jobs": jobs.iter().map(job_json).collect::<Vec<_>>(),
+                    "workers": workers.iter().map(worker_json).collect::<Vec<_>>(),
+                })
+            ),
+        }
+        return;
+    }
+    println!(
+        "{:<5} {:<24} {:<9} {:>13} {:>13}  {}",
+        "JOB", "NAME", "STATE", "FRAMES", "TASKS", "NOTE"
+    );
+    for s in jobs {
+        let note = s.error.clone().unwrap_or_default();
+        println!(
+            "{:<5} {:<24} {:<9} {:>13} {:>13}  {}",
+            s.id,
+            truncate(&s.name, 24),
+            s.state.name(),
+            format!("{}/{}", s.frames_done, s.frames_total),
+            format!("{}/{}", s.tasks_done, s.tasks_total),
+            truncate(&note, 60)
+        );
+    }
+    if jobs.is_empty() {
+        println!("(no jobs)");
+    }
+    if job.is_none() {
+        println!();
+        println!(
+            "{:<5} {:<24} {:<16} {:>7} {:>8} {:>10}",
+            "ID", "WORKER", "ENGINES", "SLOTS", "RUNNING", "DONE"
+        );
+        for w in workers {
+            let engines: Vec<_> = w.engines.iter().map(|e| e.name()).collect();
+            println!(
+                "{:<5} {:<24} {:<16} {:>7} {:>8} {:>10}",
+                w.id,
+                truncate(&w.name, 24),
+                engines.join(","),
+                w.slots,
+                w.running,
+                w.tasks_done
+            );
+        }
+        if workers.is_empty() {
+            println!("(no workers connected)");
+        }
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n - 1).collect();
+        t.push('…');
+        t
+    }
+}

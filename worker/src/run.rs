@@ -1,0 +1,263 @@
+//! The worker's connection loop: join with the worker ticket, heartbeat,
+//! render what is assigned on as many slots as it offers, upload outputs,
+//! and reconnect with backoff and jitter whenever the coordinator goes away.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use tessera_protocol::blob::{self, BlobSource};
+use tessera_protocol::codec;
+use tessera_protocol::messages::{
+    CoordMsg, JobInfo, TaskRef, TaskSpec, WorkerInfo, WorkerMsg, MAX_INLINE_OUTPUT,
+};
+use tessera_protocol::ticket::Ticket;
+use tessera_protocol::transport::{self, Timing, TransportError};
+use tessera_protocol::Digest;
+use tokio::sync::{mpsc, watch};
+
+use crate::cache::Cache;
+use crate::engine::Engine;
+
+pub struct Config {
+    pub ticket: Ticket,
+    pub name: String,
+    pub cache_dir: PathBuf,
+    pub engines: Vec<Arc<dyn Engine>>,
+    pub slots: u32,
+    pub price_per_hour: f64,
+}
+
+/// Runs until `shutdown` turns true. Returns an error only for problems
+/// retrying cannot fix (a refused ticket, a protocol version mismatch).
+pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let cache = Arc::new(Cache::open(&config.cache_dir)?);
+    let config = Arc::new(config);
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let started = Instant::now();
+        let outcome = tokio::select! {
+            r = session(&config, &cache) => r,
+            _ = shutdown.wait_for(|&s| s) => return Ok(()),
+        };
+        match outcome {
+            Err(e) => {
+                if let Some(t) = e.downcast_ref::<TransportError>() {
+                    if matches!(t, TransportError::Refused(_) | TransportError::Version(_)) {
+                        return Err(e);
+                    }
+                }
+                tracing::warn!("disconnected from the coordinator: {e:#}");
+            }
+            Ok(()) => tracing::warn!("the coordinator closed the connection"),
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            backoff = Duration::from_millis(200);
+        }
+        let jitter: f64 = rand::random_range(0.5..1.5);
+        let wait = backoff.mul_f64(jitter);
+        tracing::info!("reconnecting in {} ms", wait.as_millis());
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = shutdown.wait_for(|&s| s) => return Ok(()),
+        }
+        backoff = (backoff * 2).min(Duration::from_secs(5));
+    }
+}
+
+/// One connection, from join to loss.
+async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<()> {
+    let session = transport::connect(&config.ticket, &config.name, Timing::default()).await?;
+    let conn = session.connection.clone();
+    let (mut send, mut recv) = session.control.split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<WorkerMsg>();
+    let writer = tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            if codec::write_frame(&mut send, &msg).await.is_err() {
+                break;
+            }
+        }
+    });
+    let hostname = std::fs::read_to_string("/etc/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    tx.send(WorkerMsg::Join(WorkerInfo {
+        engines: config.engines.iter().map(|e| e.kind()).collect(),
+        slots: config.slots,
+        price_per_hour: config.price_per_hour,
+        hostname,
+    }))?;
+    let heartbeat_ms = match codec::read_frame::<CoordMsg, _>(&mut recv).await? {
+        Some(CoordMsg::Joined {
+            worker_id,
+            heartbeat_ms,
+            lease_ms,
+        }) => {
+            tracing::info!(worker_id, heartbeat_ms, lease_ms, "joined the farm");
+            heartbeat_ms
+        }
+        other => anyhow::bail!("expected Joined, got {other:?}"),
+    };
+    cache.reset_jobs();
+    let heartbeat = {
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(50)));
+            loop {
+                tick.tick().await;
+                if tx.send(WorkerMsg::Heartbeat).is_err() {
+                    break;
+                }
+            }
+        })
+    };
+    let mut jobs: HashMap<u64, Arc<JobInfo>> = HashMap::new();
+    let mut running: HashMap<(u64, u32), (u64, tokio::task::AbortHandle)> = HashMap::new();
+    let result = loop {
+        let msg = match codec::read_frame::<CoordMsg, _>(&mut recv).await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => break Ok(()),
+            Err(e) => break Err(anyhow::Error::from(e)),
+        };
+        running.retain(|_, (_, handle)| !handle.is_finished());
+        match msg {
+            CoordMsg::Joined { .. } => {}
+            CoordMsg::Job(info) => {
+                jobs.insert(info.job, Arc::new(info));
+            }
+            CoordMsg::Assign(task) => {
+                let Some(job) = jobs.get(&task.task.job).cloned() else {
+                    let _ = tx.send(WorkerMsg::Failed {
+                        task: task.task,
+                        error: "assigned a task of a job this worker was never told about".into(),
+                    });
+                    continue;
+                };
+                let key = (task.task.job, task.task.index);
+                let epoch = task.task.epoch;
+                let handle = tokio::spawn(run_task(
+                    config.clone(),
+                    cache.clone(),
+                    conn.clone(),
+                    tx.clone(),
+                    job,
+                    task,
+                ));
+                running.insert(key, (epoch, handle.abort_handle()));
+            }
+            CoordMsg::Cancel(t) => {
+                if let Some((epoch, handle)) = running.get(&(t.job, t.index)) {
+                    if *epoch == t.epoch {
+                        tracing::info!(
+                            job = t.job,
+                            task = t.index,
+                            "task canceled by the coordinator"
+                        );
+                        handle.abort();
+                    }
+                }
+            }
+            CoordMsg::Ack {
+                task,
+                accepted,
+                reason,
+            } => {
+                if !accepted {
+                    tracing::warn!(
+                        job = task.job,
+                        task = task.index,
+                        "result refused: {}",
+                        reason.unwrap_or_default()
+                    );
+                }
+            }
+        }
+    };
+    heartbeat.abort();
+    for (_, (_, handle)) in running {
+        handle.abort();
+    }
+    drop(tx);
+    let _ = writer.await;
+    result
+}
+
+async fn run_task(
+    config: Arc<Config>,
+    cache: Arc<Cache>,
+    conn: quinn::Connection,
+    tx: mpsc::UnboundedSender<WorkerMsg>,
+    job: Arc<JobInfo>,
+    task: TaskSpec,
+) {
+    let t = task.task;
+    let msg = match render_and_upload(&config, &cache, &conn, &job, &task).await {
+        Ok(done) => done,
+        Err(e) => {
+            tracing::warn!(job = t.job, task = t.index, "task failed: {e:#}");
+            WorkerMsg::Failed {
+                task: t,
+                error: format!("{e:#}"),
+            }
+        }
+    };
+    let _ = tx.send(msg);
+}
+
+async fn render_and_upload(
+    config: &Config,
+    cache: &Cache,
+    conn: &quinn::Connection,
+    job: &Arc<JobInfo>,
+    task: &TaskSpec,
+) -> anyhow::Result<WorkerMsg> {
+    let engine = config
+        .engines
+        .iter()
+        .find(|e| e.kind() == job.engine)
+        .cloned()
+        .with_context(|| format!("this worker does not offer the {} engine", job.engine))?;
+    let dir = cache.prepare(conn, job).await?;
+    let started = Instant::now();
+    let (job2, task2) = (job.clone(), task.clone());
+    let output = tokio::task::spawn_blocking(move || engine.render(&job2, &dir, &task2))
+        .await
+        .context("the render thread panicked")??;
+    let render_ms = started.elapsed().as_millis() as u64;
+    let t: TaskRef = task.task;
+    tracing::info!(
+        job = t.job,
+        task = t.index,
+        frame = task.frame,
+        x = task.tile.x,
+        y = task.tile.y,
+        render_ms,
+        "task rendered"
+    );
+    let digest = Digest::of(&output);
+    if output.len() <= MAX_INLINE_OUTPUT {
+        return Ok(WorkerMsg::Done {
+            task: t,
+            output: digest,
+            render_ms,
+            inline: Some(output),
+        });
+    }
+    blob::put(
+        conn,
+        digest,
+        output.len() as u64,
+        BlobSource::Bytes(&output),
+    )
+    .await
+    .context("uploading the output")?;
+    Ok(WorkerMsg::Done {
+        task: t,
+        output: digest,
+        render_ms,
+        inline: None,
+    })
+}
