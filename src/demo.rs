@@ -82,7 +82,9 @@ pub async fn run(workers: u32, output: &Path, tiles: TileGrid) -> anyhow::Result
     let stdout = coordinator.stdout.take().expect("piped");
     farm.children.push(coordinator);
     let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first)?;
+    let mut stdout = BufReader::new(stdout);
+    stdout.read_line(&mut first)?;
+    std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
     let Some(addr) = first
         .trim()
         .strip_prefix("tessera coordinator listening on ")

@@ -6,7 +6,7 @@ mod demo;
 mod progress;
 mod report;
 
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -213,15 +213,18 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             config.heartbeat_ms = heartbeat_ms;
             config.lease_ms = lease_ms.max(heartbeat_ms);
             let coordinator = tessera_coordinator::server::start(config).await?;
-            println!("tessera coordinator listening on {}", coordinator.addr);
-            println!(
-                "worker ticket: {}",
-                data_dir.join("worker.ticket").display()
-            );
-            println!(
-                "client ticket: {}",
+            // Scripts read the first line to learn the address; a closed
+            // stdout must not stop the coordinator.
+            let banner = format!(
+                "tessera coordinator listening on {}\nworker ticket: {}\nclient ticket: {}\n",
+                coordinator.addr,
+                data_dir.join("worker.ticket").display(),
                 data_dir.join("client.ticket").display()
             );
+            let mut stdout = std::io::stdout();
+            let _ = stdout
+                .write_all(banner.as_bytes())
+                .and_then(|()| stdout.flush());
             coordinator.run_until(shutdown_signal()).await;
             Ok(0)
         }

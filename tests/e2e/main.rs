@@ -1,1 +1,8 @@
+//! End-to-end tests: real coordinator and worker processes on 127.0.0.1,
+//! real QUIC, real SQLite, real signals, real scenes. One binary; the cases
+//! live in the modules below and share the harness.
 
+mod bad_input;
+mod faults;
+mod harness;
+mod tiles;

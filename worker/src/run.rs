@@ -165,7 +165,14 @@ async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<()>
                 accepted,
                 reason,
             } => {
-                if !accepted {
+                if accepted {
+                    tracing::info!(
+                        job = task.job,
+                        task = task.index,
+                        epoch = task.epoch,
+                        "result accepted"
+                    );
+                } else {
                     tracing::warn!(
                         job = task.job,
                         task = task.index,

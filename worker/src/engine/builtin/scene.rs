@@ -1,8 +1,24 @@
-//! The builtin engine's scene file (`*.scene.json`). [`Scene`] and its parts
-//! mirror the JSON one to one (unknown fields are errors) and are checked once
-//! after parsing, so the renderer reads them without further checks. Cameras
+//! The builtin engine's scene file (`*.scene.json`). The serde types mirror
+//! the JSON one to one (unknown fields are errors) and are checked once after
+//! parsing, so the renderer reads a [`Scene`] without further checks. Cameras
 //! and object motion are keyframed by frame number and linearly interpolated,
-//! clamped to the first and last keyframe outside their range.
+//! clamped to the first and last keyframe outside their range. In short
+//! (`?` optional, defaults in brackets; colours linear RGB; see `scenes/`):
+//!
+//! ```text
+//! resolution [w, h], samples, max_bounces? [6], seed? [0], frames {start, end}
+//! background? {"sky": {horizon, zenith}} | {"color": [r, g, b]}
+//! camera     [{frame, position, look_at, fov_deg}, ...]
+//! materials  {name: {kind: "diffuse", albedo? [1,1,1], texture?, scale? [1]}
+//!                 | {kind: "metal", albedo, fuzz? [0]} | {kind: "glass", ior}
+//!                 | {kind: "emissive", color, strength? [1]}, ...}
+//! objects    [{shape: {"sphere": {center, radius}} | {"plane": {point, normal}}
+//!                 | {"box": {min, max}}, material, motion? [{frame, offset}, ...]}, ...]
+//! ```
+//!
+//! Texture paths are relative to the scene file's folder. A texture wraps
+//! `scale` times around a sphere, and repeats every `1 / scale` units on
+//! planes and boxes.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -17,11 +33,12 @@ const MAX_BOUNCES: u32 = 64;
 
 /// Returns `Err(format!(...))` from the enclosing function unless `$ok` holds.
 macro_rules! ensure {
-    ($ok:expr, $($message:tt)+) => {
-        if !$ok {
+    ($ok:expr, $($message:tt)+) => {{
+        let ok: bool = $ok;
+        if !ok {
             return Err(format!($($message)+));
         }
-    };
+    }};
 }
 
 /// A parsed and validated builtin scene.

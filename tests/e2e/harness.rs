@@ -1,0 +1,295 @@
+//! The test farm: a coordinator and workers as real `tessera` processes on
+//! 127.0.0.1, client commands run as a user would run them, and helpers that
+//! read what the processes logged and rendered.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+use tessera_worker::engine::builtin;
+
+/// Farms are heavy on a 2-core machine: one at a time.
+static ONE_FARM: Mutex<()> = Mutex::new(());
+
+pub fn tessera() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+}
+
+pub fn scenes() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes")
+}
+
+pub struct Worker {
+    pub log: PathBuf,
+    child: Option<Child>,
+}
+
+pub struct Farm {
+    pub dir: PathBuf,
+    pub data: PathBuf,
+    coordinator: Option<Child>,
+    coordinator_args: Vec<String>,
+    coordinator_starts: u32,
+    pub workers: Vec<Worker>,
+    _lock: MutexGuard<'static, ()>,
+}
+
+impl Farm {
+    /// A coordinator with `args` added to its command line (e.g. lease timing).
+    pub fn start(name: &str, args: &[&str]) -> Farm {
+        let lock = ONE_FARM.lock().unwrap_or_else(|e| e.into_inner());
+        let dir = std::env::temp_dir().join(format!("tessera-e2e-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut farm = Farm {
+            data: dir.join("data"),
+            dir,
+            coordinator: None,
+            coordinator_args: args.iter().map(|s| s.to_string()).collect(),
+            coordinator_starts: 0,
+            workers: Vec::new(),
+            _lock: lock,
+        };
+        farm.start_coordinator();
+        farm
+    }
+
+    pub fn start_coordinator(&mut self) {
+        assert!(self.coordinator.is_none(), "coordinator already running");
+        self.coordinator_starts += 1;
+        let log = std::fs::File::create(
+            self.dir
+                .join(format!("coordinator-{}.log", self.coordinator_starts)),
+        )
+        .unwrap();
+        let mut child = tessera()
+            .args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+            .arg(&self.data)
+            .args(&self.coordinator_args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .expect("start coordinator");
+        let mut line = String::new();
+        let mut stdout = BufReader::new(child.stdout.take().unwrap());
+        stdout.read_line(&mut line).unwrap();
+        // Keep reading so the coordinator never writes into a closed pipe.
+        std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
+        assert!(
+            line.starts_with("tessera coordinator listening on 127.0.0.1:"),
+            "coordinator said {line:?}"
+        );
+        self.coordinator = Some(child);
+    }
+
+    /// SIGKILL: no chance to flush or say goodbye.
+    pub fn kill_coordinator(&mut self) {
+        let mut child = self.coordinator.take().expect("coordinator running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    pub fn worker_ticket(&self) -> String {
+        format!("@{}", self.data.join("worker.ticket").display())
+    }
+
+    pub fn client_ticket(&self) -> String {
+        format!("@{}", self.data.join("client.ticket").display())
+    }
+
+    /// Starts a worker process with one render thread.
+    pub fn add_worker(&mut self, name: &str) -> usize {
+        self.add_worker_with(name, &[])
+    }
+
+    pub fn add_worker_with(&mut self, name: &str, args: &[&str]) -> usize {
+        let log = self.dir.join(format!("worker-{name}.log"));
+        let child = tessera()
+            .args([
+                "worker",
+                "--ticket",
+                &self.worker_ticket(),
+                "--name",
+                name,
+                "--threads",
+                "1",
+                "--cache-dir",
+            ])
+            .arg(self.dir.join(format!("cache-{name}")))
+            .args(args)
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start worker");
+        self.workers.push(Worker {
+            log,
+            child: Some(child),
+        });
+        self.workers.len() - 1
+    }
+
+    /// SIGKILL a worker.
+    pub fn kill_worker(&mut self, i: usize) {
+        let mut child = self.workers[i].child.take().expect("worker running");
+        child.kill().unwrap();
+        child.wait().unwrap();
+    }
+
+    /// Runs a client command with the client ticket.
+    pub fn run(&self, args: &[&str]) -> Output {
+        tessera()
+            .args(args)
+            .env("TESSERA_TICKET", self.client_ticket())
+            .output()
+            .unwrap()
+    }
+
+    /// Runs a client command that must succeed and print one JSON object.
+    pub fn json(&self, args: &[&str]) -> Value {
+        let out = self.run(args);
+        assert!(
+            out.status.success(),
+            "tessera {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+            panic!(
+                "tessera {args:?} printed no JSON ({e}): {}",
+                String::from_utf8_lossy(&out.stdout)
+            )
+        })
+    }
+
+    pub fn status(&self, job: u64) -> Value {
+        self.json(&["status", &job.to_string(), "--json"])
+    }
+
+    /// Polls the job until `pred` holds.
+    pub fn wait_for(&self, job: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = self.status(job);
+            if pred(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for {what}; last status {s}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// (job, task) of every "task rendered" line any worker logged.
+    pub fn renders(&self) -> Vec<(u64, u32)> {
+        self.log_events("task rendered")
+    }
+
+    /// (job, task) of every result the coordinator acknowledged as accepted.
+    pub fn accepted(&self) -> Vec<(u64, u32)> {
+        self.log_events("result accepted")
+    }
+
+    fn log_events(&self, event: &str) -> Vec<(u64, u32)> {
+        let mut out = Vec::new();
+        for w in &self.workers {
+            let text = std::fs::read_to_string(&w.log).unwrap_or_default();
+            for line in text.lines().filter(|l| l.contains(event)) {
+                out.push((
+                    field(line, "job").unwrap(),
+                    field(line, "task").unwrap() as u32,
+                ));
+            }
+        }
+        out
+    }
+
+    pub fn log_of(&self, i: usize) -> String {
+        std::fs::read_to_string(&self.workers[i].log).unwrap_or_default()
+    }
+}
+
+fn field(line: &str, name: &str) -> Option<u64> {
+    let start = line.find(&format!(" {name}="))? + name.len() + 2;
+    line[start..]
+        .split(|c: char| !c.is_ascii_digit())
+        .next()?
+        .parse()
+        .ok()
+}
+
+impl Drop for Farm {
+    fn drop(&mut self) {
+        for w in &mut self.workers {
+            if let Some(c) = &mut w.child {
+                let _ = c.kill();
+                let _ = c.wait();
+            }
+        }
+        if let Some(c) = &mut self.coordinator {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("farm files kept for inspection in {}", self.dir.display());
+        }
+    }
+}
+
+/// The pixels of `frame` of a builtin scene, rendered whole in this process.
+pub fn reference_frame(scene: &Path, frame: u32, samples: Option<u32>) -> (u32, u32, Vec<u8>) {
+    let s = builtin::Scene::load(scene).unwrap();
+    let t = builtin::Textures::load(&s, scene.parent().unwrap()).unwrap();
+    let (w, h) = s.resolution();
+    let samples = samples.unwrap_or_else(|| s.samples());
+    (
+        w,
+        h,
+        builtin::render_tile(&s, &t, frame, builtin::PixelRect::full(w, h), samples, 2),
+    )
+}
+
+pub fn png_pixels(path: &Path) -> (u32, u32, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    builtin::decode_png_rgb(&bytes).unwrap()
+}
+
+/// Asserts `dir` holds exactly the scene's `frames`, each pixel-identical to
+/// a whole-frame render made here.
+pub fn assert_frames_match_reference(dir: &Path, scene: &Path, frames: &[u32]) {
+    check_frames(dir, scene, frames, None)
+}
+
+/// The same, for a job submitted with `--samples`.
+pub fn assert_frames_match_reference_samples(
+    dir: &Path,
+    scene: &Path,
+    frames: &[u32],
+    samples: u32,
+) {
+    check_frames(dir, scene, frames, Some(samples))
+}
+
+fn check_frames(dir: &Path, scene: &Path, frames: &[u32], samples: Option<u32>) {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    let want: Vec<_> = frames.iter().map(|f| format!("frame_{f:04}.png")).collect();
+    assert_eq!(names, want);
+    for &f in frames {
+        let got = png_pixels(&dir.join(format!("frame_{f:04}.png")));
+        assert!(
+            got == reference_frame(scene, f, samples),
+            "frame {f} differs from the whole-frame render"
+        );
+    }
+}
