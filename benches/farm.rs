@@ -1,1 +1,113 @@
-fn main() {}
+//! Farm benchmarks, run as real processes on 127.0.0.1 (`cargo bench --bench
+//! farm`). Each prints its measured figures and the ratio to its target;
+//! nothing here asserts a wall-clock time.
+//!
+//! (a) farm efficiency: (Σ task render time ÷ workers) ÷ makespan, for a
+//!     builtin job of 128 tiles on 2 workers;
+//! (b) dispatch throughput: tasks per second through the coordinator with a
+//!     no-op engine and 32 connected workers over real QUIC.
+
+#[path = "../tests/e2e/harness.rs"]
+#[allow(dead_code)]
+mod harness;
+
+use std::time::Instant;
+
+use harness::{scenes, Farm};
+
+fn main() {
+    let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let run = |name: &str| only.as_deref().is_none_or(|o| name.contains(o));
+    if run("efficiency") {
+        efficiency();
+    }
+    if run("dispatch") {
+        dispatch();
+    }
+}
+
+fn efficiency() {
+    let mut farm = Farm::start("bench-efficiency", &[]);
+    farm.add_worker("w1");
+    farm.add_worker("w2");
+    let scene = scenes().join("demo.scene.json");
+    let started = Instant::now();
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--tiles",
+        "4x4",
+        "--wait",
+        "--json",
+    ]);
+    let wall = started.elapsed().as_secs_f64();
+    assert_eq!(job["state"], "done");
+    let tasks = job["tasks_done"].as_u64().unwrap();
+    let busy = job["render_ms"].as_u64().unwrap() as f64 / 1000.0;
+    let makespan = (job["finished_unix_ms"].as_u64().unwrap()
+        - job["submitted_unix_ms"].as_u64().unwrap()) as f64
+        / 1000.0;
+    let efficiency = busy / 2.0 / makespan;
+    println!(
+        "farm efficiency: builtin demo scene, {tasks} tiles (8 frames x 4x4), 2 workers x 1 thread"
+    );
+    println!("  sum of task render time   {busy:8.2} s");
+    println!("  ideal makespan (sum / 2)  {:8.2} s", busy / 2.0);
+    println!(
+        "  measured makespan         {makespan:8.2} s  (client wall time incl. upload {wall:.2} s)"
+    );
+    println!(
+        "  efficiency                {efficiency:8.3}  target >= 0.90  ({:.2}x target)",
+        efficiency / 0.90
+    );
+}
+
+fn dispatch() {
+    const WORKERS: usize = 32;
+    let mut farm = Farm::start("bench-dispatch", &[]);
+    for i in 0..WORKERS {
+        farm.add_worker_with(&format!("noop-{i}"), &["--engine", "noop", "--slots", "4"]);
+    }
+    // Wait for every worker to join.
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let s = farm.json(&["status", "--json"]);
+        if s["workers"].as_array().unwrap().len() == WORKERS {
+            break;
+        }
+        assert!(Instant::now() < deadline, "workers did not join: {s}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let scene = scenes().join("spheres.scene.json");
+    // 6 frames x 64x64 tiles = 24,576 tasks per job.
+    let mut total_tasks = 0;
+    let mut total_secs = 0.0;
+    for _ in 0..2 {
+        let job = farm.json(&[
+            "submit",
+            scene.to_str().unwrap(),
+            "--engine",
+            "noop",
+            "--tiles",
+            "64x64",
+            "--json",
+        ]);
+        let id = job["id"].as_u64().unwrap().to_string();
+        let done = farm.json(&["wait", &id, "--json"]);
+        assert_eq!(done["state"], "done");
+        let tasks = done["tasks_done"].as_u64().unwrap();
+        let secs = (done["finished_unix_ms"].as_u64().unwrap()
+            - done["submitted_unix_ms"].as_u64().unwrap()) as f64
+            / 1000.0;
+        total_tasks += tasks;
+        total_secs += secs;
+    }
+    let rate = total_tasks as f64 / total_secs;
+    println!("dispatch throughput: no-op engine, {WORKERS} worker processes x 4 slots over QUIC on loopback");
+    println!("  tasks                     {total_tasks}");
+    println!("  submit to job done        {total_secs:8.2} s");
+    println!(
+        "  throughput                {rate:8.0} tasks/s  target >= 5000  ({:.2}x target)",
+        rate / 5000.0
+    );
+}

@@ -493,10 +493,15 @@ async fn dispatcher(farm: Arc<Farm>) {
             let core = &mut *core;
             let expired = core.sched.expire(now);
             for lost in &expired {
+                let name = core
+                    .workers
+                    .get(&lost.worker)
+                    .map_or("(gone)", |w| w.name.as_str());
                 tracing::info!(
                     job = lost.task.job,
                     task = lost.task.index,
                     worker = lost.worker,
+                    name,
                     "lease expired; task requeued"
                 );
             }
@@ -867,7 +872,11 @@ fn handle_worker_msg(
     };
     match msg {
         WorkerMsg::Join(_) => {}
-        WorkerMsg::Heartbeat => farm.core().sched.heartbeat(id, farm.now()),
+        WorkerMsg::Heartbeat => {
+            if farm.core().sched.heartbeat(id, farm.now()) {
+                farm.wake.notify_one();
+            }
+        }
         WorkerMsg::Done {
             task,
             output,

@@ -125,6 +125,14 @@ fn worker_killed_mid_task_has_its_task_requeued() {
     assert_eq!(done["state"], "done");
     assert_eq!(done["tasks_done"], 16);
     assert_frames_match_reference_samples(&out, &scene, &[1], 256);
+    // The victim's lease expired (SIGKILL says no goodbye) and its task went
+    // back to the queue; the survivor rendered the rest.
+    let log = farm.coordinator_log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("lease expired; task requeued") && l.contains("name=\"victim\"")),
+        "no lease of the victim expired: {log}"
+    );
     let survivor_log = farm.log_of(1);
     assert!(survivor_log.contains("result accepted"));
 }

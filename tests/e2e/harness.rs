@@ -209,6 +209,16 @@ impl Farm {
         out
     }
 
+    /// Everything every coordinator run of this farm logged.
+    pub fn coordinator_log(&self) -> String {
+        (1..=self.coordinator_starts)
+            .map(|i| {
+                std::fs::read_to_string(self.dir.join(format!("coordinator-{i}.log")))
+                    .unwrap_or_default()
+            })
+            .collect()
+    }
+
     pub fn log_of(&self, i: usize) -> String {
         std::fs::read_to_string(&self.workers[i].log).unwrap_or_default()
     }

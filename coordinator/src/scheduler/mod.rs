@@ -219,11 +219,18 @@ struct Worker {
     slots: u32,
     engines: Vec<String>,
     leases: BTreeSet<TaskKey>,
+    /// When it last showed a sign of life (joined, heartbeat, result).
+    last_seen: Millis,
 }
 
 impl Worker {
     fn has_free_slot(&self) -> bool {
         self.leases.len() < self.slots as usize
+    }
+
+    /// Silent for a whole lease: a task given to it now would only expire.
+    fn is_silent(&self, now: Millis, lease_ms: Millis) -> bool {
+        now.saturating_sub(self.last_seen) >= lease_ms
     }
 }
 
@@ -306,18 +313,20 @@ impl Scheduler {
     /// Adds a worker with `slots` concurrent tasks for the given engines. A
     /// known worker re-registering gets the new slots and engines and keeps
     /// its leases.
-    pub fn add_worker(&mut self, worker: WorkerId, slots: u32, engines: Vec<String>, _now: Millis) {
+    pub fn add_worker(&mut self, worker: WorkerId, slots: u32, engines: Vec<String>, now: Millis) {
         match self.workers.entry(worker) {
             btree_map::Entry::Occupied(entry) => {
                 let known = entry.into_mut();
                 known.slots = slots;
                 known.engines = engines;
+                known.last_seen = now;
             }
             btree_map::Entry::Vacant(entry) => {
                 entry.insert(Worker {
                     slots,
                     engines,
                     leases: BTreeSet::new(),
+                    last_seen: now,
                 });
             }
         }
@@ -339,10 +348,16 @@ impl Scheduler {
     }
 
     /// Renews every lease `worker` holds until `now + lease_ms`.
-    pub fn heartbeat(&mut self, worker: WorkerId, now: Millis) {
-        let Some(known) = self.workers.get(&worker) else {
-            return;
+    /// Returns true when the worker had been silent for a whole lease: it
+    /// takes work again from now on, so the caller should call `assign`.
+    pub fn heartbeat(&mut self, worker: WorkerId, now: Millis) -> bool {
+        let lease_ms = self.config.lease_ms;
+        let Some(known) = self.workers.get_mut(&worker) else {
+            return false;
         };
+        let was_silent = known.is_silent(now, lease_ms);
+        known.last_seen = now;
+        let known = &*known;
         let deadline = now.saturating_add(self.config.lease_ms);
         for &task in &known.leases {
             let lease = self
@@ -353,17 +368,21 @@ impl Scheduler {
             lease.deadline = deadline;
             self.deadlines.insert((deadline, task));
         }
+        was_silent
     }
 
     /// Fills every free slot that some queued task can use. Each worker gets
     /// the first task it can render in job order (priority, submission, task
     /// index); workers take turns one task at a time, starting after the
-    /// worker served last, so work spreads over the farm.
+    /// worker served last, so work spreads over the farm. A worker silent for
+    /// a whole lease gets nothing until it is heard from again.
     pub fn assign(&mut self, now: Millis) -> Vec<Assignment> {
         let start = self.last_served.map_or(0, |id| id.wrapping_add(1));
         let mut turns: VecDeque<WorkerId> = (self.workers.range(start..))
             .chain(self.workers.range(..start))
-            .filter(|(_, worker)| worker.has_free_slot())
+            .filter(|(_, worker)| {
+                worker.has_free_slot() && !worker.is_silent(now, self.config.lease_ms)
+            })
             .map(|(&id, _)| id)
             .collect();
         let mut assignments = Vec::new();
@@ -387,10 +406,11 @@ impl Scheduler {
         worker: WorkerId,
         task: TaskKey,
         epoch: Epoch,
-        _now: Millis,
+        now: Millis,
     ) -> Result<Accepted, Refused> {
         self.check_lease(worker, task, epoch)?;
         self.end_lease(task);
+        self.seen(worker, now);
         let job = self.jobs.get_mut(&task.job).expect("checked above");
         job.done[task.index as usize] = true;
         job.done_count += 1;
@@ -549,6 +569,12 @@ impl Scheduler {
     }
 
     /// Whether `worker` holds the current lease of `task` under `epoch`.
+    fn seen(&mut self, worker: WorkerId, now: Millis) {
+        if let Some(known) = self.workers.get_mut(&worker) {
+            known.last_seen = known.last_seen.max(now);
+        }
+    }
+
     fn check_lease(&self, worker: WorkerId, task: TaskKey, epoch: Epoch) -> Result<(), Refused> {
         let job = (self.jobs.get(&task.job))
             .filter(|job| task.index < job.total())

@@ -679,6 +679,9 @@ fn epochs_increase_strictly_from_first_epoch() {
     farm.worker((11, 1, &["builtin"]));
     let mut epochs: Vec<u64> = farm.sched.assign(0).iter().map(|a| a.epoch.0).collect();
     farm.at(LEASE).sched.expire(LEASE);
+    // Heard from again after their leases expired: they take work again.
+    farm.sched.heartbeat(10, LEASE);
+    farm.sched.heartbeat(11, LEASE);
     epochs.extend(farm.sched.assign(LEASE).iter().map(|a| a.epoch.0));
     farm.sched.remove_worker(10, LEASE);
     farm.worker((12, 3, &["builtin"]));
@@ -1016,7 +1019,9 @@ fn large_job_completes_with_one_assign_per_completion() {
         let now = farm.now + 1;
         farm.at(now);
         if done % 256 == 0 {
-            (0..32).for_each(|worker| farm.sched.heartbeat(worker, now));
+            (0..32).for_each(|worker| {
+                farm.sched.heartbeat(worker, now);
+            });
         }
         farm.sched
             .complete(lease.worker, lease.task, lease.epoch, now)
@@ -1026,4 +1031,37 @@ fn large_job_completes_with_one_assign_per_completion() {
     }
     assert_eq!(done, 100_000);
     assert_eq!(farm.sched.job_state(1), Some(JobState::Done));
+}
+
+#[test]
+fn a_silent_worker_gets_no_new_work_until_it_is_heard_from() {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 4));
+    farm.worker((1, 1, &["builtin"]));
+    farm.worker((2, 1, &["builtin"]));
+    assert_eq!(farm.assign(), vec![(1, 1, 0), (2, 1, 1)]);
+    // Worker 1 keeps heartbeating; worker 2 goes silent (killed, partitioned).
+    farm.at(600).sched.heartbeat(1, 600);
+    farm.at(1_000);
+    let expired: Vec<_> = farm
+        .sched
+        .expire(1_000)
+        .iter()
+        .map(|a| (a.worker, a.task.index))
+        .collect();
+    assert_eq!(expired, vec![(2, 1)]);
+    // The expired task must not go straight back to the silent worker.
+    assert_eq!(farm.assign(), vec![]);
+    let epoch = farm.sched.running_on(1)[0].1;
+    farm.sched.complete(1, key(1, 0), epoch, 1_000).unwrap();
+    assert_eq!(
+        farm.assign(),
+        vec![(1, 1, 1)],
+        "the requeued task goes to the live worker"
+    );
+    // Worker 2 wakes up: heartbeat says it was silent, and it takes work again.
+    assert!(farm.at(1_100).sched.heartbeat(2, 1_100));
+    assert!(!farm.sched.heartbeat(2, 1_200));
+    farm.at(1_200);
+    assert_eq!(farm.assign(), vec![(2, 1, 2)]);
 }

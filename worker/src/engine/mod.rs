@@ -89,7 +89,8 @@ impl Engine for Builtin {
     }
 }
 
-/// Renders nothing; for measuring the farm's dispatch overhead.
+/// Renders nothing: every task yields a black tile of the right size, so
+/// jobs still stitch. For measuring the farm's dispatch overhead.
 pub struct Noop;
 
 impl Engine for Noop {
@@ -97,7 +98,12 @@ impl Engine for Noop {
         EngineKind::Noop
     }
 
-    fn render(&self, _job: &JobInfo, _job_dir: &Path, _task: &TaskSpec) -> anyhow::Result<Vec<u8>> {
-        Ok(Vec::new())
+    fn render(&self, _job: &JobInfo, _job_dir: &Path, task: &TaskSpec) -> anyhow::Result<Vec<u8>> {
+        let (w, h) = (task.tile.width, task.tile.height);
+        Ok(builtin::encode_png(
+            w,
+            h,
+            &vec![0; w as usize * h as usize * 3],
+        ))
     }
 }
