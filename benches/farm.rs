@@ -5,12 +5,16 @@
 //! (a) farm efficiency: (Σ task render time ÷ workers) ÷ makespan, for a
 //!     builtin job of 128 tiles on 2 workers;
 //! (b) dispatch throughput: tasks per second through the coordinator with a
-//!     no-op engine and 32 connected workers over real QUIC.
+//!     no-op engine and 32 connected workers over real QUIC;
+//! (c) Blender sessions: 16 tiles of one frame with a persistent Blender
+//!     session vs one Blender process per task, both against a single
+//!     full-frame render (needs `blender`).
 
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
 mod harness;
 
+use std::path::Path;
 use std::time::Instant;
 
 use harness::{scenes, Farm};
@@ -23,6 +27,9 @@ fn main() {
     }
     if run("dispatch") {
         dispatch();
+    }
+    if run("blender") {
+        blender_sessions();
     }
 }
 
@@ -109,5 +116,97 @@ fn dispatch() {
     println!(
         "  throughput                {rate:8.0} tasks/s  target >= 5000  ({:.2}x target)",
         rate / 5000.0
+    );
+}
+
+/// Σ task render time (seconds) of a finished job.
+fn job_seconds(farm: &Farm, args: &[&str]) -> f64 {
+    let job = farm.json(args);
+    assert_eq!(job["state"], "done", "{job}");
+    job["render_ms"].as_u64().unwrap() as f64 / 1000.0
+}
+
+fn blender_sessions() {
+    if std::process::Command::new("blender")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("blender sessions: skipped (no blender on this machine)");
+        return;
+    }
+    let samples = "128";
+    let mut results = Vec::new();
+    for (mode, args) in [
+        ("persistent", vec!["--engine", "blender", "--threads", "2"]),
+        (
+            "cold",
+            vec!["--engine", "blender", "--threads", "2", "--blender-cold"],
+        ),
+    ] {
+        let mut farm = Farm::start(&format!("bench-blender-{mode}"), &[]);
+        let project = farm.dir.join("project");
+        let status = std::process::Command::new("blender")
+            .args(["-b", "--factory-startup", "--python"])
+            .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/make_scenes.py"))
+            .args(["--", "--project"])
+            .arg(&project)
+            .arg("--external")
+            .arg(farm.dir.join("external"))
+            .output()
+            .unwrap();
+        assert!(
+            status.status.success(),
+            "{}",
+            String::from_utf8_lossy(&status.stderr)
+        );
+        farm.add_worker_with("b1", &args);
+        let blend = project.join("shot.blend");
+        let blend = blend.to_str().unwrap();
+        let whole = job_seconds(
+            &farm,
+            &[
+                "submit",
+                blend,
+                "--frames",
+                "1",
+                "--samples",
+                samples,
+                "--wait",
+                "--json",
+            ],
+        );
+        let tiles = job_seconds(
+            &farm,
+            &[
+                "submit",
+                blend,
+                "--frames",
+                "1",
+                "--tiles",
+                "4x4",
+                "--samples",
+                samples,
+                "--wait",
+                "--json",
+            ],
+        );
+        results.push((mode, whole, tiles));
+    }
+    let (_, whole_p, tiles_p) = results[0];
+    let (_, whole_c, tiles_c) = results[1];
+    let overhead_p = (tiles_p - whole_p) / 16.0;
+    let overhead_c = (tiles_c - whole_c) / 16.0;
+    println!("blender sessions: shot.blend frame 1, {samples} samples, 16 tiles (4x4) vs one full frame, 1 worker, Blender -t 2");
+    println!("  full frame (one task, includes Blender start)   persistent {whole_p:6.2} s   cold {whole_c:6.2} s");
+    println!("  sum of 16 tile tasks                            persistent {tiles_p:6.2} s   cold {tiles_c:6.2} s");
+    println!("  per-task overhead ((sum - full) / 16)           persistent {overhead_p:6.3} s   cold {overhead_c:6.3} s");
+    println!(
+        "  persistent overhead / cold overhead             {:6.3}  target <= 0.20",
+        overhead_p / overhead_c
+    );
+    println!(
+        "  persistent sum of tiles / full frame            {:6.3}  target <= 1.25",
+        tiles_p / whole_p
     );
 }

@@ -18,6 +18,7 @@ use tessera_protocol::transport::{self, Channel, Timing};
 use tessera_protocol::Digest;
 use tessera_worker::engine::builtin;
 
+use crate::blend;
 use crate::progress::Progress;
 
 /// Reads a ticket given as text, or as `@FILE`.
@@ -140,6 +141,7 @@ pub struct SubmitOptions {
     pub priority: i32,
     pub request_id: Option<String>,
     pub engine: Option<Engine>,
+    pub allow_missing: bool,
     pub progress: bool,
 }
 
@@ -150,8 +152,30 @@ struct Scan {
     samples: u32,
     resolution: (u32, u32),
     output: OutputFormat,
-    /// (manifest path, file on disk)
-    files: Vec<(String, PathBuf)>,
+    /// The scene file first, then everything it references.
+    files: Vec<SceneFile>,
+}
+
+struct SceneFile {
+    /// Where it goes in the job folder.
+    job_path: String,
+    on_disk: PathBuf,
+    /// Its absolute path here, for engines that remap references.
+    origin: Option<String>,
+}
+
+/// Checks the requested frames against the scene's range.
+fn frames_in_range(requested: Option<&str>, first: u32, last: u32) -> anyhow::Result<Vec<u32>> {
+    let frames = match requested {
+        Some(f) => parse_frames(f).map_err(anyhow::Error::msg)?,
+        None => (first..=last).collect(),
+    };
+    if let Some(bad) = frames.iter().find(|&&f| f < first || f > last) {
+        bail!(
+            "frame {bad} is outside the scene's frame range {first}-{last}; nothing was uploaded"
+        );
+    }
+    Ok(frames)
 }
 
 fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
@@ -177,23 +201,23 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
         Engine::Builtin | Engine::Noop => {
             let scene = builtin::Scene::load(path)?;
             let (first, last) = scene.frame_range();
-            let frames = match &opts.frames {
-                Some(f) => parse_frames(f).map_err(anyhow::Error::msg)?,
-                None => (first..=last).collect(),
-            };
-            if let Some(bad) = frames.iter().find(|&&f| f < first || f > last) {
-                bail!(
-                    "frame {bad} is outside the scene's frame range {first}-{last}; nothing was uploaded"
-                );
-            }
+            let frames = frames_in_range(opts.frames.as_deref(), first, last)?;
             let dir = path.parent().unwrap_or(Path::new("."));
-            let mut files = vec![(file_name, path.clone())];
+            let mut files = vec![SceneFile {
+                job_path: file_name,
+                on_disk: path.clone(),
+                origin: None,
+            }];
             for tex in scene.texture_paths() {
                 let on_disk = dir.join(&tex);
                 if !on_disk.is_file() {
                     bail!("texture `{tex}` named by the scene is missing (looked for {}); nothing was uploaded", on_disk.display());
                 }
-                files.push((tex, on_disk));
+                files.push(SceneFile {
+                    job_path: tex,
+                    on_disk,
+                    origin: None,
+                });
             }
             Ok(Scan {
                 engine,
@@ -204,12 +228,82 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 files,
             })
         }
-        Engine::Blender => bail!(
-            "`{}`: rendering .blend files needs the blender engine, which this build does not support yet",
-            path.display()
-        ),
+        Engine::Blender => scan_blend(opts, path, file_name),
         Engine::Unreal => bail!("the unreal engine is not supported by this build"),
     }
+}
+
+fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::Result<Scan> {
+    let blend = blend::absolute(path)?;
+    let project = blend.parent().context("a .blend file lies in a folder")?;
+    let s = blend::scan(&blend)?;
+    for w in &s.warnings {
+        eprintln!("warning: {w}");
+    }
+    let missing: Vec<String> = s
+        .files
+        .iter()
+        .filter(|f| !f.exists)
+        .map(|f| format!("{} ({} used by {})", f.path, f.kind, f.user))
+        .collect();
+    if !missing.is_empty() && !opts.allow_missing {
+        bail!(
+            "{} file(s) the scene uses are missing; nothing was uploaded: {} (pass --allow-missing to render without them)",
+            missing.len(),
+            missing.join(", ")
+        );
+    }
+    let frames = frames_in_range(opts.frames.as_deref(), s.frame_start, s.frame_end)?;
+    let cycles = s.render_engine == "CYCLES";
+    if !cycles && (opts.tiles.count() > 1 || opts.sample_ranges > 1) {
+        bail!(
+            "the scene renders with {}, which renders whole frames only: submit it without --tiles and --sample-ranges",
+            s.render_engine
+        );
+    }
+    let output = match s.file_format.as_str() {
+        "PNG" => OutputFormat::Png,
+        "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => OutputFormat::Exr,
+        other => {
+            bail!("the scene's output format {other} cannot be stitched: set it to PNG or OpenEXR")
+        }
+    };
+    if opts.sample_ranges > 1 {
+        if output != OutputFormat::Exr {
+            bail!("--sample-ranges merges float images: set the scene's output format to OpenEXR");
+        }
+        if s.use_denoising {
+            bail!("--sample-ranges cannot merge denoised renders exactly: turn denoising off in the scene");
+        }
+        if s.use_adaptive_sampling {
+            eprintln!("warning: adaptive sampling is on; merged sample ranges may differ slightly from a single render");
+        }
+    }
+    if let Some(kind) = &s.compressed {
+        eprintln!("note: `{file_name}` is {kind}-compressed; Blender reads it as is");
+    }
+    let mut files = vec![SceneFile {
+        job_path: file_name,
+        on_disk: blend.clone(),
+        origin: Some(blend.to_string_lossy().into_owned()),
+    }];
+    for dep in s.files.iter().filter(|f| f.exists) {
+        let on_disk = PathBuf::from(&dep.path);
+        files.push(SceneFile {
+            job_path: blend::job_path(project, &on_disk)?,
+            on_disk,
+            origin: Some(dep.path.clone()),
+        });
+    }
+    tracing::info!(blender = %s.blender_version, files = files.len(), "scanned {}", blend.display());
+    Ok(Scan {
+        engine: Engine::Blender,
+        frames,
+        samples: opts.samples.unwrap_or(s.samples),
+        resolution: s.resolution,
+        output,
+        files,
+    })
 }
 
 /// Scans, hashes, uploads what is missing, and submits. Returns the job's status.
@@ -219,15 +313,17 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         bail!("--samples must be at least 1");
     }
     let mut manifest = Vec::new();
-    for (path, on_disk) in &scan.files {
+    for f in &scan.files {
+        let on_disk = &f.on_disk;
         let file = std::fs::File::open(on_disk)
             .with_context(|| format!("cannot read {}", on_disk.display()))?;
         let (digest, size) = Digest::of_reader(std::io::BufReader::new(file))?;
         manifest.push((
             ManifestEntry {
-                path: path.clone(),
+                path: f.job_path.clone(),
                 digest,
                 size,
+                origin: f.origin.clone(),
             },
             on_disk.clone(),
         ));
@@ -253,7 +349,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         request_id: opts.request_id.clone(),
         name,
         engine: scan.engine,
-        scene: scan.files[0].0.clone(),
+        scene: scan.files[0].job_path.clone(),
         manifest: manifest.into_iter().map(|(m, _)| m).collect(),
         frames: scan.frames,
         tiles: opts.tiles,

@@ -131,6 +131,7 @@ pub async fn run(workers: u32, output: &Path, tiles: TileGrid) -> anyhow::Result
         priority: 0,
         request_id: None,
         engine: None,
+        allow_missing: false,
         progress: true,
     };
     let started = Instant::now();

@@ -1,6 +1,7 @@
 //! `tessera`: the one binary of the farm — coordinator, worker, the client
 //! commands artists and scripts use, and the one-command demo.
 
+mod blend;
 mod client;
 mod demo;
 mod progress;
@@ -11,9 +12,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tessera_protocol::job::{Engine, TileGrid};
-use tessera_worker::engine;
+use tessera_worker::engine::{self, blender};
 
 use crate::client::{Client, SubmitOptions};
 
@@ -80,6 +82,12 @@ enum Command {
         /// What this node costs, for cost accounting.
         #[arg(long, default_value_t = 0.0)]
         price_per_hour: f64,
+        /// Cycles device: CPU, CUDA, OPTIX or HIP (one slot per GPU).
+        #[arg(long, default_value = "CPU")]
+        blender_device: blender::Device,
+        /// Start Blender afresh for every task instead of keeping a session.
+        #[arg(long, hide = true)]
+        blender_cold: bool,
     },
     /// Submit a scene: uploads what the farm lacks, then queues the job.
     Submit {
@@ -115,6 +123,9 @@ enum Command {
         /// Makes a retried submit idempotent: the same id gets the same job.
         #[arg(long)]
         request_id: Option<String>,
+        /// Submit even when files the scene uses are missing.
+        #[arg(long)]
+        allow_missing: bool,
         /// Force an engine instead of choosing by file type.
         #[arg(long, hide = true)]
         engine: Option<Engine>,
@@ -236,6 +247,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             slots,
             threads,
             price_per_hour,
+            blender_device,
+            blender_cold,
         } => {
             let ticket = client::resolve_ticket(Some(&ticket))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {
@@ -246,7 +259,13 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let slots = slots.max(1);
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
             let threads = threads.unwrap_or((cores / slots as usize).max(1));
-            let engines = worker_engines(&engine, threads)?;
+            let engines = worker_engines(EngineChoice {
+                choice: &engine,
+                threads,
+                slots,
+                blender_device,
+                blender_cold,
+            })?;
             let name = name.unwrap_or_else(|| {
                 let host =
                     std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "worker".into());
@@ -281,6 +300,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             wait,
             json,
             request_id,
+            allow_missing,
             engine,
             ticket,
         } => {
@@ -295,6 +315,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 priority,
                 request_id,
                 engine,
+                allow_missing,
                 progress: !json,
             };
             let mut client = Client::connect(&ticket).await?;
@@ -359,17 +380,45 @@ async fn finish_wait(
     Ok(client::job_exit_code(&status))
 }
 
-fn worker_engines(choice: &str, threads: usize) -> anyhow::Result<Vec<Arc<dyn engine::Engine>>> {
-    let builtin = || Arc::new(engine::Builtin::new(threads)) as Arc<dyn engine::Engine>;
-    Ok(match choice {
-        "auto" | "builtin" => vec![builtin()],
+/// What a worker offers for `--engine`.
+struct EngineChoice<'a> {
+    choice: &'a str,
+    threads: usize,
+    slots: u32,
+    blender_device: blender::Device,
+    blender_cold: bool,
+}
+
+fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Engine>>> {
+    let builtin = || Arc::new(engine::Builtin::new(c.threads)) as Arc<dyn engine::Engine>;
+    let blender = || {
+        blender::detect().map(|(exe, version)| {
+            tracing::info!(%version, exe = %exe.display(), "blender found");
+            Arc::new(blender::Blender::new(
+                exe,
+                version,
+                c.blender_device,
+                c.slots,
+                !c.blender_cold,
+            )) as Arc<dyn engine::Engine>
+        })
+    };
+    Ok(match c.choice {
+        "auto" => {
+            let mut engines = vec![builtin()];
+            match blender() {
+                Some(b) => engines.insert(0, b),
+                None => tracing::info!("blender not found (set TESSERA_BLENDER or install it); not offering the blender engine"),
+            }
+            engines
+        }
+        "builtin" => vec![builtin()],
+        "blender" => vec![blender().context(
+            "--engine blender: Blender is not installed here (or TESSERA_BLENDER does not name a working blender)",
+        )?],
         "noop" => vec![Arc::new(engine::Noop) as Arc<dyn engine::Engine>],
-        "blender" | "unreal" => {
-            anyhow::bail!("the {choice} engine is not supported by this build yet")
-        }
-        other => {
-            anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)")
-        }
+        "unreal" => anyhow::bail!("the unreal engine is not supported by this build yet"),
+        other => anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)"),
     })
 }
 

@@ -26,6 +26,7 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "submitted_unix_ms": s.submitted_unix_ms,
         "finished_unix_ms": s.finished_unix_ms,
         "error": s.error,
+        "blocked": s.blocked,
     })
 }
 
@@ -38,6 +39,7 @@ fn worker_json(w: &WorkerStatus) -> serde_json::Value {
         "running": w.running,
         "tasks_done": w.tasks_done,
         "price_per_hour": w.price_per_hour,
+        "progress": w.progress.iter().map(|(d, t)| json!({"done": d, "total": t})).collect::<Vec<_>>(),
     })
 }
 
@@ -110,7 +112,11 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         "JOB", "NAME", "STATE", "FRAMES", "TASKS", "NOTE"
     );
     for s in jobs {
-        let note = s.error.clone().unwrap_or_default();
+        let note = s
+            .error
+            .clone()
+            .or_else(|| s.blocked.clone())
+            .unwrap_or_default();
         println!(
             "{:<5} {:<24} {:<9} {:>13} {:>13}  {}",
             s.id,
@@ -127,24 +133,32 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
     if job.is_none() {
         println!();
         println!(
-            "{:<5} {:<24} {:<16} {:>7} {:>8} {:>10}",
+            "{:<5} {:<24} {:<16} {:>7} {:>12} {:>10}",
             "ID", "WORKER", "ENGINES", "SLOTS", "RUNNING", "DONE"
         );
         for w in workers {
             let engines: Vec<_> = w.engines.iter().map(|e| e.name()).collect();
             println!(
-                "{:<5} {:<24} {:<16} {:>7} {:>8} {:>10}",
+                "{:<5} {:<24} {:<16} {:>7} {:>12} {:>10}",
                 w.id,
                 truncate(&w.name, 24),
                 engines.join(","),
                 w.slots,
-                w.running,
+                running_text(w),
                 w.tasks_done
             );
         }
         if workers.is_empty() {
             println!("(no workers connected)");
         }
+    }
+}
+
+/// Running tasks, with the samples of the first one when reported: `1 (12/64)`.
+fn running_text(w: &WorkerStatus) -> String {
+    match w.progress.first() {
+        Some((done, total)) => format!("{} ({done}/{total})", w.running),
+        None => w.running.to_string(),
     }
 }
 

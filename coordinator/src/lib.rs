@@ -3,6 +3,7 @@
 //! and stitches finished tiles into frames.
 
 pub mod db;
+pub mod exr;
 pub mod scheduler;
 pub mod server;
 pub mod stitch;

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
-use tessera_protocol::job::{sanitize_manifest_path, Engine, JobSpec};
+use tessera_protocol::job::{sanitize_manifest_path, Engine, JobSpec, OutputFormat};
 use tessera_protocol::messages::{
     BlobReply, BlobRequest, ClientRequest, ClientResponse, CoordMsg, FrameOutput, Hello, JobInfo,
     JobState, JobStatus, Role, TaskRef, TaskSpec, Welcome, WorkerInfo, WorkerMsg, WorkerStatus,
@@ -28,7 +28,7 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::db::{Db, NewResult, StoredFrame};
 use crate::scheduler::{self, Epoch, NewJob, Scheduler, TaskKey, WorkerId};
-use crate::stitch;
+use crate::{exr, stitch};
 
 /// How the coordinator runs.
 #[derive(Debug, Clone)]
@@ -124,7 +124,7 @@ impl Job {
         }
     }
 
-    fn status(&self, id: u64, running: u32) -> JobStatus {
+    fn status(&self, id: u64, running: u32, blocked: Option<String>) -> JobStatus {
         let state = match self.final_state {
             Some(s) => s,
             None if self.tasks_done > 0 || running > 0 => JobState::Running,
@@ -147,6 +147,11 @@ impl Job {
             submitted_unix_ms: self.submitted_unix_ms,
             finished_unix_ms: self.finished_unix_ms,
             error: self.error.clone(),
+            blocked: if self.final_state.is_some() {
+                None
+            } else {
+                blocked
+            },
         }
     }
 }
@@ -158,6 +163,8 @@ struct WorkerConn {
     /// Jobs whose `JobInfo` this connection has already been sent.
     jobs_sent: HashSet<u64>,
     tasks_done: u64,
+    /// Last reported (samples done, total) per running lease.
+    progress: HashMap<TaskRef, (u32, u32)>,
 }
 
 /// Everything the scheduler decides with, under one lock.
@@ -175,7 +182,21 @@ impl Core {
     }
 
     fn job_status(&self, id: u64) -> Option<JobStatus> {
-        self.jobs.get(&id).map(|j| j.status(id, self.running(id)))
+        self.jobs
+            .get(&id)
+            .map(|j| j.status(id, self.running(id), self.blocked(j.spec.engine)))
+    }
+
+    /// Why a job needing `engine` cannot progress now, if it cannot.
+    fn blocked(&self, engine: Engine) -> Option<String> {
+        if self.workers.is_empty() {
+            return Some("no workers are connected".into());
+        }
+        let offered = self
+            .workers
+            .values()
+            .any(|w| w.info.engines.contains(&engine));
+        (!offered).then(|| format!("no connected worker offers the {engine} engine"))
     }
 
     /// Tells the holders of `leases` to stop working on them.
@@ -654,23 +675,43 @@ fn stitch_frame(farm: &Farm, job_id: u64, frame_pos: usize) -> anyhow::Result<()
             outputs.len()
         );
     }
-    if spec.sample_ranges != 1 {
-        bail!("frame {frame}: merging sample ranges needs the blender engine");
-    }
     let (w, h) = spec.resolution;
-    let tiles = outputs
+    let ranges = spec.sample_ranges as usize;
+    // Outputs are in task order: tile after tile, each with its sample ranges.
+    let mut tiles = Vec::with_capacity(outputs.len() / ranges);
+    for (i, chunk) in outputs.chunks(ranges).enumerate() {
+        let parts = chunk
+            .iter()
+            .map(|d| farm.store.read(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        tiles.push((spec.tiles.rect(i as u32, w, h), parts));
+    }
+    let float = tiles
         .iter()
-        .enumerate()
-        .map(|(i, d)| Ok((spec.tiles.rect(i as u32, w, h), farm.store.read(d)?)))
-        .collect::<anyhow::Result<Vec<_>>>()?;
-    let png = stitch::stitch_png(w, h, &tiles).with_context(|| format!("frame {frame}"))?;
-    let digest = farm.store.put_bytes(&png)?;
+        .all(|(_, parts)| parts.iter().all(|p| stitch::is_float_tile(p)));
+    let image = if float {
+        let rgba = stitch::stitch_float(w, h, &tiles).with_context(|| format!("frame {frame}"))?;
+        if spec.output != OutputFormat::Exr {
+            bail!("frame {frame}: float tiles need EXR output");
+        }
+        exr::encode_rgba_f32(w, h, &rgba)
+    } else {
+        if ranges != 1 {
+            bail!("frame {frame}: sample ranges must render float tiles");
+        }
+        let pngs: Vec<_> = tiles
+            .into_iter()
+            .map(|(rect, mut parts)| (rect, parts.remove(0)))
+            .collect();
+        stitch::stitch_png(w, h, &pngs).with_context(|| format!("frame {frame}"))?
+    };
+    let digest = farm.store.put_bytes(&image)?;
     farm.db().insert_frame(
         job_id,
         &StoredFrame {
             frame,
             digest,
-            size: png.len() as u64,
+            size: image.len() as u64,
         },
     )?;
     let done = {
@@ -810,6 +851,7 @@ async fn serve_worker(
                 tx: tx.clone(),
                 jobs_sent: HashSet::new(),
                 tasks_done: 0,
+                progress: HashMap::new(),
             },
         );
         id
@@ -870,8 +912,18 @@ fn handle_worker_msg(
             reason: Some(reason),
         });
     };
+    if let WorkerMsg::Done { task, .. } | WorkerMsg::Failed { task, .. } = &msg {
+        if let Some(w) = farm.core().workers.get_mut(&id) {
+            w.progress.remove(task);
+        }
+    }
     match msg {
         WorkerMsg::Join(_) => {}
+        WorkerMsg::Progress { task, done, total } => {
+            if let Some(w) = farm.core().workers.get_mut(&id) {
+                w.progress.insert(task, (done, total));
+            }
+        }
         WorkerMsg::Heartbeat => {
             if farm.core().sched.heartbeat(id, farm.now()) {
                 farm.wake.notify_one();
@@ -995,6 +1047,19 @@ async fn serve_client(
                             running: core.sched.running_on(id).len() as u32,
                             tasks_done: w.tasks_done,
                             price_per_hour: w.info.price_per_hour,
+                            progress: core
+                                .sched
+                                .running_on(id)
+                                .into_iter()
+                                .filter_map(|(key, epoch)| {
+                                    let lease = TaskRef {
+                                        job: key.job,
+                                        index: key.index,
+                                        epoch: epoch.0,
+                                    };
+                                    w.progress.get(&lease).copied()
+                                })
+                                .collect(),
                         })
                         .collect();
                     ClientResponse::Status { jobs, workers }
@@ -1074,7 +1139,7 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
             pending: (0..job.tasks_total()).collect(),
         };
         core.sched.add_job(new, farm.now());
-        let status = job.status(id, 0);
+        let status = job.status(id, 0, core.blocked(job.spec.engine));
         core.jobs.insert(id, job);
         status
     };

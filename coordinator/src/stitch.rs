@@ -112,6 +112,111 @@ pub fn stitch_png(
     Ok(out)
 }
 
+/// A linear float tile as engines write it for float output or sample
+/// ranges: `TFLT`, then u32 LE width, height, channels (4) and the number of
+/// samples it averages, then width × height × 4 f32 LE, rows top to bottom.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FloatTile {
+    pub width: u32,
+    pub height: u32,
+    pub samples: u32,
+    pub rgba: Vec<f32>,
+}
+
+pub const FLOAT_TILE_MAGIC: &[u8; 4] = b"TFLT";
+
+impl FloatTile {
+    pub fn parse(index: usize, bytes: &[u8]) -> Result<FloatTile, StitchError> {
+        let bad = |reason: &str| StitchError::BadTile {
+            index,
+            reason: reason.to_string(),
+        };
+        if bytes.get(..4) != Some(FLOAT_TILE_MAGIC) || bytes.len() < 20 {
+            return Err(bad("not a float tile"));
+        }
+        let word =
+            |i: usize| u32::from_le_bytes(bytes[4 + i * 4..8 + i * 4].try_into().expect("4 bytes"));
+        let (width, height, channels, samples) = (word(0), word(1), word(2), word(3));
+        if channels != 4 {
+            return Err(bad("float tiles must have 4 channels"));
+        }
+        let count = width as usize * height as usize * 4;
+        if bytes.len() != 20 + count * 4 {
+            return Err(bad("float tile length does not match its size"));
+        }
+        let rgba = bytes[20..]
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
+            .collect();
+        Ok(FloatTile {
+            width,
+            height,
+            samples,
+            rgba,
+        })
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(20 + self.rgba.len() * 4);
+        out.extend_from_slice(FLOAT_TILE_MAGIC);
+        for v in [self.width, self.height, 4, self.samples] {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        for v in &self.rgba {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        out
+    }
+}
+
+pub fn is_float_tile(bytes: &[u8]) -> bool {
+    bytes.get(..4) == Some(FLOAT_TILE_MAGIC)
+}
+
+/// Assembles a float RGBA frame from tiles, each given as the float tiles of
+/// its sample ranges. Ranges are merged by their sample-count-weighted mean,
+/// which equals the mean over all samples up to float rounding.
+pub fn stitch_float(
+    width: u32,
+    height: u32,
+    tiles: &[(TileRect, Vec<Vec<u8>>)],
+) -> Result<Vec<f32>, StitchError> {
+    let mut frame = vec![0f32; width as usize * height as usize * 4];
+    for (index, (rect, ranges)) in tiles.iter().enumerate() {
+        let parts = ranges
+            .iter()
+            .map(|b| FloatTile::parse(index, b))
+            .collect::<Result<Vec<_>, _>>()?;
+        for p in &parts {
+            if (p.width, p.height) != (rect.width, rect.height) {
+                return Err(StitchError::WrongSize {
+                    index,
+                    got_w: p.width,
+                    got_h: p.height,
+                    want_w: rect.width,
+                    want_h: rect.height,
+                });
+            }
+        }
+        let total: f64 = parts.iter().map(|p| f64::from(p.samples.max(1))).sum();
+        for row in 0..rect.height as usize {
+            for col in 0..rect.width as usize {
+                for c in 0..4 {
+                    let i = (row * rect.width as usize + col) * 4 + c;
+                    let sum: f64 = parts
+                        .iter()
+                        .map(|p| f64::from(p.rgba[i]) * f64::from(p.samples.max(1)))
+                        .sum();
+                    let dst =
+                        ((rect.y as usize + row) * width as usize + rect.x as usize + col) * 4 + c;
+                    frame[dst] = (sum / total) as f32;
+                }
+            }
+        }
+    }
+    Ok(frame)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -148,6 +253,33 @@ mod tests {
         let d = decode(0, &frame).unwrap();
         assert_eq!((d.width, d.height), (w, h));
         assert_eq!(d.data, full_raw);
+    }
+
+    #[test]
+    fn float_ranges_merge_by_sample_weight() {
+        let rect = TileRect {
+            x: 1,
+            y: 0,
+            width: 1,
+            height: 1,
+        };
+        let a = FloatTile {
+            width: 1,
+            height: 1,
+            samples: 3,
+            rgba: vec![1.0, 2.0, 0.0, 1.0],
+        };
+        let b = FloatTile {
+            width: 1,
+            height: 1,
+            samples: 1,
+            rgba: vec![5.0, 2.0, 4.0, 1.0],
+        };
+        let frame = stitch_float(2, 1, &[(rect, vec![a.encode(), b.encode()])]).unwrap();
+        assert_eq!(frame, vec![0.0, 0.0, 0.0, 0.0, 2.0, 2.0, 1.0, 1.0]);
+        assert!(is_float_tile(&a.encode()) && !is_float_tile(b"\x89PNG"));
+        let err = FloatTile::parse(0, &a.encode()[..30]).unwrap_err();
+        assert!(err.to_string().contains("length does not match"), "{err}");
     }
 
     #[test]

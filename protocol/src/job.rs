@@ -165,6 +165,9 @@ pub struct ManifestEntry {
     pub path: String,
     pub digest: Digest,
     pub size: u64,
+    /// Where the file was on the submitting machine (absolute), for engines
+    /// whose scene files name their dependencies by path (Blender).
+    pub origin: Option<String>,
 }
 
 /// What a client submits.

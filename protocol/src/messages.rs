@@ -69,6 +69,12 @@ pub enum WorkerMsg {
         task: TaskRef,
         error: String,
     },
+    /// Samples rendered so far of a running task.
+    Progress {
+        task: TaskRef,
+        done: u32,
+        total: u32,
+    },
 }
 
 /// What a worker needs to know about a job, sent once per connection before
@@ -158,6 +164,9 @@ pub struct JobStatus {
     pub submitted_unix_ms: u64,
     pub finished_unix_ms: Option<u64>,
     pub error: Option<String>,
+    /// Why a job that is not final cannot progress (e.g. no connected worker
+    /// offers its engine).
+    pub blocked: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -169,6 +178,8 @@ pub struct WorkerStatus {
     pub running: u32,
     pub tasks_done: u64,
     pub price_per_hour: f64,
+    /// Samples done / total of each running task, as last reported.
+    pub progress: Vec<(u32, u32)>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -193,6 +193,7 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                     path: path.into(),
                     digest,
                     size: 2,
+                    origin: None,
                 }],
                 frames: vec![1],
                 tiles: TileGrid::WHOLE,

@@ -107,6 +107,11 @@ impl Farm {
     }
 
     pub fn add_worker_with(&mut self, name: &str, args: &[&str]) -> usize {
+        self.add_worker_env(name, args, &[])
+    }
+
+    /// A worker with extra arguments and environment variables.
+    pub fn add_worker_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
         let log = self.dir.join(format!("worker-{name}.log"));
         let child = tessera()
             .args([
@@ -121,6 +126,7 @@ impl Farm {
             ])
             .arg(self.dir.join(format!("cache-{name}")))
             .args(args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

@@ -3,6 +3,7 @@
 //! live in the modules below and share the harness.
 
 mod bad_input;
+mod blender;
 mod faults;
 mod harness;
 mod tiles;

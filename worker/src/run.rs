@@ -201,7 +201,7 @@ async fn run_task(
     task: TaskSpec,
 ) {
     let t = task.task;
-    let msg = match render_and_upload(&config, &cache, &conn, &job, &task).await {
+    let msg = match render_and_upload(&config, &cache, &conn, &tx, &job, &task).await {
         Ok(done) => done,
         Err(e) => {
             tracing::warn!(job = t.job, task = t.index, "task failed: {e:#}");
@@ -218,6 +218,7 @@ async fn render_and_upload(
     config: &Config,
     cache: &Cache,
     conn: &quinn::Connection,
+    tx: &mpsc::UnboundedSender<WorkerMsg>,
     job: &Arc<JobInfo>,
     task: &TaskSpec,
 ) -> anyhow::Result<WorkerMsg> {
@@ -230,7 +231,21 @@ async fn render_and_upload(
     let dir = cache.prepare(conn, job).await?;
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
-    let output = tokio::task::spawn_blocking(move || engine.render(&job2, &dir, &task2))
+    let (t, progress_tx) = (task.task, tx.clone());
+    let last_sent = std::sync::Mutex::new(None::<Instant>);
+    // Samples done, at most four reports a second.
+    let progress = move |done: u32, total: u32| {
+        let mut last = last_sent.lock().expect("progress lock");
+        if last.is_none_or(|l| l.elapsed() >= Duration::from_millis(250)) || done == total {
+            *last = Some(Instant::now());
+            let _ = progress_tx.send(WorkerMsg::Progress {
+                task: t,
+                done,
+                total,
+            });
+        }
+    };
+    let output = tokio::task::spawn_blocking(move || engine.render(&job2, &dir, &task2, &progress))
         .await
         .context("the render thread panicked")??;
     let render_ms = started.elapsed().as_millis() as u64;

@@ -3,6 +3,7 @@
 //! of its output image. Engines are blocking; the worker runs them on
 //! blocking threads.
 
+pub mod blender;
 pub mod builtin;
 
 use std::collections::HashMap;
@@ -18,7 +19,14 @@ pub trait Engine: Send + Sync {
     fn kind(&self) -> EngineKind;
 
     /// Renders `task` of `job`, whose files are laid out under `job_dir`.
-    fn render(&self, job: &JobInfo, job_dir: &Path, task: &TaskSpec) -> anyhow::Result<Vec<u8>>;
+    /// `progress(done, total)` reports samples as the engine learns them.
+    fn render(
+        &self,
+        job: &JobInfo,
+        job_dir: &Path,
+        task: &TaskSpec,
+        progress: &(dyn Fn(u32, u32) + Sync),
+    ) -> anyhow::Result<Vec<u8>>;
 }
 
 /// The embedded path tracer. Keeps the last few parsed scenes so successive
@@ -57,7 +65,13 @@ impl Engine for Builtin {
         EngineKind::Builtin
     }
 
-    fn render(&self, job: &JobInfo, job_dir: &Path, task: &TaskSpec) -> anyhow::Result<Vec<u8>> {
+    fn render(
+        &self,
+        job: &JobInfo,
+        job_dir: &Path,
+        task: &TaskSpec,
+        _progress: &(dyn Fn(u32, u32) + Sync),
+    ) -> anyhow::Result<Vec<u8>> {
         let loaded = self
             .scene(&job_dir.join(&job.scene))
             .context("loading the scene")?;
@@ -98,7 +112,13 @@ impl Engine for Noop {
         EngineKind::Noop
     }
 
-    fn render(&self, _job: &JobInfo, _job_dir: &Path, task: &TaskSpec) -> anyhow::Result<Vec<u8>> {
+    fn render(
+        &self,
+        _job: &JobInfo,
+        _job_dir: &Path,
+        task: &TaskSpec,
+        _progress: &(dyn Fn(u32, u32) + Sync),
+    ) -> anyhow::Result<Vec<u8>> {
         let (w, h) = (task.tile.width, task.tile.height);
         Ok(builtin::encode_png(
             w,

@@ -1,0 +1,145 @@
+//! A minimal OpenEXR writer: single-part scanline images, 32-bit float RGBA,
+//! no compression. Enough to hand merged float frames to any EXR reader
+//! (Blender, Nuke, OpenImageIO) without a dependency.
+
+/// Encodes `rgba` (width × height × 4 floats, rows top to bottom) as EXR.
+pub fn encode_rgba_f32(width: u32, height: u32, rgba: &[f32]) -> Vec<u8> {
+    assert_eq!(
+        rgba.len(),
+        width as usize * height as usize * 4,
+        "pixel buffer size"
+    );
+    let mut out = Vec::with_capacity(rgba.len() * 4 + 512 + height as usize * 8);
+    out.extend_from_slice(&[0x76, 0x2f, 0x31, 0x01]); // magic
+    out.extend_from_slice(&2u32.to_le_bytes()); // version 2, scanline, single part
+    let mut chlist = Vec::new();
+    // Channels must be listed in alphabetical order: A, B, G, R.
+    for name in ["A", "B", "G", "R"] {
+        chlist.extend_from_slice(name.as_bytes());
+        chlist.push(0);
+        chlist.extend_from_slice(&2i32.to_le_bytes()); // pixel type FLOAT
+        chlist.extend_from_slice(&[0, 0, 0, 0]); // pLinear + reserved
+        chlist.extend_from_slice(&1i32.to_le_bytes()); // x sampling
+        chlist.extend_from_slice(&1i32.to_le_bytes()); // y sampling
+    }
+    chlist.push(0);
+    let window = {
+        let mut b = Vec::new();
+        for v in [0i32, 0, width as i32 - 1, height as i32 - 1] {
+            b.extend_from_slice(&v.to_le_bytes());
+        }
+        b
+    };
+    attribute(&mut out, "channels", "chlist", &chlist);
+    attribute(&mut out, "compression", "compression", &[0]); // NO_COMPRESSION
+    attribute(&mut out, "dataWindow", "box2i", &window);
+    attribute(&mut out, "displayWindow", "box2i", &window);
+    attribute(&mut out, "lineOrder", "lineOrder", &[0]); // INCREASING_Y
+    attribute(&mut out, "pixelAspectRatio", "float", &1f32.to_le_bytes());
+    attribute(&mut out, "screenWindowCenter", "v2f", &[0u8; 8]);
+    attribute(&mut out, "screenWindowWidth", "float", &1f32.to_le_bytes());
+    out.push(0); // end of header
+
+    let line_bytes = width as usize * 4 * 4;
+    let block = 8 + line_bytes;
+    let table_end = out.len() + height as usize * 8;
+    for y in 0..height as usize {
+        out.extend_from_slice(&((table_end + y * block) as u64).to_le_bytes());
+    }
+    let w = width as usize;
+    for y in 0..height as usize {
+        out.extend_from_slice(&(y as i32).to_le_bytes());
+        out.extend_from_slice(&(line_bytes as i32).to_le_bytes());
+        let row = &rgba[y * w * 4..(y + 1) * w * 4];
+        for channel in [3, 2, 1, 0] {
+            for x in 0..w {
+                out.extend_from_slice(&row[x * 4 + channel].to_le_bytes());
+            }
+        }
+    }
+    out
+}
+
+fn attribute(out: &mut Vec<u8>, name: &str, kind: &str, value: &[u8]) {
+    out.extend_from_slice(name.as_bytes());
+    out.push(0);
+    out.extend_from_slice(kind.as_bytes());
+    out.push(0);
+    out.extend_from_slice(&(value.len() as i32).to_le_bytes());
+    out.extend_from_slice(value);
+}
+
+/// Reads back an image written by [`encode_rgba_f32`] (uncompressed float
+/// RGBA only). Returns width, height and RGBA rows top to bottom.
+pub fn decode_rgba_f32(bytes: &[u8]) -> Option<(u32, u32, Vec<f32>)> {
+    if bytes.get(..4)? != [0x76, 0x2f, 0x31, 0x01] {
+        return None;
+    }
+    let mut pos = 8;
+    let mut window = None;
+    let mut channels = Vec::new();
+    loop {
+        let name_end = pos + bytes[pos..].iter().position(|&b| b == 0)?;
+        if name_end == pos {
+            pos += 1;
+            break;
+        }
+        let name = std::str::from_utf8(&bytes[pos..name_end]).ok()?;
+        let kind_end = name_end + 1 + bytes[name_end + 1..].iter().position(|&b| b == 0)?;
+        let size =
+            i32::from_le_bytes(bytes.get(kind_end + 1..kind_end + 5)?.try_into().ok()?) as usize;
+        let value = bytes.get(kind_end + 5..kind_end + 5 + size)?;
+        match name {
+            "dataWindow" => {
+                let v: Vec<i32> = value
+                    .chunks(4)
+                    .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                window = Some(((v[2] - v[0] + 1) as u32, (v[3] - v[1] + 1) as u32));
+            }
+            "compression" if value != [0] => return None,
+            "channels" => {
+                let mut p = 0;
+                while value[p] != 0 {
+                    let end = p + value[p..].iter().position(|&b| b == 0)?;
+                    channels.push(String::from_utf8(value[p..end].to_vec()).ok()?);
+                    p = end + 1 + 16;
+                }
+            }
+            _ => {}
+        }
+        pos = kind_end + 5 + size;
+    }
+    let (w, h) = window?;
+    if channels != ["A", "B", "G", "R"] {
+        return None;
+    }
+    pos += h as usize * 8;
+    let mut rgba = vec![0f32; w as usize * h as usize * 4];
+    for _ in 0..h {
+        let y = i32::from_le_bytes(bytes.get(pos..pos + 4)?.try_into().ok()?) as usize;
+        pos += 8;
+        for channel in [3, 2, 1, 0] {
+            for x in 0..w as usize {
+                let v = f32::from_le_bytes(bytes.get(pos..pos + 4)?.try_into().ok()?);
+                rgba[(y * w as usize + x) * 4 + channel] = v;
+                pos += 4;
+            }
+        }
+    }
+    Some((w, h, rgba))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_keeps_every_float() {
+        let (w, h) = (7, 3);
+        let rgba: Vec<f32> = (0..w * h * 4).map(|i| i as f32 * 0.37 - 3.0).collect();
+        let bytes = encode_rgba_f32(w, h, &rgba);
+        assert_eq!(&bytes[..4], &[0x76, 0x2f, 0x31, 0x01]);
+        assert_eq!(decode_rgba_f32(&bytes), Some((w, h, rgba)));
+    }
+}

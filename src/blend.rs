@@ -1,0 +1,145 @@
+//! Submitting `.blend` files: Blender itself lists everything the file needs
+//! (images, sequences, UDIM tiles, linked libraries recursively, fonts,
+//! sounds, clips, volumes, caches), run safely on the submitting machine. Each
+//! file gets a path in the job folder: its path relative to the .blend's
+//! folder when it lies inside it, `_abs/<absolute path>` otherwise. Workers
+//! remap the references from the artist's paths to those.
+
+use std::path::{Component, Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+use tessera_worker::engine::blender;
+
+#[derive(Debug, Deserialize)]
+pub struct Scan {
+    pub blender_version: String,
+    pub render_engine: String,
+    pub frame_start: u32,
+    pub frame_end: u32,
+    pub resolution: (u32, u32),
+    pub samples: u32,
+    pub file_format: String,
+    #[serde(default)]
+    pub use_denoising: bool,
+    #[serde(default)]
+    pub use_adaptive_sampling: bool,
+    pub compressed: Option<String>,
+    pub files: Vec<Dependency>,
+    #[serde(default)]
+    pub warnings: Vec<String>,
+}
+
+#[derive(Debug, Deserialize)]
+pub struct Dependency {
+    pub path: String,
+    pub kind: String,
+    pub user: String,
+    pub exists: bool,
+}
+
+/// Runs the dependency scan on `blend`.
+pub fn scan(blend: &Path) -> anyhow::Result<Scan> {
+    let (exe, _) = blender::detect().context(
+        "submitting a .blend needs Blender on this machine to list the files it uses; install it or set TESSERA_BLENDER",
+    )?;
+    let out_dir = std::env::temp_dir().join(format!("tessera-scan-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir)?;
+    let out_json = out_dir.join("scan.json");
+    let _ = std::fs::remove_file(&out_json);
+    let output = Command::new(&exe)
+        .args(blender::SAFE_ARGS)
+        .arg(blend)
+        .args([
+            "--python-exit-code",
+            "3",
+            "--python-expr",
+            blender::SCAN_PY,
+            "--",
+        ])
+        .arg(&out_json)
+        .stdin(Stdio::null())
+        .output()
+        .with_context(|| format!("cannot run {}", exe.display()))?;
+    let result = std::fs::read(&out_json);
+    let _ = std::fs::remove_dir_all(&out_dir);
+    match result {
+        Ok(bytes) if output.status.success() => {
+            serde_json::from_slice(&bytes).context("the dependency scan wrote unreadable JSON")
+        }
+        _ => {
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&output.stdout),
+                String::from_utf8_lossy(&output.stderr)
+            );
+            let reason = text
+                .lines()
+                .find(|l| l.starts_with("Error:") || l.contains("Error:"))
+                .map(|l| l.trim().trim_start_matches("Error:").trim().to_string())
+                .unwrap_or_else(|| format!("blender exited with {}", output.status));
+            bail!(
+                "`{}` is not a readable .blend file: {reason}",
+                blend.display()
+            )
+        }
+    }
+}
+
+/// The job-folder path of `file`, given the folder of the main .blend.
+pub fn job_path(project: &Path, file: &Path) -> anyhow::Result<String> {
+    let rel = match file.strip_prefix(project) {
+        Ok(rel) => rel.to_path_buf(),
+        Err(_) => Path::new("_abs").join(file.strip_prefix("/").unwrap_or(file)),
+    };
+    let mut parts = Vec::new();
+    for c in rel.components() {
+        match c {
+            Component::Normal(p) => parts.push(
+                p.to_str()
+                    .with_context(|| format!("`{}` is not UTF-8", file.display()))?,
+            ),
+            _ => bail!("cannot place `{}` in the job folder", file.display()),
+        }
+    }
+    Ok(parts.join("/"))
+}
+
+/// Absolute, normalised (no `.`/`..`) form of `path`.
+pub fn absolute(path: &Path) -> anyhow::Result<PathBuf> {
+    let abs = std::path::absolute(path)?;
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::CurDir => {}
+            other => out.push(other),
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn files_inside_the_project_keep_their_place_and_others_go_under_abs() {
+        let project = Path::new("/home/artist/proj");
+        assert_eq!(
+            job_path(project, Path::new("/home/artist/proj/textures/a.png")).unwrap(),
+            "textures/a.png"
+        );
+        assert_eq!(
+            job_path(project, Path::new("/home/artist/lib/wood.png")).unwrap(),
+            "_abs/home/artist/lib/wood.png"
+        );
+        assert_eq!(
+            absolute(Path::new("/a/b/../c/./d.png")).unwrap(),
+            PathBuf::from("/a/c/d.png")
+        );
+    }
+}

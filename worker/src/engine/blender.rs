@@ -1,0 +1,484 @@
+//! The Blender engine: drives the real `blender -b` installed on the worker.
+//!
+//! Each slot keeps one Blender process with the job's scene loaded (a
+//! *session*: `session.py` reading one JSON command per line on stdin), so
+//! successive tiles of a job skip Blender's start-up and scene load. A session
+//! that dies is replaced by a fresh process for the task at hand. Blender
+//! always runs with `--factory-startup --disable-autoexec`: a submitted file's
+//! Python never runs. Arguments are an argument vector, never a shell line.
+
+use std::collections::VecDeque;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+use tessera_protocol::job::{Engine as EngineKind, OutputFormat};
+use tessera_protocol::messages::{JobInfo, TaskSpec};
+
+use super::Engine;
+
+/// The session script, passed with `--python-expr`.
+pub const SESSION_PY: &str = include_str!("blender/session.py");
+/// The dependency scan, run on the submitting machine.
+pub const SCAN_PY: &str = include_str!("blender/scan.py");
+/// What every Blender invocation starts with.
+pub const SAFE_ARGS: [&str; 3] = ["-b", "--factory-startup", "--disable-autoexec"];
+const REPLY: &str = "@@TESSERA@@ ";
+const LOG_LINES: usize = 40;
+
+/// Cycles compute device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Device {
+    Cpu,
+    Cuda,
+    Optix,
+    Hip,
+}
+
+impl std::str::FromStr for Device {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_uppercase().as_str() {
+            "CPU" => Ok(Device::Cpu),
+            "CUDA" => Ok(Device::Cuda),
+            "OPTIX" => Ok(Device::Optix),
+            "HIP" => Ok(Device::Hip),
+            _ => Err(format!(
+                "unknown Blender device `{s}` (expected CPU, CUDA, OPTIX or HIP)"
+            )),
+        }
+    }
+}
+
+impl Device {
+    fn name(self) -> &'static str {
+        match self {
+            Device::Cpu => "CPU",
+            Device::Cuda => "CUDA",
+            Device::Optix => "OPTIX",
+            Device::Hip => "HIP",
+        }
+    }
+
+    /// The environment that pins a process to GPU `index` (none for CPU).
+    pub fn pin_env(self, index: usize) -> Option<(&'static str, String)> {
+        match self {
+            Device::Cpu => None,
+            Device::Cuda | Device::Optix => Some(("CUDA_VISIBLE_DEVICES", index.to_string())),
+            Device::Hip => Some(("HIP_VISIBLE_DEVICES", index.to_string())),
+        }
+    }
+}
+
+/// Finds Blender: `$TESSERA_BLENDER`, else `blender` on the PATH. Returns the
+/// executable and its version line, or `None` when it cannot run.
+pub fn detect() -> Option<(PathBuf, String)> {
+    let exe =
+        std::env::var_os("TESSERA_BLENDER").map_or_else(|| PathBuf::from("blender"), PathBuf::from);
+    let out = Command::new(&exe)
+        .arg("--version")
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let version = text
+        .lines()
+        .find(|l| l.starts_with("Blender "))?
+        .trim()
+        .to_string();
+    out.status.success().then_some((exe, version))
+}
+
+/// What `session.py` is told when it starts.
+#[derive(Serialize)]
+struct SessionConfig<'a> {
+    job_dir: &'a Path,
+    artist_blend: Option<&'a str>,
+    /// Path on the artist's machine → path in the job folder.
+    files: std::collections::BTreeMap<&'a str, &'a str>,
+    device: &'static str,
+    gpu_index: Option<usize>,
+}
+
+#[derive(Serialize)]
+struct RenderCommand<'a> {
+    op: &'static str,
+    frame: u32,
+    tile: [u32; 4],
+    samples: [u32; 2],
+    out: &'a Path,
+    raw: bool,
+}
+
+#[derive(Deserialize)]
+struct Reply {
+    ok: bool,
+    error: Option<String>,
+}
+
+/// Why a session could not render a task.
+enum SessionError {
+    /// The process died or stopped answering: start a new one.
+    Died(String),
+    /// Blender answered with an error: the task failed.
+    Failed(String),
+}
+
+/// The last lines Blender printed, for error reports.
+type Log = Arc<Mutex<VecDeque<String>>>;
+
+fn remember(log: &Log, line: &str) {
+    let mut log = log.lock().expect("log lock");
+    if log.len() == LOG_LINES {
+        log.pop_front();
+    }
+    log.push_back(line.to_string());
+}
+
+fn excerpt(log: &Log) -> String {
+    let log = log.lock().expect("log lock");
+    let tail: Vec<&str> = log.iter().rev().take(8).map(String::as_str).collect();
+    tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// One Blender process with a job's scene loaded.
+struct Session {
+    job: u64,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+    log: Log,
+    stderr_reader: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Session {
+    fn start(
+        blender: &Blender,
+        slot: usize,
+        job: &JobInfo,
+        job_dir: &Path,
+    ) -> anyhow::Result<Session> {
+        let files = job
+            .manifest
+            .iter()
+            .filter_map(|m| m.origin.as_deref().map(|o| (o, m.path.as_str())))
+            .collect();
+        let artist_blend = job
+            .manifest
+            .iter()
+            .find(|m| m.path == job.scene)
+            .and_then(|m| m.origin.as_deref());
+        let config = SessionConfig {
+            job_dir,
+            artist_blend,
+            files,
+            device: blender.device.name(),
+            gpu_index: (blender.device != Device::Cpu).then_some(0),
+        };
+        let config_path = job_dir.with_extension(format!("session-{slot}.json"));
+        std::fs::write(&config_path, serde_json::to_vec(&config)?)?;
+        let mut cmd = Command::new(&blender.exe);
+        cmd.args(SAFE_ARGS)
+            .arg(job_dir.join(&job.scene))
+            .args(["--python-exit-code", "3", "--python-expr", SESSION_PY, "--"])
+            .arg(&config_path)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some((key, value)) = blender.device.pin_env(slot) {
+            cmd.env(key, value);
+        }
+        let mut child = cmd
+            .spawn()
+            .with_context(|| format!("cannot start {}", blender.exe.display()))?;
+        let log: Log = Arc::default();
+        let stderr = child.stderr.take().expect("piped");
+        let err_log = log.clone();
+        let stderr_reader = std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                remember(&err_log, &line);
+            }
+        });
+        tracing::info!(job = job.job, slot, "blender session started");
+        Ok(Session {
+            job: job.job,
+            stdin: child.stdin.take().expect("piped"),
+            stdout: BufReader::new(child.stdout.take().expect("piped")),
+            child,
+            log,
+            stderr_reader: Some(stderr_reader),
+        })
+    }
+
+    fn render(
+        &mut self,
+        command: &RenderCommand<'_>,
+        progress: &(dyn Fn(u32, u32) + Sync),
+    ) -> Result<(), SessionError> {
+        let died = |s: &mut Session, what: &str| {
+            let status = s
+                .wait_exit()
+                .map_or("still running".into(), |st| st.to_string());
+            SessionError::Died(format!(
+                "blender {what} ({status}); last output: {}",
+                excerpt(&s.log)
+            ))
+        };
+        let line = serde_json::to_string(command).expect("commands serialise");
+        if writeln!(self.stdin, "{line}")
+            .and_then(|()| self.stdin.flush())
+            .is_err()
+        {
+            return Err(died(self, "stopped reading commands"));
+        }
+        let mut buf = String::new();
+        loop {
+            buf.clear();
+            match self.stdout.read_line(&mut buf) {
+                Ok(0) | Err(_) => return Err(died(self, "exited while rendering")),
+                Ok(_) => {}
+            }
+            let text = buf.trim_end();
+            if let Some(json) = text.strip_prefix(REPLY) {
+                let reply: Reply = serde_json::from_str(json).map_err(|e| {
+                    SessionError::Failed(format!("unreadable reply from blender: {e}"))
+                })?;
+                return if reply.ok {
+                    Ok(())
+                } else {
+                    Err(SessionError::Failed(format!(
+                        "blender could not render: {}; last output: {}",
+                        reply.error.unwrap_or_default(),
+                        excerpt(&self.log)
+                    )))
+                };
+            }
+            remember(&self.log, text);
+            if let Some((done, total)) = parse_progress(text) {
+                progress(done, total);
+            }
+        }
+    }
+
+    /// Waits up to 5 s for the process to exit (killing it after that), and
+    /// for its last stderr lines to be read.
+    fn wait_exit(&mut self) -> Option<std::process::ExitStatus> {
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        let status = loop {
+            match self.child.try_wait() {
+                Ok(Some(status)) => break Some(status),
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                _ => {
+                    let _ = self.child.kill();
+                    break self.child.wait().ok();
+                }
+            }
+        };
+        if let Some(reader) = self.stderr_reader.take() {
+            let _ = reader.join();
+        }
+        status
+    }
+
+    fn quit(mut self) {
+        let _ = writeln!(self.stdin, "{{\"op\":\"quit\"}}");
+        let _ = self.stdin.flush();
+        self.wait_exit();
+    }
+}
+
+/// `... | Sample 12/64` → (12, 64).
+pub fn parse_progress(line: &str) -> Option<(u32, u32)> {
+    let rest = &line[line.rfind("Sample ")? + 7..];
+    let (done, total) = rest.split_once('/')?;
+    let total: String = total.chars().take_while(char::is_ascii_digit).collect();
+    Some((done.trim().parse().ok()?, total.parse().ok()?))
+}
+
+struct Slot {
+    busy: bool,
+    session: Option<Session>,
+}
+
+pub struct Blender {
+    exe: PathBuf,
+    pub version: String,
+    device: Device,
+    /// Keep a session per slot between tasks (false: one process per task).
+    persistent: bool,
+    slots: Mutex<Vec<Slot>>,
+}
+
+impl Blender {
+    pub fn new(
+        exe: PathBuf,
+        version: String,
+        device: Device,
+        slots: u32,
+        persistent: bool,
+    ) -> Blender {
+        let slots = (0..slots.max(1))
+            .map(|_| Slot {
+                busy: false,
+                session: None,
+            })
+            .collect();
+        Blender {
+            exe,
+            version,
+            device,
+            persistent,
+            slots: Mutex::new(slots),
+        }
+    }
+
+    fn checkout(&self) -> anyhow::Result<(usize, Option<Session>)> {
+        let mut slots = self.slots.lock().expect("slots lock");
+        let i = slots
+            .iter()
+            .position(|s| !s.busy)
+            .context("every blender slot is busy")?;
+        slots[i].busy = true;
+        Ok((i, slots[i].session.take()))
+    }
+
+    fn checkin(&self, i: usize, session: Option<Session>) {
+        let mut slots = self.slots.lock().expect("slots lock");
+        slots[i].busy = false;
+        slots[i].session = session;
+    }
+
+    fn render_in_slot(
+        &self,
+        slot: usize,
+        session: &mut Option<Session>,
+        job: &JobInfo,
+        job_dir: &Path,
+        command: &RenderCommand<'_>,
+        progress: &(dyn Fn(u32, u32) + Sync),
+    ) -> anyhow::Result<()> {
+        if session.as_ref().is_some_and(|s| s.job != job.job) {
+            session.take().expect("checked").quit();
+        }
+        if session.is_none() {
+            *session = Some(Session::start(self, slot, job, job_dir)?);
+        }
+        match session.as_mut().expect("started").render(command, progress) {
+            Ok(()) => Ok(()),
+            Err(SessionError::Failed(e)) => bail!(e),
+            Err(SessionError::Died(e)) => {
+                tracing::warn!(
+                    job = job.job,
+                    slot,
+                    "blender session died: {e}; retrying in a fresh process"
+                );
+                *session = None;
+                let mut fresh = Session::start(self, slot, job, job_dir)?;
+                let result = fresh.render(command, progress);
+                fresh.quit();
+                match result {
+                    Ok(()) => Ok(()),
+                    Err(SessionError::Failed(e) | SessionError::Died(e)) => bail!(e),
+                }
+            }
+        }
+    }
+}
+
+impl Engine for Blender {
+    fn kind(&self) -> EngineKind {
+        EngineKind::Blender
+    }
+
+    fn render(
+        &self,
+        job: &JobInfo,
+        job_dir: &Path,
+        task: &TaskSpec,
+        progress: &(dyn Fn(u32, u32) + Sync),
+    ) -> anyhow::Result<Vec<u8>> {
+        let raw = job.output == OutputFormat::Exr || task.samples != (0, task.total_samples);
+        let out = job_dir.with_extension(format!(
+            "out-{}-{}.{}",
+            task.task.index,
+            task.task.epoch,
+            if raw { "tflt" } else { "img" }
+        ));
+        let command = RenderCommand {
+            op: "render",
+            frame: task.frame,
+            tile: [task.tile.x, task.tile.y, task.tile.width, task.tile.height],
+            samples: [task.samples.0, task.samples.1],
+            out: &out,
+            raw,
+        };
+        let (slot, mut session) = self.checkout()?;
+        let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, progress);
+        if !self.persistent {
+            if let Some(s) = session.take() {
+                s.quit();
+            }
+        }
+        self.checkin(slot, session);
+        result?;
+        let bytes = std::fs::read(&out)
+            .with_context(|| format!("blender wrote no output at {}", out.display()))?;
+        let _ = std::fs::remove_file(&out);
+        Ok(bytes)
+    }
+}
+
+impl Drop for Blender {
+    fn drop(&mut self) {
+        if let Ok(mut slots) = self.slots.lock() {
+            for slot in slots.iter_mut() {
+                if let Some(s) = slot.session.take() {
+                    s.quit();
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_lines_are_parsed() {
+        let line = "Fra:1 Mem:21.36M (Peak 23.04M) | Time:00:00.57 | Remaining:00:00.42 | Mem:3.07M, Peak:3.07M | Scene, ViewLayer | Sample 12/64";
+        assert_eq!(parse_progress(line), Some((12, 64)));
+        assert_eq!(
+            parse_progress("Fra:1 Mem:21.36M | Scene | Synchronizing object | Cube"),
+            None
+        );
+    }
+
+    #[test]
+    fn gpu_slots_are_pinned_one_gpu_each() {
+        assert_eq!(Device::Cpu.pin_env(1), None);
+        assert_eq!(
+            Device::Cuda.pin_env(1),
+            Some(("CUDA_VISIBLE_DEVICES", "1".into()))
+        );
+        assert_eq!(
+            Device::Optix.pin_env(0),
+            Some(("CUDA_VISIBLE_DEVICES", "0".into()))
+        );
+        assert_eq!(
+            Device::Hip.pin_env(2),
+            Some(("HIP_VISIBLE_DEVICES", "2".into()))
+        );
+        assert_eq!("optix".parse::<Device>(), Ok(Device::Optix));
+        assert!("metal"
+            .parse::<Device>()
+            .unwrap_err()
+            .contains("expected CPU, CUDA, OPTIX or HIP"));
+    }
+}

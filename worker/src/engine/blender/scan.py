@@ -1,0 +1,325 @@
+# Tessera dependency scan. Runs inside Blender on the submitting machine:
+#
+#   blender -b --factory-startup --disable-autoexec FILE.blend \
+#       --python-exit-code 3 --python-expr <this source> -- OUT.json
+#
+# Writes OUT.json describing the scene's render settings and every external file
+# the .blend needs (images incl. sequences and UDIM tiles, linked libraries
+# (indirect ones too), fonts, sounds, movie clips, volumes, caches). Packed data
+# is skipped (it is inside the .blend); the main .blend itself is not listed.
+# Missing files are listed with "exists": false.
+#
+# Self-contained (stdlib + bpy): embedded in the worker/client binary.
+# Exit codes: 0 ok; 2 bad arguments / could not write OUT.json; 4 no file
+# loaded (Blender itself exits 1 before running this when the .blend is
+# unreadable, printing "Error: ..." on stdout).
+
+import json
+import os
+import re
+import sys
+
+import bpy
+
+
+def _fail(code, msg):
+    sys.stderr.write("tessera-scan: error: %s\n" % msg)
+    sys.stderr.flush()
+    sys.exit(code)
+
+
+_SEQ_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
+_UDIM_TOKENS = ("<UDIM>", "<UVTILE>")
+
+
+class Scan:
+    def __init__(self):
+        self.files = {}       # normalised path -> entry
+        self.warnings = []
+        self.covered = set()  # every path we resolved ourselves (for the blend_paths cross-check)
+
+    # -- path helpers ------------------------------------------------------
+
+    @staticmethod
+    def resolve(path, owner):
+        """Absolute, normalised path of `path` as stored in datablock `owner`."""
+        if os.sep == "/" and path.startswith("//") and "\\" in path:
+            path = path.replace("\\", "/")  # relative path saved on Windows
+        lib = getattr(owner, "library", None) if owner is not None else None
+        if isinstance(owner, bpy.types.Library):
+            lib = None  # Library.filepath is relative to the main file
+        return os.path.normpath(bpy.path.abspath(path, library=lib))
+
+    def add(self, path, kind, user):
+        p = os.path.normpath(path)
+        self.covered.add(p)
+        if p in self.files:
+            return
+        self.files[p] = {"path": p, "kind": kind, "user": user,
+                         "exists": os.path.isfile(p)}
+
+    def add_sequence(self, path, kind, user):
+        """`path` names one file of a numbered sequence: add every existing
+        member (same directory, same text around the last run of digits)."""
+        d, base = os.path.split(path)
+        m = _SEQ_RE.match(base)
+        found = []
+        if m and os.path.isdir(d):
+            head, tail = m.group(1), m.group(3)
+            pat = re.compile(r"^%s\d+%s$" % (re.escape(head), re.escape(tail)))
+            try:
+                names = sorted(os.listdir(d))
+            except OSError:
+                names = []
+            found = [os.path.join(d, n) for n in names
+                     if pat.match(n) and os.path.isfile(os.path.join(d, n))]
+        self.covered.add(os.path.normpath(path))
+        if not found:
+            self.add(path, kind, user)  # reported missing
+            return
+        for f in found:
+            self.add(f, kind, user)
+
+    def add_udim(self, path, tiles, kind, user):
+        for t in tiles:
+            num = t.number
+            u, v = (num - 1001) % 10, (num - 1001) // 10
+            p = path.replace("<UDIM>", "%d" % num).replace("<UVTILE>", "u%d_v%d" % (u + 1, v + 1))
+            self.add(p, kind, user)
+        self.covered.add(os.path.normpath(path))
+
+    # -- datablocks ----------------------------------------------------------
+
+    def images(self):
+        for img in bpy.data.images:
+            if img.source not in {"FILE", "SEQUENCE", "MOVIE", "TILED"}:
+                continue
+            if img.packed_file is not None or len(img.packed_files) > 0 or not img.filepath:
+                continue
+            user = "Image '%s'" % img.name_full
+            path = self.resolve(img.filepath, img)
+            if img.source == "TILED" or any(t in path for t in _UDIM_TOKENS):
+                if not any(t in path for t in _UDIM_TOKENS):
+                    # pre-token tiled path such as tex.1001.png
+                    path = re.sub(r"1\d{3}(?=\D*$)", "<UDIM>", path, count=1)
+                self.add_udim(path, img.tiles, "image", user)
+            elif img.source == "SEQUENCE":
+                self.add_sequence(path, "image", user)
+            else:
+                self.add(path, "image", user)
+
+    def libraries(self):
+        for lib in bpy.data.libraries:
+            if lib.packed_file is not None:
+                continue
+            # Blender rebases indirect libraries' paths onto the main file at load.
+            self.add(self.resolve(lib.filepath, lib), "library", "Library '%s'" % lib.name)
+
+    def simple(self, collection, kind, label, seq_attr=None):
+        for idb in collection:
+            fp = idb.filepath
+            if not fp or fp == "<builtin>" or getattr(idb, "packed_file", None) is not None:
+                continue
+            user = "%s '%s'" % (label, idb.name_full)
+            path = self.resolve(fp, idb)
+            if seq_attr and seq_attr(idb):
+                self.add_sequence(path, kind, user)
+            else:
+                self.add(path, kind, user)
+
+    def strips(self):
+        for scene in bpy.data.scenes:
+            ed = scene.sequence_editor
+            if ed is None:
+                continue
+            for s in ed.sequences_all:
+                user = "Strip '%s' (scene '%s')" % (s.name, scene.name_full)
+                if s.type == "IMAGE":
+                    d = self.resolve(s.directory, scene)
+                    for e in s.elements:
+                        self.add(os.path.join(d, e.filename), "image", user)
+                elif s.type == "MOVIE":
+                    self.add(self.resolve(s.filepath, scene), "movieclip", user)
+
+    def modifiers_and_caches(self):
+        for ob in bpy.data.objects:
+            for md in ob.modifiers:
+                user = "Object '%s' modifier '%s'" % (ob.name_full, md.name)
+                if md.type == "MESH_CACHE" and md.filepath:
+                    self.add(self.resolve(md.filepath, ob), "cache", user)
+                elif md.type == "FLUID" and md.fluid_type == "DOMAIN":
+                    d = self.resolve(md.domain_settings.cache_directory, ob)
+                    if os.path.isdir(d):
+                        for root, _dirs, names in os.walk(d):
+                            for n in sorted(names):
+                                self.add(os.path.join(root, n), "cache", user)
+                        self.covered.add(os.path.normpath(d))
+                    else:
+                        self.warnings.append("%s: fluid cache directory %s not found" % (user, d))
+                        self.covered.add(os.path.normpath(d))
+            for ps in getattr(ob, "particle_systems", []):
+                pc = ps.point_cache
+                if pc.use_disk_cache or pc.use_external:
+                    self.warnings.append(
+                        "Object '%s' particle system '%s' uses a disk point cache; it is not carried"
+                        % (ob.name_full, ps.name))
+
+    def cross_check(self):
+        """Anything Blender's own path walker knows and we did not cover."""
+        try:
+            paths = bpy.utils.blend_paths(absolute=True, packed=False, local=False)
+        except Exception as e:  # pragma: no cover
+            self.warnings.append("bpy.utils.blend_paths failed: %s" % e)
+            return
+        for p in paths:
+            if any(t in p for t in _UDIM_TOKENS):
+                continue
+            n = os.path.normpath(p)
+            if n in self.covered or n in self.files:
+                continue
+            if os.path.isfile(n):
+                self.add(n, "other", "unknown (found by bpy.utils.blend_paths)")
+            elif not os.path.isdir(n):
+                self.warnings.append("referenced path not found: %s" % n)
+
+    def run(self):
+        steps = [
+            ("images", self.images),
+            ("libraries", self.libraries),
+            ("fonts", lambda: self.simple(bpy.data.fonts, "font", "Font")),
+            ("sounds", lambda: self.simple(bpy.data.sounds, "sound", "Sound")),
+            ("movie clips", lambda: self.simple(bpy.data.movieclips, "movieclip", "MovieClip",
+                                                lambda c: c.source == "SEQUENCE")),
+            ("volumes", lambda: self.simple(bpy.data.volumes, "volume", "Volume",
+                                            lambda v: v.is_sequence)),
+            ("cache files", lambda: self.simple(bpy.data.cache_files, "cache", "CacheFile",
+                                                lambda c: c.is_sequence)),
+            ("sequencer strips", self.strips),
+            ("modifiers", self.modifiers_and_caches),
+            ("cross-check", self.cross_check),
+        ]
+        for name, fn in steps:
+            try:
+                fn()
+            except Exception as e:
+                self.warnings.append("scan of %s failed: %s: %s" % (name, type(e).__name__, e))
+        main = os.path.normpath(bpy.data.filepath)
+        self.files.pop(main, None)
+
+
+def compression(path):
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError:
+        return None
+    if magic == b"\x28\xb5\x2f\xfd":
+        return "zstd"
+    if magic[:2] == b"\x1f\x8b":
+        return "gzip"
+    return None
+
+
+def settings(scan):
+    scene = bpy.context.scene
+    r = scene.render
+    im = r.image_settings
+    w = (r.resolution_x * r.resolution_percentage) // 100
+    h = (r.resolution_y * r.resolution_percentage) // 100
+    out = {
+        "blender_version": bpy.app.version_string,
+        "scene": scene.name,
+        "render_engine": r.engine,
+        "frame_start": scene.frame_start,
+        "frame_end": scene.frame_end,
+        "frame_step": scene.frame_step,
+        "resolution": [w, h],
+        "resolution_percentage": r.resolution_percentage,
+        "file_format": im.file_format,
+        "color_depth": im.color_depth,
+        "color_mode": im.color_mode,
+        "dither": r.dither_intensity,
+        "film_transparent": r.film_transparent,
+        "compressed": compression(bpy.data.filepath),
+    }
+    if r.engine == "CYCLES":
+        c = scene.cycles
+        out.update(samples=c.samples, use_adaptive_sampling=c.use_adaptive_sampling,
+                   use_denoising=c.use_denoising, seed=c.seed,
+                   use_animated_seed=c.use_animated_seed, device=c.device)
+        if c.use_adaptive_sampling:
+            scan.warnings.append("adaptive sampling is on: sample ranges will not merge exactly")
+        if c.use_denoising:
+            scan.warnings.append("denoising is on: tiles and sample ranges will not stitch exactly")
+        if c.time_limit > 0:
+            scan.warnings.append("a render time limit is set: tile renders are not deterministic")
+    elif r.engine in {"BLENDER_EEVEE", "BLENDER_EEVEE_NEXT"}:
+        out.update(samples=scene.eevee.taa_render_samples, use_adaptive_sampling=False,
+                   use_denoising=False)
+        scan.warnings.append("render engine %s: frames only, needs a GPU context" % r.engine)
+    else:
+        out.update(samples=None, use_adaptive_sampling=False, use_denoising=False)
+        scan.warnings.append("render engine %s: frames only" % r.engine)
+    if r.use_border:
+        scan.warnings.append("the scene already renders a border region (render.use_border)")
+    if r.use_multiview:
+        scan.warnings.append("multiview/stereo output is not supported; only the default view is handled")
+    if r.is_movie_format:
+        scan.warnings.append("output format %s is a movie; frames are rendered as images" % im.file_format)
+    if r.use_compositing and scene.use_nodes and scene.node_tree and len(scene.node_tree.nodes) > 0:
+        scan.warnings.append("compositing nodes are in use: filters that read neighbouring pixels break tile stitching")
+    if r.use_stamp:
+        scan.warnings.append("metadata burn-in (render.use_stamp) is on: every tile gets its own stamp")
+    if r.engine == "CYCLES":
+        for vl in scene.view_layers:
+            if vl.use and vl.samples > 0 and scene.cycles.use_layer_samples != "IGNORE":
+                scan.warnings.append("view layer '%s' overrides the sample count (%d): sample "
+                                     "ranges and --samples do not apply to it" % (vl.name, vl.samples))
+    py_drivers = 0
+    for coll in (bpy.data.objects, bpy.data.meshes, bpy.data.materials, bpy.data.shape_keys,
+                 bpy.data.scenes, bpy.data.cameras, bpy.data.lights, bpy.data.node_groups, bpy.data.worlds):
+        for idb in coll:
+            ad = getattr(idb, "animation_data", None)
+            if ad:
+                py_drivers += sum(1 for fc in ad.drivers
+                                  if fc.driver.type == "SCRIPTED" and not fc.driver.is_simple_expression)
+    if py_drivers:
+        scan.warnings.append("%d driver(s) use Python expressions, which do not run on the farm "
+                             "(scripts are disabled)" % py_drivers)
+    if not scene.camera:
+        scan.warnings.append("the scene has no camera")
+    for lib in bpy.data.libraries:
+        if lib.packed_file is None and not os.path.isfile(Scan.resolve(lib.filepath, lib)):
+            scan.warnings.append("library %s is missing: data it links in (and its own "
+                                 "libraries) cannot be scanned" % Scan.resolve(lib.filepath, lib))
+    return out
+
+
+def main():
+    argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    if len(argv) != 1:
+        _fail(2, "usage: ... --python-expr <scan.py> -- OUT.json")
+    if not bpy.data.filepath:
+        _fail(4, "no .blend file was loaded")
+    scan = Scan()
+    out = settings(scan)
+    scan.run()
+    out["files"] = sorted(scan.files.values(), key=lambda e: e["path"])
+    out["warnings"] = scan.warnings
+    tmp = argv[0] + ".tmp"
+    try:
+        with open(tmp, "w") as f:
+            json.dump(out, f, indent=1)
+        os.replace(tmp, argv[0])
+    except OSError as e:
+        _fail(2, "cannot write %s: %s" % (argv[0], e))
+    print("tessera-scan: %d files, %d missing, %d warnings" % (
+        len(out["files"]), sum(1 for e in out["files"] if not e["exists"]), len(out["warnings"])))
+
+
+try:
+    main()
+except SystemExit:
+    raise
+except BaseException as e:  # one line, not Blender's "script failed, expr: <whole source>"
+    _fail(3, "%s: %s" % (type(e).__name__, str(e).replace("\n", " ")))

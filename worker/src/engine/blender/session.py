@@ -1,0 +1,682 @@
+# Tessera render session. Runs inside Blender on a worker:
+#
+#   blender -b --factory-startup --disable-autoexec JOB_DIR/<main>.blend \
+#       --python-exit-code 3 --python-expr <this source> -- SESSION.json
+#
+# SESSION.json:
+#   {"job_dir": "/abs/job", "artist_blend": "/home/artist/proj/shot.blend",
+#    "files": {"<absolute path on the artist's machine>": "<path relative to job_dir>"},
+#    "device": "CPU" | "CUDA" | "OPTIX" | "HIP" | "METAL" | "ONEAPI",
+#    "gpu_index": null | N,            # index among Cycles' devices of that type
+#    "gpu_pci_bus_id": "0000:41:00.0", # optional, wins over gpu_index (NVML's busId)
+#    "persistent_data": true}          # optional, default true
+#
+# Setup: every external reference (images incl. sequences and UDIM tiles,
+# libraries at any depth and the data inside them, fonts, sounds, movie clips,
+# volumes, caches, sequencer strips, IES files) is pointed at the job folder's
+# copy. A reference's artist-side absolute path is computed against the artist
+# location of the file that owns it and looked up in "files". Files that link
+# libraries are rewritten (opened, remapped, saved) into a private folder
+# JOB_DIR/.tessera-session-<pid>/ and the main file is reopened from there, so
+# data inside linked libraries is remapped too; the job files are not modified.
+#
+# Then one JSON command per stdin line, one reply line per command on stdout:
+#   {"op":"render","frame":3,"tile":[x,y,w,h]|null,"samples":[start,end]|null,
+#    "out":"/abs/path","raw":false}
+#   {"op":"ping"}   -> {"ok":true,"pong":true,"setup_ms":..,"blender_version":..,"warnings":[..]}
+#   {"op":"quit"}   -> exit 0 (so does EOF)
+# Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123}
+# or {"ok":false,"error":"one line"}.
+#
+# raw:true output: b"TFLT" + u32 width + u32 height + u32 channels(4) + u32 samples
+# + width*height*4 float32, all little endian, rows top to bottom, premultiplied
+# scene-linear RGBA exactly as Blender writes it to a 32-bit float EXR.
+#
+# Self-contained (stdlib + bpy): embedded in the worker binary.
+
+import json
+import os
+import re
+import shutil
+import struct
+import sys
+import tempfile
+import time
+
+import bpy
+
+PREFIX = "@@TESSERA@@ "
+_SEQ_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
+_UDIM_TOKENS = ("<UDIM>", "<UVTILE>")
+
+
+def log(msg):
+    sys.stderr.write("tessera-session: %s\n" % msg)
+    sys.stderr.flush()
+
+
+def _flush_c_stdout():
+    """Blender's own progress lines go through C stdio; flush them before we
+    write a reply so the two never share a line."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).fflush(None)
+    except Exception:
+        pass
+
+
+def reply(obj):
+    _flush_c_stdout()
+    sys.stdout.flush()
+    sys.stdout.write(PREFIX + json.dumps(obj, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+
+
+def one_line(e):
+    s = "%s: %s" % (type(e).__name__, e) if not isinstance(e, str) else e
+    return " ".join(s.split())[:1000]
+
+
+# ---------------------------------------------------------------------------
+# path remapping
+
+
+class Remapper:
+    def __init__(self, cfg):
+        self.job_dir = os.path.normpath(os.path.abspath(cfg["job_dir"]))
+        self.artist_blend = os.path.normpath(cfg["artist_blend"])
+        self.fmap = {}    # artist abs path -> job abs path
+        for art, rel in cfg.get("files", {}).items():
+            if os.path.isabs(rel) or "\x00" in rel:
+                raise ValueError("job path must be relative: %r" % rel)
+            job = os.path.normpath(os.path.join(self.job_dir, rel))
+            if not job.startswith(self.job_dir + os.sep):
+                raise ValueError("job path escapes the job folder: %r" % rel)
+            self.fmap[os.path.normpath(art)] = job
+        self.rev = {v: k for k, v in self.fmap.items()}  # job path -> artist path
+        self.by_dir = {}  # job dir -> [job paths], for sequences
+        for j in self.rev:
+            self.by_dir.setdefault(os.path.dirname(j), []).append(j)
+        self.art_by_dir = {}  # artist dir -> [artist paths]
+        for a in self.fmap:
+            self.art_by_dir.setdefault(os.path.dirname(a), []).append(a)
+        self.warnings = []
+        self.remapped = 0
+        self.work = None
+        self.lib_out = {}   # artist lib path -> rewritten copy path
+
+    # -- lookups ---------------------------------------------------------------
+
+    @staticmethod
+    def _abs(path, start):
+        if os.sep == "/" and path.startswith("//") and "\\" in path:
+            path = path.replace("\\", "/")
+        if path.startswith("//"):
+            path = os.path.join(start, path[2:])
+        return os.path.normpath(path)
+
+    def lookup(self, path, a_dir, j_dir):
+        """Job path for a single file reference, or None."""
+        art = self._abs(path, a_dir)
+        if art in self.fmap:
+            return self.fmap[art]
+        job = self._abs(path, j_dir)
+        if job in self.rev:   # already points into the job folder
+            return job
+        return None
+
+    def artist_of(self, path, a_dir, j_dir):
+        art = self._abs(path, a_dir)
+        if art in self.fmap:
+            return art
+        job = self._abs(path, j_dir)
+        return self.rev.get(job)
+
+    def lookup_sequence(self, path, a_dir, j_dir):
+        hit = self.lookup(path, a_dir, j_dir)
+        if hit:
+            return hit
+        base = os.path.basename(path)
+        m = _SEQ_RE.match(base)
+        if not m:
+            return None
+        pat = re.compile(r"^%s\d+%s$" % (re.escape(m.group(1)), re.escape(m.group(3))))
+        art = self._abs(path, a_dir)
+        for a in self.art_by_dir.get(os.path.dirname(art), []):
+            if pat.match(os.path.basename(a)):
+                return os.path.join(os.path.dirname(self.fmap[a]), base)
+        job = self._abs(path, j_dir)
+        for j in self.by_dir.get(os.path.dirname(job), []):
+            if pat.match(os.path.basename(j)):
+                return os.path.join(os.path.dirname(j), base)
+        return None
+
+    def lookup_udim(self, path, tiles, a_dir, j_dir):
+        if not any(t in path for t in _UDIM_TOKENS):
+            path = re.sub(r"1\d{3}(?=\D*$)", "<UDIM>", path, count=1)
+        for num in tiles:
+            u, v = (num - 1001) % 10, (num - 1001) // 10
+            p = path.replace("<UDIM>", "%d" % num).replace("<UVTILE>", "u%d_v%d" % (u + 1, v + 1))
+            hit = self.lookup(p, a_dir, j_dir)
+            if hit:
+                return os.path.join(os.path.dirname(hit), os.path.basename(path))
+        return None
+
+    def lookup_dir(self, path, a_dir, j_dir):
+        art = self._abs(path, a_dir).rstrip(os.sep)
+        for a, j in self.fmap.items():
+            if a.startswith(art + os.sep):
+                rel = a[len(art):]
+                if j.endswith(rel):
+                    return j[: len(j) - len(rel)]
+        job = self._abs(path, j_dir).rstrip(os.sep)
+        if os.path.isdir(job) and job.startswith(self.job_dir):
+            return job
+        return None
+
+    # -- one file ----------------------------------------------------------------
+
+    def _set(self, owner, attr, new, what):
+        if new is None:
+            self.warnings.append("%s: %s not in the job" % (what, getattr(owner, attr)))
+            return
+        if getattr(owner, attr) != new:
+            setattr(owner, attr, new)
+            self.remapped += 1
+
+    def remap_open_file(self, artist_file):
+        """Remap every local reference of the currently open file, whose artist
+        location is `artist_file`. Returns the artist paths of its libraries."""
+        a_dir = os.path.dirname(artist_file)
+        j_dir = os.path.dirname(os.path.normpath(bpy.data.filepath))
+        local = lambda idb: idb.library is None
+
+        for img in bpy.data.images:
+            if not local(img) or img.source not in {"FILE", "SEQUENCE", "MOVIE", "TILED"}:
+                continue
+            if img.packed_file is not None or len(img.packed_files) > 0 or not img.filepath:
+                continue
+            what = "Image '%s'" % img.name
+            if img.source == "TILED" or any(t in img.filepath for t in _UDIM_TOKENS):
+                new = self.lookup_udim(img.filepath, [t.number for t in img.tiles], a_dir, j_dir)
+            elif img.source == "SEQUENCE":
+                new = self.lookup_sequence(img.filepath, a_dir, j_dir)
+            else:
+                new = self.lookup(img.filepath, a_dir, j_dir)
+            self._set(img, "filepath", new, what)
+
+        simple = [(bpy.data.fonts, "Font", None), (bpy.data.sounds, "Sound", None),
+                  (bpy.data.movieclips, "MovieClip", lambda c: c.source == "SEQUENCE"),
+                  (bpy.data.volumes, "Volume", lambda v: v.is_sequence),
+                  (bpy.data.cache_files, "CacheFile", lambda c: c.is_sequence)]
+        for coll, label, is_seq in simple:
+            for idb in coll:
+                fp = idb.filepath
+                if not local(idb) or not fp or fp == "<builtin>" or getattr(idb, "packed_file", None) is not None:
+                    continue
+                if is_seq and is_seq(idb):
+                    new = self.lookup_sequence(fp, a_dir, j_dir)
+                else:
+                    new = self.lookup(fp, a_dir, j_dir)
+                self._set(idb, "filepath", new, "%s '%s'" % (label, idb.name))
+
+        for scene in bpy.data.scenes:
+            if not local(scene) or scene.sequence_editor is None:
+                continue
+            for s in scene.sequence_editor.sequences_all:
+                what = "Strip '%s'" % s.name
+                if s.type == "IMAGE" and len(s.elements):
+                    hit = self.lookup(os.path.join(s.directory, s.elements[0].filename), a_dir, j_dir)
+                    self._set(s, "directory", os.path.dirname(hit) + os.sep if hit else None, what)
+                elif s.type == "MOVIE":
+                    self._set(s, "filepath", self.lookup(s.filepath, a_dir, j_dir), what)
+
+        for ob in bpy.data.objects:
+            if not local(ob):
+                continue
+            for md in ob.modifiers:
+                what = "Object '%s' modifier '%s'" % (ob.name, md.name)
+                if md.type == "MESH_CACHE" and md.filepath:
+                    self._set(md, "filepath", self.lookup(md.filepath, a_dir, j_dir), what)
+                elif md.type == "FLUID" and md.fluid_type == "DOMAIN":
+                    new = self.lookup_dir(md.domain_settings.cache_directory, a_dir, j_dir)
+                    if new is not None:
+                        self._set(md.domain_settings, "cache_directory", new, what)
+
+        trees = [m.node_tree for m in bpy.data.materials if local(m) and m.node_tree]
+        trees += [l.node_tree for l in bpy.data.lights if local(l) and l.node_tree]
+        trees += [w.node_tree for w in bpy.data.worlds if local(w) and w.node_tree]
+        trees += [g for g in bpy.data.node_groups if local(g)]
+        for nt in trees:
+            for node in nt.nodes:
+                if node.bl_idname == "ShaderNodeTexIES" and node.mode == "EXTERNAL" and node.filepath:
+                    self._set(node, "filepath", self.lookup(node.filepath, a_dir, j_dir),
+                              "IES node '%s'" % node.name)
+
+        libs = []
+        for lib in bpy.data.libraries:
+            if lib.packed_file is not None:
+                continue
+            art = self.artist_of(lib.filepath, a_dir, j_dir)
+            if art is None:
+                self.warnings.append("Library '%s': %s not in the job" % (lib.name, lib.filepath))
+                continue
+            if art not in self.lib_out:
+                self.lib_out[art] = os.path.join(
+                    self.work, "%03d_%s" % (len(self.lib_out), os.path.basename(art)))
+                libs.append(art)
+            self._set(lib, "filepath", self.lib_out[art], "Library '%s'" % lib.name)
+        return libs
+
+    def run(self):
+        """Remap the loaded main file; rewrite files as needed. Leaves the
+        remapped main file open."""
+        main_job = os.path.normpath(bpy.data.filepath)
+        if not bpy.data.libraries:
+            self.remap_open_file(self.artist_blend)
+            return
+        try:
+            self.work = tempfile.mkdtemp(prefix=".tessera-session-%d-" % os.getpid(), dir=self.job_dir)
+        except OSError:  # read-only job folder
+            self.work = tempfile.mkdtemp(prefix="tessera-session-%d-" % os.getpid())
+        queue = self.remap_open_file(self.artist_blend)
+        main_out = os.path.join(self.work, os.path.basename(main_job))  # libs are NNN_-prefixed
+        save(main_out)
+        done = set()
+        while queue:
+            art = queue.pop(0)
+            if art in done:
+                continue
+            done.add(art)
+            job = self.fmap[art]
+            if not os.path.isfile(job):
+                self.warnings.append("library %s missing from the job folder" % job)
+                continue
+            bpy.ops.wm.open_mainfile(filepath=job, load_ui=True, use_scripts=False)
+            queue.extend(self.remap_open_file(art))
+            save(self.lib_out[art])
+        bpy.ops.wm.open_mainfile(filepath=main_out, load_ui=True, use_scripts=False)
+
+    def cleanup(self):
+        if self.work:
+            shutil.rmtree(self.work, ignore_errors=True)
+
+
+def save(path):
+    bpy.ops.wm.save_as_mainfile(filepath=path, compress=False, relative_remap=True, copy=False)
+
+
+# ---------------------------------------------------------------------------
+# device
+
+
+def _pci(s):
+    m = re.search(r"([0-9a-fA-F]+):([0-9a-fA-F]+):([0-9a-fA-F]+)", s or "")
+    return tuple(int(g, 16) for g in m.groups()) if m else None
+
+
+def configure_device(scene, device, gpu_index, pci_bus_id=None):
+    device = (device or "CPU").upper()
+    cprefs = bpy.context.preferences.addons["cycles"].preferences
+    if device == "CPU":
+        cprefs.compute_device_type = "NONE"
+        scene.cycles.device = "CPU"
+        return "CPU"
+    try:
+        cprefs.compute_device_type = device
+    except TypeError:
+        raise RuntimeError("Cycles in this Blender has no %s support" % device)
+    cprefs.refresh_devices()
+    devs = [d for d in cprefs.devices if d.type == device]
+    if not devs:
+        raise RuntimeError("no %s device found" % device)
+    if pci_bus_id:
+        # Cycles' device ids end in the PCI location, e.g. "CUDA_NVIDIA H100_0000:41:00"
+        want = _pci(pci_bus_id)
+        chosen = [d for d in devs if want is not None and _pci(d.id.rsplit("_", 1)[-1]) == want]
+        if not chosen:
+            raise RuntimeError("no %s device at PCI %s (found: %s)" % (
+                device, pci_bus_id, ", ".join(d.id for d in devs)))
+    elif gpu_index is not None:
+        if not 0 <= gpu_index < len(devs):
+            raise RuntimeError("%s device index %d out of range (%d found)" % (device, gpu_index, len(devs)))
+        chosen = [devs[gpu_index]]
+    else:
+        chosen = devs
+    ids = {d.id for d in chosen}
+    for d in cprefs.devices:
+        d.use = d.type == device and d.id in ids
+    scene.cycles.device = "GPU"
+    return ", ".join("%s %s" % (d.type, d.name) for d in chosen)
+
+
+# ---------------------------------------------------------------------------
+# raw float output: parse Blender's uncompressed float EXR
+
+
+def read_exr_none(path):
+    """(width, height, {channel: list-of-rows}) of a scanline EXR with
+    compression NONE and FLOAT/HALF channels."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x76\x2f\x31\x01":
+        raise ValueError("not an EXR file")
+    if data[5] & 0x1A:  # tiled, deep or multi-part (long names are fine)
+        raise ValueError("unsupported EXR layout")
+    pos = 8
+    attrs = {}
+    while data[pos] != 0:
+        e = data.index(b"\0", pos)
+        name = data[pos:e].decode()
+        pos = e + 1
+        e = data.index(b"\0", pos)
+        pos = e + 1
+        size = struct.unpack_from("<i", data, pos)[0]
+        pos += 4
+        attrs[name] = data[pos:pos + size]
+        pos += size
+    pos += 1
+    if attrs["compression"][0] != 0:
+        raise ValueError("EXR is compressed")
+    chans = []
+    cl, p = attrs["channels"], 0
+    while cl[p] != 0:
+        e = cl.index(b"\0", p)
+        cname = cl[p:e].decode()
+        ptype = struct.unpack_from("<i", cl, e + 1)[0]
+        chans.append((cname, ptype))
+        p = e + 1 + 16
+    x0, y0, x1, y1 = struct.unpack("<iiii", attrs["dataWindow"])
+    w, h = x1 - x0 + 1, y1 - y0 + 1
+    offsets = struct.unpack_from("<%dQ" % h, data, pos)
+    rows = {c: [None] * h for c, _ in chans}
+    for off in offsets:
+        y, _size = struct.unpack_from("<ii", data, off)
+        q = off + 8
+        for cname, ptype in chans:
+            if ptype == 2:
+                rows[cname][y - y0] = struct.unpack_from("<%df" % w, data, q)
+                q += 4 * w
+            elif ptype == 1:
+                rows[cname][y - y0] = struct.unpack_from("<%de" % w, data, q)
+                q += 2 * w
+            else:
+                raise ValueError("unsupported EXR pixel type %d" % ptype)
+    return w, h, rows
+
+
+def image_size(path):
+    """(w, h) from a PNG or EXR header; None for other formats."""
+    with open(path, "rb") as f:
+        head = f.read(65536)
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        return struct.unpack(">II", head[16:24])
+    if head[:4] == b"\x76\x2f\x31\x01":
+        i = head.find(b"dataWindow\0box2i\0")
+        if i >= 0:
+            x0, y0, x1, y1 = struct.unpack_from("<iiii", head, i + 21)
+            return x1 - x0 + 1, y1 - y0 + 1
+    return None
+
+
+def write_raw(exr_path, out, samples):
+    import array
+    w, h, rows = read_exr_none(exr_path)
+    one = (1.0,) * w
+    zero = (0.0,) * w
+    pick = lambda c, y, dflt: rows[c][y] if c in rows else dflt
+    buf = array.array("f")
+    for y in range(h):  # EXR scanlines are stored top to bottom
+        r, g, b, a = (pick("R", y, zero), pick("G", y, zero), pick("B", y, zero), pick("A", y, one))
+        row = array.array("f", bytes(16 * w))
+        row[0::4] = array.array("f", r)
+        row[1::4] = array.array("f", g)
+        row[2::4] = array.array("f", b)
+        row[3::4] = array.array("f", a)
+        buf.extend(row)
+    if sys.byteorder != "little":
+        buf.byteswap()
+    tmp = out + ".part"
+    with open(tmp, "wb") as f:
+        f.write(b"TFLT" + struct.pack("<IIII", w, h, 4, samples))
+        f.write(buf.tobytes())
+    os.replace(tmp, out)
+    return w, h
+
+
+# ---------------------------------------------------------------------------
+# GPU context probe (Eevee / Workbench)
+
+_GPU_PROBE = """import bpy
+s = bpy.context.scene
+s.render.engine = 'BLENDER_EEVEE'
+s.render.resolution_x = s.render.resolution_y = 4
+s.eevee.taa_render_samples = 1
+for o in list(bpy.data.objects):
+    if o.type == 'MESH':
+        bpy.data.objects.remove(o)
+bpy.ops.render.render()
+print('TESSERA_GPU_OK')
+"""
+_gpu_probe_result = None
+
+
+def gpu_context_error():
+    """None when Blender can get an OpenGL context here, else a one-line reason.
+    Without one, Blender 3.4 aborts the whole process (SIGABRT in libepoxy) the
+    moment Eevee starts, which Python cannot catch, so ask a throwaway Blender
+    first (once per session)."""
+    global _gpu_probe_result
+    if _gpu_probe_result is None:
+        import subprocess
+        try:
+            p = subprocess.run(
+                [bpy.app.binary_path, "-b", "--factory-startup", "--disable-autoexec",
+                 "--python-exit-code", "3", "--python-expr", _GPU_PROBE],
+                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                timeout=300)
+            out = p.stdout.decode("utf-8", "replace")
+            if p.returncode == 0 and "TESSERA_GPU_OK" in out:
+                _gpu_probe_result = ""
+            else:
+                lines = [l for l in out.splitlines() if l.strip() and not l.startswith("Fra:")]
+                how = ("signal %d" % -p.returncode) if p.returncode < 0 else ("exit %d" % p.returncode)
+                _gpu_probe_result = "no GPU/OpenGL context for %s (probe Blender %s: %s)" % (
+                    bpy.context.scene.render.engine, how, lines[-1] if lines else "no output")
+        except Exception as e:
+            _gpu_probe_result = "GPU context probe failed: %s" % one_line(e)
+    return _gpu_probe_result or None
+
+
+# ---------------------------------------------------------------------------
+# rendering
+
+
+class Session:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.scratch = None
+        scene = bpy.context.scene
+        c = scene.cycles if scene.render.engine == "CYCLES" else None
+        self.base_samples = c.samples if c else None
+        self.base_offset = c.sample_offset if c else 0
+        im = scene.render.image_settings
+        self.base_image = (im.file_format, im.color_depth, im.color_mode, im.exr_codec)
+        self.base_filepath = scene.render.filepath
+        self.base_ext = scene.render.use_file_extension
+
+    def render(self, cmd):
+        scene = bpy.context.scene
+        r = scene.render
+        frame = cmd.get("frame")
+        if not isinstance(frame, int) or isinstance(frame, bool):
+            raise ValueError("frame must be an integer")
+        out = cmd.get("out")
+        if not isinstance(out, str) or not os.path.isabs(out) or "\x00" in out:
+            raise ValueError("out must be an absolute path")
+        raw = bool(cmd.get("raw", False))
+        W = r.resolution_x * r.resolution_percentage // 100
+        H = r.resolution_y * r.resolution_percentage // 100
+
+        tile = cmd.get("tile")
+        if tile is None:
+            x, y, w, h = 0, 0, W, H
+            r.use_border = False
+            r.use_crop_to_border = False
+        else:
+            if (not isinstance(tile, list) or len(tile) != 4
+                    or not all(isinstance(v, int) and not isinstance(v, bool) for v in tile)):
+                raise ValueError("tile must be [x, y, w, h] integers")
+            x, y, w, h = tile
+            if w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > W or y + h > H:
+                raise ValueError("tile %s outside the %dx%d frame" % (tile, W, H))
+            # Blender truncates border*size to pixels and measures y from the
+            # bottom: put each edge half a pixel in so truncation is exact.
+            yb = H - (y + h)
+            r.border_min_x = (x + 0.5) / W
+            r.border_max_x = min(1.0, (x + w + 0.5) / W)
+            r.border_min_y = (yb + 0.5) / H
+            r.border_max_y = min(1.0, (yb + h + 0.5) / H)
+            r.use_border = (w, h) != (W, H)
+            r.use_crop_to_border = True
+
+        samples = cmd.get("samples")
+        n_samples = self.base_samples or 0
+        if r.engine == "CYCLES":
+            c = scene.cycles
+            if samples is None:
+                c.samples, c.sample_offset = self.base_samples, self.base_offset
+            else:
+                if (not isinstance(samples, list) or len(samples) != 2
+                        or not all(isinstance(v, int) and not isinstance(v, bool) for v in samples)
+                        or not 0 <= samples[0] < samples[1]):
+                    raise ValueError("samples must be [start, end] with 0 <= start < end")
+                c.sample_offset = samples[0]
+                c.samples = samples[1] - samples[0]
+            n_samples = c.samples
+        elif samples is not None:
+            raise ValueError("sample ranges need Cycles (engine is %s)" % r.engine)
+        elif tile is not None and (w, h) != (W, H):
+            raise ValueError("tiles need Cycles (engine is %s)" % r.engine)
+        else:
+            if r.engine in {"BLENDER_EEVEE", "BLENDER_EEVEE_NEXT"}:
+                n_samples = scene.eevee.taa_render_samples
+            err = gpu_context_error()
+            if err:
+                raise RuntimeError(err)
+
+        parent = os.path.dirname(out)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        scene.frame_set(frame)
+        im = r.image_settings
+        t0 = time.monotonic()
+        if raw:
+            if self.scratch is None:
+                self.scratch = tempfile.mkdtemp(prefix="tessera-raw-")
+            exr = os.path.join(self.scratch, "tile.exr")
+            result = self._render(scene, write_still=False)
+            im.file_format, im.color_depth, im.color_mode, im.exr_codec = "OPEN_EXR", "32", "RGBA", "NONE"
+            try:
+                result.save_render(exr, scene=scene)
+            finally:
+                im.file_format, im.color_depth, im.color_mode, im.exr_codec = self.base_image
+            ow, oh = write_raw(exr, out, n_samples)
+            os.unlink(exr)
+        else:
+            r.filepath = out
+            r.use_file_extension = False
+            if r.is_movie_format:
+                im.file_format = "PNG"   # a movie cannot be written per tile: PNG frames
+            try:
+                self._render(scene, write_still=True)
+            finally:
+                r.filepath, r.use_file_extension = self.base_filepath, self.base_ext
+                im.file_format = self.base_image[0]
+            if not os.path.isfile(out):
+                raise RuntimeError("Blender wrote no image to %s" % out)
+            ow, oh = image_size(out) or (w, h)
+        ms = int((time.monotonic() - t0) * 1000)
+        if (ow, oh) != (w, h):
+            raise RuntimeError("rendered %dx%d, expected %dx%d" % (ow, oh, w, h))
+        return {"ok": True, "out": out, "width": w, "height": h, "ms": ms, "samples": n_samples}
+
+    @staticmethod
+    def _render(scene, write_still):
+        res = bpy.ops.render.render(write_still=write_still, scene=scene.name)
+        if "FINISHED" not in res:
+            raise RuntimeError("render did not finish: %s" % ",".join(sorted(res)))
+        result = bpy.data.images.get("Render Result")
+        if result is None:
+            raise RuntimeError("no render result")
+        return result
+
+    def cleanup(self):
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+def main():
+    t_setup = time.monotonic()
+    argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    if len(argv) != 1:
+        log("error: usage: ... --python-expr <session.py> -- SESSION.json")
+        sys.exit(2)
+    if not bpy.data.filepath:
+        log("error: no .blend file was loaded")
+        sys.exit(4)
+    with open(argv[0]) as f:
+        cfg = json.load(f)
+    remap = Remapper(cfg)
+    sess = None
+    try:
+        remap.run()
+        scene = bpy.context.scene
+        device = "n/a"
+        if scene.render.engine == "CYCLES":
+            device = configure_device(scene, cfg.get("device"), cfg.get("gpu_index"),
+                                      cfg.get("gpu_pci_bus_id"))
+        scene.render.use_persistent_data = bool(cfg.get("persistent_data", True))
+        sess = Session(cfg)
+        setup_ms = int((time.monotonic() - t_setup) * 1000)
+        for w in remap.warnings:
+            log("warning: " + w)
+        log("ready: %d references remapped, device %s, %d ms" % (remap.remapped, device, setup_ms))
+        while True:
+            line = sys.stdin.readline()
+            if not line:
+                break
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                cmd = json.loads(line)
+                if not isinstance(cmd, dict):
+                    raise ValueError("command must be a JSON object")
+                op = cmd.get("op")
+                if op == "quit":
+                    break
+                elif op == "ping":
+                    reply({"ok": True, "pong": True, "setup_ms": setup_ms,
+                           "blender_version": bpy.app.version_string, "device": device,
+                           "remapped": remap.remapped, "warnings": remap.warnings})
+                elif op == "render":
+                    reply(sess.render(cmd))
+                else:
+                    raise ValueError("unknown op %r" % (op,))
+            except Exception as e:
+                reply({"ok": False, "error": one_line(e)})
+    finally:
+        if sess:
+            sess.cleanup()
+        remap.cleanup()
+
+
+try:
+    main()
+except SystemExit:
+    raise
+except BaseException as e:  # setup failure: one line, never Blender's "script failed, expr: <source>"
+    log("error: " + one_line(e))
+    sys.stdout.flush()
+    sys.exit(4)
