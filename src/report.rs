@@ -27,6 +27,10 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "finished_unix_ms": s.finished_unix_ms,
         "error": s.error,
         "blocked": s.blocked,
+        "paused": s.paused,
+        "cost_usd": s.cost_usd,
+        "cost_to_finish_usd": s.cost_to_finish_usd,
+        "eta_secs": s.eta_secs,
     })
 }
 
@@ -39,7 +43,24 @@ fn worker_json(w: &WorkerStatus) -> serde_json::Value {
         "running": w.running,
         "tasks_done": w.tasks_done,
         "price_per_hour": w.price_per_hour,
-        "progress": w.progress.iter().map(|(d, t)| json!({"done": d, "total": t})).collect::<Vec<_>>(),
+        "state": w.state.name(),
+        "hostname": w.hostname,
+        "connected_secs": w.connected_secs,
+        "tasks": w.tasks.iter().map(|t| json!({
+            "job": t.job, "task": t.index, "frame": t.frame,
+            "tile": [t.tile.x, t.tile.y, t.tile.width, t.tile.height],
+            "progress": t.progress.map(|(d, n)| json!({"done": d, "total": n})),
+        })).collect::<Vec<_>>(),
+        "telemetry": w.telemetry.as_ref().map(|t| json!({
+            "cpu_model": t.host.cpu_model, "cores": t.host.cores, "load_1m": t.host.load_1m,
+            "memory_used_bytes": t.host.memory_used_bytes, "memory_total_bytes": t.host.memory_total_bytes,
+            "gpus": t.gpus.iter().map(|g| json!({
+                "index": g.index, "name": g.name, "utilization_pct": g.utilization_pct,
+                "memory_used_bytes": g.memory_used_bytes, "memory_total_bytes": g.memory_total_bytes,
+                "temperature_c": g.temperature_c, "power_draw_w": g.power_draw_w, "power_limit_w": g.power_limit_w,
+            })).collect::<Vec<_>>(),
+            "gpu_note": t.gpu_note,
+        })),
     })
 }
 
@@ -156,7 +177,7 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
 
 /// Running tasks, with the samples of the first one when reported: `1 (12/64)`.
 fn running_text(w: &WorkerStatus) -> String {
-    match w.progress.first() {
+    match w.tasks.first().and_then(|t| t.progress) {
         Some((done, total)) => format!("{} ({done}/{total})", w.running),
         None => w.running.to_string(),
     }

@@ -28,6 +28,8 @@ pub struct StoredJob {
     pub bytes_uploaded: u64,
     pub bytes_deduplicated: u64,
     pub error: Option<String>,
+    /// Cost of the job's ended leases, as last recorded.
+    pub cost_usd: f64,
 }
 
 /// A result to commit.
@@ -71,7 +73,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     finished_ms INTEGER,
     bytes_uploaded INTEGER NOT NULL,
     bytes_deduplicated INTEGER NOT NULL,
-    error TEXT
+    error TEXT,
+    cost_usd REAL NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS results (
     job INTEGER NOT NULL,
@@ -191,7 +194,7 @@ impl Db {
 
     pub fn jobs(&self) -> Result<Vec<StoredJob>, DbError> {
         let mut stmt = self.conn.prepare(
-            "SELECT id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error
+            "SELECT id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd
              FROM jobs ORDER BY id",
         )?;
         let rows = stmt.query_map([], |r| {
@@ -204,11 +207,12 @@ impl Db {
                 r.get::<_, i64>(5)? as u64,
                 r.get::<_, i64>(6)? as u64,
                 r.get::<_, Option<String>>(7)?,
+                r.get::<_, f64>(8)?,
             ))
         })?;
         let mut jobs = Vec::new();
         for row in rows {
-            let (id, spec, state, submitted_ms, finished_ms, up, dedup, error) = row?;
+            let (id, spec, state, submitted_ms, finished_ms, up, dedup, error, cost_usd) = row?;
             let spec: JobSpec =
                 serde_json::from_str(&spec).map_err(|e| DbError::Corrupt(id, e.to_string()))?;
             jobs.push(StoredJob {
@@ -220,6 +224,7 @@ impl Db {
                 bytes_uploaded: up,
                 bytes_deduplicated: dedup,
                 error,
+                cost_usd,
             });
         }
         Ok(jobs)
@@ -228,13 +233,24 @@ impl Db {
     /// Commits one accepted result. Returns false if the task already had
     /// one (it is then left untouched).
     pub fn insert_result(&mut self, row: NewResult<'_>) -> Result<bool, DbError> {
-        Ok(self.insert_results(&[row])?[0])
+        Ok(self.insert_results(&[row], &[])?[0])
     }
 
     /// Commits a batch of accepted results in one transaction (group
-    /// commit). Returns, per row, whether it was new.
-    pub fn insert_results(&mut self, rows: &[NewResult<'_>]) -> Result<Vec<bool>, DbError> {
+    /// commit), with the jobs' costs so far. Returns, per row, whether it was
+    /// new.
+    pub fn insert_results(
+        &mut self,
+        rows: &[NewResult<'_>],
+        costs: &[(u64, f64)],
+    ) -> Result<Vec<bool>, DbError> {
         let tx = self.conn.transaction()?;
+        for (job, cost) in costs {
+            tx.execute(
+                "UPDATE jobs SET cost_usd = ?2 WHERE id = ?1",
+                params![*job as i64, cost],
+            )?;
+        }
         let mut fresh = Vec::with_capacity(rows.len());
         {
             let mut stmt = tx.prepare_cached(

@@ -2,6 +2,7 @@
 //! keeps every acknowledged job and result durable, stores assets by digest
 //! and stitches finished tiles into frames.
 
+pub mod cost;
 pub mod db;
 pub mod exr;
 pub mod scheduler;

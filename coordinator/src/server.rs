@@ -17,15 +17,18 @@ use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::job::{sanitize_manifest_path, Engine, JobSpec, OutputFormat};
 use tessera_protocol::messages::{
-    BlobReply, BlobRequest, ClientRequest, ClientResponse, CoordMsg, FrameOutput, Hello, JobInfo,
-    JobState, JobStatus, Role, TaskRef, TaskSpec, Welcome, WorkerInfo, WorkerMsg, WorkerStatus,
+    BlobReply, BlobRequest, ClientRequest, ClientResponse, CoordMsg, FarmEvent, FarmStatus,
+    FrameOutput, Hello, JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef,
+    TaskSpec, TileState, TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus,
     MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
 };
+use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Identity, Timing};
 use tessera_protocol::Digest;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{broadcast, mpsc, Notify};
 
+use crate::cost::Ledger;
 use crate::db::{Db, NewResult, StoredFrame};
 use crate::scheduler::{self, Epoch, NewJob, Scheduler, TaskKey, WorkerId};
 use crate::{exr, stitch};
@@ -74,6 +77,10 @@ struct Job {
     bytes_deduplicated: u64,
     submitted_unix_ms: u64,
     finished_unix_ms: Option<u64>,
+    paused: bool,
+    /// When this coordinator run first leased one of its tasks, and how many
+    /// were done then (for the ETA).
+    started: Option<(scheduler::Millis, u32)>,
 }
 
 impl Job {
@@ -99,6 +106,8 @@ impl Job {
             bytes_deduplicated,
             submitted_unix_ms,
             finished_unix_ms: None,
+            paused: false,
+            started: None,
         }
     }
 
@@ -152,6 +161,10 @@ impl Job {
             } else {
                 blocked
             },
+            cost_usd: 0.0,
+            cost_to_finish_usd: None,
+            eta_secs: None,
+            paused: self.paused,
         }
     }
 }
@@ -165,6 +178,9 @@ struct WorkerConn {
     tasks_done: u64,
     /// Last reported (samples done, total) per running lease.
     progress: HashMap<TaskRef, (u32, u32)>,
+    joined: Instant,
+    telemetry: Option<Telemetry>,
+    draining: bool,
 }
 
 /// Everything the scheduler decides with, under one lock.
@@ -174,17 +190,133 @@ struct Core {
     workers: HashMap<WorkerId, WorkerConn>,
     next_worker: WorkerId,
     submit_seq: u64,
+    ledger: Ledger,
+    events: broadcast::Sender<(u64, FarmEvent)>,
+    /// The scheduler's time base: milliseconds since this run started.
+    clock: Instant,
 }
 
 impl Core {
+    fn now(&self) -> scheduler::Millis {
+        self.clock.elapsed().as_millis() as u64
+    }
+
+    fn job_status(&self, id: u64) -> Option<JobStatus> {
+        self.job_status_at(id, self.now())
+    }
+
+    fn emit(&self, event: FarmEvent) {
+        // Nobody listening is fine; a slow listener lags, never blocks.
+        let _ = self.events.send((unix_ms(), event));
+    }
+
+    /// Bills and forgets a lease that ended.
+    fn lease_ended(&mut self, task: TaskKey, finished: bool, now: scheduler::Millis) {
+        self.ledger.lease_ended(task, finished, now);
+        for w in self.workers.values_mut() {
+            w.progress
+                .retain(|t, _| (t.job, t.index) != (task.job, task.index));
+        }
+    }
+
+    /// Status of every job, workers and farm figures, at `now`.
+    fn snapshot(&self, now: scheduler::Millis) -> Snapshot {
+        let workers = self.worker_statuses(now);
+        let burn: f64 = workers.iter().map(|w| w.price_per_hour).sum();
+        let idle: f64 = workers
+            .iter()
+            .filter(|w| w.state == WorkerState::Idle)
+            .map(|w| w.price_per_hour)
+            .sum();
+        Snapshot {
+            unix_ms: unix_ms(),
+            jobs: self
+                .jobs
+                .keys()
+                .filter_map(|&id| self.job_status_at(id, now))
+                .collect(),
+            workers,
+            farm: FarmStatus {
+                burn_usd_per_hour: burn,
+                idle_usd_per_hour: idle,
+            },
+        }
+    }
+
+    fn worker_statuses(&self, now: scheduler::Millis) -> Vec<WorkerStatus> {
+        let mut out: Vec<WorkerStatus> = self
+            .workers
+            .iter()
+            .map(|(&id, w)| {
+                let tasks: Vec<RunningTask> = self
+                    .sched
+                    .running_on(id)
+                    .into_iter()
+                    .filter_map(|(key, epoch)| {
+                        let job = self.jobs.get(&key.job)?;
+                        let lease = TaskRef {
+                            job: key.job,
+                            index: key.index,
+                            epoch: epoch.0,
+                        };
+                        let spec = job.task_spec(lease);
+                        Some(RunningTask {
+                            job: key.job,
+                            index: key.index,
+                            frame: spec.frame,
+                            tile: spec.tile,
+                            progress: w.progress.get(&lease).copied(),
+                        })
+                    })
+                    .collect();
+                let state = if w.draining {
+                    WorkerState::Draining
+                } else if self.sched.is_silent(id, now) {
+                    WorkerState::Silent
+                } else if tasks.is_empty() {
+                    WorkerState::Idle
+                } else {
+                    WorkerState::Busy
+                };
+                WorkerStatus {
+                    id,
+                    name: w.name.clone(),
+                    hostname: w.info.hostname.clone(),
+                    engines: w.info.engines.clone(),
+                    slots: w.info.slots,
+                    state,
+                    running: tasks.len() as u32,
+                    tasks_done: w.tasks_done,
+                    price_per_hour: w.info.price_per_hour,
+                    connected_secs: w.joined.elapsed().as_secs(),
+                    tasks,
+                    telemetry: w.telemetry.clone(),
+                }
+            })
+            .collect();
+        out.sort_by_key(|w| w.id);
+        out
+    }
     fn running(&self, job: u64) -> u32 {
         self.sched.job_progress(job).map_or(0, |p| p.running)
     }
 
-    fn job_status(&self, id: u64) -> Option<JobStatus> {
-        self.jobs
-            .get(&id)
-            .map(|j| j.status(id, self.running(id), self.blocked(j.spec.engine)))
+    fn job_status_at(&self, id: u64, now: scheduler::Millis) -> Option<JobStatus> {
+        let j = self.jobs.get(&id)?;
+        let mut status = j.status(id, self.running(id), self.blocked(j.spec.engine));
+        status.cost_usd = self.ledger.job_cost(id, now);
+        if j.final_state.is_none() {
+            let remaining = status.tasks_total - status.tasks_done;
+            status.cost_to_finish_usd = self.ledger.cost_to_finish(id, remaining, now);
+            if let Some((since, done_then)) = j.started {
+                let done = f64::from(j.tasks_done.saturating_sub(done_then));
+                let secs = now.saturating_sub(since) as f64 / 1000.0;
+                if done > 0.0 && secs > 0.0 {
+                    status.eta_secs = Some(f64::from(remaining) * secs / done);
+                }
+            }
+        }
+        Some(status)
     }
 
     /// Why a job needing `engine` cannot progress now, if it cannot.
@@ -199,9 +331,12 @@ impl Core {
         (!offered).then(|| format!("no connected worker offers the {engine} engine"))
     }
 
-    /// Tells the holders of `leases` to stop working on them.
-    fn send_cancels(&self, leases: &[scheduler::Assignment]) {
+    /// Tells the holders of `leases` to stop working on them (the leases
+    /// have ended).
+    fn send_cancels(&mut self, leases: &[scheduler::Assignment]) {
+        let now = self.now();
         for lease in leases {
+            self.lease_ended(lease.task, false, now);
             if let Some(w) = self.workers.get(&lease.worker) {
                 let _ = w.tx.send(CoordMsg::Cancel(TaskRef {
                     job: lease.task.job,
@@ -219,6 +354,7 @@ impl Core {
             let leases = self.sched.cancel_job(id);
             self.send_cancels(&leases);
         }
+        self.emit(FarmEvent::JobChanged { job: id, state });
         if let Some(job) = self.jobs.get_mut(&id) {
             job.final_state = Some(state);
             job.error = error;
@@ -252,6 +388,10 @@ struct Farm {
 impl Farm {
     fn now(&self) -> scheduler::Millis {
         self.start.elapsed().as_millis() as u64
+    }
+
+    fn events(&self) -> broadcast::Receiver<(u64, FarmEvent)> {
+        self.core().events.subscribe()
     }
 
     fn core(&self) -> std::sync::MutexGuard<'_, Core> {
@@ -333,6 +473,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         first_epoch: generation << 32,
     });
     let (commit_tx, commit_rx) = mpsc::unbounded_channel();
+    let clock = Instant::now();
     let farm = Arc::new(Farm {
         core: Mutex::new(Core {
             sched,
@@ -340,11 +481,14 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             workers: HashMap::new(),
             next_worker: 1,
             submit_seq: 0,
+            ledger: Ledger::default(),
+            events: broadcast::channel(4096).0,
+            clock,
         }),
         db: Mutex::new(db),
         store,
         wake: Notify::new(),
-        start: Instant::now(),
+        start: clock,
         config: config.clone(),
         worker_secret: worker_ticket.secret.clone(),
         client_secret: client_ticket.secret.clone(),
@@ -466,6 +610,7 @@ fn restore(farm: &Farm) -> anyhow::Result<Vec<(u64, usize)>> {
                 job.frames_done += 1;
             }
         }
+        core.ledger.restore_job(id, stored.cost_usd, job.tasks_done);
         if stored.state.is_final() {
             job.final_state = Some(stored.state);
             job.error = stored.error;
@@ -528,6 +673,19 @@ async fn dispatcher(farm: Arc<Farm>) {
             }
             core.send_cancels(&expired);
             for a in core.sched.assign(now) {
+                let price = core
+                    .workers
+                    .get(&a.worker)
+                    .map_or(0.0, |w| w.info.price_per_hour);
+                core.ledger.lease_started(a.task, a.worker, price, now);
+                core.emit(FarmEvent::TaskStarted {
+                    job: a.task.job,
+                    index: a.task.index,
+                    worker: a.worker,
+                });
+                if let Some(job) = core.jobs.get_mut(&a.task.job) {
+                    job.started.get_or_insert((now, job.tasks_done));
+                }
                 let (Some(job), Some(worker)) =
                     (core.jobs.get(&a.task.job), core.workers.get_mut(&a.worker))
                 else {
@@ -586,7 +744,16 @@ fn committer(farm: Arc<Farm>, mut rx: mpsc::UnboundedReceiver<Commit>) {
                 epoch: c.task.epoch,
             })
             .collect();
-        let outcome = farm.db().insert_results(&rows);
+        let costs: Vec<(u64, f64)> = {
+            let core = farm.core();
+            let mut jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
+            jobs.sort_unstable();
+            jobs.dedup();
+            jobs.into_iter()
+                .map(|j| (j, core.ledger.closed_cost(j)))
+                .collect()
+        };
+        let outcome = farm.db().insert_results(&rows, &costs);
         let mut to_stitch = Vec::new();
         let mut failed_jobs = Vec::new();
         {
@@ -596,6 +763,12 @@ fn committer(farm: Arc<Farm>, mut rx: mpsc::UnboundedReceiver<Commit>) {
                 let (accepted, reason) = match &outcome {
                     Ok(fresh) => {
                         if fresh[i] {
+                            core.emit(FarmEvent::TaskFinished {
+                                job: c.task.job,
+                                index: c.task.index,
+                                worker: c.worker,
+                                render_ms: c.render_ms,
+                            });
                             if let Some(job) = core.jobs.get_mut(&c.task.job) {
                                 job.tasks_done += 1;
                                 job.render_ms += c.render_ms;
@@ -852,8 +1025,15 @@ async fn serve_worker(
                 jobs_sent: HashSet::new(),
                 tasks_done: 0,
                 progress: HashMap::new(),
+                joined: Instant::now(),
+                telemetry: None,
+                draining: false,
             },
         );
+        core.emit(FarmEvent::WorkerJoined {
+            worker: id,
+            name: name.clone(),
+        });
         id
     };
     tracing::info!(worker = id, %name, slots = info.slots, engines = ?info.engines, peer = %conn.remote_address(), "worker joined");
@@ -883,8 +1063,17 @@ async fn serve_worker(
     .await;
     let requeued = {
         let mut core = farm.core();
+        let now = core.now();
+        let requeued = core.sched.remove_worker(id, now);
+        for &task in &requeued {
+            core.lease_ended(task, false, now);
+        }
         core.workers.remove(&id);
-        core.sched.remove_worker(id, farm.now())
+        core.emit(FarmEvent::WorkerLeft {
+            worker: id,
+            name: name.clone(),
+        });
+        requeued
     };
     tracing::info!(worker = id, %name, requeued = requeued.len(), "worker left");
     farm.wake.notify_one();
@@ -924,8 +1113,12 @@ fn handle_worker_msg(
                 w.progress.insert(task, (done, total));
             }
         }
-        WorkerMsg::Heartbeat => {
-            if farm.core().sched.heartbeat(id, farm.now()) {
+        WorkerMsg::Heartbeat { telemetry } => {
+            let mut core = farm.core();
+            if let (Some(t), Some(w)) = (telemetry, core.workers.get_mut(&id)) {
+                w.telemetry = Some(t);
+            }
+            if core.sched.heartbeat(id, farm.now()) {
                 farm.wake.notify_one();
             }
         }
@@ -952,10 +1145,15 @@ fn handle_worker_msg(
                 job: task.job,
                 index: task.index,
             };
-            let verdict = farm
-                .core()
-                .sched
-                .complete(id, key, Epoch(task.epoch), farm.now());
+            let verdict = {
+                let mut core = farm.core();
+                let now = core.now();
+                let verdict = core.sched.complete(id, key, Epoch(task.epoch), now);
+                if verdict.is_ok() {
+                    core.lease_ended(key, true, now);
+                }
+                verdict
+            };
             match verdict {
                 Ok(_) => {
                     let _ = farm.commits.send(Commit {
@@ -980,10 +1178,23 @@ fn handle_worker_msg(
                 job: task.job,
                 index: task.index,
             };
-            let outcome =
-                farm.core()
+            let outcome = {
+                let mut core = farm.core();
+                let now = core.now();
+                let outcome = core
                     .sched
-                    .fail(id, key, Epoch(task.epoch), error.clone(), farm.now());
+                    .fail(id, key, Epoch(task.epoch), error.clone(), now);
+                if outcome.is_ok() {
+                    core.lease_ended(key, false, now);
+                    core.emit(FarmEvent::TaskFailed {
+                        job: task.job,
+                        index: task.index,
+                        worker: id,
+                        error: error.clone(),
+                    });
+                }
+                outcome
+            };
             match outcome {
                 Ok(outcome) if outcome.job_failed => {
                     farm.core().send_cancels(&outcome.cancel);
@@ -1025,71 +1236,162 @@ async fn serve_client(
             }
             ClientRequest::Status(job) => {
                 let core = farm.core();
-                let jobs: Vec<JobStatus> = match job {
-                    Some(id) => core.job_status(id).into_iter().collect(),
-                    None => core
-                        .jobs
-                        .keys()
-                        .filter_map(|&id| core.job_status(id))
-                        .collect(),
-                };
-                if let (Some(id), true) = (job, jobs.is_empty()) {
-                    ClientResponse::Error(format!("no job {id} on this coordinator"))
-                } else {
-                    let workers = core
-                        .workers
-                        .iter()
-                        .map(|(&id, w)| WorkerStatus {
-                            id,
-                            name: w.name.clone(),
-                            engines: w.info.engines.clone(),
-                            slots: w.info.slots,
-                            running: core.sched.running_on(id).len() as u32,
-                            tasks_done: w.tasks_done,
-                            price_per_hour: w.info.price_per_hour,
-                            progress: core
-                                .sched
-                                .running_on(id)
-                                .into_iter()
-                                .filter_map(|(key, epoch)| {
-                                    let lease = TaskRef {
-                                        job: key.job,
-                                        index: key.index,
-                                        epoch: epoch.0,
-                                    };
-                                    w.progress.get(&lease).copied()
-                                })
-                                .collect(),
-                        })
-                        .collect();
-                    ClientResponse::Status { jobs, workers }
+                let now = core.now();
+                match job {
+                    Some(id) => match core.job_status_at(id, now) {
+                        Some(status) => ClientResponse::Status {
+                            jobs: vec![status],
+                            workers: core.worker_statuses(now),
+                        },
+                        None => ClientResponse::Error(format!("no job {id} on this coordinator")),
+                    },
+                    None => {
+                        let snapshot = core.snapshot(now);
+                        ClientResponse::Status {
+                            jobs: snapshot.jobs,
+                            workers: snapshot.workers,
+                        }
+                    }
                 }
             }
             ClientRequest::Cancel(id) => cancel(&farm, id),
-            ClientRequest::Frames(id) => match farm.db().frames(id) {
-                Ok(frames) => {
-                    let format = farm.core().jobs.get(&id).map(|j| j.spec.output);
-                    match format {
-                        Some(format) => ClientResponse::Frames(
-                            frames
-                                .into_iter()
-                                .map(|f| FrameOutput {
-                                    frame: f.frame,
-                                    digest: f.digest,
-                                    size: f.size,
-                                    format,
-                                })
-                                .collect(),
-                        ),
-                        None => ClientResponse::Error(format!("no job {id} on this coordinator")),
+            ClientRequest::Frames(id) => frames(&farm, id),
+            ClientRequest::Tiles { job, frame } => tiles(&farm, job, frame),
+            ClientRequest::Pause { job, paused } => {
+                let mut core = farm.core();
+                if core.sched.pause_job(job, paused) {
+                    if let Some(j) = core.jobs.get_mut(&job) {
+                        j.paused = paused;
                     }
+                    tracing::info!(job, paused, "job paused or resumed");
+                    drop(core);
+                    farm.wake.notify_one();
+                    ClientResponse::Done
+                } else {
+                    ClientResponse::Error(format!("job {job} is not queued or running"))
                 }
-                Err(e) => ClientResponse::Error(e.to_string()),
-            },
+            }
+            ClientRequest::Drain { worker } => {
+                let mut core = farm.core();
+                core.sched.drain_worker(worker);
+                match core.workers.get_mut(&worker) {
+                    Some(w) => {
+                        w.draining = true;
+                        let _ = w.tx.send(CoordMsg::Drain);
+                        tracing::info!(worker, "worker asked to drain");
+                        ClientResponse::Done
+                    }
+                    None => ClientResponse::Error(format!("no worker {worker} is connected")),
+                }
+            }
+            ClientRequest::Subscribe => return feed(&farm, control).await,
         };
         control.send(&response).await?;
     }
     Ok(())
+}
+
+/// A monitor's feed: a snapshot now and every half second, and each event as
+/// it happens. Events go through a bounded broadcast channel: a subscriber
+/// that falls behind skips to a fresh snapshot, and never slows the farm.
+async fn feed(farm: &Farm, mut control: Channel) -> anyhow::Result<()> {
+    let mut events = farm.events();
+    let mut tick = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        let msg = tokio::select! {
+            _ = tick.tick() => {
+                let core = farm.core();
+                ClientResponse::Snapshot(core.snapshot(core.now()))
+            }
+            event = events.recv() => match event {
+                Ok((unix_ms, event)) => ClientResponse::Event { unix_ms, event },
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    let core = farm.core();
+                    ClientResponse::Snapshot(core.snapshot(core.now()))
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+        };
+        control.send(&msg).await?;
+    }
+}
+
+fn frames(farm: &Farm, id: u64) -> ClientResponse {
+    let Some(format) = farm.core().jobs.get(&id).map(|j| j.spec.output) else {
+        return ClientResponse::Error(format!("no job {id} on this coordinator"));
+    };
+    let stored = farm.db().frames(id);
+    match stored {
+        Ok(frames) => ClientResponse::Frames(
+            frames
+                .into_iter()
+                .map(|f| FrameOutput {
+                    frame: f.frame,
+                    digest: f.digest,
+                    size: f.size,
+                    format,
+                })
+                .collect(),
+        ),
+        Err(e) => ClientResponse::Error(e.to_string()),
+    }
+}
+
+/// Every tile of one frame, for the mosaic.
+fn tiles(farm: &Farm, job_id: u64, frame: u32) -> ClientResponse {
+    let core = farm.core();
+    let Some(job) = core.jobs.get(&job_id) else {
+        return ClientResponse::Error(format!("no job {job_id} on this coordinator"));
+    };
+    let Some(pos) = job.spec.frames.iter().position(|&f| f == frame) else {
+        return ClientResponse::Error(format!("job {job_id} does not render frame {frame}"));
+    };
+    let spec = &job.spec;
+    let (w, h) = spec.resolution;
+    let stitched = job.stitched[pos] || job.final_state == Some(JobState::Done);
+    let mut out = Vec::new();
+    for tile in 0..spec.tiles.count() {
+        let mut state = if stitched {
+            TileState::Done
+        } else {
+            TileState::Queued
+        };
+        if !stitched {
+            let first = pos as u32 * job.tasks_per_frame + tile * spec.sample_ranges;
+            let views: Vec<_> = (first..first + spec.sample_ranges)
+                .filter_map(|index| {
+                    core.sched
+                        .task_view(TaskKey { job: job_id, index })
+                        .map(|v| (index, v))
+                })
+                .collect();
+            if !views.is_empty() && views.iter().all(|(_, v)| v.done) {
+                state = TileState::Done;
+            } else if let Some((index, (worker, epoch))) =
+                views.iter().find_map(|(i, v)| v.lease.map(|l| (*i, l)))
+            {
+                let lease = TaskRef {
+                    job: job_id,
+                    index,
+                    epoch: epoch.0,
+                };
+                let progress = core
+                    .workers
+                    .get(&worker)
+                    .and_then(|w| w.progress.get(&lease).copied());
+                state = TileState::Rendering(progress);
+            } else if views.iter().any(|(_, v)| v.failures > 0)
+                || job.final_state == Some(JobState::Failed)
+            {
+                state = TileState::Failed;
+            }
+        }
+        out.push(TileStatus {
+            tile: spec.tiles.rect(tile, w, h),
+            state,
+        });
+    }
+    ClientResponse::Tiles(out)
 }
 
 fn cancel(farm: &Farm, id: u64) -> ClientResponse {

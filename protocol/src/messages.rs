@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
+use crate::telemetry::Telemetry;
 use crate::Digest;
 
 /// Outputs up to this size travel inside `WorkerMsg::Done`.
@@ -56,7 +57,10 @@ pub struct WorkerInfo {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum WorkerMsg {
     Join(WorkerInfo),
-    Heartbeat,
+    /// Renews every lease the worker holds; carries telemetry now and then.
+    Heartbeat {
+        telemetry: Option<Telemetry>,
+    },
     /// A finished task. Small outputs travel `inline`; larger ones were
     /// uploaded as a blob first. Either way `output` names the bytes.
     Done {
@@ -112,6 +116,8 @@ pub enum CoordMsg {
     Assign(TaskSpec),
     /// Stop working on this lease; its result would be refused.
     Cancel(TaskRef),
+    /// Finish the running tasks, take no more, and leave.
+    Drain,
     /// Reply to `Done`/`Failed`: the result is durable (`accepted`) or refused.
     Ack {
         task: TaskRef,
@@ -167,19 +173,131 @@ pub struct JobStatus {
     /// Why a job that is not final cannot progress (e.g. no connected worker
     /// offers its engine).
     pub blocked: Option<String>,
+    /// Σ over every lease its tasks held (finished or not) of lease time ×
+    /// that worker's price per hour.
+    pub cost_usd: f64,
+    /// Remaining tasks at the observed cost per finished task.
+    pub cost_to_finish_usd: Option<f64>,
+    /// Remaining tasks at the observed rate, seconds.
+    pub eta_secs: Option<f64>,
+    pub paused: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct WorkerStatus {
     pub id: u64,
     pub name: String,
+    pub hostname: String,
     pub engines: Vec<Engine>,
     pub slots: u32,
+    pub state: WorkerState,
     pub running: u32,
     pub tasks_done: u64,
     pub price_per_hour: f64,
-    /// Samples done / total of each running task, as last reported.
-    pub progress: Vec<(u32, u32)>,
+    pub connected_secs: u64,
+    /// The tasks it holds leases on.
+    pub tasks: Vec<RunningTask>,
+    pub telemetry: Option<Telemetry>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum WorkerState {
+    Idle,
+    Busy,
+    /// Finishing its tasks, then leaving; takes no new work.
+    Draining,
+    /// Not heard from for a whole lease.
+    Silent,
+}
+
+impl WorkerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerState::Idle => "idle",
+            WorkerState::Busy => "busy",
+            WorkerState::Draining => "draining",
+            WorkerState::Silent => "silent",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunningTask {
+    pub job: u64,
+    pub index: u32,
+    pub frame: u32,
+    pub tile: TileRect,
+    /// Samples done / total, as last reported by the engine.
+    pub progress: Option<(u32, u32)>,
+}
+
+/// Farm-wide figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FarmStatus {
+    /// Σ price per hour of every connected worker.
+    pub burn_usd_per_hour: f64,
+    /// Σ price per hour of connected workers with nothing to do.
+    pub idle_usd_per_hour: f64,
+}
+
+/// A tile of one frame, for the monitor's mosaic.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TileStatus {
+    pub tile: TileRect,
+    pub state: TileState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum TileState {
+    Queued,
+    /// Samples done / total when reported.
+    Rendering(Option<(u32, u32)>),
+    Done,
+    /// An attempt failed; it is queued for a retry (or the job failed).
+    Failed,
+}
+
+/// Something that happened on the farm.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum FarmEvent {
+    WorkerJoined {
+        worker: u64,
+        name: String,
+    },
+    WorkerLeft {
+        worker: u64,
+        name: String,
+    },
+    TaskStarted {
+        job: u64,
+        index: u32,
+        worker: u64,
+    },
+    TaskFinished {
+        job: u64,
+        index: u32,
+        worker: u64,
+        render_ms: u64,
+    },
+    TaskFailed {
+        job: u64,
+        index: u32,
+        worker: u64,
+        error: String,
+    },
+    JobChanged {
+        job: u64,
+        state: JobState,
+    },
+}
+
+/// A whole picture of the farm.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub unix_ms: u64,
+    pub jobs: Vec<JobStatus>,
+    pub workers: Vec<WorkerStatus>,
+    pub farm: FarmStatus,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -201,6 +319,23 @@ pub enum ClientRequest {
     Cancel(u64),
     /// The stitched frames of a job so far.
     Frames(u64),
+    /// Turn this connection into a feed: a `Snapshot` now and regularly,
+    /// and every `Event` as it happens. No further requests are read.
+    Subscribe,
+    /// Every tile of one frame of a job.
+    Tiles {
+        job: u64,
+        frame: u32,
+    },
+    /// Stop (or resume) handing out a job's tasks; running ones finish.
+    Pause {
+        job: u64,
+        paused: bool,
+    },
+    /// Ask a worker to finish its tasks and leave.
+    Drain {
+        worker: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -213,6 +348,13 @@ pub enum ClientResponse {
     },
     Canceled(JobStatus),
     Frames(Vec<FrameOutput>),
+    Snapshot(Snapshot),
+    Event {
+        unix_ms: u64,
+        event: FarmEvent,
+    },
+    Tiles(Vec<TileStatus>),
+    Done,
     Error(String),
 }
 

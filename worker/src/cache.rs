@@ -23,6 +23,10 @@ pub struct Cache {
 
 impl Cache {
     pub fn open(dir: &Path) -> anyhow::Result<Cache> {
+        // Engines run in other folders: every path handed out is absolute.
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("cannot create the cache {}", dir.display()))?;
+        let dir = &dir.canonicalize()?;
         let blobs = BlobDir::open(dir.join("blobs"))
             .with_context(|| format!("cannot open the cache in {}", dir.display()))?;
         let jobs_root = dir.join("jobs");

@@ -5,3 +5,4 @@
 pub mod cache;
 pub mod engine;
 pub mod run;
+pub mod telemetry;

@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +21,10 @@ use tokio::sync::{mpsc, watch};
 
 use crate::cache::Cache;
 use crate::engine::Engine;
+use crate::telemetry::Sampler;
+
+/// How often telemetry rides along with a heartbeat.
+const TELEMETRY_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Config {
     pub ticket: Ticket,
@@ -51,7 +56,8 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
                 }
                 tracing::warn!("disconnected from the coordinator: {e:#}");
             }
-            Ok(()) => tracing::warn!("the coordinator closed the connection"),
+            Ok(SessionEnd::Drained) => return Ok(()),
+            Ok(SessionEnd::Closed) => tracing::warn!("the coordinator closed the connection"),
         }
         if started.elapsed() > Duration::from_secs(10) {
             backoff = Duration::from_millis(200);
@@ -68,7 +74,15 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
 }
 
 /// One connection, from join to loss.
-async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<()> {
+/// How a session ended without an error.
+enum SessionEnd {
+    /// The coordinator closed the connection: reconnect.
+    Closed,
+    /// Asked to drain, and done: leave.
+    Drained,
+}
+
+async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<SessionEnd> {
     let session = transport::connect(&config.ticket, &config.name, Timing::default()).await?;
     let conn = session.connection.clone();
     let (mut send, mut recv) = session.control.split();
@@ -106,24 +120,54 @@ async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<()>
         let tx = tx.clone();
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(50)));
+            let mut sampler = Sampler::new();
+            let mut last_sample: Option<Instant> = None;
             loop {
                 tick.tick().await;
-                if tx.send(WorkerMsg::Heartbeat).is_err() {
+                // Telemetry rides along every few seconds, not every beat.
+                let telemetry = if last_sample.is_none_or(|t| t.elapsed() >= TELEMETRY_EVERY) {
+                    last_sample = Some(Instant::now());
+                    Some(sampler.sample())
+                } else {
+                    None
+                };
+                if tx.send(WorkerMsg::Heartbeat { telemetry }).is_err() {
                     break;
                 }
             }
         })
     };
+    let unacked = Arc::new(AtomicUsize::new(0));
+    let mut draining = false;
+    let mut drain_check = tokio::time::interval(Duration::from_millis(100));
     let mut jobs: HashMap<u64, Arc<JobInfo>> = HashMap::new();
     let mut running: HashMap<(u64, u32), (u64, tokio::task::AbortHandle)> = HashMap::new();
     let result = loop {
-        let msg = match codec::read_frame::<CoordMsg, _>(&mut recv).await {
+        let next = tokio::select! {
+            next = codec::read_frame::<CoordMsg, _>(&mut recv) => next,
+            _ = drain_check.tick(), if draining => {
+                running.retain(|_, (_, handle)| !handle.is_finished());
+                if running.is_empty() && unacked.load(Ordering::SeqCst) == 0 {
+                    tracing::info!("drained: every task finished and acknowledged; leaving");
+                    break Ok(SessionEnd::Drained);
+                }
+                continue;
+            }
+        };
+        let msg = match next {
             Ok(Some(msg)) => msg,
-            Ok(None) => break Ok(()),
+            Ok(None) => break Ok(SessionEnd::Closed),
             Err(e) => break Err(anyhow::Error::from(e)),
         };
         running.retain(|_, (_, handle)| !handle.is_finished());
         match msg {
+            CoordMsg::Drain => {
+                tracing::info!(
+                    running = running.len(),
+                    "asked to drain: finishing running tasks, then leaving"
+                );
+                draining = true;
+            }
             CoordMsg::Joined { .. } => {}
             CoordMsg::Job(info) => {
                 jobs.insert(info.job, Arc::new(info));
@@ -143,6 +187,7 @@ async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<()>
                     cache.clone(),
                     conn.clone(),
                     tx.clone(),
+                    unacked.clone(),
                     job,
                     task,
                 ));
@@ -165,6 +210,8 @@ async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<()>
                 accepted,
                 reason,
             } => {
+                let _ =
+                    unacked.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
                 if accepted {
                     tracing::info!(
                         job = task.job,
@@ -197,6 +244,7 @@ async fn run_task(
     cache: Arc<Cache>,
     conn: quinn::Connection,
     tx: mpsc::UnboundedSender<WorkerMsg>,
+    unacked: Arc<AtomicUsize>,
     job: Arc<JobInfo>,
     task: TaskSpec,
 ) {
@@ -211,6 +259,7 @@ async fn run_task(
             }
         }
     };
+    unacked.fetch_add(1, Ordering::SeqCst);
     let _ = tx.send(msg);
 }
 

@@ -181,6 +181,16 @@ impl fmt::Display for JobState {
     }
 }
 
+/// One task as the scheduler sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskView {
+    pub done: bool,
+    /// The worker and epoch of its current lease, if running.
+    pub lease: Option<(WorkerId, Epoch)>,
+    /// Failed attempts so far.
+    pub failures: u32,
+}
+
 /// Task counts of one job. While the job is live, `done + running + queued
 /// == total`; a failed or canceled job has nothing running or queued.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -207,6 +217,8 @@ struct Job {
     queue: VecDeque<u32>,
     /// Failed attempts per task index, for tasks that failed at least once.
     failures: HashMap<u32, u32>,
+    /// An operator paused it: no new leases, running ones finish.
+    paused: bool,
 }
 
 impl Job {
@@ -221,11 +233,13 @@ struct Worker {
     leases: BTreeSet<TaskKey>,
     /// When it last showed a sign of life (joined, heartbeat, result).
     last_seen: Millis,
+    /// Finishing its leases, then leaving: no new work.
+    draining: bool,
 }
 
 impl Worker {
     fn has_free_slot(&self) -> bool {
-        self.leases.len() < self.slots as usize
+        !self.draining && self.leases.len() < self.slots as usize
     }
 
     /// Silent for a whole lease: a task given to it now would only expire.
@@ -305,6 +319,7 @@ impl Scheduler {
             running: 0,
             queue: pending.into(),
             failures: HashMap::new(),
+            paused: false,
         };
         sync_ready(&mut self.ready, &entry);
         self.jobs.insert(job.id, entry);
@@ -327,6 +342,7 @@ impl Scheduler {
                     engines,
                     leases: BTreeSet::new(),
                     last_seen: now,
+                    draining: false,
                 });
             }
         }
@@ -496,6 +512,48 @@ impl Scheduler {
             done: known.done_count,
             running: known.running,
             queued: known.queue.len() as u32,
+        })
+    }
+
+    /// Pauses or resumes a live job: a paused job hands out no new leases;
+    /// running ones go on. Returns false for an unknown or finished job.
+    pub fn pause_job(&mut self, job: JobId, paused: bool) -> bool {
+        let Some(known) = self.jobs.get_mut(&job).filter(|j| j.state.is_live()) else {
+            return false;
+        };
+        known.paused = paused;
+        sync_ready(&mut self.ready, known);
+        true
+    }
+
+    /// The worker takes no new work from now on; its leases run out normally.
+    pub fn drain_worker(&mut self, worker: WorkerId) -> bool {
+        match self.workers.get_mut(&worker) {
+            Some(known) => {
+                known.draining = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether the worker was silent for a whole lease as of `now`.
+    pub fn is_silent(&self, worker: WorkerId, now: Millis) -> bool {
+        self.workers
+            .get(&worker)
+            .is_some_and(|w| w.is_silent(now, self.config.lease_ms))
+    }
+
+    /// Where one task stands.
+    pub fn task_view(&self, task: TaskKey) -> Option<TaskView> {
+        let job = self
+            .jobs
+            .get(&task.job)
+            .filter(|j| task.index < j.total())?;
+        Some(TaskView {
+            done: job.done[task.index as usize],
+            lease: self.leases.get(&task).map(|l| (l.worker, l.epoch)),
+            failures: job.failures.get(&task.index).copied().unwrap_or(0),
         })
     }
 
@@ -676,7 +734,7 @@ impl Scheduler {
 /// Keeps `job` in its engine's ready set exactly while it is live and has
 /// queued tasks.
 fn sync_ready(ready: &mut HashMap<String, BTreeSet<Rank>>, job: &Job) {
-    if job.state.is_live() && !job.queue.is_empty() {
+    if job.state.is_live() && !job.paused && !job.queue.is_empty() {
         match ready.get_mut(&job.engine) {
             Some(ranks) => {
                 ranks.insert(job.rank);

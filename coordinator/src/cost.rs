@@ -1,0 +1,136 @@
+//! Cost accounting: every lease is billed at its worker's price per hour for
+//! the time it was held, finished or not. A job's cost so far is the sum over
+//! its leases; its cost to finish extrapolates the observed cost per finished
+//! task over the tasks left. Pure bookkeeping with time passed in.
+
+use std::collections::HashMap;
+
+use crate::scheduler::{JobId, Millis, TaskKey, WorkerId};
+
+struct OpenLease {
+    worker: WorkerId,
+    usd_per_hour: f64,
+    started: Millis,
+}
+
+#[derive(Default, Clone, Copy)]
+struct JobCost {
+    /// Σ cost of ended leases.
+    closed_usd: f64,
+    finished_tasks: u32,
+}
+
+#[derive(Default)]
+pub struct Ledger {
+    open: HashMap<TaskKey, OpenLease>,
+    jobs: HashMap<JobId, JobCost>,
+}
+
+fn cost(usd_per_hour: f64, from: Millis, to: Millis) -> f64 {
+    usd_per_hour * to.saturating_sub(from) as f64 / 3_600_000.0
+}
+
+impl Ledger {
+    /// Starts billing a lease. A job restored from disk starts from the cost
+    /// it had stored.
+    pub fn restore_job(&mut self, job: JobId, closed_usd: f64, finished_tasks: u32) {
+        self.jobs.insert(
+            job,
+            JobCost {
+                closed_usd,
+                finished_tasks,
+            },
+        );
+    }
+
+    pub fn lease_started(
+        &mut self,
+        task: TaskKey,
+        worker: WorkerId,
+        usd_per_hour: f64,
+        now: Millis,
+    ) {
+        self.open.insert(
+            task,
+            OpenLease {
+                worker,
+                usd_per_hour,
+                started: now,
+            },
+        );
+    }
+
+    /// Ends a lease (result accepted when `finished`); returns what it cost.
+    pub fn lease_ended(&mut self, task: TaskKey, finished: bool, now: Millis) -> f64 {
+        let Some(lease) = self.open.remove(&task) else {
+            return 0.0;
+        };
+        let c = cost(lease.usd_per_hour, lease.started, now);
+        let job = self.jobs.entry(task.job).or_default();
+        job.closed_usd += c;
+        job.finished_tasks += u32::from(finished);
+        c
+    }
+
+    /// Cost so far: ended leases plus running ones up to `now`.
+    pub fn job_cost(&self, job: JobId, now: Millis) -> f64 {
+        let closed = self.jobs.get(&job).map_or(0.0, |j| j.closed_usd);
+        let running: f64 = self
+            .open
+            .iter()
+            .filter(|(k, _)| k.job == job)
+            .map(|(_, l)| cost(l.usd_per_hour, l.started, now))
+            .sum();
+        closed + running
+    }
+
+    /// Ended-lease cost only (what is persisted).
+    pub fn closed_cost(&self, job: JobId) -> f64 {
+        self.jobs.get(&job).map_or(0.0, |j| j.closed_usd)
+    }
+
+    /// Remaining tasks at the observed cost per finished task.
+    pub fn cost_to_finish(&self, job: JobId, remaining_tasks: u32, now: Millis) -> Option<f64> {
+        let j = self.jobs.get(&job)?;
+        (j.finished_tasks > 0).then(|| {
+            self.job_cost(job, now) / f64::from(j.finished_tasks) * f64::from(remaining_tasks)
+        })
+    }
+
+    /// Whether `worker` is being billed for any lease.
+    pub fn is_busy(&self, worker: WorkerId) -> bool {
+        self.open.values().any(|l| l.worker == worker)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(job: JobId, index: u32) -> TaskKey {
+        TaskKey { job, index }
+    }
+
+    #[test]
+    fn job_cost_is_the_sum_of_lease_time_times_price() {
+        let mut l = Ledger::default();
+        // Worker 1 at $3.60/h, worker 2 at $0.72/h.
+        l.lease_started(key(1, 0), 1, 3.60, 0);
+        l.lease_started(key(1, 1), 2, 0.72, 0);
+        assert!((l.lease_ended(key(1, 0), true, 10_000) - 0.01).abs() < 1e-12); // 10 s × $3.60/h
+        assert!((l.job_cost(1, 20_000) - (0.01 + 0.004)).abs() < 1e-12); // + 20 s × $0.72/h running
+                                                                         // An expired lease still held the worker: it is billed, but not a finished task.
+        assert!((l.lease_ended(key(1, 1), false, 25_000) - 0.005).abs() < 1e-12);
+        l.lease_started(key(1, 1), 1, 3.60, 25_000);
+        l.lease_ended(key(1, 1), true, 30_000);
+        let want = 10.0 * 3.60 / 3600.0 + 25.0 * 0.72 / 3600.0 + 5.0 * 3.60 / 3600.0;
+        assert!((l.job_cost(1, 99_000) - want).abs() < 1e-12);
+        assert!((l.closed_cost(1) - want).abs() < 1e-12);
+        // Two finished tasks cost `want`; eight more at that rate.
+        assert!((l.cost_to_finish(1, 8, 99_000).unwrap() - want * 4.0).abs() < 1e-12);
+        assert_eq!(l.cost_to_finish(2, 8, 0), None);
+        assert!(!l.is_busy(1));
+        // Ending an unknown lease costs nothing.
+        assert_eq!(l.lease_ended(key(3, 0), true, 1), 0.0);
+    }
+}
