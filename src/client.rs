@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir, BlobSource};
 use tessera_protocol::job::{parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
-use tessera_protocol::messages::{
+use tessera_protocol::messages::{TileStatus, 
     ClientRequest, ClientResponse, JobState, JobStatus, Role, WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
@@ -89,6 +89,36 @@ impl Client {
         }
     }
 
+    /// Every tile of one frame of a job, for the mosaic.
+    pub async fn tiles(&mut self, job: u64, frame: u32) -> anyhow::Result<Vec<TileStatus>> {
+        match self.call(&ClientRequest::Tiles { job, frame }).await? {
+            ClientResponse::Tiles(t) => Ok(t),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// Pauses (or resumes) a job.
+    pub async fn pause(&mut self, job: u64, paused: bool) -> anyhow::Result<()> {
+        match self.call(&ClientRequest::Pause { job, paused }).await? {
+            ClientResponse::Done => Ok(()),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// Asks a worker to finish its tasks and leave.
+    pub async fn drain(&mut self, worker: u64) -> anyhow::Result<()> {
+        match self.call(&ClientRequest::Drain { worker }).await? {
+            ClientResponse::Done => Ok(()),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// Turns this connection into the farm's feed.
+    pub async fn subscribe(mut self) -> anyhow::Result<Feed> {
+        self.session.control.send(&ClientRequest::Subscribe).await?;
+        Ok(Feed { session: self.session })
+    }
+
     /// Polls until the job is final, showing progress on a terminal.
     pub async fn wait(&mut self, job: u64, show_progress: bool) -> anyhow::Result<JobStatus> {
         let mut bar = show_progress.then(|| Progress::new("rendering", "tasks"));
@@ -127,6 +157,19 @@ impl Client {
         }
         let _ = std::fs::remove_dir_all(staging.root());
         Ok(written)
+    }
+}
+
+/// The farm's feed: `ClientResponse::Snapshot` now and every half second,
+/// and `ClientResponse::Event` as things happen.
+pub struct Feed {
+    session: transport::Session,
+}
+
+impl Feed {
+    /// The next update; `None` when the coordinator closed the feed.
+    pub async fn next(&mut self) -> anyhow::Result<Option<ClientResponse>> {
+        Ok(self.session.control.recv::<ClientResponse>().await?)
     }
 }
 

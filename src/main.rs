@@ -4,6 +4,7 @@
 mod blend;
 mod client;
 mod demo;
+mod monitor;
 mod progress;
 mod report;
 
@@ -157,6 +158,30 @@ enum Command {
         #[command(flatten)]
         ticket: TicketArg,
     },
+    /// Stop handing out a job's tasks (running ones finish).
+    Pause {
+        job: u64,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Resume a paused job.
+    Resume {
+        job: u64,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Ask a worker to finish its tasks and leave (exit 0).
+    Drain {
+        /// The worker's id (see `tessera status`).
+        worker: u64,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Watch the farm live: workers, GPUs, jobs, tiles, cost; pause, cancel, drain.
+    Monitor {
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
     /// Run a whole farm on this machine on a sample scene.
     Demo {
         #[arg(long, default_value_t = 3)]
@@ -186,7 +211,13 @@ fn main() {
         cli.command,
         Command::Coordinator { .. } | Command::Worker { .. }
     );
-    init_logging(if server { "info" } else { "warn" });
+    // The monitor owns the terminal: log lines would scribble over it.
+    let monitor = matches!(cli.command, Command::Monitor { .. });
+    init_logging(match (server, monitor) {
+        (true, _) => "info",
+        (_, true) => "off",
+        _ => "warn",
+    });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -350,11 +381,25 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let mut client = Client::connect(&ticket).await?;
             finish_wait(&mut client, job, output, json).await
         }
+        Command::Pause { job, ticket } => pause(job, ticket, true).await,
+        Command::Resume { job, ticket } => pause(job, ticket, false).await,
+        Command::Drain { worker, ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            client.drain(worker).await?;
+            println!("worker {worker} is draining: it finishes its tasks, then leaves");
+            Ok(0)
+        }
         Command::Cancel { job, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
             let status = client.cancel(job).await?;
             println!("job {} is {}", status.id, status.state.name());
+            Ok(0)
+        }
+        Command::Monitor { ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            monitor::run(ticket).await?;
             Ok(0)
         }
         Command::Demo {
@@ -363,6 +408,14 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             tiles,
         } => demo::run(workers.max(1), &output, tiles).await,
     }
+}
+
+async fn pause(job: u64, ticket: TicketArg, paused: bool) -> anyhow::Result<i32> {
+    let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+    let mut client = Client::connect(&ticket).await?;
+    client.pause(job, paused).await?;
+    println!("job {job} {}", if paused { "paused" } else { "resumed" });
+    Ok(0)
 }
 
 async fn finish_wait(

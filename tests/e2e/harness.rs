@@ -139,6 +139,20 @@ impl Farm {
         self.workers.len() - 1
     }
 
+    /// Waits for a worker process to exit by itself.
+    pub fn wait_worker_exit(&mut self, i: usize, limit: Duration) -> std::process::ExitStatus {
+        let child = self.workers[i].child.as_mut().expect("worker running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.workers[i].child = None;
+                return status;
+            }
+            assert!(Instant::now() < deadline, "worker {i} did not exit");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// SIGKILL a worker.
     pub fn kill_worker(&mut self, i: usize) {
         let mut child = self.workers[i].child.take().expect("worker running");
@@ -230,7 +244,8 @@ impl Farm {
     }
 }
 
-fn field(line: &str, name: &str) -> Option<u64> {
+/// The number after ` NAME=` in a log line.
+pub fn field(line: &str, name: &str) -> Option<u64> {
     let start = line.find(&format!(" {name}="))? + name.len() + 2;
     line[start..]
         .split(|c: char| !c.is_ascii_digit())

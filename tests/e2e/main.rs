@@ -6,4 +6,5 @@ mod bad_input;
 mod blender;
 mod faults;
 mod harness;
+mod operate;
 mod tiles;

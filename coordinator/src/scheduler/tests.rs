@@ -1065,3 +1065,49 @@ fn a_silent_worker_gets_no_new_work_until_it_is_heard_from() {
     farm.at(1_200);
     assert_eq!(farm.assign(), vec![(2, 1, 2)]);
 }
+
+#[test]
+fn a_paused_job_hands_out_nothing_until_resumed() {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 3));
+    farm.job((2, 0, "builtin", 1));
+    farm.worker((1, 1, &["builtin"]));
+    assert!(farm.sched.pause_job(1, true));
+    // Job 2 goes first although job 1 was submitted earlier.
+    assert_eq!(farm.assign(), vec![(1, 2, 0)]);
+    let epoch = farm.sched.running_on(1)[0].1;
+    farm.sched.complete(1, key(2, 0), epoch, 0).unwrap();
+    assert_eq!(farm.assign(), vec![], "paused: nothing to hand out");
+    assert!(farm.sched.pause_job(1, false));
+    assert_eq!(farm.assign(), vec![(1, 1, 0)]);
+    assert!(
+        !farm.sched.pause_job(2, true),
+        "a done job cannot be paused"
+    );
+    assert!(
+        !farm.sched.pause_job(9, true),
+        "an unknown job cannot be paused"
+    );
+}
+
+#[test]
+fn a_draining_worker_keeps_its_leases_but_takes_no_new_work() {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 4));
+    farm.worker((1, 2, &["builtin"]));
+    assert_eq!(farm.assign(), vec![(1, 1, 0), (1, 1, 1)]);
+    assert!(farm.sched.drain_worker(1));
+    let leases = farm.sched.running_on(1);
+    farm.sched
+        .complete(1, leases[0].0, leases[0].1, 10)
+        .unwrap();
+    assert_eq!(farm.assign(), vec![], "no new work for a draining worker");
+    // Its other lease is still valid.
+    farm.sched
+        .complete(1, leases[1].0, leases[1].1, 20)
+        .unwrap();
+    let view = farm.sched.task_view(key(1, 1)).unwrap();
+    assert!(view.done && view.lease.is_none());
+    farm.worker((2, 1, &["builtin"]));
+    assert_eq!(farm.assign(), vec![(2, 1, 2)]);
+}

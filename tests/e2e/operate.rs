@@ -1,0 +1,126 @@
+//! Operating a farm: cost per job, pausing a job, draining a worker, and the
+//! readable status tables.
+
+use std::time::Duration;
+
+use crate::harness::{field, scenes, Farm};
+
+#[test]
+fn job_cost_is_lease_time_times_each_workers_price() {
+    let mut farm = Farm::start("cost", &[]);
+    farm.add_worker_with("cheap", &["--price-per-hour", "3.6"]);
+    farm.add_worker_with("dear", &["--price-per-hour", "36"]);
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1-2",
+        "--tiles",
+        "4x4",
+        "--wait",
+        "--json",
+    ]);
+    assert_eq!(job["state"], "done");
+    // Σ render time × price, from what each worker logged it rendered.
+    let mut rendered_cost = 0.0;
+    for (i, price) in [(0, 3.6), (1, 36.0)] {
+        for line in farm
+            .log_of(i)
+            .lines()
+            .filter(|l| l.contains("task rendered"))
+        {
+            rendered_cost += field(line, "render_ms").unwrap() as f64 / 3_600_000.0 * price;
+        }
+    }
+    let cost = job["cost_usd"].as_f64().unwrap();
+    // A lease covers the render plus dispatch and upload: at most a few
+    // milliseconds per task on loopback.
+    let slack = 32.0 * 0.25 / 3600.0 * 36.0;
+    assert!(
+        cost >= rendered_cost * 0.999,
+        "cost {cost} < rendered {rendered_cost}"
+    );
+    assert!(
+        cost <= rendered_cost + slack,
+        "cost {cost} > rendered {rendered_cost} + {slack}"
+    );
+    assert_eq!(
+        job["cost_to_finish_usd"],
+        serde_json::Value::Null,
+        "nothing left to pay for"
+    );
+    // The farm burns both prices per hour while connected.
+    let all = farm.json(&["status", "--json"]);
+    let burn: f64 = all["workers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|w| w["price_per_hour"].as_f64().unwrap())
+        .sum();
+    assert!((burn - 39.6).abs() < 1e-9);
+}
+
+#[test]
+fn a_paused_job_gets_no_new_tasks_and_a_drained_worker_leaves_cleanly() {
+    let mut farm = Farm::start("pause", &[]);
+    let w = farm.add_worker("w1");
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "4x4",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    let out = farm.run(&["pause", &id.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let paused = farm.status(id);
+    assert_eq!(paused["paused"], true);
+    std::thread::sleep(Duration::from_millis(1500));
+    let still = farm.status(id);
+    let done = still["tasks_done"].as_u64().unwrap();
+    assert!(done <= 1, "a paused job kept running: {still}");
+    let out = farm.run(&["resume", &id.to_string()]);
+    assert!(out.status.success());
+    let finished = farm.json(&["wait", &id.to_string(), "--json"]);
+    assert_eq!(finished["state"], "done");
+
+    // Drain: the worker finishes what it holds and exits 0.
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "4x4",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    farm.wait_for(id, "a task to finish", |s| {
+        s["tasks_done"].as_u64().unwrap() >= 1
+    });
+    let workers = farm.json(&["status", "--json"]);
+    let worker_id = workers["workers"][0]["id"].as_u64().unwrap();
+    let out = farm.run(&["drain", &worker_id.to_string()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let status = farm.wait_worker_exit(w, Duration::from_secs(30));
+    assert!(status.success(), "drained worker exited with {status}");
+    let left = farm.status(id);
+    assert!(
+        left["tasks_done"].as_u64().unwrap() < 16,
+        "the drained worker took no new work: {left}"
+    );
+    assert_eq!(left["blocked"], "no workers are connected");
+}
