@@ -138,10 +138,10 @@ fn blender_sessions() {
     let samples = "128";
     let mut results = Vec::new();
     for (mode, args) in [
-        ("persistent", vec!["--engine", "blender", "--threads", "2"]),
+        ("persistent", vec!["--engine", "blender"]),
         (
             "cold",
-            vec!["--engine", "blender", "--threads", "2", "--blender-cold"],
+            vec!["--engine", "blender", "--blender-cold"],
         ),
     ] {
         let mut farm = Farm::start(&format!("bench-blender-{mode}"), &[]);
@@ -197,7 +197,7 @@ fn blender_sessions() {
     let (_, whole_c, tiles_c) = results[1];
     let overhead_p = (tiles_p - whole_p) / 16.0;
     let overhead_c = (tiles_c - whole_c) / 16.0;
-    println!("blender sessions: shot.blend frame 1, {samples} samples, 16 tiles (4x4) vs one full frame, 1 worker, Blender -t 2");
+    println!("blender sessions: shot.blend frame 1, {samples} samples, 16 tiles (4x4) vs one full frame, 1 worker, 1 render thread");
     println!("  full frame (one task, includes Blender start)   persistent {whole_p:6.2} s   cold {whole_c:6.2} s");
     println!("  sum of 16 tile tasks                            persistent {tiles_p:6.2} s   cold {tiles_c:6.2} s");
     println!("  per-task overhead ((sum - full) / 16)           persistent {overhead_p:6.3} s   cold {overhead_c:6.3} s");

@@ -183,6 +183,7 @@ impl Session {
         std::fs::write(&config_path, serde_json::to_vec(&config)?)?;
         let mut cmd = Command::new(&blender.exe);
         cmd.args(SAFE_ARGS)
+            .args(["-t", &blender.threads.to_string()])
             .arg(job_dir.join(&job.scene))
             .args(["--python-exit-code", "3", "--python-expr", SESSION_PY, "--"])
             .arg(&config_path)
@@ -312,30 +313,20 @@ pub struct Blender {
     device: Device,
     /// Keep a session per slot between tasks (false: one process per task).
     persistent: bool,
+    /// Render threads per session (`blender -t`).
+    threads: usize,
     slots: Mutex<Vec<Slot>>,
 }
 
 impl Blender {
-    pub fn new(
-        exe: PathBuf,
-        version: String,
-        device: Device,
-        slots: u32,
-        persistent: bool,
-    ) -> Blender {
+    pub fn new(exe: PathBuf, version: String, device: Device, slots: u32, persistent: bool, threads: usize) -> Blender {
         let slots = (0..slots.max(1))
             .map(|_| Slot {
                 busy: false,
                 session: None,
             })
             .collect();
-        Blender {
-            exe,
-            version,
-            device,
-            persistent,
-            slots: Mutex::new(slots),
-        }
+        Blender { exe, version, device, persistent, threads: threads.max(1), slots: Mutex::new(slots) }
     }
 
     fn checkout(&self) -> anyhow::Result<(usize, Option<Session>)> {
