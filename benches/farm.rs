@@ -139,10 +139,7 @@ fn blender_sessions() {
     let mut results = Vec::new();
     for (mode, args) in [
         ("persistent", vec!["--engine", "blender"]),
-        (
-            "cold",
-            vec!["--engine", "blender", "--blender-cold"],
-        ),
+        ("cold", vec!["--engine", "blender", "--blender-cold"]),
     ] {
         let mut farm = Farm::start(&format!("bench-blender-{mode}"), &[]);
         let project = farm.dir.join("project");

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir, BlobSource};
 use tessera_protocol::job::{parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
-use tessera_protocol::messages::{TileStatus, 
-    ClientRequest, ClientResponse, JobState, JobStatus, Role, WorkerStatus,
+use tessera_protocol::messages::{
+    ClientRequest, ClientResponse, JobState, JobStatus, Role, TileStatus, WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
@@ -116,7 +116,9 @@ impl Client {
     /// Turns this connection into the farm's feed.
     pub async fn subscribe(mut self) -> anyhow::Result<Feed> {
         self.session.control.send(&ClientRequest::Subscribe).await?;
-        Ok(Feed { session: self.session })
+        Ok(Feed {
+            session: self.session,
+        })
     }
 
     /// Polls until the job is final, showing progress on a terminal.

@@ -447,7 +447,14 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Eng
     let blender = || {
         blender::detect().map(|(exe, version)| {
             tracing::info!(%version, exe = %exe.display(), "blender found");
-            Arc::new(blender::Blender::new(exe, version, c.blender_device, c.slots, !c.blender_cold, c.threads)) as Arc<dyn engine::Engine>
+            Arc::new(blender::Blender::new(
+                exe,
+                version,
+                c.blender_device,
+                c.slots,
+                !c.blender_cold,
+                c.threads,
+            )) as Arc<dyn engine::Engine>
         })
     };
     Ok(match c.choice {

@@ -303,7 +303,7 @@ impl Core {
 
     fn job_status_at(&self, id: u64, now: scheduler::Millis) -> Option<JobStatus> {
         let j = self.jobs.get(&id)?;
-        let mut status = j.status(id, self.running(id), self.blocked(j.spec.engine));
+        let mut status = j.status(id, self.running(id), self.blocked(id, j.spec.engine));
         status.cost_usd = self.ledger.job_cost(id, now);
         if j.final_state.is_none() {
             let remaining = status.tasks_total - status.tasks_done;
@@ -320,15 +320,22 @@ impl Core {
     }
 
     /// Why a job needing `engine` cannot progress now, if it cannot.
-    fn blocked(&self, engine: Engine) -> Option<String> {
+    fn blocked(&self, job: u64, engine: Engine) -> Option<String> {
         if self.workers.is_empty() {
             return Some("no workers are connected".into());
         }
-        let offered = self
+        let offering: Vec<WorkerId> = self
             .workers
-            .values()
-            .any(|w| w.info.engines.contains(&engine));
-        (!offered).then(|| format!("no connected worker offers the {engine} engine"))
+            .iter()
+            .filter(|(_, w)| w.info.engines.contains(&engine))
+            .map(|(&id, _)| id)
+            .collect();
+        if offering.is_empty() {
+            return Some(format!("no connected worker offers the {engine} engine"));
+        }
+        offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {
+            format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it")
+        })
     }
 
     /// Tells the holders of `leases` to stop working on them (the leases
@@ -1197,17 +1204,34 @@ fn handle_worker_msg(
             };
             match outcome {
                 Ok(outcome) if outcome.job_failed => {
-                    farm.core().send_cancels(&outcome.cancel);
+                    let collected = {
+                        let mut core = farm.core();
+                        core.send_cancels(&outcome.cancel);
+                        match core.sched.job_state(task.job) {
+                            Some(scheduler::JobState::Failed(errors)) => errors,
+                            _ => error.clone(),
+                        }
+                    };
                     fail_job(
                         farm,
                         task.job,
                         format!(
-                            "task {} failed {} times; last error: {error}",
-                            task.index, farm.config.max_attempts
+                            "task {} failed {} times: {collected}",
+                            task.index, outcome.attempts
                         ),
                     );
                 }
-                Ok(_) => {}
+                Ok(outcome) => {
+                    if outcome.blocklisted {
+                        tracing::warn!(
+                            worker = id,
+                            name,
+                            job = task.job,
+                            "worker blocklisted for this job after {} failures",
+                            scheduler::BLOCKLIST_AFTER
+                        );
+                    }
+                }
                 Err(refused) => refuse(task, refused.to_string()),
             }
             farm.wake.notify_one();
@@ -1441,7 +1465,7 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
             pending: (0..job.tasks_total()).collect(),
         };
         core.sched.add_job(new, farm.now());
-        let status = job.status(id, 0, core.blocked(job.spec.engine));
+        let status = job.status(id, 0, core.blocked(id, job.spec.engine));
         core.jobs.insert(id, job);
         status
     };

@@ -30,7 +30,9 @@ pub enum Link {
     Connecting,
     Connected,
     /// The feed dropped (coordinator restarted, network gone); retrying.
-    Reconnecting { error: String },
+    Reconnecting {
+        error: String,
+    },
 }
 
 /// Everything that can happen to the monitor, on one channel.
@@ -384,7 +386,10 @@ impl App {
     /// Moves the selection of the focused pane by `delta` rows, clamped.
     fn move_selection(&mut self, delta: isize) -> Option<Command> {
         let (ids, selected): (Vec<u64>, Option<u64>) = match self.pane {
-            Pane::Jobs => (self.jobs().iter().map(|j| j.id).collect(), self.selected_job),
+            Pane::Jobs => (
+                self.jobs().iter().map(|j| j.id).collect(),
+                self.selected_job,
+            ),
             Pane::Workers => (
                 self.workers().iter().map(|w| w.id).collect(),
                 self.selected_worker,
@@ -433,7 +438,10 @@ impl App {
         if let Some(m) = shown.filter(|m| !m.all_done() && m.error.is_none()) {
             return Some(m.frame);
         }
-        let last_stitched = self.stitched.get(&job).and_then(|f| f.iter().max().copied());
+        let last_stitched = self
+            .stitched
+            .get(&job)
+            .and_then(|f| f.iter().max().copied());
         match (last_stitched, shown.map(|m| m.frame)) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -446,9 +454,7 @@ impl App {
         if self.link != Link::Connected {
             return None;
         }
-        let (id, frames_done) = self
-            .selected_job_status()
-            .map(|j| (j.id, j.frames_done))?;
+        let (id, frames_done) = self.selected_job_status().map(|j| (j.id, j.frames_done))?;
         if let Some(frame) = self.mosaic_frame(id) {
             return Some(Command::FetchTiles { job: id, frame });
         }

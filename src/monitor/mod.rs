@@ -84,7 +84,10 @@ pub async fn run(ticket: Ticket) -> anyhow::Result<()> {
                 Some(Command::Quit) | None => {}
                 Some(cmd) => {
                     if let Err(mpsc::error::TrySendError::Full(cmd)) = cmd_tx.try_send(cmd) {
-                        if !matches!(cmd, Command::FetchTiles { .. } | Command::FetchFrames { .. }) {
+                        if !matches!(
+                            cmd,
+                            Command::FetchTiles { .. } | Command::FetchFrames { .. }
+                        ) {
                             app.update(notice("busy: the coordinator has not answered the last commands yet; try again", true));
                         }
                     }
@@ -301,7 +304,8 @@ async fn follow_feed(ticket: Ticket, mut feed: Option<Feed>, tx: Tx) {
 /// Whether an error means the connection itself is gone (so the next
 /// command should reconnect), as opposed to a refusal by the coordinator.
 fn connection_broken(e: &anyhow::Error) -> bool {
-    e.chain().any(|c| c.is::<CodecError>() || c.is::<tokio::time::error::Elapsed>())
+    e.chain()
+        .any(|c| c.is::<CodecError>() || c.is::<tokio::time::error::Elapsed>())
         || e.to_string().contains("closed the connection")
 }
 

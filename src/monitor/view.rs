@@ -8,7 +8,7 @@
 use ratatui::layout::{Alignment, Constraint, Layout, Rect};
 use ratatui::style::{Color, Modifier, Style, Stylize};
 use ratatui::text::{Line, Span};
-use ratatui::widgets::{Block, BorderType, Cell, Clear, Paragraph, Row, Table, TableState};
+use ratatui::widgets::{Block, BorderType, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
 use tessera_protocol::messages::{
     FarmEvent, JobState, JobStatus, TileState, TileStatus, WorkerState, WorkerStatus,
@@ -66,12 +66,12 @@ pub fn render(app: &App, frame: &mut Frame) {
     let [mosaic, log] =
         Layout::horizontal([Constraint::Percentage(50), Constraint::Percentage(50)]).areas(bottom);
 
-    render_header(app, frame, header);
+    render_header(app, frame, header, width);
     render_workers(app, frame, workers, width);
     render_jobs(app, frame, jobs, width);
     render_mosaic(app, frame, mosaic);
     render_log(app, frame, log);
-    render_footer(app, frame, footer);
+    render_footer(app, frame, footer, width);
     if app.help {
         render_help(frame, area);
     }
@@ -80,7 +80,7 @@ pub fn render(app: &App, frame: &mut Frame) {
     }
 }
 
-fn render_header(app: &App, frame: &mut Frame, area: Rect) {
+fn render_header(app: &App, frame: &mut Frame, area: Rect, width: Width) {
     let link = match &app.link {
         Link::Connecting => Span::styled(" ◌ connecting… ", Style::new().fg(Color::Yellow)),
         Link::Connected => Span::styled(" ● connected ", Style::new().fg(Color::Green)),
@@ -106,12 +106,16 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
                 format!("${:.2}/h", s.farm.idle_usd_per_hour),
                 Style::new().bold(),
             ),
-            Span::raw(format!(
-                " │ {} workers │ {} jobs, {running} active",
-                s.workers.len(),
-                s.jobs.len()
-            )),
         ]);
+        if width > Width::Narrow {
+            let plural =
+                |n: usize, what: &str| format!("{n} {what}{}", if n == 1 { "" } else { "s" });
+            spans.push(Span::raw(format!(
+                " │ {} │ {}, {running} active",
+                plural(s.workers.len(), "worker"),
+                plural(s.jobs.len(), "job"),
+            )));
+        }
     }
     if let Link::Reconnecting { error } = &app.link {
         spans.push(Span::styled(
@@ -122,24 +126,29 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect) {
     frame.render_widget(Line::from(spans), area);
 }
 
+/// A bordered pane; the focused one has a coloured border and a `▸` before
+/// its title (for terminals without colour, and for eyes).
 fn pane_block(title: &str, focused: bool) -> Block<'_> {
-    let block = Block::bordered()
-        .border_type(BorderType::Rounded)
-        .title(format!(" {title} "));
+    let block = Block::bordered().border_type(BorderType::Rounded);
     if focused {
         block
+            .title(format!(" ▸ {title} "))
             .border_style(Style::new().fg(FOCUS))
             .title_style(Style::new().fg(FOCUS).bold())
     } else {
-        block.border_style(Style::new().fg(Color::DarkGray))
+        block
+            .title(format!(" {title} "))
+            .border_style(Style::new().fg(Color::DarkGray))
     }
 }
 
+/// The selected row: a blue band in the focused table, underlined in the
+/// other. Only the background changes, so coloured cells keep their colour.
 fn highlight(focused: bool) -> Style {
     if focused {
-        Style::new().bg(Color::Blue).fg(Color::White).bold()
+        Style::new().bg(Color::Blue).bold()
     } else {
-        Style::new().add_modifier(Modifier::REVERSED)
+        Style::new().add_modifier(Modifier::UNDERLINED)
     }
 }
 
@@ -161,7 +170,7 @@ fn render_workers(app: &App, frame: &mut Frame, area: Rect, width: Width) {
         ("STATE", Constraint::Length(8)),
     ];
     if width == Width::Wide {
-        columns.push(("ENGINE", Constraint::Length(14)));
+        columns.push(("ENGINE", Constraint::Length(15)));
     }
     columns.push(("GPU", Constraint::Fill(1)));
     columns.push(("UTIL", Constraint::Length(4)));
@@ -377,7 +386,9 @@ fn job_state_text(j: &JobStatus) -> (String, Style) {
 /// `██████░░░░ 45/96` in `width` columns.
 fn progress_line(done: u32, total: u32, width: u16) -> Line<'static> {
     let count = format!(" {done}/{total}");
-    let bar = (width as usize).saturating_sub(count.chars().count()).max(1);
+    let bar = (width as usize)
+        .saturating_sub(count.chars().count())
+        .max(1);
     let frac = if total == 0 {
         0.0
     } else {
@@ -449,7 +460,11 @@ fn render_jobs(app: &App, frame: &mut Frame, area: Rect, width: Width) {
             }),
         ]);
         if width == Width::Wide {
-            let note = j.error.clone().or_else(|| j.blocked.clone()).unwrap_or_default();
+            let note = j
+                .error
+                .clone()
+                .or_else(|| j.blocked.clone())
+                .unwrap_or_default();
             cells.push(Cell::from(note).style(Style::new().fg(Color::Red)));
         }
         Row::new(cells)
@@ -479,12 +494,20 @@ pub fn tile_color(state: TileState) -> Color {
 /// ratio (a terminal cell is about twice as tall as wide), centred, each
 /// tile's cells proportional to its pixels.
 pub fn tile_cells(area: Rect, tiles: &[TileStatus]) -> Vec<Rect> {
-    let w = tiles.iter().map(|t| t.tile.x + t.tile.width).max().unwrap_or(0);
-    let h = tiles.iter().map(|t| t.tile.y + t.tile.height).max().unwrap_or(0);
+    let w = tiles
+        .iter()
+        .map(|t| t.tile.x + t.tile.width)
+        .max()
+        .unwrap_or(0);
+    let h = tiles
+        .iter()
+        .map(|t| t.tile.y + t.tile.height)
+        .max()
+        .unwrap_or(0);
     if w == 0 || h == 0 || area.width == 0 || area.height == 0 {
         return vec![Rect::default(); tiles.len()];
     }
-    let aspect = f64::from(w) / f64::from(h) / 2.0;
+    let aspect = f64::from(w) / f64::from(h) * 2.0;
     let (mut cols, mut rows) = (area.width, area.height);
     if f64::from(cols) / f64::from(rows) > aspect {
         cols = ((f64::from(rows) * aspect).round() as u16).clamp(1, area.width);
@@ -511,7 +534,12 @@ fn render_mosaic(app: &App, frame: &mut Frame, area: Rect) {
     let mut title = "Tiles".to_string();
     if let (Some(j), Some(m)) = (job, mosaic) {
         let (_, _, done, _) = m.counts();
-        title = format!("Tiles · {} · frame {} · {done}/{} done", j.name, m.frame, m.tiles.len());
+        title = format!(
+            "Tiles · frame {} · {done}/{} done · {}",
+            m.frame,
+            m.tiles.len(),
+            j.name
+        );
     }
     let block = pane_block(&title, false);
     let inner = block.inner(area);
@@ -528,19 +556,32 @@ fn render_mosaic(app: &App, frame: &mut Frame, area: Rect) {
         frame.render_widget(Paragraph::new(text).dim(), inner);
         return;
     };
+    // The legend takes two lines where one is too narrow for it.
+    let legend_height = if inner.width < 48 { 2 } else { 1 };
     let [grid, legend] =
-        Layout::vertical([Constraint::Min(0), Constraint::Length(1)]).areas(inner);
+        Layout::vertical([Constraint::Min(0), Constraint::Length(legend_height)]).areas(inner);
     let cells = tile_cells(grid, &m.tiles);
     let buf = frame.buffer_mut();
     for (t, r) in m.tiles.iter().zip(&cells) {
         let color = tile_color(t.state);
         // A gap column (and row, where there is room) keeps tiles apart.
         let fill_w = if r.width >= 3 { r.width - 1 } else { r.width };
-        let fill_h = if r.height >= 3 { r.height - 1 } else { r.height };
+        let fill_h = if r.height >= 3 {
+            r.height - 1
+        } else {
+            r.height
+        };
         let fill = Rect::new(r.x, r.y, fill_w, fill_h);
         for y in fill.top()..fill.bottom() {
             for x in fill.left()..fill.right() {
                 buf[(x, y)].set_symbol(" ").set_bg(color);
+            }
+        }
+        // Too short for a gap row: a thin line along the top of the tile
+        // keeps it apart from the one above.
+        if fill.height == r.height && r.y > grid.y {
+            for x in fill.left()..fill.right() {
+                buf[(x, fill.y)].set_symbol("▔").set_fg(Color::Black);
             }
         }
         let label = match t.state {
@@ -554,12 +595,7 @@ fn render_mosaic(app: &App, frame: &mut Frame, area: Rect) {
         if !label.is_empty() && len <= fill.width && fill.height > 0 {
             let x = fill.x + (fill.width - len) / 2;
             let y = fill.y + fill.height / 2;
-            buf.set_string(
-                x,
-                y,
-                &label,
-                Style::new().bg(color).fg(Color::Black).bold(),
-            );
+            buf.set_string(x, y, &label, Style::new().bg(color).fg(Color::Black).bold());
         }
     }
     let (queued, rendering, done, failed) = m.counts();
@@ -574,7 +610,10 @@ fn render_mosaic(app: &App, frame: &mut Frame, area: Rect) {
     spans.extend(swatch(RENDERING, format!("rendering {rendering}")));
     spans.extend(swatch(DONE, format!("done {done}")));
     spans.extend(swatch(FAILED, format!("failed {failed}")));
-    frame.render_widget(Line::from(spans), legend);
+    frame.render_widget(
+        Paragraph::new(Line::from(spans)).wrap(Wrap { trim: true }),
+        legend,
+    );
 }
 
 /// `HH:MM:SS` (UTC) of a unix time in milliseconds.
@@ -584,7 +623,8 @@ pub fn clock(unix_ms: u64) -> String {
 }
 
 fn worker_name(app: &App, id: u64) -> String {
-    app.worker(id).map_or(format!("worker {id}"), |w| w.name.clone())
+    app.worker(id)
+        .map_or(format!("worker {id}"), |w| w.name.clone())
 }
 
 fn event_line(app: &App, event: &FarmEvent) -> (String, Style) {
@@ -625,7 +665,10 @@ fn event_line(app: &App, event: &FarmEvent) -> (String, Style) {
             Style::new().fg(Color::Red),
         ),
         FarmEvent::JobChanged { job, state } => {
-            let name = app.job(*job).map(|j| format!(" ({})", j.name)).unwrap_or_default();
+            let name = app
+                .job(*job)
+                .map(|j| format!(" ({})", j.name))
+                .unwrap_or_default();
             let style = match state {
                 JobState::Failed => Style::new().fg(Color::Red).bold(),
                 JobState::Done => Style::new().fg(Color::Green).bold(),
@@ -662,17 +705,18 @@ fn render_log(app: &App, frame: &mut Frame, area: Rect) {
     frame.render_widget(Paragraph::new(lines), inner);
 }
 
-const KEYS: [(&str, &str); 7] = [
-    ("↑↓/jk", "move"),
-    ("Tab", "pane"),
-    ("p", "pause/resume"),
-    ("c", "cancel job"),
-    ("d", "drain worker"),
-    ("?", "help"),
-    ("q", "quit"),
+/// Key, what it does, and the same in fewer letters for 80 columns.
+const KEYS: [(&str, &str, &str); 7] = [
+    ("↑↓/jk", "move", "move"),
+    ("Tab", "pane", "pane"),
+    ("p", "pause/resume", "pause"),
+    ("c", "cancel job", "cancel"),
+    ("d", "drain worker", "drain"),
+    ("?", "help", "help"),
+    ("q", "quit", "quit"),
 ];
 
-fn render_footer(app: &App, frame: &mut Frame, area: Rect) {
+fn render_footer(app: &App, frame: &mut Frame, area: Rect, width: Width) {
     let line = match &app.confirm {
         Some(c) => Line::from(vec![
             Span::styled(format!(" {} ", confirm_question(c)), Style::new().bold()),
@@ -683,8 +727,12 @@ fn render_footer(app: &App, frame: &mut Frame, area: Rect) {
         ]),
         None => {
             let mut spans = Vec::new();
-            for (key, what) in KEYS {
-                spans.push(Span::styled(format!(" {key}"), Style::new().fg(FOCUS).bold()));
+            for (key, what, short) in KEYS {
+                let what = if width == Width::Narrow { short } else { what };
+                spans.push(Span::styled(
+                    format!(" {key}"),
+                    Style::new().fg(FOCUS).bold(),
+                ));
                 spans.push(Span::raw(format!(" {what} ")));
             }
             Line::from(spans)
@@ -696,7 +744,9 @@ fn render_footer(app: &App, frame: &mut Frame, area: Rect) {
 fn confirm_question(c: &Confirm) -> String {
     match c {
         Confirm::Cancel { job, name } => format!("Cancel job {job} ({name})?"),
-        Confirm::Drain { name, .. } => format!("Drain worker {name} (finish its tasks, then leave)?"),
+        Confirm::Drain { name, .. } => {
+            format!("Drain worker {name} (finish its tasks, then leave)?")
+        }
     }
 }
 
@@ -718,9 +768,12 @@ fn render_confirm(c: &Confirm, frame: &mut Frame, area: Rect) {
         Line::from("y: yes    any other key: no"),
     ];
     frame.render_widget(
-        Paragraph::new(text)
-            .alignment(Alignment::Center)
-            .block(Block::bordered().border_type(BorderType::Double).title(" Confirm ").yellow()),
+        Paragraph::new(text).alignment(Alignment::Center).block(
+            Block::bordered()
+                .border_type(BorderType::Double)
+                .title(" Confirm ")
+                .yellow(),
+        ),
         r,
     );
 }

@@ -357,15 +357,9 @@ fn bad_blend_files_are_refused_before_upload_with_one_line() {
     assert_eq!(s["state"], "queued");
 }
 
-#[test]
-fn a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job() {
-    if !enabled() {
-        return;
-    }
-    let mut farm = Farm::start("blender-crash", &[]);
-    let project = Project::make(&farm.dir, &[]);
-    // A Blender that starts, prints, and dies like a crashed GPU driver.
-    let wrapper = farm.dir.join("crashing-blender");
+/// A Blender that starts, prints, and dies like a crashed GPU driver.
+fn crashing_blender(dir: &Path) -> PathBuf {
+    let wrapper = dir.join("crashing-blender");
     std::fs::write(
         &wrapper,
         "#!/bin/sh\nif [ \"$1\" = --version ]; then exec blender --version; fi\necho 'CUDA error: an illegal memory access was encountered (simulated)' >&2\nkill -SEGV $$\n",
@@ -376,6 +370,17 @@ fn a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job() {
         .arg(&wrapper)
         .status()
         .unwrap();
+    wrapper
+}
+
+#[test]
+fn a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job() {
+    if !enabled() {
+        return;
+    }
+    let mut farm = Farm::start("blender-crash", &[]);
+    let project = Project::make(&farm.dir, &[]);
+    let wrapper = crashing_blender(&farm.dir);
     let crashing = wrapper.to_str().unwrap();
     farm.add_worker_env(
         "crashy",
@@ -399,4 +404,50 @@ fn a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job() {
         error.contains("failed 3 times") && error.contains("illegal memory access"),
         "{error}"
     );
+}
+
+#[test]
+fn a_worker_whose_blender_always_crashes_is_blocklisted_and_the_job_completes_on_the_others() {
+    if !enabled() {
+        return;
+    }
+    let mut farm = Farm::start("blender-blocklist", &[]);
+    let project = Project::make(&farm.dir, &[]);
+    let refs = farm.dir.join("refs");
+    project.reference("shot.blend", &refs, &[4]);
+    let wrapper = crashing_blender(&farm.dir);
+    farm.add_worker_env(
+        "crashy",
+        &["--engine", "blender"],
+        &[("TESSERA_BLENDER", wrapper.to_str().unwrap())],
+    );
+    farm.add_worker_with("good1", &["--engine", "blender"]);
+    farm.add_worker_with("good2", &["--engine", "blender"]);
+    let out = farm.dir.join("out");
+    let job = farm.json(&[
+        "submit",
+        &project.blend("shot.blend"),
+        "--frames",
+        "4",
+        "--tiles",
+        "4x3",
+        "--wait",
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(job["state"], "done", "{job}");
+    assert_same_pixels(&out.join("frame_0004.png"), &refs.join("ref_0004.png"));
+    let crashes = farm.log_of(0).matches("task failed").count();
+    assert!(
+        (1..=3).contains(&crashes),
+        "the crashing worker failed {crashes} tasks"
+    );
+    if crashes == 3 {
+        let log = farm.coordinator_log();
+        assert!(
+            log.contains("worker blocklisted for this job after 3 failures"),
+            "{log}"
+        );
+    }
 }

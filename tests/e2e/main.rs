@@ -6,5 +6,6 @@ mod bad_input;
 mod blender;
 mod faults;
 mod harness;
+mod monitor;
 mod operate;
 mod tiles;

@@ -20,7 +20,7 @@
 //! visits each worker once. Nothing scans all tasks.
 
 use std::cmp::Reverse;
-use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 
 #[cfg(test)]
@@ -117,7 +117,13 @@ pub struct FailOutcome {
     /// Other leases of the job that ended because it failed; the server tells
     /// these workers to stop. Empty unless `job_failed`.
     pub cancel: Vec<Assignment>,
+    /// This failure was the worker's `BLOCKLIST_AFTER`th on this job: it
+    /// gets no more of the job's tasks.
+    pub blocklisted: bool,
 }
+
+/// Failures of one job's tasks after which a worker gets no more of them.
+pub const BLOCKLIST_AFTER: u32 = 3;
 
 /// Why a result or failure report was refused. A refusal changes nothing.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -219,6 +225,14 @@ struct Job {
     failures: HashMap<u32, u32>,
     /// An operator paused it: no new leases, running ones finish.
     paused: bool,
+    /// The errors of each failed attempt, per task index.
+    errors: HashMap<u32, Vec<String>>,
+    /// Failed attempts per worker.
+    worker_failures: HashMap<WorkerId, u32>,
+    /// The workers each failed task failed on, so a retry goes elsewhere.
+    failed_on: HashMap<u32, Vec<WorkerId>>,
+    /// Workers that failed too often to get more of its tasks.
+    blocklist: HashSet<WorkerId>,
 }
 
 impl Job {
@@ -320,6 +334,10 @@ impl Scheduler {
             queue: pending.into(),
             failures: HashMap::new(),
             paused: false,
+            errors: HashMap::new(),
+            worker_failures: HashMap::new(),
+            failed_on: HashMap::new(),
+            blocklist: HashSet::new(),
         };
         sync_ready(&mut self.ready, &entry);
         self.jobs.insert(job.id, entry);
@@ -447,26 +465,39 @@ impl Scheduler {
         task: TaskKey,
         epoch: Epoch,
         error: String,
-        _now: Millis,
+        now: Millis,
     ) -> Result<FailOutcome, Refused> {
         self.check_lease(worker, task, epoch)?;
         self.end_lease(task);
+        self.seen(worker, now);
         let job = self.jobs.get_mut(&task.job).expect("checked above");
         let attempts = job.failures.entry(task.index).or_insert(0);
         *attempts += 1;
         let attempts = *attempts;
+        let errors = job.errors.entry(task.index).or_default();
+        errors.push(format!("worker {worker}: {error}"));
+        job.failed_on.entry(task.index).or_default().push(worker);
+        let by_worker = job.worker_failures.entry(worker).or_insert(0);
+        *by_worker += 1;
+        let blocklisted = *by_worker == BLOCKLIST_AFTER;
+        if blocklisted {
+            job.blocklist.insert(worker);
+        }
         if attempts < self.config.max_attempts.max(1) {
             self.requeue(task, Requeue::Back);
             return Ok(FailOutcome {
                 attempts,
                 job_failed: false,
+                blocklisted,
                 cancel: Vec::new(),
             });
         }
-        let cancel = self.stop_job(task.job, JobState::Failed(error));
+        let collected = errors.join("; ");
+        let cancel = self.stop_job(task.job, JobState::Failed(collected));
         Ok(FailOutcome {
             attempts,
             job_failed: true,
+            blocklisted,
             cancel,
         })
     }
@@ -585,16 +616,37 @@ impl Scheduler {
         let engines = &self.workers[&worker].engines;
         engines
             .iter()
-            .filter_map(|engine| self.ready.get(engine)?.first())
+            .filter_map(|engine| {
+                self.ready
+                    .get(engine)?
+                    .iter()
+                    .find(|&&(_, _, job)| !self.jobs[&job].blocklist.contains(&worker))
+            })
             .min()
             .map(|&(_, _, job)| job)
     }
 
+    /// Whether `worker` failed too often to get more of `job`'s tasks.
+    pub fn is_blocklisted(&self, job: JobId, worker: WorkerId) -> bool {
+        self.jobs
+            .get(&job)
+            .is_some_and(|j| j.blocklist.contains(&worker))
+    }
+
     fn lease_next_task(&mut self, job_id: JobId, worker: WorkerId, now: Millis) -> Assignment {
         let job = self.jobs.get_mut(&job_id).expect("a ready job exists");
+        // A retry goes to another worker when one of the next few tasks is
+        // not one this worker already failed.
+        let failed_here = |i: &u32| job.failed_on.get(i).is_some_and(|w| w.contains(&worker));
+        let pos = job
+            .queue
+            .iter()
+            .take(64)
+            .position(|i| !failed_here(i))
+            .unwrap_or(0);
         let index = job
             .queue
-            .pop_front()
+            .remove(pos)
             .expect("a ready job has a queued task");
         job.running += 1;
         if job.state == JobState::Queued {

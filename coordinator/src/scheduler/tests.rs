@@ -604,9 +604,11 @@ fn check_fail(max_attempts: u32, failures: u32, expected: JobState) {
 fn failed_task_is_retried_until_max_attempts_then_the_job_fails() {
     check_fail(3, 0, JobState::Done);
     check_fail(3, 2, JobState::Done);
-    check_fail(3, 3, JobState::Failed("error 3".into()));
-    check_fail(1, 1, JobState::Failed("error 1".into()));
-    check_fail(0, 1, JobState::Failed("error 1".into()));
+    // The job's error collects every attempt's.
+    let all = "worker 10: error 1; worker 10: error 2; worker 10: error 3";
+    check_fail(3, 3, JobState::Failed(all.into()));
+    check_fail(1, 1, JobState::Failed("worker 10: error 1".into()));
+    check_fail(0, 1, JobState::Failed("worker 10: error 1".into()));
 }
 
 #[test]
@@ -646,10 +648,11 @@ fn failed_job_refuses_results_and_hands_out_nothing() {
         FailOutcome {
             attempts: 1,
             job_failed: true,
+            blocklisted: false,
             cancel: cancel.into()
         }
     );
-    let failed = JobState::Failed("missing texture wood.png".into());
+    let failed = JobState::Failed("worker 10: missing texture wood.png".into());
     assert_eq!(farm.sched.job_state(1), Some(failed.clone()));
     assert_eq!(farm.progress(1), (4, 0, 0, 0));
     assert_eq!(farm.assign(), []);
@@ -1110,4 +1113,44 @@ fn a_draining_worker_keeps_its_leases_but_takes_no_new_work() {
     assert!(view.done && view.lease.is_none());
     farm.worker((2, 1, &["builtin"]));
     assert_eq!(farm.assign(), vec![(2, 1, 2)]);
+}
+
+#[test]
+fn a_worker_that_keeps_failing_a_job_is_blocklisted_and_others_finish_it() {
+    let mut farm = Farm::with(Config {
+        lease_ms: LEASE,
+        max_attempts: 3,
+        first_epoch: 1,
+    });
+    farm.job((1, 0, "builtin", 4));
+    farm.worker((10, 1, &["builtin"]));
+    // The broken worker fails three different tasks once each.
+    for index in 0..3 {
+        assert_eq!(farm.assign(), [(10, 1, index)]);
+        let outcome = farm.fail(10, key(1, index), "engine crashed").unwrap();
+        assert!(!outcome.job_failed);
+        assert_eq!(
+            outcome.blocklisted,
+            index == 2,
+            "blocklisted on its third failure"
+        );
+    }
+    assert!(farm.sched.is_blocklisted(1, 10));
+    assert_eq!(
+        farm.assign(),
+        [],
+        "the blocklisted worker gets none of the job"
+    );
+    // A second job still goes to it.
+    farm.job((2, 0, "builtin", 1));
+    assert_eq!(farm.assign(), [(10, 2, 0)]);
+    // A healthy worker renders every task of the first job.
+    farm.worker((11, 1, &["builtin"]));
+    for _ in 0..4 {
+        let given = farm.assign();
+        assert_eq!(given.len(), 1);
+        assert_eq!(given[0].0, 11);
+        farm.complete(11, key(1, given[0].2)).unwrap();
+    }
+    assert_eq!(farm.sched.job_state(1), Some(JobState::Done));
 }

@@ -191,7 +191,8 @@ impl Session {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some((key, value)) = blender.device.pin_env(slot) {
-            cmd.env(key, value);
+            // Number GPUs as nvidia-smi and NVML do, so slot i is GPU i.
+            cmd.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env(key, value);
         }
         let mut child = cmd
             .spawn()
@@ -319,14 +320,28 @@ pub struct Blender {
 }
 
 impl Blender {
-    pub fn new(exe: PathBuf, version: String, device: Device, slots: u32, persistent: bool, threads: usize) -> Blender {
+    pub fn new(
+        exe: PathBuf,
+        version: String,
+        device: Device,
+        slots: u32,
+        persistent: bool,
+        threads: usize,
+    ) -> Blender {
         let slots = (0..slots.max(1))
             .map(|_| Slot {
                 busy: false,
                 session: None,
             })
             .collect();
-        Blender { exe, version, device, persistent, threads: threads.max(1), slots: Mutex::new(slots) }
+        Blender {
+            exe,
+            version,
+            device,
+            persistent,
+            threads: threads.max(1),
+            slots: Mutex::new(slots),
+        }
     }
 
     fn checkout(&self) -> anyhow::Result<(usize, Option<Session>)> {
