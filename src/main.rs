@@ -86,6 +86,10 @@ enum Command {
         /// Cycles device: CPU, CUDA, OPTIX or HIP (one slot per GPU).
         #[arg(long, default_value = "CPU")]
         blender_device: blender::Device,
+        /// On SIGTERM, seconds running tasks may take to finish before their
+        /// leases are handed back (0: hand them back at once).
+        #[arg(long, default_value_t = 0.0)]
+        drain_grace: f64,
         /// Start Blender afresh for every task instead of keeping a session.
         #[arg(long, hide = true)]
         blender_cold: bool,
@@ -280,6 +284,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             price_per_hour,
             blender_device,
             blender_cold,
+            drain_grace,
         } => {
             let ticket = client::resolve_ticket(Some(&ticket))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {
@@ -315,6 +320,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 engines,
                 slots,
                 price_per_hour,
+                drain_grace: std::time::Duration::from_secs_f64(drain_grace.max(0.0)),
             };
             tessera_worker::run::run(config, stop_rx).await?;
             Ok(0)

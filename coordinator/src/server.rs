@@ -1115,6 +1115,18 @@ fn handle_worker_msg(
     }
     match msg {
         WorkerMsg::Join(_) => {}
+        WorkerMsg::Draining => {
+            let mut core = farm.core();
+            core.sched.drain_worker(id);
+            if let Some(w) = core.workers.get_mut(&id) {
+                w.draining = true;
+            }
+            tracing::info!(
+                worker = id,
+                name,
+                "worker shutting down: no new work for it"
+            );
+        }
         WorkerMsg::Progress { task, done, total } => {
             if let Some(w) = farm.core().workers.get_mut(&id) {
                 w.progress.insert(task, (done, total));

@@ -73,6 +73,8 @@ pub enum WorkerMsg {
         task: TaskRef,
         error: String,
     },
+    /// Shutting down: give me no new work (running tasks may still finish).
+    Draining,
     /// Samples rendered so far of a running task.
     Progress {
         task: TaskRef,

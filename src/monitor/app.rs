@@ -95,7 +95,13 @@ pub enum Confirm {
 
 #[derive(Debug, Clone)]
 pub enum LogItem {
-    Farm(FarmEvent),
+    /// A farm event, with the names its worker and job had when it
+    /// happened (ids are reused after a coordinator restart).
+    Farm {
+        event: FarmEvent,
+        worker: Option<String>,
+        job: Option<String>,
+    },
     Note(String),
     Error(String),
 }
@@ -151,6 +157,8 @@ pub struct App {
     pub stitched: BTreeMap<u64, Vec<u32>>,
     /// `frames_done` of each job when its stitched frames were last asked for.
     frames_asked: BTreeMap<u64, u32>,
+    /// The latest name of each worker id, from snapshots and join events.
+    worker_names: BTreeMap<u64, String>,
     pub link: Link,
     pub help: bool,
     pub confirm: Option<Confirm>,
@@ -176,6 +184,10 @@ impl App {
 
     pub fn worker(&self, id: u64) -> Option<&WorkerStatus> {
         self.workers().iter().find(|w| w.id == id)
+    }
+
+    fn job_name(&self, id: u64) -> Option<String> {
+        self.job(id).map(|j| j.name.clone())
     }
 
     pub fn selected_job_status(&self) -> Option<&JobStatus> {
@@ -206,7 +218,19 @@ impl App {
             Msg::Tick => self.poll_mosaic(),
             Msg::Snapshot(s) => self.on_snapshot(s),
             Msg::Event { unix_ms, event } => {
-                self.push_log(unix_ms, LogItem::Farm(event));
+                if let FarmEvent::WorkerJoined { worker, name } = &event {
+                    self.worker_names.insert(*worker, name.clone());
+                }
+                let (worker, job) = match &event {
+                    FarmEvent::WorkerJoined { .. } | FarmEvent::WorkerLeft { .. } => (None, None),
+                    FarmEvent::TaskStarted { job, worker, .. }
+                    | FarmEvent::TaskFinished { job, worker, .. }
+                    | FarmEvent::TaskFailed { job, worker, .. } => {
+                        (self.worker_names.get(worker).cloned(), self.job_name(*job))
+                    }
+                    FarmEvent::JobChanged { job, .. } => (None, self.job_name(*job)),
+                };
+                self.push_log(unix_ms, LogItem::Farm { event, worker, job });
                 None
             }
             Msg::Tiles { job, frame, tiles } => {
@@ -293,6 +317,9 @@ impl App {
             .is_some_and(|id| s.workers.iter().any(|w| w.id == id))
         {
             self.selected_worker = s.workers.first().map(|w| w.id);
+        }
+        for w in &s.workers {
+            self.worker_names.insert(w.id, w.name.clone());
         }
         self.snapshot = Some(s);
         if self.selected_job != before {

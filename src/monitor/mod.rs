@@ -70,9 +70,14 @@ pub async fn run(ticket: Ticket) -> anyhow::Result<()> {
     drop(tx);
 
     let mut app = App::new();
+    // For the end-to-end test that a panic leaves the terminal usable.
+    let panic_on_purpose = std::env::var_os("TESSERA_MONITOR_TEST_PANIC").is_some();
     let result = loop {
         if let Err(e) = screen.terminal.draw(|f| view::render(&app, f)) {
             break Err(anyhow::Error::from(e).context("cannot draw on the terminal"));
+        }
+        if panic_on_purpose && app.snapshot.is_some() {
+            panic!("TESSERA_MONITOR_TEST_PANIC is set: the monitor panics on purpose");
         }
         let Some(msg) = rx.recv().await else {
             break Ok(());

@@ -181,6 +181,8 @@ fn frame_12_tiles() -> Vec<TileStatus> {
 fn populated() -> App {
     let mut app = App::new();
     app.update(Msg::Link(Link::Connected));
+    // The feed sends a snapshot first, then events as they happen.
+    app.update(Msg::Snapshot(farm()));
     for (i, event) in [
         FarmEvent::WorkerJoined {
             worker: 1,
@@ -220,7 +222,6 @@ fn populated() -> App {
             event,
         });
     }
-    app.update(Msg::Snapshot(farm()));
     app.update(Msg::Tiles {
         job: 7,
         frame: 12,
@@ -851,4 +852,32 @@ fn cpu_models_lose_their_trademarks() {
     assert_eq!(view::duration(59.4), "59s");
     assert_eq!(view::duration(90_000.0), "1d01h");
     assert_eq!(view::clock(NOW), "22:13:20");
+    assert_eq!(view::money(Some(12.345)), "$12.35");
+    assert_eq!(view::money(Some(0.0042)), "$0.004");
+    assert_eq!(view::money(Some(0.0)), "$0.00");
+    assert_eq!(view::money(None), "–");
+}
+
+#[test]
+fn log_lines_keep_the_names_they_had_when_they_happened() {
+    let mut app = populated();
+    app.update(Msg::Event {
+        unix_ms: NOW + 1000,
+        event: FarmEvent::TaskFinished {
+            job: 7,
+            index: 101,
+            worker: 1,
+            render_ms: 900,
+        },
+    });
+    // The coordinator restarted: id 1 now names another worker.
+    let mut s = farm();
+    s.workers.retain(|w| w.id == 2);
+    s.workers[0].id = 1;
+    app.update(Msg::Snapshot(s));
+    let text = screen_text(&draw(&app, 120, 40));
+    assert!(
+        text.contains("job 7 task 101 done on gpu-4090 in 0.9s"),
+        "{text}"
+    );
 }

@@ -362,8 +362,14 @@ pub fn duration(secs: f64) -> String {
     }
 }
 
-fn money(v: Option<f64>) -> String {
-    v.map_or("–".into(), |v| format!("${v:.2}"))
+/// Dollars: cents from $1 up, a tenth of a cent below (short test renders
+/// and cheap nodes cost fractions of a cent).
+pub fn money(v: Option<f64>) -> String {
+    match v {
+        None => "–".into(),
+        Some(v) if v.abs() >= 1.0 || v == 0.0 => format!("${v:.2}"),
+        Some(v) => format!("${v:.3}"),
+    }
 }
 
 fn job_state_text(j: &JobStatus) -> (String, Style) {
@@ -438,7 +444,7 @@ fn render_jobs(app: &App, frame: &mut Frame, area: Rect, width: Width) {
     }
     let rows = jobs.iter().map(|j| {
         let (state, state_style) = job_state_text(j);
-        let eta = match (j.state.is_final(), j.eta_secs) {
+        let eta = match (j.state.is_final() || j.paused, j.eta_secs) {
             (false, Some(s)) => duration(s),
             _ => "–".into(),
         };
@@ -622,12 +628,10 @@ pub fn clock(unix_ms: u64) -> String {
     format!("{:02}:{:02}:{:02}", s / 3600, s % 3600 / 60, s % 60)
 }
 
-fn worker_name(app: &App, id: u64) -> String {
-    app.worker(id)
-        .map_or(format!("worker {id}"), |w| w.name.clone())
-}
-
-fn event_line(app: &App, event: &FarmEvent) -> (String, Style) {
+/// One log line for a farm event; `worker` and `job` are the names they
+/// had when it happened.
+fn event_line(event: &FarmEvent, worker: Option<&str>, job_name: Option<&str>) -> (String, Style) {
+    let on = |id: &u64| worker.map_or(format!("worker {id}"), str::to_string);
     match event {
         FarmEvent::WorkerJoined { name, .. } => {
             (format!("{name} joined"), Style::new().fg(Color::Green))
@@ -636,7 +640,7 @@ fn event_line(app: &App, event: &FarmEvent) -> (String, Style) {
             (format!("{name} left"), Style::new().fg(Color::Yellow))
         }
         FarmEvent::TaskStarted { job, index, worker } => (
-            format!("job {job} task {index} → {}", worker_name(app, *worker)),
+            format!("job {job} task {index} → {}", on(worker)),
             Style::new().fg(Color::Gray),
         ),
         FarmEvent::TaskFinished {
@@ -647,7 +651,7 @@ fn event_line(app: &App, event: &FarmEvent) -> (String, Style) {
         } => (
             format!(
                 "job {job} task {index} done on {} in {:.1}s",
-                worker_name(app, *worker),
+                on(worker),
                 *render_ms as f64 / 1000.0
             ),
             Style::new(),
@@ -658,17 +662,11 @@ fn event_line(app: &App, event: &FarmEvent) -> (String, Style) {
             worker,
             error,
         } => (
-            format!(
-                "job {job} task {index} failed on {}: {error}",
-                worker_name(app, *worker)
-            ),
+            format!("job {job} task {index} failed on {}: {error}", on(worker)),
             Style::new().fg(Color::Red),
         ),
         FarmEvent::JobChanged { job, state } => {
-            let name = app
-                .job(*job)
-                .map(|j| format!(" ({})", j.name))
-                .unwrap_or_default();
+            let name = job_name.map(|n| format!(" ({n})")).unwrap_or_default();
             let style = match state {
                 JobState::Failed => Style::new().fg(Color::Red).bold(),
                 JobState::Done => Style::new().fg(Color::Green).bold(),
@@ -691,7 +689,9 @@ fn render_log(app: &App, frame: &mut Frame, area: Rect) {
         .skip(skip)
         .map(|l| {
             let (text, style) = match &l.item {
-                LogItem::Farm(e) => event_line(app, e),
+                LogItem::Farm { event, worker, job } => {
+                    event_line(event, worker.as_deref(), job.as_deref())
+                }
                 LogItem::Note(t) => (t.clone(), Style::new().fg(Color::Cyan)),
                 LogItem::Error(t) => (format!("error: {t}"), Style::new().fg(Color::Red).bold()),
             };

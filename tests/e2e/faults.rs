@@ -136,3 +136,262 @@ fn worker_killed_mid_task_has_its_task_requeued() {
     let survivor_log = farm.log_of(1);
     assert!(survivor_log.contains("result accepted"));
 }
+
+fn signal(pid: u32, sig: &str) {
+    let ok = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill {sig} {pid}");
+}
+
+/// Every task was acknowledged exactly once over the whole run.
+fn assert_each_task_accepted_once(farm: &Farm, total: u64) {
+    let mut accepted: HashMap<(u64, u32), u32> = HashMap::new();
+    for key in farm.accepted() {
+        *accepted.entry(key).or_default() += 1;
+    }
+    assert_eq!(accepted.len() as u64, total, "every task accepted");
+    assert!(
+        accepted.values().all(|&n| n == 1),
+        "a task was accepted twice: {accepted:?}"
+    );
+}
+
+#[test]
+fn sigterm_hands_the_lease_back_at_once_and_exits_zero() {
+    // Leases of 60 s: only a hand-back can requeue the task quickly.
+    let mut farm = Farm::start(
+        "sigterm",
+        &["--heartbeat-ms", "1000", "--lease-ms", "60000"],
+    );
+    let victim = farm.add_worker("victim");
+    farm.add_worker("survivor");
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "4x4",
+        "--samples",
+        "256",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    farm.wait_for(id, "the victim to render a tile", |_| {
+        farm.log_of(victim).contains("task rendered")
+    });
+    let started = std::time::Instant::now();
+    signal(farm.worker_pid(victim), "-TERM");
+    let status = farm.wait_worker_exit(victim, std::time::Duration::from_secs(10));
+    assert!(status.success(), "SIGTERM exit status {status}");
+    let log = farm.log_of(victim);
+    assert!(log.contains("shutting down: handing back leases"), "{log}");
+    let out = farm.dir.join("out");
+    let done = farm.json(&[
+        "wait",
+        &id.to_string(),
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(done["state"], "done");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(50),
+        "waited for the 60 s lease to expire"
+    );
+    let coord = farm.coordinator_log();
+    assert!(
+        coord
+            .lines()
+            .any(|l| l.contains("worker left") && l.contains("victim") && l.contains("requeued=1")),
+        "the victim's lease was not handed back: {coord}"
+    );
+    assert!(!coord.contains("lease expired"), "{coord}");
+    assert_frames_match_reference_samples(&out, &scene, &[1], 256);
+}
+
+#[test]
+fn a_worker_paused_past_its_lease_has_its_stale_result_refused() {
+    let mut farm = Farm::start("sigstop", &["--heartbeat-ms", "300", "--lease-ms", "1000"]);
+    let victim = farm.add_worker("victim");
+    farm.add_worker("survivor");
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "4x4",
+        "--samples",
+        "256",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    farm.wait_for(id, "the victim to render a tile", |_| {
+        farm.log_of(victim).contains("task rendered")
+    });
+    let pid = farm.worker_pid(victim);
+    signal(pid, "-STOP");
+    std::thread::sleep(std::time::Duration::from_millis(3000));
+    signal(pid, "-CONT");
+    let out = farm.dir.join("out");
+    let done = farm.json(&[
+        "wait",
+        &id.to_string(),
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["tasks_done"], 16);
+    // Fenced: on waking, the worker either hears the coordinator's cancel of
+    // the expired lease first and drops the render, or sends the stale result
+    // and has it refused. Either way nothing stale is counted.
+    let log = farm.log_of(victim);
+    assert!(
+        log.contains("result refused") || log.contains("task canceled by the coordinator"),
+        "the paused worker's stale lease was not fenced: {log}"
+    );
+    assert!(farm
+        .coordinator_log()
+        .contains("lease expired; task requeued"));
+    assert_each_task_accepted_once(&farm, 16);
+    assert_frames_match_reference_samples(&out, &scene, &[1], 256);
+}
+
+#[test]
+fn the_same_submit_twice_with_one_request_id_makes_one_job() {
+    let mut farm = Farm::start("idempotent", &[]);
+    farm.add_worker("w1");
+    let scene = scenes().join("textured.scene.json");
+    let a = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--request-id",
+        "shot-042-v3",
+        "--json",
+    ]);
+    let b = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--request-id",
+        "shot-042-v3",
+        "--json",
+    ]);
+    assert_eq!(a["id"], b["id"]);
+    let c = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--request-id",
+        "shot-043-v1",
+        "--json",
+    ]);
+    assert_ne!(a["id"], c["id"]);
+    let all = farm.json(&["status", "--json"]);
+    assert_eq!(all["jobs"].as_array().unwrap().len(), 2);
+}
+
+#[test]
+fn coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged() {
+    let mut farm = Farm::start("chaos", &["--heartbeat-ms", "300", "--lease-ms", "1500"]);
+    farm.add_worker("w1");
+    farm.add_worker("w2");
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--tiles",
+        "4x4",
+        "--samples",
+        "48",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    let total = job["tasks_total"].as_u64().unwrap();
+    let mut acknowledged_jobs = vec![id];
+    let mut done_high_water = 0;
+    // A tiny deterministic PRNG: the same 20 moments on every run.
+    let mut seed: u64 = 0x5eed;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..20 {
+        std::thread::sleep(std::time::Duration::from_millis(150 + next() % 600));
+        if round % 5 == 2 {
+            // A job acknowledged just before a kill must survive it.
+            let extra = farm.json(&[
+                "submit",
+                scene.to_str().unwrap(),
+                "--frames",
+                "1",
+                "--tiles",
+                "2x2",
+                "--samples",
+                "8",
+                "--json",
+            ]);
+            acknowledged_jobs.push(extra["id"].as_u64().unwrap());
+        }
+        let before = farm.status(id);
+        farm.kill_coordinator();
+        farm.start_coordinator();
+        let after = farm.status(id);
+        let (b, a) = (
+            before["tasks_done"].as_u64().unwrap(),
+            after["tasks_done"].as_u64().unwrap(),
+        );
+        assert!(
+            a >= b,
+            "round {round}: acknowledged results lost ({b} before the kill, {a} after)"
+        );
+        done_high_water = done_high_water.max(a);
+        let all = farm.json(&["status", "--json"]);
+        let ids: Vec<u64> = all["jobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|j| j["id"].as_u64().unwrap())
+            .collect();
+        for j in &acknowledged_jobs {
+            assert!(ids.contains(j), "round {round}: acknowledged job {j} lost");
+        }
+    }
+    assert!(
+        done_high_water < total,
+        "the job finished before the chaos ended; make it longer"
+    );
+    let out = farm.dir.join("out");
+    let done = farm.json(&[
+        "wait",
+        &id.to_string(),
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(done["state"], "done");
+    assert_frames_match_reference_samples(&out, &scene, &[1, 2, 3, 4, 5, 6, 7, 8], 48);
+    for j in &acknowledged_jobs[1..] {
+        let s = farm.json(&["wait", &j.to_string(), "--json"]);
+        assert_eq!(s["state"], "done");
+    }
+    // Nothing acknowledged was accepted a second time after a restart.
+    let mut accepted: HashMap<(u64, u32), u32> = HashMap::new();
+    for key in farm.accepted() {
+        *accepted.entry(key).or_default() += 1;
+    }
+    assert!(
+        accepted.values().all(|&n| n == 1),
+        "a task was accepted twice"
+    );
+    assert_eq!(
+        accepted.keys().filter(|(j, _)| *j == id).count() as u64,
+        total
+    );
+}

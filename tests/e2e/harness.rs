@@ -139,6 +139,10 @@ impl Farm {
         self.workers.len() - 1
     }
 
+    pub fn worker_pid(&self, i: usize) -> u32 {
+        self.workers[i].child.as_ref().expect("worker running").id()
+    }
+
     /// Waits for a worker process to exit by itself.
     pub fn wait_worker_exit(&mut self, i: usize, limit: Duration) -> std::process::ExitStatus {
         let child = self.workers[i].child.as_mut().expect("worker running");

@@ -98,6 +98,15 @@ impl Drop for Tmux {
     }
 }
 
+/// A file the shell writes, once it is there.
+fn wait_file(p: &Path) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !p.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+}
+
 fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
@@ -154,15 +163,18 @@ impl Seen {
     }
 }
 
+/// Whether the workers table has a row for each of `names`.
 fn shows_workers(screen: &str, names: &[&str]) -> bool {
-    names.iter().all(|n| screen.contains(n))
+    names
+        .iter()
+        .all(|n| screen.lines().any(|l| l.contains(&format!("│{n} "))))
 }
 
 #[test]
 fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
     let mut farm = Farm::start("monitor-farm", &[]);
-    farm.add_worker("mon-w1");
-    farm.add_worker("mon-w2");
+    farm.add_worker_with("mon-w1", &["--price-per-hour", "0.90"]);
+    farm.add_worker_with("mon-w2", &["--price-per-hour", "0.45"]);
     let tmux = Tmux::start("farm", 120, 40, &monitor_command(&farm));
 
     // Both workers, with CPU telemetry: there is no NVIDIA driver here.
@@ -170,6 +182,11 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
         shows_workers(s, &["mon-w1", "mon-w2"]) && s.matches("no NVIDIA driver").count() == 2
     });
     assert!(screen.contains("● connected"), "{screen}");
+    assert!(screen.contains("burn $1.35/h │ idle $1.35/h"), "{screen}");
+    assert!(
+        screen.contains("$0.90") && screen.contains("$0.45"),
+        "{screen}"
+    );
     assert_eq!(screen.matches("CPU: ").count(), 2, "{screen}");
     assert!(screen.contains("no jobs yet"), "{screen}");
 
@@ -258,6 +275,14 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
     );
     let s = farm.status(id);
     assert_eq!(s["state"], "done");
+    // What the job cost, as the coordinator counted it: not nothing, and
+    // the monitor shows it to a tenth of a cent.
+    assert!(s["cost_usd"].as_f64().unwrap() > 0.0, "{s}");
+    let row = last
+        .lines()
+        .find(|l| l.contains("mon-textured") && l.contains("64/64"))
+        .unwrap();
+    assert!(row.contains("$0.0") && !row.contains("$0.00 "), "{row}");
 
     // The coordinator restarts: the monitor says it lost it, then finds it
     // again, with the workers back and the job still done.
@@ -276,7 +301,11 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
     // so it leaves; the other stays.
     let order: Vec<&str> = screen
         .lines()
-        .filter_map(|l| ["mon-w1", "mon-w2"].into_iter().find(|n| l.contains(&format!("│{n} "))))
+        .filter_map(|l| {
+            ["mon-w1", "mon-w2"]
+                .into_iter()
+                .find(|n| l.contains(&format!("│{n} ")))
+        })
         .collect();
     assert_eq!(order.len(), 2, "{screen}");
     let (stays, drained) = (order[0], order[1]);
@@ -394,13 +423,6 @@ fn monitor_quits_on_q_and_leaves_the_terminal_usable() {
         "the monitor's screen is gone:\n{screen}"
     );
     assert_eq!(tmux.display("#{alternate_on}"), "0");
-    let wait_file = |p: &Path| {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while !p.exists() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        std::fs::read_to_string(p).unwrap()
-    };
     assert_eq!(
         wait_file(&before),
         wait_file(&after),
@@ -415,6 +437,42 @@ fn monitor_quits_on_q_and_leaves_the_terminal_usable() {
     assert!(
         screen.contains("echo typed-$((6*7))"),
         "what was typed was echoed: {screen}"
+    );
+}
+
+#[test]
+fn a_panic_in_the_monitor_restores_the_terminal() {
+    let farm = Farm::start("monitor-panic", &[]);
+    let tmux = Tmux::start(
+        "panic",
+        100,
+        30,
+        "env PS1='shell$ ' bash --norc --noprofile -i",
+    );
+    tmux.wait_for("the shell prompt", |s| s.contains("shell$"));
+    let before = farm.dir.join("stty-before");
+    let after = farm.dir.join("stty-after");
+    let line = format!(
+        "stty -g > {}; TESSERA_MONITOR_TEST_PANIC=1 {}; echo monitor-exit=$?; stty -g > {}",
+        shell_quote(before.to_str().unwrap()),
+        monitor_command(&farm),
+        shell_quote(after.to_str().unwrap()),
+    );
+    tmux.keys(&["-l", &line]);
+    tmux.keys(&["Enter"]);
+    let screen = tmux.wait_for("the shell after the panic", |s| {
+        s.contains("monitor-exit=") && s.trim_end().ends_with("shell$")
+    });
+    assert!(screen.contains("monitor-exit=101"), "{screen}");
+    assert!(
+        screen.contains("the monitor panics on purpose"),
+        "the panic message is readable on the restored screen:\n{screen}"
+    );
+    assert_eq!(tmux.display("#{alternate_on}"), "0");
+    assert_eq!(
+        wait_file(&before),
+        wait_file(&after),
+        "the terminal settings (stty -g) are as before the monitor"
     );
 }
 

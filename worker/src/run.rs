@@ -33,6 +33,9 @@ pub struct Config {
     pub engines: Vec<Arc<dyn Engine>>,
     pub slots: u32,
     pub price_per_hour: f64,
+    /// On shutdown, how long running tasks may take to finish before their
+    /// leases are handed back.
+    pub drain_grace: Duration,
 }
 
 /// Runs until `shutdown` turns true. Returns an error only for problems
@@ -42,11 +45,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
     let config = Arc::new(config);
     let mut backoff = Duration::from_millis(200);
     loop {
-        let started = Instant::now();
-        let outcome = tokio::select! {
-            r = session(&config, &cache) => r,
-            _ = shutdown.wait_for(|&s| s) => return Ok(()),
-        };
+        let outcome = session(&config, &cache, &mut shutdown, &mut backoff).await;
         match outcome {
             Err(e) => {
                 if let Some(t) = e.downcast_ref::<TransportError>() {
@@ -59,9 +58,6 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
             Ok(SessionEnd::Drained) => return Ok(()),
             Ok(SessionEnd::Closed) => tracing::warn!("the coordinator closed the connection"),
         }
-        if started.elapsed() > Duration::from_secs(10) {
-            backoff = Duration::from_millis(200);
-        }
         let jitter: f64 = rand::random_range(0.5..1.5);
         let wait = backoff.mul_f64(jitter);
         tracing::info!("reconnecting in {} ms", wait.as_millis());
@@ -73,7 +69,6 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
     }
 }
 
-/// One connection, from join to loss.
 /// How a session ended without an error.
 enum SessionEnd {
     /// The coordinator closed the connection: reconnect.
@@ -82,8 +77,22 @@ enum SessionEnd {
     Drained,
 }
 
-async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<SessionEnd> {
-    let session = transport::connect(&config.ticket, &config.name, Timing::default()).await?;
+/// One connection, from join to loss. On `shutdown` (SIGTERM, as spot
+/// platforms send before preemption) the worker takes no new work, waits up
+/// to `drain_grace` for running tasks, then closes the connection so the
+/// coordinator requeues what is left at once instead of waiting for leases to
+/// expire.
+async fn session(
+    config: &Arc<Config>,
+    cache: &Arc<Cache>,
+    shutdown: &mut watch::Receiver<bool>,
+    backoff: &mut Duration,
+) -> anyhow::Result<SessionEnd> {
+    let session = tokio::select! {
+        s = transport::connect(&config.ticket, &config.name, Timing::default()) => s?,
+        // While connecting there is nothing to hand back.
+        _ = shutdown.wait_for(|&s| s) => return Ok(SessionEnd::Drained),
+    };
     let conn = session.connection.clone();
     let (mut send, mut recv) = session.control.split();
     let (tx, mut rx) = mpsc::unbounded_channel::<WorkerMsg>();
@@ -115,6 +124,7 @@ async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<Ses
         }
         other => anyhow::bail!("expected Joined, got {other:?}"),
     };
+    *backoff = Duration::from_millis(200);
     cache.reset_jobs();
     let heartbeat = {
         let tx = tx.clone();
@@ -139,16 +149,29 @@ async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<Ses
     };
     let unacked = Arc::new(AtomicUsize::new(0));
     let mut draining = false;
+    // Set on shutdown: leave when drained or at this instant, whichever is first.
+    let mut leave_by: Option<Instant> = None;
     let mut drain_check = tokio::time::interval(Duration::from_millis(100));
     let mut jobs: HashMap<u64, Arc<JobInfo>> = HashMap::new();
     let mut running: HashMap<(u64, u32), (u64, tokio::task::AbortHandle)> = HashMap::new();
     let result = loop {
         let next = tokio::select! {
             next = codec::read_frame::<CoordMsg, _>(&mut recv) => next,
+            _ = shutdown.wait_for(|&s| s), if leave_by.is_none() => {
+                tracing::info!(running = running.len(), grace_ms = config.drain_grace.as_millis() as u64, "shutting down: handing back leases");
+                let _ = tx.send(WorkerMsg::Draining);
+                draining = true;
+                leave_by = Some(Instant::now() + config.drain_grace);
+                continue;
+            }
             _ = drain_check.tick(), if draining => {
                 running.retain(|_, (_, handle)| !handle.is_finished());
                 if running.is_empty() && unacked.load(Ordering::SeqCst) == 0 {
                     tracing::info!("drained: every task finished and acknowledged; leaving");
+                    break Ok(SessionEnd::Drained);
+                }
+                if leave_by.is_some_and(|t| Instant::now() >= t) {
+                    tracing::info!(handed_back = running.len(), "leaving with tasks unfinished; the coordinator requeues them");
                     break Ok(SessionEnd::Drained);
                 }
                 continue;
@@ -236,6 +259,11 @@ async fn session(config: &Arc<Config>, cache: &Arc<Cache>) -> anyhow::Result<Ses
     }
     drop(tx);
     let _ = writer.await;
+    if matches!(result, Ok(SessionEnd::Drained)) {
+        // Say goodbye so the coordinator frees our leases now.
+        conn.close(0u32.into(), b"worker leaving");
+        let _ = tokio::time::timeout(Duration::from_secs(2), session.endpoint.wait_idle()).await;
+    }
     result
 }
 

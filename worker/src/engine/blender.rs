@@ -317,6 +317,7 @@ pub struct Blender {
     /// Render threads per session (`blender -t`).
     threads: usize,
     slots: Mutex<Vec<Slot>>,
+    slot_freed: std::sync::Condvar,
 }
 
 impl Blender {
@@ -341,23 +342,28 @@ impl Blender {
             persistent,
             threads: threads.max(1),
             slots: Mutex::new(slots),
+            slot_freed: std::sync::Condvar::new(),
         }
     }
 
+    /// Takes a free slot, waiting for one: a render whose lease was
+    /// canceled may still be finishing in its slot.
     fn checkout(&self) -> anyhow::Result<(usize, Option<Session>)> {
         let mut slots = self.slots.lock().expect("slots lock");
-        let i = slots
-            .iter()
-            .position(|s| !s.busy)
-            .context("every blender slot is busy")?;
-        slots[i].busy = true;
-        Ok((i, slots[i].session.take()))
+        loop {
+            if let Some(i) = slots.iter().position(|s| !s.busy) {
+                slots[i].busy = true;
+                return Ok((i, slots[i].session.take()));
+            }
+            slots = self.slot_freed.wait(slots).expect("slots lock");
+        }
     }
 
     fn checkin(&self, i: usize, session: Option<Session>) {
         let mut slots = self.slots.lock().expect("slots lock");
         slots[i].busy = false;
         slots[i].session = session;
+        self.slot_freed.notify_one();
     }
 
     fn render_in_slot(
