@@ -121,6 +121,12 @@ struct Screen {
 
 impl Screen {
     fn enter() -> anyhow::Result<Screen> {
+        use std::io::IsTerminal;
+        if !std::io::stdout().is_terminal() {
+            anyhow::bail!(
+                "the monitor draws on a terminal and stdout is not one; `tessera status` prints the same as text"
+            );
+        }
         install_panic_hook();
         enable_raw_mode().context("the monitor needs a terminal (raw mode failed)")?;
         let mut terminal = match Terminal::new(CrosstermBackend::new(std::io::stdout())) {
@@ -236,9 +242,14 @@ async fn stop_on_signal(tx: Tx) {
 }
 
 async fn connect(ticket: &Ticket) -> anyhow::Result<Client> {
-    tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(ticket))
-        .await
-        .with_context(|| format!("no answer from the coordinator at {}", ticket.addr))?
+    match tokio::time::timeout(CONNECT_TIMEOUT, Client::connect(ticket)).await {
+        Ok(client) => client,
+        Err(_) => anyhow::bail!(
+            "no answer from the coordinator at {} within {}s: is it running, and does this machine reach that address (UDP)?",
+            ticket.addr,
+            CONNECT_TIMEOUT.as_secs()
+        ),
+    }
 }
 
 async fn connect_feed(ticket: &Ticket) -> anyhow::Result<Feed> {

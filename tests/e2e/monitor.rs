@@ -453,7 +453,7 @@ fn a_panic_in_the_monitor_restores_the_terminal() {
     let before = farm.dir.join("stty-before");
     let after = farm.dir.join("stty-after");
     let line = format!(
-        "stty -g > {}; TESSERA_MONITOR_TEST_PANIC=1 {}; echo monitor-exit=$?; stty -g > {}",
+        "stty -g > {}; RUST_BACKTRACE=0 TESSERA_MONITOR_TEST_PANIC=1 {}; echo monitor-exit=$?; stty -g > {}",
         shell_quote(before.to_str().unwrap()),
         monitor_command(&farm),
         shell_quote(after.to_str().unwrap()),
