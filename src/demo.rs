@@ -53,7 +53,38 @@ impl Drop for Farm {
     }
 }
 
-pub async fn run(workers: u32, output: &Path, tiles: TileGrid) -> anyhow::Result<i32> {
+/// The Blender test-scene generator, built in for the Blender demo.
+const MAKE_BLENDER_SCENES: &str = include_str!("../scenes/blender/make_scenes.py");
+
+/// Makes the Blender sample project under `root` with the local Blender;
+/// returns its `.blend`, or `None` when Blender is missing or fails.
+fn blender_scene(root: &Path) -> Option<PathBuf> {
+    let (exe, _) = tessera_worker::engine::blender::detect()?;
+    let script = root.join("make_scenes.py");
+    std::fs::create_dir_all(root).ok()?;
+    std::fs::write(&script, MAKE_BLENDER_SCENES).ok()?;
+    let project = root.join("blender-project");
+    let status = Command::new(exe)
+        .args(["-b", "--factory-startup", "--python"])
+        .arg(&script)
+        .args(["--", "--project"])
+        .arg(&project)
+        .arg("--external")
+        .arg(root.join("blender-external"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .ok()?;
+    let blend = project.join("shot.blend");
+    (status.success() && blend.is_file()).then_some(blend)
+}
+
+pub async fn run(
+    workers: u32,
+    output: &Path,
+    tiles: TileGrid,
+    builtin_only: bool,
+) -> anyhow::Result<i32> {
     let root = std::env::temp_dir().join(format!("tessera-demo-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&root);
     let mut farm = Farm {
@@ -116,13 +147,23 @@ pub async fn run(workers: u32, output: &Path, tiles: TileGrid) -> anyhow::Result
             .context("cannot start a worker")?;
         farm.children.push(worker);
     }
-    eprintln!("{workers} workers started ({threads} render threads each); engine: builtin");
+    // Blender when it is installed, the builtin engine otherwise.
+    let blend = if builtin_only {
+        None
+    } else {
+        blender_scene(&root)
+    };
+    let (scene, engine) = match blend {
+        Some(b) => (b, "blender"),
+        None => (scene_dir.join(SCENE.0), "builtin"),
+    };
+    eprintln!("{workers} workers started ({threads} render threads each); engine: {engine}");
 
     let ticket =
         client::resolve_ticket(Some(&format!("@{}", data.join("client.ticket").display())))?;
     let mut client = Client::connect(&ticket).await?;
     let opts = SubmitOptions {
-        scene: scene_dir.join(SCENE.0),
+        scene,
         frames: None,
         tiles,
         sample_ranges: 1,

@@ -195,6 +195,9 @@ enum Command {
         /// Split each frame into COLSxROWS tiles.
         #[arg(long, default_value = "4x4")]
         tiles: TileGrid,
+        /// Use the builtin engine even when Blender is installed.
+        #[arg(long)]
+        builtin: bool,
     },
 }
 
@@ -412,7 +415,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             workers,
             output,
             tiles,
-        } => demo::run(workers.max(1), &output, tiles).await,
+            builtin,
+        } => demo::run(workers.max(1), &output, tiles, builtin).await,
     }
 }
 
