@@ -104,8 +104,10 @@ pub async fn run(ticket: Ticket) -> anyhow::Result<()> {
             break Ok(());
         }
     };
+    // The key thread may be stuck in a read on a terminal that hung up:
+    // tell it to stop, but never wait for it (the process exits next).
     stop_keys.store(true, Ordering::Relaxed);
-    let _ = keys.join();
+    drop(keys);
     for t in tasks {
         t.abort();
     }
