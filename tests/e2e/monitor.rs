@@ -98,13 +98,19 @@ impl Drop for Tmux {
     }
 }
 
-/// A file the shell writes, once it is there.
+/// A line the shell writes to a file, once it is all there.
 fn wait_file(p: &Path) -> String {
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !p.exists() && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
+    loop {
+        match std::fs::read_to_string(p) {
+            Ok(text) if text.ends_with('\n') => return text,
+            Ok(_) | Err(_) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(50))
+            }
+            Ok(text) => panic!("{}: incomplete after 10 s: {text:?}", p.display()),
+            Err(e) => panic!("{}: {e}", p.display()),
+        }
     }
-    std::fs::read_to_string(p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 fn shell_quote(s: &str) -> String {
@@ -175,7 +181,20 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
     let mut farm = Farm::start("monitor-farm", &[]);
     farm.add_worker_with("mon-w1", &["--price-per-hour", "0.90"]);
     farm.add_worker_with("mon-w2", &["--price-per-hour", "0.45"]);
-    let tmux = Tmux::start("farm", 120, 40, &monitor_command(&farm));
+    // The shell around the monitor writes its exit status to a file: tmux
+    // may mark the pane dead before it has reaped the process, so its
+    // `pane_dead_status` is not a reliable witness.
+    let exit_file = farm.dir.join("monitor-exit");
+    let tmux = Tmux::start(
+        "farm",
+        120,
+        40,
+        &format!(
+            "{}; echo $? > {}",
+            monitor_command(&farm),
+            shell_quote(exit_file.to_str().unwrap())
+        ),
+    );
 
     // Both workers, with CPU telemetry: there is no NVIDIA driver here.
     let screen = tmux.wait_for("both workers and their telemetry", |s| {
@@ -325,17 +344,11 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
     assert!(screen.contains(&format!("│{stays} ")), "{screen}");
 
     tmux.keys(&["q"]);
-    let dead = {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let d = tmux.display("#{pane_dead} #{pane_dead_status}");
-            if d.starts_with('1') || Instant::now() > deadline {
-                break d;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    };
-    assert_eq!(dead, "1 0", "q ends the monitor with exit status 0");
+    assert_eq!(
+        wait_file(&exit_file).trim(),
+        "0",
+        "q ends the monitor with exit status 0"
+    );
 }
 
 #[test]
