@@ -44,6 +44,9 @@ pub struct Config {
     pub heartbeat_ms: u64,
     pub lease_ms: u64,
     pub max_attempts: u32,
+    /// The wait before a failed task's first retry; doubles with each
+    /// further failure.
+    pub retry_backoff_ms: u64,
 }
 
 impl Config {
@@ -55,6 +58,7 @@ impl Config {
             heartbeat_ms: 1000,
             lease_ms: 3000,
             max_attempts: 3,
+            retry_backoff_ms: 1000,
         }
     }
 }
@@ -478,6 +482,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         lease_ms: config.lease_ms,
         max_attempts: config.max_attempts,
         first_epoch: generation << 32,
+        retry_backoff_ms: config.retry_backoff_ms,
     });
     let (commit_tx, commit_rx) = mpsc::unbounded_channel();
     let clock = Instant::now();

@@ -70,7 +70,14 @@ pub struct Config {
     /// seeds it from [`Scheduler::next_epoch`] saved before a restart, so
     /// epochs never repeat.
     pub first_epoch: u64,
+    /// How long a failed task waits before it is handed out again: this
+    /// after its first failure, doubling with each further one, at most
+    /// [`MAX_RETRY_BACKOFF_MS`]. 0 retries at once.
+    pub retry_backoff_ms: Millis,
 }
+
+/// The longest a failed task waits for its retry.
+pub const MAX_RETRY_BACKOFF_MS: Millis = 60_000;
 
 /// A job as the scheduler needs it: what to render next and with which engine.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,6 +228,9 @@ struct Job {
     running: u32,
     /// Task indices waiting for a worker, next first.
     queue: VecDeque<u32>,
+    /// Failed tasks waiting out their retry backoff, with the time they go
+    /// back into `queue`.
+    backoff: HashMap<u32, Millis>,
     /// Failed attempts per task index, for tasks that failed at least once.
     failures: HashMap<u32, u32>,
     /// An operator paused it: no new leases, running ones finish.
@@ -287,6 +297,9 @@ pub struct Scheduler {
     workers: BTreeMap<WorkerId, Worker>,
     leases: BTreeMap<TaskKey, Lease>,
     deadlines: BTreeSet<(Millis, TaskKey)>,
+    /// Failed tasks in backoff, by the time they are queued again. An entry
+    /// whose job ended or whose task was adopted meanwhile is skipped.
+    retries: BTreeSet<(Millis, TaskKey)>,
     /// The worker that got the latest assignment; the next round of
     /// [`Scheduler::assign`] starts after it.
     last_served: Option<WorkerId>,
@@ -302,6 +315,7 @@ impl Scheduler {
             workers: BTreeMap::new(),
             leases: BTreeMap::new(),
             deadlines: BTreeSet::new(),
+            retries: BTreeSet::new(),
             last_served: None,
         }
     }
@@ -332,6 +346,7 @@ impl Scheduler {
             done,
             running: 0,
             queue: pending.into(),
+            backoff: HashMap::new(),
             failures: HashMap::new(),
             paused: false,
             errors: HashMap::new(),
@@ -411,6 +426,7 @@ impl Scheduler {
     /// worker served last, so work spreads over the farm. A worker silent for
     /// a whole lease gets nothing until it is heard from again.
     pub fn assign(&mut self, now: Millis) -> Vec<Assignment> {
+        self.release_retries(now);
         let start = self.last_served.map_or(0, |id| id.wrapping_add(1));
         let mut turns: VecDeque<WorkerId> = (self.workers.range(start..))
             .chain(self.workers.range(..start))
@@ -484,7 +500,14 @@ impl Scheduler {
             job.blocklist.insert(worker);
         }
         if attempts < self.config.max_attempts.max(1) {
-            self.requeue(task, Requeue::Back);
+            let wait = retry_backoff(self.config.retry_backoff_ms, attempts);
+            if wait == 0 {
+                self.requeue(task, Requeue::Back);
+            } else {
+                let at = now.saturating_add(wait);
+                job.backoff.insert(task.index, at);
+                self.retries.insert((at, task));
+            }
             return Ok(FailOutcome {
                 attempts,
                 job_failed: false,
@@ -542,7 +565,7 @@ impl Scheduler {
             total: known.total(),
             done: known.done_count,
             running: known.running,
-            queued: known.queue.len() as u32,
+            queued: (known.queue.len() + known.backoff.len()) as u32,
         })
     }
 
@@ -588,9 +611,77 @@ impl Scheduler {
         })
     }
 
-    /// The earliest lease deadline: call [`Scheduler::expire`] then.
+    /// The earliest lease deadline or end of a retry backoff: call
+    /// [`Scheduler::expire`] and [`Scheduler::assign`] then.
     pub fn next_deadline(&self) -> Option<Millis> {
-        self.deadlines.first().map(|&(deadline, _)| deadline)
+        let lease = self.deadlines.first().map(|&(deadline, _)| deadline);
+        let retry = self.retries.first().map(|&(at, _)| at);
+        lease.into_iter().chain(retry).min()
+    }
+
+    /// Takes over a lease a worker reports holding when it (re)joins, so a
+    /// task still rendering there is not rendered again: after a coordinator
+    /// restart, or when a worker reconnects before its old connection was
+    /// noticed gone. The task must be live and not done, `epoch` one this
+    /// farm handed out, and the task either waiting in its job's queue or
+    /// leased under that same epoch (then the lease moves to `worker`).
+    /// Anything else is refused and changes nothing: the worker should drop
+    /// the task.
+    pub fn adopt(
+        &mut self,
+        worker: WorkerId,
+        task: TaskKey,
+        epoch: Epoch,
+        now: Millis,
+    ) -> Result<(), Refused> {
+        let job = (self.jobs.get(&task.job))
+            .filter(|job| task.index < job.total())
+            .ok_or(Refused::UnknownTask { task })?;
+        if job.done[task.index as usize] {
+            return Err(Refused::AlreadyDone { task });
+        }
+        if !job.state.is_live() {
+            return Err(Refused::JobNotRunning {
+                job: task.job,
+                state: job.state.clone(),
+            });
+        }
+        if !self.workers.contains_key(&worker) || epoch.0 >= self.next_epoch {
+            return Err(Refused::StaleEpoch {
+                task,
+                epoch,
+                current: self.leases.get(&task).map(|l| l.epoch),
+            });
+        }
+        match self.leases.get(&task) {
+            Some(lease) if lease.epoch == epoch => {
+                self.end_lease(task);
+            }
+            Some(lease) => {
+                return Err(Refused::StaleEpoch {
+                    task,
+                    epoch,
+                    current: Some(lease.epoch),
+                })
+            }
+            None => {
+                let job = self.jobs.get_mut(&task.job).expect("checked above");
+                if job.backoff.remove(&task.index).is_none() {
+                    let pos = job.queue.iter().position(|&i| i == task.index);
+                    job.queue
+                        .remove(pos.expect("a live task not done, leased or in backoff is queued"));
+                }
+            }
+        }
+        let job = self.jobs.get_mut(&task.job).expect("checked above");
+        job.running += 1;
+        if job.state == JobState::Queued {
+            job.state = JobState::Running;
+        }
+        sync_ready(&mut self.ready, job);
+        self.grant(task, worker, epoch, now);
+        self.seen(worker, now);
+        Ok(())
     }
 
     /// The leases `worker` holds, in task order.
@@ -656,6 +747,16 @@ impl Scheduler {
         let task = TaskKey { job: job_id, index };
         let epoch = Epoch(self.next_epoch);
         self.next_epoch += 1;
+        self.grant(task, worker, epoch, now);
+        Assignment {
+            worker,
+            task,
+            epoch,
+        }
+    }
+
+    /// Records a lease; the task is counted as running by the caller.
+    fn grant(&mut self, task: TaskKey, worker: WorkerId, epoch: Epoch, now: Millis) {
         let deadline = now.saturating_add(self.config.lease_ms);
         self.leases.insert(
             task,
@@ -668,13 +769,28 @@ impl Scheduler {
         self.deadlines.insert((deadline, task));
         self.workers
             .get_mut(&worker)
-            .expect("assign picks known workers")
+            .expect("leases go to known workers")
             .leases
             .insert(task);
-        Assignment {
-            worker,
-            task,
-            epoch,
+    }
+
+    /// Queues again the failed tasks whose backoff ended by `now`.
+    fn release_retries(&mut self, now: Millis) {
+        while let Some(&(at, task)) = self.retries.first() {
+            if at > now {
+                break;
+            }
+            self.retries.pop_first();
+            let Some(job) = self.jobs.get_mut(&task.job) else {
+                continue;
+            };
+            // Skipped when the job ended or the task was adopted meanwhile.
+            if job.backoff.get(&task.index) == Some(&at) {
+                job.backoff.remove(&task.index);
+                if job.state.is_live() {
+                    self.requeue(task, Requeue::Back);
+                }
+            }
         }
     }
 
@@ -778,9 +894,17 @@ impl Scheduler {
             .expect("the caller checked the job");
         job.state = state;
         job.queue.clear();
+        job.backoff.clear();
         sync_ready(&mut self.ready, job);
         ended
     }
+}
+
+/// The wait before the retry that follows failure number `attempts`.
+fn retry_backoff(base: Millis, attempts: u32) -> Millis {
+    let doublings = attempts.saturating_sub(1).min(16);
+    base.saturating_mul(1 << doublings)
+        .min(MAX_RETRY_BACKOFF_MS)
 }
 
 /// Keeps `job` in its engine's ready set exactly while it is live and has

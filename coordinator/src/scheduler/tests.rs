@@ -36,6 +36,7 @@ impl Farm {
             lease_ms: LEASE,
             max_attempts: 3,
             first_epoch: 1,
+            retry_backoff_ms: 0,
         })
     }
 
@@ -565,6 +566,7 @@ fn check_fail(max_attempts: u32, failures: u32, expected: JobState) {
         lease_ms: LEASE,
         max_attempts,
         first_epoch: 1,
+        retry_backoff_ms: 0,
     });
     farm.job((1, 0, "builtin", 2));
     farm.worker((10, 2, &["builtin"]));
@@ -629,6 +631,7 @@ fn failed_job_refuses_results_and_hands_out_nothing() {
         lease_ms: LEASE,
         max_attempts: 1,
         first_epoch: 1,
+        retry_backoff_ms: 0,
     });
     farm.job((1, 0, "builtin", 4));
     farm.worker((10, 1, &["builtin"]));
@@ -675,6 +678,7 @@ fn epochs_increase_strictly_from_first_epoch() {
         lease_ms: LEASE,
         max_attempts: 3,
         first_epoch: 7_000,
+        retry_backoff_ms: 0,
     });
     assert_eq!(farm.sched.next_epoch(), 7_000);
     farm.job((1, 0, "builtin", 3));
@@ -756,6 +760,7 @@ fn simulate(seed: u64) -> Seen {
         lease_ms: lease,
         max_attempts: u32::MAX,
         first_epoch: seed * 1_000,
+        retry_backoff_ms: 0,
     });
     for (seq, &(id, priority, engine, total)) in SIM_JOBS.iter().enumerate() {
         let job = NewJob {
@@ -1121,6 +1126,7 @@ fn a_worker_that_keeps_failing_a_job_is_blocklisted_and_others_finish_it() {
         lease_ms: LEASE,
         max_attempts: 3,
         first_epoch: 1,
+        retry_backoff_ms: 0,
     });
     farm.job((1, 0, "builtin", 4));
     farm.worker((10, 1, &["builtin"]));
@@ -1153,4 +1159,156 @@ fn a_worker_that_keeps_failing_a_job_is_blocklisted_and_others_finish_it() {
         farm.complete(11, key(1, given[0].2)).unwrap();
     }
     assert_eq!(farm.sched.job_state(1), Some(JobState::Done));
+}
+
+/// A task failing on worker 10 at t=0 waits out `backoff` before anyone
+/// gets it again; the expected waits double with each failure.
+#[track_caller]
+fn check_retry_backoff(base: Millis, expected_waits: &[Millis]) {
+    let mut farm = Farm::with(Config {
+        lease_ms: 100_000,
+        max_attempts: 10,
+        first_epoch: 1,
+        retry_backoff_ms: base,
+    });
+    farm.job((1, 0, "builtin", 1));
+    farm.worker((10, 1, &["builtin"]));
+    farm.worker((11, 1, &["builtin"]));
+    let mut now = 0;
+    for &wait in expected_waits {
+        let given = farm.at(now).assign();
+        assert_eq!(given.len(), 1, "the task is handed out at {now}");
+        let worker = given[0].0;
+        farm.fail(worker, key(1, 0), "driver crashed").unwrap();
+        assert_eq!(farm.progress(1), (1, 0, 0, 1), "waiting counts as queued");
+        assert_eq!(farm.sched.next_deadline(), Some(now + wait));
+        if wait > 0 {
+            assert_eq!(farm.at(now + wait - 1).assign(), [], "still backing off");
+        }
+        now += wait;
+    }
+}
+
+#[test]
+fn failed_tasks_are_retried_with_doubling_backoff() {
+    check_retry_backoff(500, &[500, 1_000, 2_000, 4_000]);
+    check_retry_backoff(40_000, &[40_000, MAX_RETRY_BACKOFF_MS]);
+}
+
+#[test]
+fn a_task_in_backoff_is_dropped_when_its_job_is_canceled() {
+    let mut farm = Farm::with(Config {
+        lease_ms: LEASE,
+        max_attempts: 3,
+        first_epoch: 1,
+        retry_backoff_ms: 1_000,
+    });
+    farm.job((1, 0, "builtin", 1));
+    farm.worker((10, 1, &["builtin"]));
+    farm.assign();
+    farm.fail(10, key(1, 0), "crash").unwrap();
+    assert_eq!(farm.sched.cancel_job(1), []);
+    assert_eq!(farm.progress(1), (1, 0, 0, 0));
+    assert_eq!(farm.at(5_000).assign(), []);
+}
+
+/// Worker 10 rendered task (1, 0) under `epoch` (1 is what this farm
+/// handed out); then `situation` happened, and worker 20 joins saying it
+/// holds task (1, 0) under `claimed`. Adoption must give `expected`.
+#[track_caller]
+fn check_adopt(situation: &str, claimed: u64, expected: Result<(), &str>) {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 2));
+    farm.worker((10, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0)]);
+    match situation {
+        // The coordinator lost the worker's connection: its task was requeued.
+        "worker lost" => {
+            farm.sched.remove_worker(10, 0);
+        }
+        // The old connection is not noticed gone yet: the lease is still there.
+        "old connection open" => {}
+        "done elsewhere" => {
+            farm.sched.remove_worker(10, 0);
+            farm.worker((11, 1, &["builtin"]));
+            assert_eq!(farm.assign(), [(11, 1, 0)]);
+            farm.complete(11, key(1, 0)).unwrap();
+        }
+        "reassigned" => {
+            farm.sched.remove_worker(10, 0);
+            farm.worker((11, 1, &["builtin"]));
+            assert_eq!(farm.assign(), [(11, 1, 0)]);
+        }
+        "canceled" => {
+            farm.sched.cancel_job(1);
+        }
+        "in backoff" => {
+            let mut f = Farm::with(Config {
+                lease_ms: LEASE,
+                max_attempts: 3,
+                first_epoch: 1,
+                retry_backoff_ms: 10_000,
+            });
+            f.job((1, 0, "builtin", 2));
+            f.worker((10, 1, &["builtin"]));
+            f.assign();
+            f.fail(10, key(1, 0), "crash").unwrap();
+            farm = f;
+        }
+        other => panic!("unknown situation {other}"),
+    }
+    farm.at(500).worker((20, 1, &["builtin"]));
+    let before = farm.snapshot(&[1], &[10, 11, 20]);
+    let got = farm.sched.adopt(20, key(1, 0), Epoch(claimed), 500);
+    match expected {
+        Ok(()) => {
+            assert_eq!(got, Ok(()), "{situation}");
+            assert_eq!(farm.sched.running_on(20), [(key(1, 0), Epoch(claimed))]);
+            assert_eq!(farm.sched.running_on(10), [], "{situation}");
+            assert_eq!(farm.progress(1), (2, 0, 1, 1), "{situation}");
+            // The adopted lease lives on from now, and its result counts.
+            assert_eq!(farm.sched.next_deadline(), Some(500 + LEASE));
+            farm.sched
+                .complete(20, key(1, 0), Epoch(claimed), 600)
+                .unwrap();
+            assert_eq!(farm.at(600).assign(), [(20, 1, 1)], "{situation}");
+        }
+        Err(text) => {
+            let refused = got.expect_err(situation).to_string();
+            assert!(refused.contains(text), "{situation}: {refused}");
+            assert_eq!(farm.snapshot(&[1], &[10, 11, 20]), before, "{situation}");
+        }
+    }
+}
+
+#[test]
+fn a_rejoining_worker_keeps_the_tasks_it_still_renders() {
+    check_adopt("worker lost", 1, Ok(()));
+    check_adopt("old connection open", 1, Ok(()));
+    check_adopt("in backoff", 1, Ok(()));
+    check_adopt("done elsewhere", 1, Err("already done"));
+    check_adopt("reassigned", 1, Err("handed out again under epoch 2"));
+    check_adopt("canceled", 1, Err("canceled"));
+    // An epoch this farm never handed out is not taken on trust.
+    check_adopt("worker lost", 99, Err("epoch 99"));
+}
+
+#[test]
+fn epochs_of_an_earlier_coordinator_run_are_adopted_after_a_restart() {
+    // The new run starts its epochs above every earlier one.
+    let mut farm = Farm::with(Config {
+        lease_ms: LEASE,
+        max_attempts: 3,
+        first_epoch: 2 << 32,
+        retry_backoff_ms: 0,
+    });
+    farm.job((1, 0, "builtin", 1));
+    farm.worker((1, 1, &["builtin"]));
+    let old = Epoch((1 << 32) + 5);
+    farm.sched.adopt(1, key(1, 0), old, 0).unwrap();
+    assert_eq!(farm.assign(), [], "its slot is taken by the adopted task");
+    assert_eq!(
+        farm.sched.complete(1, key(1, 0), old, 10),
+        Ok(Accepted::TaskDone { job_done: true })
+    );
 }
