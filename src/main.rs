@@ -56,8 +56,10 @@ enum Command {
         /// How often workers send heartbeats, in milliseconds.
         #[arg(long, default_value_t = 1000)]
         heartbeat_ms: u64,
-        /// How long a lease lives without a heartbeat, in milliseconds.
-        #[arg(long, default_value_t = 3000)]
+        /// How long a lease lives without a heartbeat, in milliseconds. Keep
+        /// it under three heartbeats: a lost worker's tasks then restart
+        /// elsewhere within three heartbeat intervals.
+        #[arg(long, default_value_t = 2500)]
         lease_ms: u64,
     },
     /// Run a worker: joins the farm with a worker ticket and renders tasks.

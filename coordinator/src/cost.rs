@@ -60,6 +60,23 @@ impl Ledger {
         );
     }
 
+    /// Bills a lease a rejoining worker kept: one already open (the same
+    /// worker on a new connection) runs on from when it started.
+    pub fn lease_adopted(
+        &mut self,
+        task: TaskKey,
+        worker: WorkerId,
+        usd_per_hour: f64,
+        now: Millis,
+    ) {
+        let lease = self.open.entry(task).or_insert(OpenLease {
+            worker,
+            usd_per_hour,
+            started: now,
+        });
+        lease.worker = worker;
+    }
+
     /// Ends a lease (result accepted when `finished`); returns what it cost.
     pub fn lease_ended(&mut self, task: TaskKey, finished: bool, now: Millis) -> f64 {
         let Some(lease) = self.open.remove(&task) else {

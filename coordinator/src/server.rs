@@ -56,7 +56,7 @@ impl Config {
             listen,
             advertise: None,
             heartbeat_ms: 1000,
-            lease_ms: 3000,
+            lease_ms: 2500,
             max_attempts: 3,
             retry_backoff_ms: 1000,
         }
@@ -198,6 +198,13 @@ struct Core {
     events: broadcast::Sender<(u64, FarmEvent)>,
     /// The scheduler's time base: milliseconds since this run started.
     clock: Instant,
+    /// After a restart with unfinished jobs, no task is handed out before
+    /// this time, so workers that were rendering can rejoin and keep their
+    /// tasks instead of seeing them given to whoever comes first.
+    rejoin_until: scheduler::Millis,
+    /// Tasks whose lease ended without a result, until they are handed out
+    /// again (to log how quickly a lost task restarts).
+    requeued: HashSet<TaskKey>,
 }
 
 impl Core {
@@ -217,6 +224,9 @@ impl Core {
     /// Bills and forgets a lease that ended.
     fn lease_ended(&mut self, task: TaskKey, finished: bool, now: scheduler::Millis) {
         self.ledger.lease_ended(task, finished, now);
+        if !finished {
+            self.requeued.insert(task);
+        }
         for w in self.workers.values_mut() {
             w.progress
                 .retain(|t, _| (t.job, t.index) != (task.job, task.index));
@@ -496,6 +506,8 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             ledger: Ledger::default(),
             events: broadcast::channel(4096).0,
             clock,
+            rejoin_until: 0,
+            requeued: HashSet::new(),
         }),
         db: Mutex::new(db),
         store,
@@ -508,6 +520,16 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         runtime: tokio::runtime::Handle::current(),
     });
     let unstitched = restore(&farm)?;
+    {
+        let mut core = farm.core();
+        if core.jobs.values().any(|j| j.final_state.is_none()) {
+            core.rejoin_until = config.lease_ms;
+            tracing::info!(
+                wait_ms = config.lease_ms,
+                "unfinished jobs: waiting for workers to rejoin with their tasks before handing out work"
+            );
+        }
+    }
     for (job, frame_pos) in unstitched {
         spawn_stitch(&farm, job, frame_pos);
     }
@@ -684,7 +706,13 @@ async fn dispatcher(farm: Arc<Farm>) {
                 );
             }
             core.send_cancels(&expired);
-            for a in core.sched.assign(now) {
+            let hold = now < core.rejoin_until;
+            let assignments = if hold {
+                Vec::new()
+            } else {
+                core.sched.assign(now)
+            };
+            for a in assignments {
                 let price = core
                     .workers
                     .get(&a.worker)
@@ -703,6 +731,16 @@ async fn dispatcher(farm: Arc<Farm>) {
                 else {
                     continue;
                 };
+                if core.requeued.remove(&a.task) {
+                    tracing::info!(
+                        job = a.task.job,
+                        task = a.task.index,
+                        worker = a.worker,
+                        name = worker.name.as_str(),
+                        unix_ms = unix_ms(),
+                        "requeued task restarted"
+                    );
+                }
                 if worker.jobs_sent.insert(a.task.job) {
                     let spec = &job.spec;
                     let _ = worker.tx.send(CoordMsg::Job(JobInfo {
@@ -721,7 +759,12 @@ async fn dispatcher(farm: Arc<Farm>) {
                 };
                 let _ = worker.tx.send(CoordMsg::Assign(job.task_spec(task)));
             }
-            core.sched.next_deadline()
+            let next = core.sched.next_deadline();
+            if hold {
+                next.into_iter().chain([core.rejoin_until]).min()
+            } else {
+                next
+            }
         };
         let sleep = match deadline {
             Some(at) => Duration::from_millis(at.saturating_sub(farm.now()) + 1),
@@ -1054,6 +1097,7 @@ async fn serve_worker(
         heartbeat_ms: farm.config.heartbeat_ms,
         lease_ms: farm.config.lease_ms,
     });
+    adopt_held_tasks(&farm, id, &name, &info.holding);
     farm.wake.notify_one();
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
@@ -1091,6 +1135,59 @@ async fn serve_worker(
     farm.wake.notify_one();
     writer.abort();
     result
+}
+
+/// Takes over the leases of the tasks a (re)joining worker still holds, so
+/// that work still rendering when the coordinator restarted, or when the
+/// worker's connection dropped, is not rendered again; tells it to drop the
+/// rest.
+fn adopt_held_tasks(farm: &Farm, id: WorkerId, name: &str, holding: &[TaskRef]) {
+    let mut core = farm.core();
+    let core = &mut *core;
+    let now = core.now();
+    for &task in holding {
+        let key = TaskKey {
+            job: task.job,
+            index: task.index,
+        };
+        match core.sched.adopt(id, key, Epoch(task.epoch), now) {
+            Ok(()) => {
+                tracing::info!(
+                    worker = id,
+                    name,
+                    job = task.job,
+                    task = task.index,
+                    epoch = task.epoch,
+                    "task re-adopted from the rejoining worker"
+                );
+                let price = core.workers.get(&id).map_or(0.0, |w| w.info.price_per_hour);
+                core.ledger.lease_adopted(key, id, price, now);
+                if let Some(job) = core.jobs.get_mut(&task.job) {
+                    job.started.get_or_insert((now, job.tasks_done));
+                }
+                if let Some(w) = core.workers.get_mut(&id) {
+                    w.jobs_sent.insert(task.job);
+                }
+                core.emit(FarmEvent::TaskStarted {
+                    job: task.job,
+                    index: task.index,
+                    worker: id,
+                });
+            }
+            Err(refused) => {
+                tracing::info!(
+                    worker = id,
+                    name,
+                    job = task.job,
+                    task = task.index,
+                    "not re-adopted: {refused}"
+                );
+                if let Some(w) = core.workers.get(&id) {
+                    let _ = w.tx.send(CoordMsg::Cancel(task));
+                }
+            }
+        }
+    }
 }
 
 fn handle_worker_msg(

@@ -15,7 +15,7 @@ use crate::Digest;
 pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -51,6 +51,10 @@ pub struct WorkerInfo {
     pub slots: u32,
     pub price_per_hour: f64,
     pub hostname: String,
+    /// Tasks the worker still renders, or rendered and has not had
+    /// acknowledged, from an earlier connection: the coordinator adopts
+    /// the leases it can and cancels the others.
+    pub holding: Vec<TaskRef>,
 }
 
 /// Worker → coordinator, on the control stream.

@@ -115,10 +115,64 @@ pub fn server_endpoint(
     let quic = QuicServerConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     config.transport_config(transport_config(timing));
-    quinn::Endpoint::server(config, addr).map_err(|e| TransportError::Connect {
+    let cannot_listen = |e: std::io::Error| TransportError::Connect {
         addr,
         reason: format!("cannot listen: {e}"),
-    })
+    };
+    let socket = std::net::UdpSocket::bind(addr).map_err(cannot_listen)?;
+    // The same after a restart (see `ResetKey`): the reset key, and the key
+    // that lets the endpoint recognise its own connection ids.
+    let reset_key = ResetKey(blake3::derive_key(
+        "tessera 2026 coordinator stateless reset key",
+        &identity.key_der,
+    ));
+    let cid_key = blake3::derive_key(
+        "tessera 2026 coordinator connection id key",
+        &identity.key_der,
+    );
+    let cid_key = u64::from_le_bytes(cid_key[..8].try_into().expect("8 bytes"));
+    let mut endpoint_config = quinn::EndpointConfig::new(Arc::new(reset_key));
+    endpoint_config.cid_generator(move || {
+        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
+    });
+    quinn::Endpoint::new(
+        endpoint_config,
+        Some(config),
+        socket,
+        Arc::new(quinn::TokioRuntime),
+    )
+    .map_err(cannot_listen)
+}
+
+/// The key of the coordinator's stateless resets, derived from its private
+/// key so that it is the same after a restart. A worker still holding a
+/// connection to the previous run then learns from its next packet that
+/// the connection is gone, and reconnects at once instead of waiting out
+/// the idle timeout.
+struct ResetKey([u8; 32]);
+
+impl quinn::crypto::HmacKey for ResetKey {
+    fn sign(&self, data: &[u8], signature_out: &mut [u8]) {
+        let mac = blake3::keyed_hash(&self.0, data);
+        signature_out.copy_from_slice(&mac.as_bytes()[..signature_out.len()]);
+    }
+
+    fn signature_len(&self) -> usize {
+        32
+    }
+
+    fn verify(&self, data: &[u8], signature: &[u8]) -> Result<(), quinn::crypto::CryptoError> {
+        // blake3::Hash compares in constant time.
+        let mac = blake3::keyed_hash(&self.0, data);
+        let given: [u8; 32] = signature
+            .try_into()
+            .map_err(|_| quinn::crypto::CryptoError)?;
+        if mac == blake3::Hash::from_bytes(given) {
+            Ok(())
+        } else {
+            Err(quinn::crypto::CryptoError)
+        }
+    }
 }
 
 /// Accepts exactly the certificate whose blake3 fingerprint the ticket names.

@@ -2,9 +2,18 @@
 
 use std::collections::HashMap;
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use crate::harness::{
-    assert_frames_match_reference, assert_frames_match_reference_samples, scenes, Farm,
+    assert_frames_match_reference, assert_frames_match_reference_samples, field, scenes, Farm,
 };
+
+fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
+}
 
 #[test]
 fn coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles() {
@@ -55,36 +64,78 @@ fn coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles() {
     // Each task was acknowledged exactly once over both coordinator lives:
     // nothing acknowledged before the kill was rendered and accepted again.
     assert_each_task_accepted_once(&farm, total);
-    // Re-renders are bounded by what was in flight (one slot per worker),
-    // plus results that were rendered but not yet acknowledged at the kill.
+    // Nothing was rendered twice: the tasks rendering at the kill, and the
+    // results rendered but not yet acknowledged, were re-adopted from the
+    // rejoining workers instead of being handed out again.
     let renders = farm.renders().len() as u64;
-    assert!(renders >= total);
-    assert!(
-        renders <= total + 4,
-        "{renders} renders for {total} tasks: finished tiles were rendered again"
+    assert_eq!(
+        renders, total,
+        "every task rendered exactly once across the restart"
     );
+    let log = farm.coordinator_log();
+    assert!(
+        log.contains("task re-adopted from the rejoining worker"),
+        "no task was re-adopted: {log}"
+    );
+    // The restarted coordinator's stateless reset told the workers at once
+    // that their connections were gone; none waited out the idle timeout.
+    for w in 0..2 {
+        let worker_log = farm.log_of(w);
+        let lost: Vec<&str> = (worker_log.lines())
+            .filter(|l| l.contains("disconnected from the coordinator"))
+            .collect();
+        eprintln!("worker {w}: {lost:?}");
+        assert!(
+            !lost.is_empty() && lost.iter().all(|l| !l.contains("timed out")),
+            "{worker_log}"
+        );
+    }
 }
 
 #[test]
-fn worker_killed_mid_task_has_its_task_requeued() {
-    let (mut farm, victim, id) = victim_mid_render(
+fn worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats() {
+    // The default timings: a heartbeat a second, leases of 2.5 s.
+    const HEARTBEAT_MS: u64 = 1000;
+    let mut farm = Farm::start(
         "workerkill",
-        &["--heartbeat-ms", "300", "--lease-ms", "1000"],
+        &["--heartbeat-ms", "1000", "--lease-ms", "2500"],
     );
+    for name in ["w1", "w2", "w3"] {
+        farm.add_worker(name);
+    }
+    // Two long tiles for three workers: one stays idle, ready to take over.
     let scene = scenes().join("demo.scene.json");
-    // Both workers are always busy while tasks remain: the victim dies mid-task.
-    let running = farm.json(&["status", "--json"]);
-    let victim_running = running["workers"]
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "2x1",
+        "--samples",
+        "256",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    farm.wait_for(id, "both tiles rendering", |s| s["tasks_running"] == 2);
+    std::thread::sleep(Duration::from_millis(300));
+    let status = farm.json(&["status", "--json"]);
+    let victim_name = status["workers"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|w| w["name"] == "victim")
-        .map(|w| w["running"].as_u64().unwrap())
+        .find(|w| w["running"] == 1)
+        .map(|w| w["name"].as_str().unwrap().to_string())
+        .unwrap_or_else(|| panic!("no worker is rendering: {status}"));
+    let victim = ["w1", "w2", "w3"]
+        .iter()
+        .position(|n| *n == victim_name)
         .unwrap();
-    assert_eq!(
-        victim_running, 1,
-        "the victim holds a lease when killed: {running}"
+    assert!(
+        !farm.log_of(victim).contains("task rendered"),
+        "the victim is still mid-render"
     );
+    let killed_at = unix_ms();
     farm.kill_worker(victim);
 
     let out = farm.dir.join("out");
@@ -96,18 +147,29 @@ fn worker_killed_mid_task_has_its_task_requeued() {
         out.to_str().unwrap(),
     ]);
     assert_eq!(done["state"], "done");
-    assert_eq!(done["tasks_done"], 16);
+    assert_eq!(done["tasks_done"], 2);
     assert_frames_match_reference_samples(&out, &scene, &[1], 256);
-    // The victim's lease expired (SIGKILL says no goodbye) and its task went
-    // back to the queue; the survivor rendered the rest.
+    // The victim's lease expired (SIGKILL says no goodbye), and its task
+    // restarted on the idle worker within three heartbeat intervals of the
+    // kill, as the coordinator's clock has it.
     let log = farm.coordinator_log();
+    let victim_field = format!("name=\"{victim_name}\"");
     assert!(
         log.lines()
-            .any(|l| l.contains("lease expired; task requeued") && l.contains("name=\"victim\"")),
+            .any(|l| l.contains("lease expired; task requeued") && l.contains(&victim_field)),
         "no lease of the victim expired: {log}"
     );
-    let survivor_log = farm.log_of(1);
-    assert!(survivor_log.contains("result accepted"));
+    let restarted = log
+        .lines()
+        .find(|l| l.contains("requeued task restarted"))
+        .unwrap_or_else(|| panic!("the lost task never restarted: {log}"));
+    assert!(!restarted.contains(&victim_field), "{restarted}");
+    let after_ms = field(restarted, "unix_ms").unwrap() - killed_at;
+    eprintln!("the killed worker's task restarted {after_ms} ms after the SIGKILL");
+    assert!(
+        after_ms <= 3 * HEARTBEAT_MS,
+        "restarted {after_ms} ms after the kill, more than 3 heartbeats: {restarted}"
+    );
 }
 
 /// A farm with a `victim` and a `survivor` worker, busy on one frame whose
@@ -132,6 +194,19 @@ fn victim_mid_render(name: &str, coordinator_args: &[&str]) -> (Farm, usize, u64
     let id = job["id"].as_u64().unwrap();
     farm.wait_for(id, "the victim to render a tile", |_| {
         farm.log_of(victim).contains("task rendered")
+    });
+    // Then caught while it holds a lease and is rendering: the coordinator
+    // counts one task running on it, and no render ends around the check.
+    farm.wait_for(id, "the victim mid-render", |_| {
+        let rendered = farm.log_of(victim).matches("task rendered").count();
+        let running = || {
+            let all = farm.json(&["status", "--json"]);
+            (all["workers"].as_array().unwrap().iter())
+                .any(|w| w["name"] == "victim" && w["running"] == 1)
+        };
+        let holds = running();
+        std::thread::sleep(Duration::from_millis(50));
+        holds && running() && farm.log_of(victim).matches("task rendered").count() == rendered
     });
     (farm, victim, id)
 }
@@ -223,6 +298,28 @@ fn a_worker_paused_past_its_lease_has_its_stale_result_refused() {
         .contains("lease expired; task requeued"));
     assert_each_task_accepted_once(&farm, 16);
     assert_frames_match_reference_samples(&out, &scene, &[1], 256);
+
+    // Awake again, it resynchronised and takes new work.
+    let accepted_before = farm.log_of(victim).matches("result accepted").count();
+    let next = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "2",
+        "--tiles",
+        "4x4",
+        "--samples",
+        "64",
+        "--json",
+    ]);
+    let next = next["id"].as_u64().unwrap();
+    let done = farm.json(&["wait", &next.to_string(), "--json"]);
+    assert_eq!(done["state"], "done");
+    let accepted_after = farm.log_of(victim).matches("result accepted").count();
+    assert!(
+        accepted_after > accepted_before,
+        "the woken worker rendered none of the next job"
+    );
 }
 
 #[test]

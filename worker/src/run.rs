@@ -4,8 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -40,12 +39,27 @@ pub struct Config {
 
 /// Runs until `shutdown` turns true. Returns an error only for problems
 /// retrying cannot fix (a refused ticket, a protocol version mismatch).
+///
+/// Tasks outlive connections: a render goes on while the worker reconnects,
+/// and a finished result is sent again on each new connection until the
+/// coordinator acknowledges it. On joining, the worker names the tasks it
+/// holds; the coordinator adopts those it can and cancels the rest, so a
+/// coordinator restart or a dropped link costs no finished work.
 pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let cache = Arc::new(Cache::open(&config.cache_dir)?);
     let config = Arc::new(config);
+    let (finished_tx, finished_rx) = mpsc::unbounded_channel();
+    let mut held = Held {
+        tasks: HashMap::new(),
+        jobs: HashMap::new(),
+        finished_tx,
+        finished_rx,
+        link: Arc::new(Mutex::new(None)),
+    };
     let mut backoff = Duration::from_millis(200);
     loop {
-        let outcome = session(&config, &cache, &mut shutdown, &mut backoff).await;
+        let outcome = session(&config, &cache, &mut held, &mut shutdown, &mut backoff).await;
+        *held.link.lock().expect("link lock") = None;
         match outcome {
             Err(e) => {
                 if let Some(t) = e.downcast_ref::<TransportError>() {
@@ -53,17 +67,26 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
                         return Err(e);
                     }
                 }
-                tracing::warn!("disconnected from the coordinator: {e:#}");
+                tracing::warn!(
+                    held = held.tasks.len(),
+                    "disconnected from the coordinator: {e:#}"
+                );
             }
             Ok(SessionEnd::Drained) => return Ok(()),
-            Ok(SessionEnd::Closed) => tracing::warn!("the coordinator closed the connection"),
+            Ok(SessionEnd::Closed) => tracing::warn!(
+                held = held.tasks.len(),
+                "the coordinator closed the connection"
+            ),
         }
         let jitter: f64 = rand::random_range(0.5..1.5);
         let wait = backoff.mul_f64(jitter);
         tracing::info!("reconnecting in {} ms", wait.as_millis());
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
-            _ = shutdown.wait_for(|&s| s) => return Ok(()),
+            _ = shutdown.wait_for(|&s| s) => {
+                held.abort_all();
+                return Ok(());
+            }
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
     }
@@ -77,6 +100,112 @@ enum SessionEnd {
     Drained,
 }
 
+/// The tasks this worker holds, across connections.
+struct Held {
+    tasks: HashMap<(u64, u32), HeldTask>,
+    /// The jobs of tasks it was given, as the coordinator described them.
+    jobs: HashMap<u64, Arc<JobInfo>>,
+    /// Render tasks report here when they end.
+    finished_tx: mpsc::UnboundedSender<(TaskRef, Outcome)>,
+    finished_rx: mpsc::UnboundedReceiver<(TaskRef, Outcome)>,
+    /// The current connection's outgoing messages, for progress reports
+    /// from renders that started over an earlier one.
+    link: Link,
+}
+
+type Link = Arc<Mutex<Option<mpsc::UnboundedSender<WorkerMsg>>>>;
+
+struct HeldTask {
+    epoch: u64,
+    state: TaskState,
+}
+
+enum TaskState {
+    Rendering(tokio::task::AbortHandle),
+    /// Rendered or failed; sent until the coordinator acknowledges it.
+    Finished(Arc<Report>),
+}
+
+/// A finished task's report, with the output to upload first when it is
+/// too large to ride inline.
+struct Report {
+    msg: WorkerMsg,
+    upload: Option<Vec<u8>>,
+}
+
+/// What a render task came to.
+enum Outcome {
+    Report(Report),
+    /// The connection it fetched its files over went away before the
+    /// render could start: there is nothing to report.
+    Lost,
+}
+
+impl Held {
+    /// The tasks to name when joining.
+    fn refs(&self) -> Vec<TaskRef> {
+        let mut refs: Vec<TaskRef> = (self.tasks.iter())
+            .map(|(&(job, index), t)| TaskRef {
+                job,
+                index,
+                epoch: t.epoch,
+            })
+            .collect();
+        refs.sort_by_key(|t| (t.job, t.index));
+        refs
+    }
+
+    /// Removes the task if it is held under `epoch`; stops its render.
+    fn drop_task(&mut self, t: TaskRef) -> bool {
+        let key = (t.job, t.index);
+        if self.tasks.get(&key).is_none_or(|h| h.epoch != t.epoch) {
+            return false;
+        }
+        if let Some(HeldTask {
+            state: TaskState::Rendering(handle),
+            ..
+        }) = self.tasks.remove(&key)
+        {
+            handle.abort();
+        }
+        true
+    }
+
+    fn abort_all(&mut self) {
+        for (_, task) in self.tasks.drain() {
+            if let TaskState::Rendering(handle) = task.state {
+                handle.abort();
+            }
+        }
+    }
+
+    fn rendering(&self) -> usize {
+        (self.tasks.values())
+            .filter(|t| matches!(t.state, TaskState::Rendering(_)))
+            .count()
+    }
+}
+
+/// Sends a finished task's report on this connection, uploading its output
+/// first when needed. A failed upload leaves it for the next connection.
+fn send_report(
+    conn: &quinn::Connection,
+    tx: &mpsc::UnboundedSender<WorkerMsg>,
+    report: Arc<Report>,
+) {
+    let (conn, tx) = (conn.clone(), tx.clone());
+    tokio::spawn(async move {
+        if let (Some(bytes), WorkerMsg::Done { output, .. }) = (&report.upload, &report.msg) {
+            let put = blob::put(&conn, *output, bytes.len() as u64, BlobSource::Bytes(bytes)).await;
+            if let Err(e) = put {
+                tracing::warn!("uploading an output failed; it is sent again on reconnect: {e:#}");
+                return;
+            }
+        }
+        let _ = tx.send(report.msg.clone());
+    });
+}
+
 /// One connection, from join to loss. On `shutdown` (SIGTERM, as spot
 /// platforms send before preemption) the worker takes no new work, waits up
 /// to `drain_grace` for running tasks, then closes the connection so the
@@ -85,13 +214,17 @@ enum SessionEnd {
 async fn session(
     config: &Arc<Config>,
     cache: &Arc<Cache>,
+    held: &mut Held,
     shutdown: &mut watch::Receiver<bool>,
     backoff: &mut Duration,
 ) -> anyhow::Result<SessionEnd> {
     let session = tokio::select! {
         s = transport::connect(&config.ticket, &config.name, Timing::default()) => s?,
         // While connecting there is nothing to hand back.
-        _ = shutdown.wait_for(|&s| s) => return Ok(SessionEnd::Drained),
+        _ = shutdown.wait_for(|&s| s) => {
+            held.abort_all();
+            return Ok(SessionEnd::Drained);
+        }
     };
     let conn = session.connection.clone();
     let (mut send, mut recv) = session.control.split();
@@ -112,6 +245,7 @@ async fn session(
         slots: config.slots,
         price_per_hour: config.price_per_hour,
         hostname,
+        holding: held.refs(),
     }))?;
     let heartbeat_ms = match codec::read_frame::<CoordMsg, _>(&mut recv).await? {
         Some(CoordMsg::Joined {
@@ -119,13 +253,26 @@ async fn session(
             heartbeat_ms,
             lease_ms,
         }) => {
-            tracing::info!(worker_id, heartbeat_ms, lease_ms, "joined the farm");
+            tracing::info!(
+                worker_id,
+                heartbeat_ms,
+                lease_ms,
+                holding = held.tasks.len(),
+                "joined the farm"
+            );
             heartbeat_ms
         }
         other => anyhow::bail!("expected Joined, got {other:?}"),
     };
     *backoff = Duration::from_millis(200);
     cache.reset_jobs();
+    *held.link.lock().expect("link lock") = Some(tx.clone());
+    // Results finished before this connection: send them again.
+    for task in held.tasks.values() {
+        if let TaskState::Finished(report) = &task.state {
+            send_report(&conn, &tx, report.clone());
+        }
+    }
     let heartbeat = {
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -147,31 +294,44 @@ async fn session(
             }
         })
     };
-    let unacked = Arc::new(AtomicUsize::new(0));
     let mut draining = false;
     // Set on shutdown: leave when drained or at this instant, whichever is first.
     let mut leave_by: Option<Instant> = None;
     let mut drain_check = tokio::time::interval(Duration::from_millis(100));
-    let mut jobs: HashMap<u64, Arc<JobInfo>> = HashMap::new();
-    let mut running: HashMap<(u64, u32), (u64, tokio::task::AbortHandle)> = HashMap::new();
     let result = loop {
         let next = tokio::select! {
             next = codec::read_frame::<CoordMsg, _>(&mut recv) => next,
+            Some((t, outcome)) = held.finished_rx.recv() => {
+                let key = (t.job, t.index);
+                if held.tasks.get(&key).is_none_or(|h| h.epoch != t.epoch) {
+                    continue; // canceled meanwhile
+                }
+                match outcome {
+                    Outcome::Lost => {
+                        held.tasks.remove(&key);
+                    }
+                    Outcome::Report(report) => {
+                        let report = Arc::new(report);
+                        send_report(&conn, &tx, report.clone());
+                        held.tasks.insert(key, HeldTask { epoch: t.epoch, state: TaskState::Finished(report) });
+                    }
+                }
+                continue;
+            }
             _ = shutdown.wait_for(|&s| s), if leave_by.is_none() => {
-                tracing::info!(running = running.len(), grace_ms = config.drain_grace.as_millis() as u64, "shutting down: handing back leases");
+                tracing::info!(running = held.rendering(), grace_ms = config.drain_grace.as_millis() as u64, "shutting down: handing back leases");
                 let _ = tx.send(WorkerMsg::Draining);
                 draining = true;
                 leave_by = Some(Instant::now() + config.drain_grace);
                 continue;
             }
             _ = drain_check.tick(), if draining => {
-                running.retain(|_, (_, handle)| !handle.is_finished());
-                if running.is_empty() && unacked.load(Ordering::SeqCst) == 0 {
+                if held.tasks.is_empty() {
                     tracing::info!("drained: every task finished and acknowledged; leaving");
                     break Ok(SessionEnd::Drained);
                 }
                 if leave_by.is_some_and(|t| Instant::now() >= t) {
-                    tracing::info!(handed_back = running.len(), "leaving with tasks unfinished; the coordinator requeues them");
+                    tracing::info!(handed_back = held.tasks.len(), "leaving with tasks unfinished; the coordinator requeues them");
                     break Ok(SessionEnd::Drained);
                 }
                 continue;
@@ -182,50 +342,60 @@ async fn session(
             Ok(None) => break Ok(SessionEnd::Closed),
             Err(e) => break Err(anyhow::Error::from(e)),
         };
-        running.retain(|_, (_, handle)| !handle.is_finished());
         match msg {
             CoordMsg::Drain => {
                 tracing::info!(
-                    running = running.len(),
+                    running = held.rendering(),
                     "asked to drain: finishing running tasks, then leaving"
                 );
                 draining = true;
             }
             CoordMsg::Joined { .. } => {}
             CoordMsg::Job(info) => {
-                jobs.insert(info.job, Arc::new(info));
+                held.jobs.insert(info.job, Arc::new(info));
             }
             CoordMsg::Assign(task) => {
-                let Some(job) = jobs.get(&task.task.job).cloned() else {
+                let Some(job) = held.jobs.get(&task.task.job).cloned() else {
                     let _ = tx.send(WorkerMsg::Failed {
                         task: task.task,
                         error: "assigned a task of a job this worker was never told about".into(),
                     });
                     continue;
                 };
-                let key = (task.task.job, task.task.index);
-                let epoch = task.task.epoch;
+                let t = task.task;
+                // A task assigned again replaces the attempt it had here.
+                if let Some(old) = held.tasks.get(&(t.job, t.index)) {
+                    let old = TaskRef {
+                        epoch: old.epoch,
+                        ..t
+                    };
+                    held.drop_task(old);
+                }
                 let handle = tokio::spawn(run_task(
                     config.clone(),
                     cache.clone(),
                     conn.clone(),
-                    tx.clone(),
-                    unacked.clone(),
+                    held.link.clone(),
+                    held.finished_tx.clone(),
                     job,
                     task,
                 ));
-                running.insert(key, (epoch, handle.abort_handle()));
+                held.tasks.insert(
+                    (t.job, t.index),
+                    HeldTask {
+                        epoch: t.epoch,
+                        state: TaskState::Rendering(handle.abort_handle()),
+                    },
+                );
             }
             CoordMsg::Cancel(t) => {
-                if let Some((epoch, handle)) = running.get(&(t.job, t.index)) {
-                    if *epoch == t.epoch {
-                        tracing::info!(
-                            job = t.job,
-                            task = t.index,
-                            "task canceled by the coordinator"
-                        );
-                        handle.abort();
-                    }
+                if held.drop_task(t) {
+                    tracing::info!(
+                        job = t.job,
+                        task = t.index,
+                        epoch = t.epoch,
+                        "task canceled by the coordinator"
+                    );
                 }
             }
             CoordMsg::Ack {
@@ -233,8 +403,10 @@ async fn session(
                 accepted,
                 reason,
             } => {
-                let _ =
-                    unacked.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+                let key = (task.job, task.index);
+                if held.tasks.get(&key).is_some_and(|h| h.epoch == task.epoch) {
+                    held.tasks.remove(&key);
+                }
                 if accepted {
                     tracing::info!(
                         job = task.job,
@@ -246,6 +418,7 @@ async fn session(
                     tracing::warn!(
                         job = task.job,
                         task = task.index,
+                        epoch = task.epoch,
                         "result refused: {}",
                         reason.unwrap_or_default()
                     );
@@ -254,8 +427,9 @@ async fn session(
         }
     };
     heartbeat.abort();
-    for (_, (_, handle)) in running {
-        handle.abort();
+    *held.link.lock().expect("link lock") = None;
+    if matches!(result, Ok(SessionEnd::Drained)) {
+        held.abort_all();
     }
     drop(tx);
     let _ = writer.await;
@@ -271,62 +445,86 @@ async fn run_task(
     config: Arc<Config>,
     cache: Arc<Cache>,
     conn: quinn::Connection,
-    tx: mpsc::UnboundedSender<WorkerMsg>,
-    unacked: Arc<AtomicUsize>,
+    link: Link,
+    finished: mpsc::UnboundedSender<(TaskRef, Outcome)>,
     job: Arc<JobInfo>,
     task: TaskSpec,
 ) {
     let t = task.task;
-    let msg = match render_and_upload(&config, &cache, &conn, &tx, &job, &task).await {
-        Ok(done) => done,
+    let outcome = match render(&config, &cache, &conn, link, &job, &task).await {
+        Ok(report) => Outcome::Report(report),
+        Err(e) if matches!(e, RenderError::Fetch(_)) && conn.close_reason().is_some() => {
+            tracing::warn!(
+                job = t.job,
+                task = t.index,
+                "connection lost while fetching the job's files: {e:#}"
+            );
+            Outcome::Lost
+        }
         Err(e) => {
+            let e = anyhow::Error::from(e);
             tracing::warn!(job = t.job, task = t.index, "task failed: {e:#}");
-            WorkerMsg::Failed {
-                task: t,
-                error: format!("{e:#}"),
-            }
+            Outcome::Report(Report {
+                msg: WorkerMsg::Failed {
+                    task: t,
+                    error: format!("{e:#}"),
+                },
+                upload: None,
+            })
         }
     };
-    unacked.fetch_add(1, Ordering::SeqCst);
-    let _ = tx.send(msg);
+    let _ = finished.send((t, outcome));
 }
 
-async fn render_and_upload(
+#[derive(Debug, thiserror::Error)]
+enum RenderError {
+    #[error("{0:#}")]
+    Fetch(anyhow::Error),
+    #[error("{0:#}")]
+    Render(anyhow::Error),
+}
+
+async fn render(
     config: &Config,
     cache: &Cache,
     conn: &quinn::Connection,
-    tx: &mpsc::UnboundedSender<WorkerMsg>,
+    link: Link,
     job: &Arc<JobInfo>,
     task: &TaskSpec,
-) -> anyhow::Result<WorkerMsg> {
+) -> Result<Report, RenderError> {
     let engine = config
         .engines
         .iter()
         .find(|e| e.kind() == job.engine)
         .cloned()
-        .with_context(|| format!("this worker does not offer the {} engine", job.engine))?;
-    let dir = cache.prepare(conn, job).await?;
+        .with_context(|| format!("this worker does not offer the {} engine", job.engine))
+        .map_err(RenderError::Render)?;
+    let dir = cache.prepare(conn, job).await.map_err(RenderError::Fetch)?;
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
-    let (t, progress_tx) = (task.task, tx.clone());
+    let t = task.task;
     let last_sent = std::sync::Mutex::new(None::<Instant>);
-    // Samples done, at most four reports a second.
+    // Samples done, at most four reports a second, on whichever connection
+    // is current.
     let progress = move |done: u32, total: u32| {
         let mut last = last_sent.lock().expect("progress lock");
         if last.is_none_or(|l| l.elapsed() >= Duration::from_millis(250)) || done == total {
             *last = Some(Instant::now());
-            let _ = progress_tx.send(WorkerMsg::Progress {
-                task: t,
-                done,
-                total,
-            });
+            if let Some(tx) = link.lock().expect("link lock").as_ref() {
+                let _ = tx.send(WorkerMsg::Progress {
+                    task: t,
+                    done,
+                    total,
+                });
+            }
         }
     };
     let output = tokio::task::spawn_blocking(move || engine.render(&job2, &dir, &task2, &progress))
         .await
-        .context("the render thread panicked")??;
+        .context("the render thread panicked")
+        .and_then(|r| r)
+        .map_err(RenderError::Render)?;
     let render_ms = started.elapsed().as_millis() as u64;
-    let t: TaskRef = task.task;
     tracing::info!(
         job = t.job,
         task = t.index,
@@ -337,26 +535,19 @@ async fn render_and_upload(
         "task rendered"
     );
     let digest = Digest::of(&output);
-    if output.len() <= MAX_INLINE_OUTPUT {
-        return Ok(WorkerMsg::Done {
+    let inline = output.len() <= MAX_INLINE_OUTPUT;
+    let (inline, upload) = if inline {
+        (Some(output), None)
+    } else {
+        (None, Some(output))
+    };
+    Ok(Report {
+        msg: WorkerMsg::Done {
             task: t,
             output: digest,
             render_ms,
-            inline: Some(output),
-        });
-    }
-    blob::put(
-        conn,
-        digest,
-        output.len() as u64,
-        BlobSource::Bytes(&output),
-    )
-    .await
-    .context("uploading the output")?;
-    Ok(WorkerMsg::Done {
-        task: t,
-        output: digest,
-        render_ms,
-        inline: None,
+            inline,
+        },
+        upload,
     })
 }
