@@ -18,6 +18,19 @@ pub fn tessera() -> Command {
     Command::new(env!("CARGO_BIN_EXE_tessera"))
 }
 
+/// The `tessera` binary, run in network namespace `netns` when given
+/// (`ip netns exec` execs it: the child's pid is tessera's).
+fn in_netns(netns: Option<&str>) -> Command {
+    match netns {
+        None => tessera(),
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_tessera")]);
+            c
+        }
+    }
+}
+
 pub fn scenes() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes")
 }
@@ -34,12 +47,22 @@ pub struct Farm {
     coordinator_args: Vec<String>,
     coordinator_starts: u32,
     pub workers: Vec<Worker>,
+    /// The network namespace the coordinator and client commands run in,
+    /// and the address the coordinator listens on there.
+    netns: Option<String>,
+    listen_ip: String,
     _lock: MutexGuard<'static, ()>,
 }
 
 impl Farm {
     /// A coordinator with `args` added to its command line (e.g. lease timing).
     pub fn start(name: &str, args: &[&str]) -> Farm {
+        Farm::start_in(name, args, None, "127.0.0.1")
+    }
+
+    /// A farm whose coordinator and client commands run in network
+    /// namespace `netns` (`ip netns exec`), listening on `listen_ip`.
+    pub fn start_in(name: &str, args: &[&str], netns: Option<&str>, listen_ip: &str) -> Farm {
         let lock = ONE_FARM.lock().unwrap_or_else(|e| e.into_inner());
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -51,6 +74,8 @@ impl Farm {
             coordinator_args: args.iter().map(|s| s.to_string()).collect(),
             coordinator_starts: 0,
             workers: Vec::new(),
+            netns: netns.map(str::to_string),
+            listen_ip: listen_ip.to_string(),
             _lock: lock,
         };
         farm.start_coordinator();
@@ -65,8 +90,9 @@ impl Farm {
                 .join(format!("coordinator-{}.log", self.coordinator_starts)),
         )
         .unwrap();
-        let mut child = tessera()
-            .args(["coordinator", "--listen", "127.0.0.1:0", "--data-dir"])
+        let listen = format!("{}:0", self.listen_ip);
+        let mut child = in_netns(self.netns.as_deref())
+            .args(["coordinator", "--listen", &listen, "--data-dir"])
             .arg(&self.data)
             .args(&self.coordinator_args)
             .env("RUST_LOG", "info")
@@ -80,7 +106,10 @@ impl Farm {
         // Keep reading so the coordinator never writes into a closed pipe.
         std::thread::spawn(move || std::io::copy(&mut stdout, &mut std::io::sink()));
         assert!(
-            line.starts_with("tessera coordinator listening on 127.0.0.1:"),
+            line.starts_with(&format!(
+                "tessera coordinator listening on {}:",
+                self.listen_ip
+            )),
             "coordinator said {line:?}"
         );
         self.coordinator = Some(child);
@@ -112,8 +141,20 @@ impl Farm {
 
     /// A worker with extra arguments and environment variables.
     pub fn add_worker_env(&mut self, name: &str, args: &[&str], env: &[(&str, &str)]) -> usize {
+        let netns = self.netns.clone();
+        self.add_worker_in(netns.as_deref(), name, args, env)
+    }
+
+    /// A worker in network namespace `netns` (None: this process's).
+    pub fn add_worker_in(
+        &mut self,
+        netns: Option<&str>,
+        name: &str,
+        args: &[&str],
+        env: &[(&str, &str)],
+    ) -> usize {
         let log = self.dir.join(format!("worker-{name}.log"));
-        let child = tessera()
+        let child = in_netns(netns)
             .args([
                 "worker",
                 "--ticket",
@@ -166,7 +207,7 @@ impl Farm {
 
     /// Runs a client command with the client ticket.
     pub fn run(&self, args: &[&str]) -> Output {
-        tessera()
+        in_netns(self.netns.as_deref())
             .args(args)
             .env("TESSERA_TICKET", self.client_ticket())
             .output()

@@ -8,4 +8,5 @@ mod faults;
 mod harness;
 mod monitor;
 mod operate;
+mod partition;
 mod tiles;

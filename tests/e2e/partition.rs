@@ -1,0 +1,242 @@
+//! A network partition for real: the farm runs in two network namespaces
+//! this test creates (`ip netns`, iproute2), joined by a veth pair that
+//! carries loopback-range addresses only. The coordinator and one worker
+//! live in one namespace, the victim worker in the other; taking the
+//! victim's end of the link down cuts it off like a pulled cable, and
+//! bringing it up heals it. Needs root (the test machines and CI are).
+
+use std::process::Command;
+use std::time::Duration;
+
+use crate::harness::{assert_frames_match_reference_samples, field, scenes, Farm};
+
+/// Two namespaces and the veth pair between them, removed on drop.
+struct Partition {
+    farm_ns: String,
+    victim_ns: String,
+    victim_link: String,
+}
+
+/// The coordinator's side of the link, and the victim's.
+const FARM_IP: &str = "127.77.0.1";
+const VICTIM_IP: &str = "127.77.0.2";
+
+fn ip(args: &[&str]) {
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .expect("iproute2's `ip` runs (apt-get install iproute2)");
+    assert!(
+        out.status.success(),
+        "ip {}: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl Partition {
+    fn create() -> Partition {
+        let id = std::process::id();
+        let p = Partition {
+            farm_ns: format!("tessera-farm-{id}"),
+            victim_ns: format!("tessera-victim-{id}"),
+            victim_link: format!("tsv{id}"),
+        };
+        let farm_link = format!("tsf{id}");
+        for ns in [&p.farm_ns, &p.victim_ns] {
+            ip(&["netns", "add", ns]);
+        }
+        ip(&[
+            "link",
+            "add",
+            &farm_link,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &p.victim_link,
+        ]);
+        for (ns, link, addr) in [
+            (&p.farm_ns, &farm_link, FARM_IP),
+            (&p.victim_ns, &p.victim_link, VICTIM_IP),
+        ] {
+            ip(&["link", "set", link, "netns", ns]);
+            ip(&["-n", ns, "link", "set", "lo", "up"]);
+            ip(&["-n", ns, "addr", "add", &format!("{addr}/30"), "dev", link]);
+            // 127/8 is local to `lo` and martian on other links: let these
+            // namespaces route their slice of it over the veth instead.
+            ip(&[
+                "-n",
+                ns,
+                "route",
+                "del",
+                "127.0.0.0/8",
+                "dev",
+                "lo",
+                "table",
+                "local",
+            ]);
+            for conf in ["all", link.as_str()] {
+                let out = Command::new("ip")
+                    .args(["netns", "exec", ns, "sysctl", "-qw"])
+                    .arg(format!("net.ipv4.conf.{conf}.route_localnet=1"))
+                    .output()
+                    .unwrap();
+                assert!(out.status.success(), "{out:?}");
+            }
+            ip(&["-n", ns, "link", "set", link, "up"]);
+        }
+        p
+    }
+
+    /// Cuts the victim off: its end of the link goes down.
+    fn cut(&self) {
+        ip(&[
+            "-n",
+            &self.victim_ns,
+            "link",
+            "set",
+            &self.victim_link,
+            "down",
+        ]);
+    }
+
+    fn heal(&self) {
+        ip(&[
+            "-n",
+            &self.victim_ns,
+            "link",
+            "set",
+            &self.victim_link,
+            "up",
+        ]);
+    }
+}
+
+impl Drop for Partition {
+    fn drop(&mut self) {
+        // Deleting a namespace deletes the veth pair with it.
+        for ns in [&self.farm_ns, &self.victim_ns] {
+            let _ = Command::new("ip").args(["netns", "del", ns]).status();
+        }
+    }
+}
+
+#[test]
+fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused() {
+    let net = Partition::create();
+    // Heartbeats every 300 ms, leases of 1 s; the QUIC idle timeout is 10 s.
+    let mut farm = Farm::start_in(
+        "partition",
+        &["--heartbeat-ms", "300", "--lease-ms", "1000"],
+        Some(&net.farm_ns),
+        FARM_IP,
+    );
+    let victim = farm.add_worker_in(Some(&net.victim_ns), "victim", &[], &[]);
+    farm.add_worker("survivor");
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "4x4",
+        "--samples",
+        "256",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    // Cut the victim off while it renders (after it finished one tile, so
+    // it is known to work across the link).
+    farm.wait_for(id, "the victim to render a tile over the veth", |_| {
+        farm.log_of(victim).contains("result accepted")
+    });
+    farm.wait_for(id, "the victim mid-render", |_| {
+        let all = farm.json(&["status", "--json"]);
+        (all["workers"].as_array().unwrap().iter())
+            .any(|w| w["name"] == "victim" && w["running"] == 1)
+    });
+    let rendered_before = farm.log_of(victim).matches("task rendered").count();
+    net.cut();
+    // Longer than the lease and than the idle timeout: the coordinator
+    // gives its task to the survivor and drops its connection, while the
+    // victim finishes its render and cannot deliver it.
+    std::thread::sleep(Duration::from_secs(12));
+    let victim_log = farm.log_of(victim);
+    assert!(
+        victim_log.matches("task rendered").count() > rendered_before,
+        "the victim finished its tile during the partition: {victim_log}"
+    );
+    let log = farm.coordinator_log();
+    let expired = (log.lines())
+        .find(|l| l.contains("lease expired; task requeued") && l.contains("name=\"victim\""))
+        .unwrap_or_else(|| panic!("the victim's lease did not expire: {log}"));
+    let lost_task = field(expired, "task").unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("requeued task restarted")
+            && l.contains("name=\"survivor\"")
+            && field(l, "task") == Some(lost_task)),
+        "task {lost_task} was not reassigned to the survivor: {log}"
+    );
+    net.heal();
+
+    let out = farm.dir.join("out");
+    let done = farm.json(&[
+        "wait",
+        &id.to_string(),
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["tasks_done"], 16);
+    assert_frames_match_reference_samples(&out, &scene, &[1], 256);
+
+    // Healed, the victim rejoins by itself and names the task it still
+    // holds; the coordinator does not take it back, and refuses the stale
+    // result the victim sends again.
+    farm.wait_for(id, "the victim to rejoin", |_| {
+        farm.log_of(victim).matches("joined the farm").count() == 2
+    });
+    let about_lost = |log: &str, what: &str| {
+        log.lines()
+            .any(|l| l.contains(what) && field(l, "task") == Some(lost_task))
+    };
+    farm.wait_for(id, "the stale result refused", |_| {
+        about_lost(&farm.log_of(victim), "result refused")
+    });
+    let log = farm.coordinator_log();
+    assert!(about_lost(&log, "not re-adopted"), "{log}");
+    assert!(about_lost(&log, "result refused"), "{log}");
+    // No task was accepted twice.
+    let mut accepted = farm.accepted();
+    let n = accepted.len();
+    accepted.sort();
+    accepted.dedup();
+    assert_eq!(accepted.len(), n, "a task was accepted twice");
+    assert_eq!(n, 16);
+
+    // And it takes new work again.
+    let before = farm.log_of(victim).matches("result accepted").count();
+    let next = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "2",
+        "--tiles",
+        "4x4",
+        "--samples",
+        "32",
+        "--json",
+    ]);
+    let next = next["id"].as_u64().unwrap();
+    assert_eq!(
+        farm.json(&["wait", &next.to_string(), "--json"])["state"],
+        "done"
+    );
+    assert!(
+        farm.log_of(victim).matches("result accepted").count() > before,
+        "the rejoined worker rendered none of the next job"
+    );
+}
