@@ -8,7 +8,12 @@
 //!     no-op engine and 32 connected workers over real QUIC;
 //! (c) Blender sessions: 16 tiles of one frame with a persistent Blender
 //!     session vs one Blender process per task, both against a single
-//!     full-frame render (needs `blender`).
+//!     full-frame render (needs `blender`);
+//! (d) recovery: the makespan of a job on 4 workers when one is SIGKILLed
+//!     at half way, against the same job undisturbed and against the ideal
+//!     (the work left, on 3 workers). The workers run the no-op engine with
+//!     a fixed time per task, so that, like separate GPUs, they do not
+//!     share this machine's 2 cores.
 
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
@@ -31,6 +36,81 @@ fn main() {
     if run("blender") {
         blender_sessions();
     }
+    if run("recovery") {
+        recovery();
+    }
+}
+
+/// Makespan (seconds) of a 256-task job on 4 workers taking 100 ms a task;
+/// with `kill_at`, the first worker is SIGKILLed once that fraction of the
+/// tasks is done. Returns the makespan and the fraction done at the kill.
+fn makespan_on_four(name: &str, kill_at: Option<f64>) -> (f64, f64) {
+    let mut farm = Farm::start(name, &[]);
+    for i in 0..4 {
+        farm.add_worker_with(
+            &format!("gpu-{i}"),
+            &["--engine", "noop", "--noop-ms", "100"],
+        );
+    }
+    let deadline = Instant::now() + std::time::Duration::from_secs(60);
+    while farm.json(&["status", "--json"])["workers"]
+        .as_array()
+        .unwrap()
+        .len()
+        < 4
+    {
+        assert!(Instant::now() < deadline, "workers did not join");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let scene = scenes().join("spheres.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--engine",
+        "noop",
+        "--frames",
+        "1",
+        "--tiles",
+        "16x16",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    let total = job["tasks_total"].as_u64().unwrap() as f64;
+    let mut done_at_kill = 0.0;
+    if let Some(fraction) = kill_at {
+        let s = farm.wait_for(id, "half of the tasks", |s| {
+            s["tasks_done"].as_u64().unwrap() as f64 >= fraction * total
+        });
+        farm.kill_worker(0);
+        done_at_kill = s["tasks_done"].as_u64().unwrap() as f64 / total;
+    }
+    let done = farm.json(&["wait", &id.to_string(), "--json"]);
+    assert_eq!(done["state"], "done");
+    let secs = (done["finished_unix_ms"].as_u64().unwrap()
+        - done["submitted_unix_ms"].as_u64().unwrap()) as f64
+        / 1000.0;
+    (secs, done_at_kill)
+}
+
+fn recovery() {
+    let (undisturbed, _) = makespan_on_four("bench-recovery-calm", None);
+    let (disturbed, f) = makespan_on_four("bench-recovery-kill", Some(0.5));
+    // The ideal: the work done before the kill at the pace of 4 workers,
+    // the rest at the pace of 3.
+    let ideal = undisturbed * (f + (1.0 - f) * 4.0 / 3.0);
+    let ratio = disturbed / ideal;
+    println!("recovery: 256 tasks x 100 ms on 4 workers (no-op engine), 1 worker SIGKILLed");
+    println!("  undisturbed makespan      {undisturbed:8.2} s");
+    println!(
+        "  killed at {:3.0}% done       {disturbed:8.2} s  ({:.3}x undisturbed)",
+        f * 100.0,
+        disturbed / undisturbed
+    );
+    println!(
+        "  ideal (rest on 3 workers)  {ideal:7.2} s  ({:.3}x undisturbed)",
+        ideal / undisturbed
+    );
+    println!("  measured / ideal          {ratio:8.3}  target <= 1.10");
 }
 
 fn efficiency() {

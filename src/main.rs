@@ -95,6 +95,9 @@ enum Command {
         /// Start Blender afresh for every task instead of keeping a session.
         #[arg(long, hide = true)]
         blender_cold: bool,
+        /// For benchmarks: milliseconds each task of the noop engine takes.
+        #[arg(long, hide = true, default_value_t = 0)]
+        noop_ms: u64,
     },
     /// Submit a scene: uploads what the farm lacks, then queues the job.
     Submit {
@@ -290,6 +293,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             blender_device,
             blender_cold,
             drain_grace,
+            noop_ms,
         } => {
             let ticket = client::resolve_ticket(Some(&ticket))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {
@@ -306,6 +310,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 slots,
                 blender_device,
                 blender_cold,
+                noop_ms,
             })?;
             let name = name.unwrap_or_else(|| {
                 let host =
@@ -452,6 +457,7 @@ struct EngineChoice<'a> {
     slots: u32,
     blender_device: blender::Device,
     blender_cold: bool,
+    noop_ms: u64,
 }
 
 fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Engine>>> {
@@ -482,7 +488,9 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Eng
         "blender" => vec![blender().context(
             "--engine blender: Blender is not installed here (or TESSERA_BLENDER does not name a working blender)",
         )?],
-        "noop" => vec![Arc::new(engine::Noop) as Arc<dyn engine::Engine>],
+        "noop" => vec![Arc::new(engine::Noop {
+            per_task: std::time::Duration::from_millis(c.noop_ms),
+        }) as Arc<dyn engine::Engine>],
         "unreal" => anyhow::bail!("the unreal engine is not supported by this build yet"),
         other => anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)"),
     })

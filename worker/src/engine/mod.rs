@@ -104,8 +104,13 @@ impl Engine for Builtin {
 }
 
 /// Renders nothing: every task yields a black tile of the right size, so
-/// jobs still stitch. For measuring the farm's dispatch overhead.
-pub struct Noop;
+/// jobs still stitch. For measuring the farm itself: its dispatch overhead
+/// (`per_task` zero), or how it recovers from failures with workers whose
+/// speed does not depend on this machine's cores, as separate GPUs' would
+/// not (`per_task` set: each task takes that long).
+pub struct Noop {
+    pub per_task: std::time::Duration,
+}
 
 impl Engine for Noop {
     fn kind(&self) -> EngineKind {
@@ -119,6 +124,9 @@ impl Engine for Noop {
         task: &TaskSpec,
         _progress: &(dyn Fn(u32, u32) + Sync),
     ) -> anyhow::Result<Vec<u8>> {
+        if !self.per_task.is_zero() {
+            std::thread::sleep(self.per_task);
+        }
         let (w, h) = (task.tile.width, task.tile.height);
         Ok(builtin::encode_png(
             w,
