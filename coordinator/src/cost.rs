@@ -22,7 +22,8 @@ struct JobCost {
 
 #[derive(Default)]
 pub struct Ledger {
-    open: HashMap<TaskKey, OpenLease>,
+    /// Running leases by task and worker: a straggler's task has two.
+    open: HashMap<(TaskKey, WorkerId), OpenLease>,
     jobs: HashMap<JobId, JobCost>,
 }
 
@@ -51,7 +52,7 @@ impl Ledger {
         now: Millis,
     ) {
         self.open.insert(
-            task,
+            (task, worker),
             OpenLease {
                 worker,
                 usd_per_hour,
@@ -69,17 +70,28 @@ impl Ledger {
         usd_per_hour: f64,
         now: Millis,
     ) {
-        let lease = self.open.entry(task).or_insert(OpenLease {
+        let earlier = (self.open.keys())
+            .find(|(t, _)| *t == task)
+            .copied()
+            .and_then(|key| self.open.remove(&key));
+        let lease = earlier.unwrap_or(OpenLease {
             worker,
             usd_per_hour,
             started: now,
         });
-        lease.worker = worker;
+        self.open
+            .insert((task, worker), OpenLease { worker, ..lease });
     }
 
     /// Ends a lease (result accepted when `finished`); returns what it cost.
-    pub fn lease_ended(&mut self, task: TaskKey, finished: bool, now: Millis) -> f64 {
-        let Some(lease) = self.open.remove(&task) else {
+    pub fn lease_ended(
+        &mut self,
+        task: TaskKey,
+        worker: WorkerId,
+        finished: bool,
+        now: Millis,
+    ) -> f64 {
+        let Some(lease) = self.open.remove(&(task, worker)) else {
             return 0.0;
         };
         let c = cost(lease.usd_per_hour, lease.started, now);
@@ -95,7 +107,7 @@ impl Ledger {
         let running: f64 = self
             .open
             .iter()
-            .filter(|(k, _)| k.job == job)
+            .filter(|((task, _), _)| task.job == job)
             .map(|(_, l)| cost(l.usd_per_hour, l.started, now))
             .sum();
         closed + running
@@ -134,12 +146,12 @@ mod tests {
         // Worker 1 at $3.60/h, worker 2 at $0.72/h.
         l.lease_started(key(1, 0), 1, 3.60, 0);
         l.lease_started(key(1, 1), 2, 0.72, 0);
-        assert!((l.lease_ended(key(1, 0), true, 10_000) - 0.01).abs() < 1e-12); // 10 s × $3.60/h
+        assert!((l.lease_ended(key(1, 0), 1, true, 10_000) - 0.01).abs() < 1e-12); // 10 s × $3.60/h
         assert!((l.job_cost(1, 20_000) - (0.01 + 0.004)).abs() < 1e-12); // + 20 s × $0.72/h running
                                                                          // An expired lease still held the worker: it is billed, but not a finished task.
-        assert!((l.lease_ended(key(1, 1), false, 25_000) - 0.005).abs() < 1e-12);
+        assert!((l.lease_ended(key(1, 1), 2, false, 25_000) - 0.005).abs() < 1e-12);
         l.lease_started(key(1, 1), 1, 3.60, 25_000);
-        l.lease_ended(key(1, 1), true, 30_000);
+        l.lease_ended(key(1, 1), 1, true, 30_000);
         let want = 10.0 * 3.60 / 3600.0 + 25.0 * 0.72 / 3600.0 + 5.0 * 3.60 / 3600.0;
         assert!((l.job_cost(1, 99_000) - want).abs() < 1e-12);
         assert!((l.closed_cost(1) - want).abs() < 1e-12);
@@ -148,6 +160,33 @@ mod tests {
         assert_eq!(l.cost_to_finish(2, 8, 0), None);
         assert!(!l.is_busy(1));
         // Ending an unknown lease costs nothing.
-        assert_eq!(l.lease_ended(key(3, 0), true, 1), 0.0);
+        assert_eq!(l.lease_ended(key(3, 0), 1, true, 1), 0.0);
+    }
+
+    #[test]
+    fn both_attempts_of_a_straggler_are_billed() {
+        let mut l = Ledger::default();
+        // The first attempt runs 100 s on a $36/h worker; a second starts at
+        // 60 s on a $3.60/h one and wins at 100 s.
+        l.lease_started(key(1, 0), 1, 36.0, 0);
+        l.lease_started(key(1, 0), 2, 3.60, 60_000);
+        l.lease_ended(key(1, 0), 2, true, 100_000);
+        l.lease_ended(key(1, 0), 1, false, 100_000);
+        let want = 100.0 * 36.0 / 3600.0 + 40.0 * 3.60 / 3600.0;
+        assert!((l.closed_cost(1) - want).abs() < 1e-12);
+        assert_eq!(l.cost_to_finish(1, 1, 100_000), Some(want));
+    }
+
+    #[test]
+    fn an_adopted_lease_is_billed_from_its_start() {
+        let mut l = Ledger::default();
+        l.lease_started(key(1, 0), 1, 3.60, 0);
+        // The same worker reconnects as worker 5 and keeps the task.
+        l.lease_adopted(key(1, 0), 5, 3.60, 4_000);
+        assert!(!l.is_busy(1) && l.is_busy(5));
+        assert!((l.lease_ended(key(1, 0), 5, true, 10_000) - 0.01).abs() < 1e-12);
+        // After a coordinator restart nothing was open: billed from adoption.
+        l.lease_adopted(key(1, 1), 5, 3.60, 20_000);
+        assert!((l.lease_ended(key(1, 1), 5, true, 30_000) - 0.01).abs() < 1e-12);
     }
 }

@@ -47,6 +47,10 @@ pub struct Config {
     /// The wait before a failed task's first retry; doubles with each
     /// further failure.
     pub retry_backoff_ms: u64,
+    /// A task running this many percent of its job's mean task time, when
+    /// the job has nothing left to hand out, is started again on an idle
+    /// worker (0: never).
+    pub straggler_percent: u32,
 }
 
 impl Config {
@@ -59,6 +63,7 @@ impl Config {
             lease_ms: 2500,
             max_attempts: 3,
             retry_backoff_ms: 1000,
+            straggler_percent: 300,
         }
     }
 }
@@ -222,12 +227,19 @@ impl Core {
     }
 
     /// Bills and forgets a lease that ended.
-    fn lease_ended(&mut self, task: TaskKey, finished: bool, now: scheduler::Millis) {
-        self.ledger.lease_ended(task, finished, now);
-        if !finished {
+    fn lease_ended(
+        &mut self,
+        task: TaskKey,
+        worker: WorkerId,
+        finished: bool,
+        now: scheduler::Millis,
+    ) {
+        self.ledger.lease_ended(task, worker, finished, now);
+        let waiting = (self.sched.task_view(task)).is_some_and(|v| !v.done && v.lease.is_none());
+        if !finished && waiting {
             self.requeued.insert(task);
         }
-        for w in self.workers.values_mut() {
+        if let Some(w) = self.workers.get_mut(&worker) {
             w.progress
                 .retain(|t, _| (t.job, t.index) != (task.job, task.index));
         }
@@ -357,7 +369,7 @@ impl Core {
     fn send_cancels(&mut self, leases: &[scheduler::Assignment]) {
         let now = self.now();
         for lease in leases {
-            self.lease_ended(lease.task, false, now);
+            self.lease_ended(lease.task, lease.worker, false, now);
             if let Some(w) = self.workers.get(&lease.worker) {
                 let _ = w.tx.send(CoordMsg::Cancel(TaskRef {
                     job: lease.task.job,
@@ -493,6 +505,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         max_attempts: config.max_attempts,
         first_epoch: generation << 32,
         retry_backoff_ms: config.retry_backoff_ms,
+        straggler_percent: config.straggler_percent,
     });
     let (commit_tx, commit_rx) = mpsc::unbounded_channel();
     let clock = Instant::now();
@@ -731,6 +744,17 @@ async fn dispatcher(farm: Arc<Farm>) {
                 else {
                     continue;
                 };
+                let second = (core.sched.task_view(a.task))
+                    .and_then(|v| v.lease)
+                    .is_some_and(|(holder, _)| holder != a.worker);
+                if second {
+                    tracing::info!(
+                        job = a.task.job,
+                        task = a.task.index,
+                        worker = a.worker,
+                        "straggler: a second attempt started on an idle worker"
+                    );
+                }
                 if core.requeued.remove(&a.task) {
                     tracing::info!(
                         job = a.task.job,
@@ -766,8 +790,12 @@ async fn dispatcher(farm: Arc<Farm>) {
                 next
             }
         };
+        // While anything runs, look again every heartbeat: a task may have
+        // become a straggler.
         let sleep = match deadline {
-            Some(at) => Duration::from_millis(at.saturating_sub(farm.now()) + 1),
+            Some(at) => Duration::from_millis(
+                (at.saturating_sub(farm.now()) + 1).min(farm.config.heartbeat_ms.max(50)),
+            ),
             None => Duration::from_secs(3600),
         };
         tokio::select! {
@@ -1122,7 +1150,7 @@ async fn serve_worker(
         let now = core.now();
         let requeued = core.sched.remove_worker(id, now);
         for &task in &requeued {
-            core.lease_ended(task, false, now);
+            core.lease_ended(task, id, false, now);
         }
         core.workers.remove(&id);
         core.emit(FarmEvent::WorkerLeft {
@@ -1271,7 +1299,19 @@ fn handle_worker_msg(
                 let now = core.now();
                 let verdict = core.sched.complete(id, key, Epoch(task.epoch), now);
                 if verdict.is_ok() {
-                    core.lease_ended(key, true, now);
+                    core.lease_ended(key, id, true, now);
+                    // The other attempt of a straggler lost the race.
+                    let lost = core.sched.take_superseded();
+                    for l in &lost {
+                        tracing::info!(
+                            job = task.job,
+                            task = task.index,
+                            worker = l.worker,
+                            winner = id,
+                            "superseded: another attempt of the task finished first"
+                        );
+                    }
+                    core.send_cancels(&lost);
                 }
                 verdict
             };
@@ -1306,7 +1346,7 @@ fn handle_worker_msg(
                     .sched
                     .fail(id, key, Epoch(task.epoch), error.clone(), now);
                 if outcome.is_ok() {
-                    core.lease_ended(key, false, now);
+                    core.lease_ended(key, id, false, now);
                     core.emit(FarmEvent::TaskFailed {
                         job: task.job,
                         index: task.index,

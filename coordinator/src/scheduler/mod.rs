@@ -74,7 +74,17 @@ pub struct Config {
     /// after its first failure, doubling with each further one, at most
     /// [`MAX_RETRY_BACKOFF_MS`]. 0 retries at once.
     pub retry_backoff_ms: Millis,
+    /// Straggler threshold in percent of the job's mean task time: once a
+    /// job has nothing left to hand out, a task running longer than this
+    /// (and at least [`STRAGGLER_MIN_MS`]) is started a second time on an
+    /// idle worker; the first result wins. 0 turns this off.
+    pub straggler_percent: u32,
 }
+
+/// A task is never called a straggler before it has run this long.
+pub const STRAGGLER_MIN_MS: Millis = 1_000;
+/// Results of a job needed before its mean task time is trusted.
+pub const STRAGGLER_MIN_SAMPLES: u32 = 3;
 
 /// The longest a failed task waits for its retry.
 pub const MAX_RETRY_BACKOFF_MS: Millis = 60_000;
@@ -243,6 +253,9 @@ struct Job {
     failed_on: HashMap<u32, Vec<WorkerId>>,
     /// Workers that failed too often to get more of its tasks.
     blocklist: HashSet<WorkerId>,
+    /// Lease-to-result times of its accepted results, for stragglers.
+    done_ms_sum: u64,
+    done_ms_count: u32,
 }
 
 impl Job {
@@ -276,6 +289,15 @@ struct Lease {
     worker: WorkerId,
     epoch: Epoch,
     deadline: Millis,
+    /// When it was granted.
+    started: Millis,
+}
+
+/// A task's ordinary lease, or the second one of a straggler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum Attempt {
+    Primary,
+    Backup,
 }
 
 /// Which end of its job's queue a task goes back to.
@@ -296,7 +318,12 @@ pub struct Scheduler {
     ready: HashMap<String, BTreeSet<Rank>>,
     workers: BTreeMap<WorkerId, Worker>,
     leases: BTreeMap<TaskKey, Lease>,
-    deadlines: BTreeSet<(Millis, TaskKey)>,
+    /// Second leases of stragglers, on other workers than the first.
+    backups: BTreeMap<TaskKey, Lease>,
+    deadlines: BTreeSet<(Millis, TaskKey, Attempt)>,
+    /// Leases that lost to another attempt's result; the server tells
+    /// their workers to stop (see [`Scheduler::take_superseded`]).
+    superseded: Vec<Assignment>,
     /// Failed tasks in backoff, by the time they are queued again. An entry
     /// whose job ended or whose task was adopted meanwhile is skipped.
     retries: BTreeSet<(Millis, TaskKey)>,
@@ -314,7 +341,9 @@ impl Scheduler {
             ready: HashMap::new(),
             workers: BTreeMap::new(),
             leases: BTreeMap::new(),
+            backups: BTreeMap::new(),
             deadlines: BTreeSet::new(),
+            superseded: Vec::new(),
             retries: BTreeSet::new(),
             last_served: None,
         }
@@ -353,6 +382,8 @@ impl Scheduler {
             worker_failures: HashMap::new(),
             failed_on: HashMap::new(),
             blocklist: HashSet::new(),
+            done_ms_sum: 0,
+            done_ms_count: 0,
         };
         sync_ready(&mut self.ready, &entry);
         self.jobs.insert(job.id, entry);
@@ -389,10 +420,18 @@ impl Scheduler {
             return Vec::new();
         };
         let tasks: Vec<TaskKey> = removed.leases.into_iter().collect();
+        let mut requeue = Vec::new();
         for &task in &tasks {
-            self.end_lease(task);
+            if self.leases.get(&task).is_some_and(|l| l.worker == worker) {
+                self.end_lease(task);
+                if !self.promote_backup(task) {
+                    requeue.push(task);
+                }
+            } else {
+                self.end_backup(task);
+            }
         }
-        self.requeue_front(tasks.clone());
+        self.requeue_front(requeue);
         tasks
     }
 
@@ -409,13 +448,16 @@ impl Scheduler {
         let known = &*known;
         let deadline = now.saturating_add(self.config.lease_ms);
         for &task in &known.leases {
-            let lease = self
-                .leases
-                .get_mut(&task)
-                .expect("a worker's lease is in the lease table");
-            self.deadlines.remove(&(lease.deadline, task));
+            let (lease, attempt) = match self.leases.get_mut(&task) {
+                Some(lease) if lease.worker == worker => (lease, Attempt::Primary),
+                _ => (
+                    (self.backups.get_mut(&task)).expect("a worker's lease is in a lease table"),
+                    Attempt::Backup,
+                ),
+            };
+            self.deadlines.remove(&(lease.deadline, task, attempt));
             lease.deadline = deadline;
-            self.deadlines.insert((deadline, task));
+            self.deadlines.insert((deadline, task, attempt));
         }
         was_silent
     }
@@ -446,7 +488,64 @@ impl Scheduler {
                 turns.push_back(worker);
             }
         }
+        self.speculate(now, &mut assignments);
         assignments
+    }
+
+    /// Gives each worker still idle a second attempt of the longest-running
+    /// straggler it can render (see [`Config::straggler_percent`]).
+    fn speculate(&mut self, now: Millis, assignments: &mut Vec<Assignment>) {
+        if self.config.straggler_percent == 0 || self.leases.is_empty() {
+            return;
+        }
+        let idle: Vec<WorkerId> = (self.workers.iter())
+            .filter(|(_, w)| w.has_free_slot() && !w.is_silent(now, self.config.lease_ms))
+            .map(|(&id, _)| id)
+            .collect();
+        for worker in idle {
+            let Some(task) = self.straggler_for(worker, now) else {
+                continue;
+            };
+            let epoch = Epoch(self.next_epoch);
+            self.next_epoch += 1;
+            self.grant(task, worker, epoch, now, Attempt::Backup);
+            assignments.push(Assignment {
+                worker,
+                task,
+                epoch,
+            });
+        }
+    }
+
+    /// The longest-running task that is a straggler and that `worker` may
+    /// take a second attempt of.
+    fn straggler_for(&self, worker: WorkerId, now: Millis) -> Option<TaskKey> {
+        let engines = &self.workers[&worker].engines;
+        let percent = u64::from(self.config.straggler_percent);
+        (self.leases.iter())
+            .filter(|(task, lease)| {
+                let job = &self.jobs[&task.job];
+                let running = now.saturating_sub(lease.started);
+                lease.worker != worker
+                    && !self.backups.contains_key(task)
+                    && job.state.is_live()
+                    && !job.paused
+                    && job.queue.is_empty()
+                    && job.backoff.is_empty()
+                    && job.done_ms_count >= STRAGGLER_MIN_SAMPLES
+                    && engines.contains(&job.engine)
+                    && !job.blocklist.contains(&worker)
+                    && running >= STRAGGLER_MIN_MS
+                    && running * 100 * u64::from(job.done_ms_count) >= percent * job.done_ms_sum
+            })
+            .max_by_key(|(_, lease)| now.saturating_sub(lease.started))
+            .map(|(&task, _)| task)
+    }
+
+    /// Leases that ended because another attempt of their task was
+    /// accepted first; tell their workers to stop.
+    pub fn take_superseded(&mut self) -> Vec<Assignment> {
+        std::mem::take(&mut self.superseded)
     }
 
     /// Accepts the result of `task` from the worker holding its current lease
@@ -458,10 +557,24 @@ impl Scheduler {
         epoch: Epoch,
         now: Millis,
     ) -> Result<Accepted, Refused> {
-        self.check_lease(worker, task, epoch)?;
-        self.end_lease(task);
+        let attempt = self.check_lease(worker, task, epoch)?;
+        // The winner's lease ends, and the other attempt's, if any, loses.
+        let (won, lost) = match attempt {
+            Attempt::Primary => (self.end_lease(task), self.end_backup(task)),
+            Attempt::Backup => (self.end_backup(task), self.end_lease(task)),
+        };
+        let won = won.expect("checked above");
+        if let Some(lost) = lost {
+            self.superseded.push(Assignment {
+                worker: lost.worker,
+                task,
+                epoch: lost.epoch,
+            });
+        }
         self.seen(worker, now);
         let job = self.jobs.get_mut(&task.job).expect("checked above");
+        job.done_ms_sum += now.saturating_sub(won.started);
+        job.done_ms_count += 1;
         job.done[task.index as usize] = true;
         job.done_count += 1;
         let job_done = job.done_count == job.total();
@@ -483,12 +596,25 @@ impl Scheduler {
         error: String,
         now: Millis,
     ) -> Result<FailOutcome, Refused> {
-        self.check_lease(worker, task, epoch)?;
-        self.end_lease(task);
+        let attempt = self.check_lease(worker, task, epoch)?;
+        // A failed second attempt leaves the first running; a failed first
+        // attempt hands the task to the second, if there is one.
+        let carried_on = match attempt {
+            Attempt::Backup => {
+                self.end_backup(task);
+                true
+            }
+            Attempt::Primary => {
+                self.end_lease(task);
+                self.promote_backup(task)
+            }
+        };
         self.seen(worker, now);
         let job = self.jobs.get_mut(&task.job).expect("checked above");
         let attempts = job.failures.entry(task.index).or_insert(0);
-        *attempts += 1;
+        if attempt == Attempt::Primary {
+            *attempts += 1;
+        }
         let attempts = *attempts;
         let errors = job.errors.entry(task.index).or_default();
         errors.push(format!("worker {worker}: {error}"));
@@ -499,9 +625,11 @@ impl Scheduler {
         if blocklisted {
             job.blocklist.insert(worker);
         }
-        if attempts < self.config.max_attempts.max(1) {
+        if attempts < self.config.max_attempts.max(1) || attempt == Attempt::Backup {
             let wait = retry_backoff(self.config.retry_backoff_ms, attempts);
-            if wait == 0 {
+            if carried_on {
+                // Another attempt is still running: nothing to requeue.
+            } else if wait == 0 {
                 self.requeue(task, Requeue::Back);
             } else {
                 let at = now.saturating_add(wait);
@@ -529,20 +657,26 @@ impl Scheduler {
     /// task at the front of its job; returns the expired leases.
     pub fn expire(&mut self, now: Millis) -> Vec<Assignment> {
         let mut expired = Vec::new();
-        while let Some(&(deadline, task)) = self.deadlines.first() {
+        let mut requeue = Vec::new();
+        while let Some(&(deadline, task, attempt)) = self.deadlines.first() {
             if deadline > now {
                 break;
             }
-            let lease = self
-                .end_lease(task)
-                .expect("every deadline belongs to a lease");
+            let lease = match attempt {
+                Attempt::Primary => self.end_lease(task),
+                Attempt::Backup => self.end_backup(task),
+            };
+            let lease = lease.expect("every deadline belongs to a lease");
+            if attempt == Attempt::Primary && !self.promote_backup(task) {
+                requeue.push(task);
+            }
             expired.push(Assignment {
                 worker: lease.worker,
                 task,
                 epoch: lease.epoch,
             });
         }
-        self.requeue_front(expired.iter().map(|lease| lease.task).collect());
+        self.requeue_front(requeue);
         expired
     }
 
@@ -614,7 +748,7 @@ impl Scheduler {
     /// The earliest lease deadline or end of a retry backoff: call
     /// [`Scheduler::expire`] and [`Scheduler::assign`] then.
     pub fn next_deadline(&self) -> Option<Millis> {
-        let lease = self.deadlines.first().map(|&(deadline, _)| deadline);
+        let lease = self.deadlines.first().map(|&(deadline, _, _)| deadline);
         let retry = self.retries.first().map(|&(at, _)| at);
         lease.into_iter().chain(retry).min()
     }
@@ -653,6 +787,12 @@ impl Scheduler {
                 current: self.leases.get(&task).map(|l| l.epoch),
             });
         }
+        if self.backups.get(&task).is_some_and(|b| b.epoch == epoch) {
+            self.end_backup(task);
+            self.grant(task, worker, epoch, now, Attempt::Backup);
+            self.seen(worker, now);
+            return Ok(());
+        }
         match self.leases.get(&task) {
             Some(lease) if lease.epoch == epoch => {
                 self.end_lease(task);
@@ -679,7 +819,7 @@ impl Scheduler {
             job.state = JobState::Running;
         }
         sync_ready(&mut self.ready, job);
-        self.grant(task, worker, epoch, now);
+        self.grant(task, worker, epoch, now, Attempt::Primary);
         self.seen(worker, now);
         Ok(())
     }
@@ -689,10 +829,11 @@ impl Scheduler {
         let Some(known) = self.workers.get(&worker) else {
             return Vec::new();
         };
-        known
-            .leases
-            .iter()
-            .map(|&task| (task, self.leases[&task].epoch))
+        (known.leases.iter())
+            .map(|&task| match self.leases.get(&task) {
+                Some(lease) if lease.worker == worker => (task, lease.epoch),
+                _ => (task, self.backups[&task].epoch),
+            })
             .collect()
     }
 
@@ -747,7 +888,7 @@ impl Scheduler {
         let task = TaskKey { job: job_id, index };
         let epoch = Epoch(self.next_epoch);
         self.next_epoch += 1;
-        self.grant(task, worker, epoch, now);
+        self.grant(task, worker, epoch, now, Attempt::Primary);
         Assignment {
             worker,
             task,
@@ -755,18 +896,28 @@ impl Scheduler {
         }
     }
 
-    /// Records a lease; the task is counted as running by the caller.
-    fn grant(&mut self, task: TaskKey, worker: WorkerId, epoch: Epoch, now: Millis) {
+    /// Records a lease; a first attempt is counted as running by the
+    /// caller.
+    fn grant(
+        &mut self,
+        task: TaskKey,
+        worker: WorkerId,
+        epoch: Epoch,
+        now: Millis,
+        attempt: Attempt,
+    ) {
         let deadline = now.saturating_add(self.config.lease_ms);
-        self.leases.insert(
-            task,
-            Lease {
-                worker,
-                epoch,
-                deadline,
-            },
-        );
-        self.deadlines.insert((deadline, task));
+        let lease = Lease {
+            worker,
+            epoch,
+            deadline,
+            started: now,
+        };
+        match attempt {
+            Attempt::Primary => self.leases.insert(task, lease),
+            Attempt::Backup => self.backups.insert(task, lease),
+        };
+        self.deadlines.insert((deadline, task, attempt));
         self.workers
             .get_mut(&worker)
             .expect("leases go to known workers")
@@ -801,7 +952,12 @@ impl Scheduler {
         }
     }
 
-    fn check_lease(&self, worker: WorkerId, task: TaskKey, epoch: Epoch) -> Result<(), Refused> {
+    fn check_lease(
+        &self,
+        worker: WorkerId,
+        task: TaskKey,
+        epoch: Epoch,
+    ) -> Result<Attempt, Refused> {
         let job = (self.jobs.get(&task.job))
             .filter(|job| task.index < job.total())
             .ok_or(Refused::UnknownTask { task })?;
@@ -814,9 +970,12 @@ impl Scheduler {
                 state: job.state.clone(),
             });
         }
+        if (self.backups.get(&task)).is_some_and(|b| b.epoch == epoch && b.worker == worker) {
+            return Ok(Attempt::Backup);
+        }
         let lease = self.leases.get(&task);
         match lease {
-            Some(lease) if lease.epoch == epoch && lease.worker == worker => Ok(()),
+            Some(lease) if lease.epoch == epoch && lease.worker == worker => Ok(Attempt::Primary),
             Some(lease) if lease.epoch == epoch => Err(Refused::NotLeasedToWorker {
                 task,
                 worker,
@@ -834,7 +993,8 @@ impl Scheduler {
     /// queued until the caller decides.
     fn end_lease(&mut self, task: TaskKey) -> Option<Lease> {
         let lease = self.leases.remove(&task)?;
-        self.deadlines.remove(&(lease.deadline, task));
+        self.deadlines
+            .remove(&(lease.deadline, task, Attempt::Primary));
         if let Some(worker) = self.workers.get_mut(&lease.worker) {
             worker.leases.remove(&task);
         }
@@ -842,6 +1002,34 @@ impl Scheduler {
             job.running -= 1;
         }
         Some(lease)
+    }
+
+    /// Ends a straggler's second lease; the task's counts do not change.
+    fn end_backup(&mut self, task: TaskKey) -> Option<Lease> {
+        let lease = self.backups.remove(&task)?;
+        self.deadlines
+            .remove(&(lease.deadline, task, Attempt::Backup));
+        if let Some(worker) = self.workers.get_mut(&lease.worker) {
+            worker.leases.remove(&task);
+        }
+        Some(lease)
+    }
+
+    /// After a task's first lease ended without a result: its second
+    /// attempt, if any, becomes the first, and the task runs on.
+    fn promote_backup(&mut self, task: TaskKey) -> bool {
+        let Some(lease) = self.backups.remove(&task) else {
+            return false;
+        };
+        self.deadlines
+            .remove(&(lease.deadline, task, Attempt::Backup));
+        self.deadlines
+            .insert((lease.deadline, task, Attempt::Primary));
+        self.leases.insert(task, lease);
+        if let Some(job) = self.jobs.get_mut(&task.job) {
+            job.running += 1;
+        }
+        true
     }
 
     fn requeue(&mut self, task: TaskKey, end: Requeue) {
@@ -882,11 +1070,14 @@ impl Scheduler {
         let mut ended = Vec::with_capacity(tasks.len());
         for task in tasks {
             let lease = self.end_lease(task).expect("listed from the lease table");
-            ended.push(Assignment {
-                worker: lease.worker,
-                task,
-                epoch: lease.epoch,
-            });
+            let backup = self.end_backup(task);
+            for lease in [Some(lease), backup].into_iter().flatten() {
+                ended.push(Assignment {
+                    worker: lease.worker,
+                    task,
+                    epoch: lease.epoch,
+                });
+            }
         }
         let job = self
             .jobs

@@ -37,6 +37,7 @@ impl Farm {
             max_attempts: 3,
             first_epoch: 1,
             retry_backoff_ms: 0,
+            straggler_percent: 0,
         })
     }
 
@@ -567,6 +568,7 @@ fn check_fail(max_attempts: u32, failures: u32, expected: JobState) {
         max_attempts,
         first_epoch: 1,
         retry_backoff_ms: 0,
+        straggler_percent: 0,
     });
     farm.job((1, 0, "builtin", 2));
     farm.worker((10, 2, &["builtin"]));
@@ -632,6 +634,7 @@ fn failed_job_refuses_results_and_hands_out_nothing() {
         max_attempts: 1,
         first_epoch: 1,
         retry_backoff_ms: 0,
+        straggler_percent: 0,
     });
     farm.job((1, 0, "builtin", 4));
     farm.worker((10, 1, &["builtin"]));
@@ -679,6 +682,7 @@ fn epochs_increase_strictly_from_first_epoch() {
         max_attempts: 3,
         first_epoch: 7_000,
         retry_backoff_ms: 0,
+        straggler_percent: 0,
     });
     assert_eq!(farm.sched.next_epoch(), 7_000);
     farm.job((1, 0, "builtin", 3));
@@ -732,6 +736,10 @@ struct Seen {
     late_refused: u32,
     retried: u32,
     canceled: u32,
+    /// Second attempts of stragglers handed out.
+    speculated: u32,
+    /// Attempts that lost to the other attempt of their task.
+    superseded: u32,
 }
 
 /// What a fake worker believes it is rendering.
@@ -761,6 +769,7 @@ fn simulate(seed: u64) -> Seen {
         max_attempts: u32::MAX,
         first_epoch: seed * 1_000,
         retry_backoff_ms: 0,
+        straggler_percent: 300,
     });
     for (seq, &(id, priority, engine, total)) in SIM_JOBS.iter().enumerate() {
         let job = NewJob {
@@ -888,6 +897,14 @@ fn simulate(seed: u64) -> Seen {
                 }
             }
         }
+        // The losers of straggler races stop; a late result of theirs is refused.
+        for lost in sched.take_superseded() {
+            seen.superseded += 1;
+            if let Some(fake) = live.get_mut(&lost.worker) {
+                fake.tasks.retain(|&(t, _)| t != lost.task);
+            }
+            late.push((lost.worker, lost.task, lost.epoch));
+        }
 
         for (&id, fake) in live.iter_mut() {
             if now - fake.last_heartbeat >= lease / 3 {
@@ -923,6 +940,9 @@ fn simulate(seed: u64) -> Seen {
                 !(canceled && given.task.job == 4),
                 "canceled job handed out"
             );
+            if sched.task_view(given.task).unwrap().lease.unwrap().0 != given.worker {
+                seen.speculated += 1;
+            }
             if let Some(fake) = live.get_mut(&given.worker) {
                 fake.tasks.push((given.task, given.epoch));
             }
@@ -985,6 +1005,8 @@ fn random_farm_renders_every_task_exactly_once() {
         total.late_refused += seen.late_refused;
         total.retried += seen.retried;
         total.canceled += seen.canceled;
+        total.speculated += seen.speculated;
+        total.superseded += seen.superseded;
     }
     eprintln!("{total:?}");
     let Seen {
@@ -996,6 +1018,8 @@ fn random_farm_renders_every_task_exactly_once() {
         late_refused,
         retried,
         canceled,
+        speculated,
+        superseded,
     } = total;
     for (event, count) in [
         ("joined", joined),
@@ -1006,6 +1030,8 @@ fn random_farm_renders_every_task_exactly_once() {
         ("late_refused", late_refused),
         ("retried", retried),
         ("canceled", canceled),
+        ("speculated", speculated),
+        ("superseded", superseded),
     ] {
         assert!(count > 0, "the simulation never saw {event}");
     }
@@ -1127,6 +1153,7 @@ fn a_worker_that_keeps_failing_a_job_is_blocklisted_and_others_finish_it() {
         max_attempts: 3,
         first_epoch: 1,
         retry_backoff_ms: 0,
+        straggler_percent: 0,
     });
     farm.job((1, 0, "builtin", 4));
     farm.worker((10, 1, &["builtin"]));
@@ -1170,6 +1197,7 @@ fn check_retry_backoff(base: Millis, expected_waits: &[Millis]) {
         max_attempts: 10,
         first_epoch: 1,
         retry_backoff_ms: base,
+        straggler_percent: 0,
     });
     farm.job((1, 0, "builtin", 1));
     farm.worker((10, 1, &["builtin"]));
@@ -1202,6 +1230,7 @@ fn a_task_in_backoff_is_dropped_when_its_job_is_canceled() {
         max_attempts: 3,
         first_epoch: 1,
         retry_backoff_ms: 1_000,
+        straggler_percent: 0,
     });
     farm.job((1, 0, "builtin", 1));
     farm.worker((10, 1, &["builtin"]));
@@ -1248,6 +1277,7 @@ fn check_adopt(situation: &str, claimed: u64, expected: Result<(), &str>) {
                 max_attempts: 3,
                 first_epoch: 1,
                 retry_backoff_ms: 10_000,
+                straggler_percent: 0,
             });
             f.job((1, 0, "builtin", 2));
             f.worker((10, 1, &["builtin"]));
@@ -1301,6 +1331,7 @@ fn epochs_of_an_earlier_coordinator_run_are_adopted_after_a_restart() {
         max_attempts: 3,
         first_epoch: 2 << 32,
         retry_backoff_ms: 0,
+        straggler_percent: 0,
     });
     farm.job((1, 0, "builtin", 1));
     farm.worker((1, 1, &["builtin"]));
@@ -1311,4 +1342,121 @@ fn epochs_of_an_earlier_coordinator_run_are_adopted_after_a_restart() {
         farm.sched.complete(1, key(1, 0), old, 10),
         Ok(Accepted::TaskDone { job_done: true })
     );
+}
+
+/// Job 1 has 5 tasks; worker 10 is fast (100 ms a task), worker 11 took
+/// task 1 at t=0 and is still on it at `now`. Returns the farm after the
+/// fast worker finished tasks 0, 2, 3 and 4 by t=400 and `assign` ran at
+/// `now`, with what that assign handed out.
+fn straggler_farm(straggler_percent: u32, now: Millis) -> (Farm, Vec<Given>) {
+    let mut farm = Farm::with(Config {
+        lease_ms: 100_000,
+        max_attempts: 3,
+        first_epoch: 1,
+        retry_backoff_ms: 0,
+        straggler_percent,
+    });
+    farm.job((1, 0, "builtin", 5));
+    farm.worker((10, 1, &["builtin"]));
+    farm.worker((11, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (11, 1, 1)]);
+    for (t, next) in [(100, Some(2)), (200, Some(3)), (300, Some(4)), (400, None)] {
+        let done = [0, 2, 3, 4][t as usize / 100 - 1];
+        farm.at(t).complete(10, key(1, done)).unwrap();
+        let given = farm.assign();
+        match next {
+            Some(index) => assert_eq!(given, [(10, 1, index)]),
+            None => assert_eq!(given, [], "at 400 nothing is a straggler yet"),
+        }
+    }
+    let given = farm.at(now).assign();
+    (farm, given)
+}
+
+#[test]
+fn a_straggler_is_started_again_on_an_idle_worker_and_the_first_result_wins() {
+    // Under the minimum running time, or under 3x the mean of 100 ms: no.
+    assert_eq!(straggler_farm(300, 999).1, []);
+    assert_eq!(straggler_farm(0, 50_000).1, [], "turned off");
+    assert_eq!(
+        straggler_farm(100_000, 50_000).1,
+        [],
+        "under 1000x the mean"
+    );
+    let (mut farm, given) = straggler_farm(300, 1_000);
+    assert_eq!(given, [(10, 1, 1)], "a second attempt on the idle worker");
+    assert_eq!(farm.progress(1), (5, 4, 1, 0), "still one task running");
+    let first = farm.epoch(11, key(1, 1));
+    let second = farm.epoch(10, key(1, 1));
+    assert_ne!(first, second);
+    // Never a third attempt.
+    farm.worker((12, 1, &["builtin"]));
+    assert_eq!(farm.at(5_000).assign(), []);
+    // The second attempt finishes first: it wins, the first is superseded.
+    assert_eq!(
+        farm.complete(10, key(1, 1)),
+        Ok(Accepted::TaskDone { job_done: true })
+    );
+    assert_eq!(
+        farm.sched.take_superseded(),
+        [Assignment {
+            worker: 11,
+            task: key(1, 1),
+            epoch: first
+        }]
+    );
+    assert_eq!(farm.sched.take_superseded(), []);
+    assert_eq!(farm.sched.running_on(11), []);
+    assert_eq!(
+        farm.sched.complete(11, key(1, 1), first, 5_100),
+        Err(Refused::AlreadyDone { task: key(1, 1) }),
+        "the loser's late result is refused"
+    );
+}
+
+#[test]
+fn the_first_attempt_of_a_straggler_can_still_win() {
+    let (mut farm, _) = straggler_farm(300, 1_000);
+    let second = farm.epoch(10, key(1, 1));
+    farm.at(1_050).complete(11, key(1, 1)).unwrap();
+    assert_eq!(
+        farm.sched.take_superseded(),
+        [Assignment {
+            worker: 10,
+            task: key(1, 1),
+            epoch: second
+        }]
+    );
+    assert_eq!(farm.progress(1), (5, 5, 0, 0));
+}
+
+#[test]
+fn when_one_attempt_of_a_straggler_is_lost_the_other_carries_on() {
+    // The slow worker vanishes: the second attempt becomes the task's lease.
+    let (mut farm, _) = straggler_farm(300, 1_000);
+    assert_eq!(farm.sched.remove_worker(11, 1_100), [key(1, 1)]);
+    assert_eq!(farm.progress(1), (5, 4, 1, 0), "not requeued");
+    farm.worker((11, 1, &["builtin"]));
+    assert_eq!(farm.at(1_200).assign(), [], "nothing to hand out");
+    farm.complete(10, key(1, 1)).unwrap();
+    assert_eq!(farm.sched.take_superseded(), []);
+    assert_eq!(farm.sched.job_state(1), Some(JobState::Done));
+
+    // The second attempt fails: the first runs on, nothing is requeued and
+    // the failure does not count against the task.
+    let (mut farm, _) = straggler_farm(300, 1_000);
+    let outcome = farm.fail(10, key(1, 1), "out of memory").unwrap();
+    assert!(!outcome.job_failed);
+    assert_eq!(outcome.attempts, 0);
+    assert_eq!(farm.progress(1), (5, 4, 1, 0));
+    assert_eq!(farm.sched.running_on(11).len(), 1);
+
+    // The first attempt's lease expires: the second carries the task.
+    let (mut farm, _) = straggler_farm(300, 1_000);
+    farm.sched.heartbeat(10, 1_000);
+    let expired = farm.sched.expire(100_000);
+    assert_eq!(expired.len(), 1);
+    assert_eq!(expired[0].worker, 11);
+    assert_eq!(farm.progress(1), (5, 4, 1, 0));
+    assert_eq!(farm.sched.running_on(10).len(), 1);
 }
