@@ -454,3 +454,82 @@ fn coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged() {
         total
     );
 }
+
+#[test]
+fn a_straggler_is_rendered_again_on_an_idle_worker_and_the_first_result_wins() {
+    // Two workers take 100 ms a task; one, like a throttled GPU, takes a
+    // minute. The no-op engine stands in for the GPUs: each task takes the
+    // time its worker is told, whatever else runs on this machine.
+    let mut farm = Farm::start("straggler", &[]);
+    farm.add_worker_with("slow", &["--engine", "noop", "--noop-ms", "60000"]);
+    let slow = 0;
+    farm.add_worker_with("fast-1", &["--engine", "noop", "--noop-ms", "100"]);
+    farm.add_worker_with("fast-2", &["--engine", "noop", "--noop-ms", "100"]);
+    wait_workers(&farm, 3);
+    let scene = scenes().join("spheres.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--engine",
+        "noop",
+        "--frames",
+        "1",
+        "--tiles",
+        "4x4",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    let out = farm.dir.join("out");
+    let done = farm.json(&[
+        "wait",
+        &id.to_string(),
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(done["state"], "done");
+    assert_eq!(done["tasks_done"], 16);
+    assert!(out.join("frame_0001.png").exists());
+    // Done long before the slow worker's minute: its task was started again
+    // on a fast worker, whose result won; the slow attempt was canceled.
+    let log = farm.coordinator_log();
+    let second = (log.lines())
+        .find(|l| l.contains("straggler: a second attempt started"))
+        .unwrap_or_else(|| panic!("no straggler was started again: {log}"));
+    let task = field(second, "task").unwrap();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("superseded") && field(l, "task") == Some(task)),
+        "{log}"
+    );
+    let slow_log = farm.log_of(slow);
+    assert!(
+        slow_log
+            .lines()
+            .any(|l| l.contains("task canceled by the coordinator")
+                && field(l, "task") == Some(task)),
+        "the slow attempt was not canceled: {slow_log}"
+    );
+    assert!(!slow_log.contains("result accepted"), "{slow_log}");
+    assert_each_task_accepted_once(&farm, 16);
+    let took_ms =
+        done["finished_unix_ms"].as_u64().unwrap() - done["submitted_unix_ms"].as_u64().unwrap();
+    assert!(
+        took_ms < 60_000,
+        "the job waited for the straggler: {took_ms} ms"
+    );
+}
+
+/// Waits until `n` workers have joined.
+fn wait_workers(farm: &Farm, n: usize) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while farm.json(&["status", "--json"])["workers"]
+        .as_array()
+        .unwrap()
+        .len()
+        < n
+    {
+        assert!(std::time::Instant::now() < deadline, "workers did not join");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
