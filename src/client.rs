@@ -9,7 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir, BlobSource};
-use tessera_protocol::job::{parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+use tessera_protocol::job::{
+    parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid, SAMPLE_RANGES_AUTO,
+};
 use tessera_protocol::messages::{
     ClientRequest, ClientResponse, JobState, JobStatus, Role, TileStatus, WorkerStatus,
 };
@@ -197,6 +199,8 @@ struct Scan {
     samples: u32,
     resolution: (u32, u32),
     output: OutputFormat,
+    /// As asked, or 1 where `auto` cannot split this scene.
+    sample_ranges: u32,
     /// The scene file first, then everything it references.
     files: Vec<SceneFile>,
 }
@@ -270,6 +274,7 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 samples: opts.samples.unwrap_or_else(|| scene.samples()),
                 resolution: scene.resolution(),
                 output: OutputFormat::Png,
+                sample_ranges: opts.sample_ranges,
                 files,
             })
         }
@@ -300,12 +305,6 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     }
     let frames = frames_in_range(opts.frames.as_deref(), s.frame_start, s.frame_end)?;
     let cycles = s.render_engine == "CYCLES";
-    if !cycles && (opts.tiles.count() > 1 || opts.sample_ranges > 1) {
-        bail!(
-            "the scene renders with {}, which renders whole frames only: submit it without --tiles and --sample-ranges",
-            s.render_engine
-        );
-    }
     let output = match s.file_format.as_str() {
         "PNG" => OutputFormat::Png,
         "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => OutputFormat::Exr,
@@ -313,7 +312,18 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
             bail!("the scene's output format {other} cannot be stitched: set it to PNG or OpenEXR")
         }
     };
-    if opts.sample_ranges > 1 {
+    // `auto` splits only what merges exactly: Cycles to EXR, not denoised.
+    let sample_ranges = match opts.sample_ranges {
+        SAMPLE_RANGES_AUTO if !cycles || output != OutputFormat::Exr || s.use_denoising => 1,
+        k => k,
+    };
+    if !cycles && (opts.tiles.count() > 1 || sample_ranges > 1) {
+        bail!(
+            "the scene renders with {}, which renders whole frames only: submit it without --tiles and --sample-ranges",
+            s.render_engine
+        );
+    }
+    if sample_ranges > 1 {
         if output != OutputFormat::Exr {
             bail!("--sample-ranges merges float images: set the scene's output format to OpenEXR");
         }
@@ -347,6 +357,7 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         samples: opts.samples.unwrap_or(s.samples),
         resolution: s.resolution,
         output,
+        sample_ranges,
         files,
     })
 }
@@ -398,7 +409,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         manifest: manifest.into_iter().map(|(m, _)| m).collect(),
         frames: scan.frames,
         tiles: opts.tiles,
-        sample_ranges: opts.sample_ranges,
+        sample_ranges: scan.sample_ranges,
         samples: scan.samples,
         resolution: scan.resolution,
         priority: opts.priority,

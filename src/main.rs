@@ -95,6 +95,11 @@ enum Command {
         /// Start Blender afresh for every task instead of keeping a session.
         #[arg(long, hide = true)]
         blender_cold: bool,
+        /// This is a spot or interruptible instance that may be preempted at
+        /// any moment: jobs submitted with `--sample-ranges auto` then split
+        /// tiles into sample ranges, so a preemption loses at most one.
+        #[arg(long)]
+        interruptible: bool,
         /// For benchmarks: milliseconds each task of the noop engine takes.
         #[arg(long, hide = true, default_value_t = 0)]
         noop_ms: u64,
@@ -109,8 +114,10 @@ enum Command {
         /// Split each frame into COLSxROWS tiles.
         #[arg(long, default_value = "1x1")]
         tiles: TileGrid,
-        /// Split each tile's samples into K ranges rendered as separate tasks.
-        #[arg(long, default_value_t = 1)]
+        /// Split each tile's samples into K ranges rendered as separate tasks
+        /// and merged exactly; `auto`: split into 4 when the farm has
+        /// interruptible workers, so a preemption loses at most one range.
+        #[arg(long, default_value = "1", value_parser = parse_sample_ranges)]
         sample_ranges: u32,
         /// Override the scene's sample count.
         #[arg(long)]
@@ -294,6 +301,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             blender_cold,
             drain_grace,
             noop_ms,
+            interruptible,
         } => {
             let ticket = client::resolve_ticket(Some(&ticket))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {
@@ -331,6 +339,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 slots,
                 price_per_hour,
                 drain_grace: std::time::Duration::from_secs_f64(drain_grace.max(0.0)),
+                interruptible,
             };
             tessera_worker::run::run(config, stop_rx).await?;
             Ok(0)
@@ -494,6 +503,17 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Eng
         "unreal" => anyhow::bail!("the unreal engine is not supported by this build yet"),
         other => anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)"),
     })
+}
+
+/// `auto` or a count of at least 1.
+fn parse_sample_ranges(s: &str) -> Result<u32, String> {
+    match s {
+        "auto" => Ok(tessera_protocol::job::SAMPLE_RANGES_AUTO),
+        n => match n.parse::<u32>() {
+            Ok(k) if k >= 1 => Ok(k),
+            _ => Err(format!("`{n}` is not `auto` or a count of at least 1")),
+        },
+    }
 }
 
 fn default_cache_dir(name: &str) -> PathBuf {

@@ -44,6 +44,7 @@ fn worker_json(w: &WorkerStatus) -> serde_json::Value {
         "tasks_done": w.tasks_done,
         "price_per_hour": w.price_per_hour,
         "state": w.state.name(),
+        "interruptible": w.interruptible,
         "hostname": w.hostname,
         "connected_secs": w.connected_secs,
         "tasks": w.tasks.iter().map(|t| json!({
@@ -129,8 +130,8 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         return;
     }
     println!(
-        "{:<5} {:<24} {:<9} {:>13} {:>13}  {}",
-        "JOB", "NAME", "STATE", "FRAMES", "TASKS", "NOTE"
+        "{:<5} {:<24} {:<9} {:>13} {:>13}  NOTE",
+        "JOB", "NAME", "STATE", "FRAMES", "TASKS"
     );
     for s in jobs {
         let note = s

@@ -15,13 +15,16 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
-use tessera_protocol::job::{sanitize_manifest_path, Engine, JobSpec, OutputFormat};
+use tessera_protocol::job::{
+    sanitize_manifest_path, Engine, JobSpec, OutputFormat, SAMPLE_RANGES_AUTO,
+};
 use tessera_protocol::messages::{
     BlobReply, BlobRequest, ClientRequest, ClientResponse, CoordMsg, FarmEvent, FarmStatus,
     FrameOutput, Hello, JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef,
     TaskSpec, TileState, TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus,
     MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
 };
+use tessera_protocol::sums::SumTile;
 use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Identity, Timing};
@@ -317,6 +320,7 @@ impl Core {
                     connected_secs: w.joined.elapsed().as_secs(),
                     tasks,
                     telemetry: w.telemetry.clone(),
+                    interruptible: w.info.interruptible,
                 }
             })
             .collect();
@@ -945,7 +949,10 @@ fn stitch_frame(farm: &Farm, job_id: u64, frame_pos: usize) -> anyhow::Result<()
     let float = tiles
         .iter()
         .all(|(_, parts)| parts.iter().all(|p| stitch::is_float_tile(p)));
-    let image = if float {
+    let sums = (tiles.iter()).all(|(_, parts)| parts.iter().all(|p| SumTile::is_sums(p)));
+    let image = if sums {
+        stitch::stitch_sums(w, h, &tiles, spec.samples).with_context(|| format!("frame {frame}"))?
+    } else if float {
         let rgba = stitch::stitch_float(w, h, &tiles).with_context(|| format!("frame {frame}"))?;
         if spec.output != OutputFormat::Exr {
             bail!("frame {frame}: float tiles need EXR output");
@@ -1600,6 +1607,10 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
             return farm.core().job_status(id).context("job vanished");
         }
     }
+    let mut spec = spec;
+    if spec.sample_ranges == SAMPLE_RANGES_AUTO {
+        spec.sample_ranges = auto_sample_ranges(&farm.core(), &spec);
+    }
     validate(farm, &spec)?;
     let total: u64 = spec.manifest.iter().map(|m| m.size).sum();
     let dedup = total.saturating_sub(uploaded);
@@ -1628,6 +1639,38 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
     Ok(status)
 }
 
+/// Sample ranges per tile for `--sample-ranges auto`: with an interruptible
+/// worker on the farm (one heard from within its lease), each tile is split into [`CHECKPOINT_RANGES`] sample
+/// ranges rendered as separate tasks, so a preempted worker loses at most
+/// the one range it was rendering; otherwise tiles stay whole. Blender
+/// merges ranges in float, so it splits only for EXR output.
+fn auto_sample_ranges(core: &Core, spec: &JobSpec) -> u32 {
+    let now = core.now();
+    let interruptible = (core.workers.iter())
+        .any(|(&id, w)| w.info.interruptible && !core.sched.is_silent(id, now));
+    let splittable = match spec.engine {
+        Engine::Builtin => true,
+        Engine::Blender => spec.output == OutputFormat::Exr,
+        _ => false,
+    };
+    let ranges = if interruptible && splittable {
+        CHECKPOINT_RANGES.min(spec.samples).max(1)
+    } else {
+        1
+    };
+    tracing::info!(
+        interruptible,
+        ranges,
+        "--sample-ranges auto: {} sample range(s) per tile",
+        ranges
+    );
+    ranges
+}
+
+/// Sample ranges per tile that `--sample-ranges auto` asks for when some
+/// worker is interruptible.
+pub const CHECKPOINT_RANGES: u32 = 4;
+
 fn validate(farm: &Farm, spec: &JobSpec) -> anyhow::Result<()> {
     if spec.frames.is_empty() {
         bail!("the job has no frames");
@@ -1649,9 +1692,9 @@ fn validate(farm: &Farm, spec: &JobSpec) -> anyhow::Result<()> {
             spec.samples
         );
     }
-    if spec.sample_ranges > 1 && spec.engine != Engine::Blender {
+    if spec.sample_ranges > 1 && !matches!(spec.engine, Engine::Blender | Engine::Builtin) {
         bail!(
-            "--sample-ranges needs the blender engine; the {} engine renders whole sample counts",
+            "--sample-ranges needs the blender or builtin engine; the {} engine renders whole sample counts",
             spec.engine
         );
     }

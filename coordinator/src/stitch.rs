@@ -4,6 +4,7 @@
 //! pixels are exactly the rendered pixels.
 
 use tessera_protocol::job::TileRect;
+use tessera_protocol::sums::SumTile;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StitchError {
@@ -43,7 +44,7 @@ fn decode(index: usize, bytes: &[u8]) -> Result<Decoded, StitchError> {
     let mut data = vec![0; reader.output_buffer_size()];
     let info = reader.next_frame(&mut data).map_err(bad)?;
     data.truncate(info.buffer_size());
-    if info.bit_depth as u8 % 8 != 0 {
+    if !(info.bit_depth as u8).is_multiple_of(8) {
         return Err(StitchError::BadTile {
             index,
             reason: "sub-byte bit depths are not supported".into(),
@@ -97,6 +98,16 @@ pub fn stitch_png(
     }
     let ((color, depth), canvas) =
         frame.ok_or_else(|| StitchError::Encode("a frame needs at least one tile".into()))?;
+    encode_png(width, height, color, depth, &canvas)
+}
+
+fn encode_png(
+    width: u32,
+    height: u32,
+    color: png::ColorType,
+    depth: png::BitDepth,
+    canvas: &[u8],
+) -> Result<Vec<u8>, StitchError> {
     let mut out = Vec::new();
     {
         let mut encoder = png::Encoder::new(&mut out, width, height);
@@ -106,10 +117,50 @@ pub fn stitch_png(
             .write_header()
             .map_err(|e| StitchError::Encode(e.to_string()))?;
         writer
-            .write_image_data(&canvas)
+            .write_image_data(canvas)
             .map_err(|e| StitchError::Encode(e.to_string()))?;
     }
     Ok(out)
+}
+
+/// Assembles an 8-bit RGB PNG frame from tiles each given as the
+/// sample-sum tiles of its sample ranges (`tessera_protocol::sums`). A
+/// tile's ranges are added exactly and must hold `samples` samples in all;
+/// the frame's pixels are then those of the tile rendered whole.
+pub fn stitch_sums(
+    width: u32,
+    height: u32,
+    tiles: &[(TileRect, Vec<Vec<u8>>)],
+    samples: u32,
+) -> Result<Vec<u8>, StitchError> {
+    let mut canvas = vec![0u8; width as usize * height as usize * 3];
+    for (index, (rect, ranges)) in tiles.iter().enumerate() {
+        let bad = |reason: String| StitchError::BadTile { index, reason };
+        let mut merged = SumTile::new(rect.width, rect.height);
+        for bytes in ranges {
+            let part = SumTile::parse(bytes).map_err(|e| bad(e.to_string()))?;
+            merged.add(&part).map_err(|e| bad(e.to_string()))?;
+        }
+        if merged.samples != samples {
+            return Err(bad(format!(
+                "its sample ranges hold {} samples, the job has {samples}",
+                merged.samples
+            )));
+        }
+        let rgb = merged.to_srgb8();
+        let row_len = rect.width as usize * 3;
+        for row in 0..rect.height as usize {
+            let dst = ((rect.y as usize + row) * width as usize + rect.x as usize) * 3;
+            canvas[dst..dst + row_len].copy_from_slice(&rgb[row * row_len..(row + 1) * row_len]);
+        }
+    }
+    encode_png(
+        width,
+        height,
+        png::ColorType::Rgb,
+        png::BitDepth::Eight,
+        &canvas,
+    )
 }
 
 /// A linear float tile as engines write it for float output or sample
@@ -280,6 +331,37 @@ mod tests {
         assert!(is_float_tile(&a.encode()) && !is_float_tile(b"\x89PNG"));
         let err = FloatTile::parse(0, &a.encode()[..30]).unwrap_err();
         assert!(err.to_string().contains("length does not match"), "{err}");
+    }
+
+    #[test]
+    fn sample_sum_ranges_merge_exactly_and_must_hold_every_sample() {
+        use tessera_protocol::sums::fixed;
+        let rect = TileRect {
+            x: 1,
+            y: 0,
+            width: 1,
+            height: 1,
+        };
+        let range = |values: &[f32]| {
+            let mut t = SumTile::new(1, 1);
+            for v in values {
+                t.sums.iter_mut().for_each(|s| *s += fixed(*v));
+            }
+            t.samples = values.len() as u32;
+            t.encode()
+        };
+        // Mean 0.5 over 4 samples: sRGB 188 in every channel.
+        let parts = vec![range(&[0.25, 0.75]), range(&[1.0]), range(&[0.0])];
+        let frame = stitch_sums(2, 1, &[(rect, parts.clone())], 4).unwrap();
+        let d = decode(0, &frame).unwrap();
+        assert_eq!(d.data, [0, 0, 0, 188, 188, 188]);
+        let err = stitch_sums(2, 1, &[(rect, parts[..2].to_vec())], 4).unwrap_err();
+        assert!(
+            err.to_string().contains("hold 3 samples, the job has 4"),
+            "{err}"
+        );
+        let err = stitch_sums(2, 1, &[(rect, vec![b"TSUM".to_vec()])], 4).unwrap_err();
+        assert!(err.to_string().contains("tile 0"), "{err}");
     }
 
     #[test]

@@ -171,6 +171,10 @@ pub struct ManifestEntry {
 }
 
 /// What a client submits.
+/// `JobSpec::sample_ranges` asking the coordinator to choose: split tiles
+/// into sample ranges when interruptible workers could lose them.
+pub const SAMPLE_RANGES_AUTO: u32 = 0;
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct JobSpec {
     /// Chosen by the client; a retried submit with the same id gets the same job.
@@ -182,6 +186,8 @@ pub struct JobSpec {
     pub manifest: Vec<ManifestEntry>,
     pub frames: Vec<u32>,
     pub tiles: TileGrid,
+    /// Sample ranges per tile, each a task of its own;
+    /// [`SAMPLE_RANGES_AUTO`] lets the coordinator choose.
     pub sample_ranges: u32,
     pub samples: u32,
     pub resolution: (u32, u32),

@@ -8,6 +8,7 @@ pub mod codec;
 pub mod digest;
 pub mod job;
 pub mod messages;
+pub mod sums;
 pub mod telemetry;
 pub mod ticket;
 pub mod transport;

@@ -55,6 +55,9 @@ pub struct WorkerInfo {
     /// acknowledged, from an earlier connection: the coordinator adopts
     /// the leases it can and cancels the others.
     pub holding: Vec<TaskRef>,
+    /// A spot or interruptible instance that may vanish at any moment:
+    /// `--sample-ranges auto` then splits tiles into sample ranges.
+    pub interruptible: bool,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -204,6 +207,7 @@ pub struct WorkerStatus {
     /// The tasks it holds leases on.
     pub tasks: Vec<RunningTask>,
     pub telemetry: Option<Telemetry>,
+    pub interruptible: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -101,6 +101,7 @@ fn worker(id: u64, name: &str, telemetry: Telemetry) -> WorkerStatus {
         connected_secs: 0,
         tasks: Vec::new(),
         telemetry: Some(telemetry),
+        interruptible: false,
     }
 }
 

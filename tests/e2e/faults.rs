@@ -533,3 +533,82 @@ fn wait_workers(farm: &Farm, n: usize) {
         std::thread::sleep(Duration::from_millis(100));
     }
 }
+
+#[test]
+fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_frame_is_exact() {
+    let mut farm = Farm::start("checkpoint", &[]);
+    let spot = farm.add_worker_with("spot", &["--interruptible"]);
+    farm.add_worker("steady");
+    wait_workers(&farm, 2);
+    let all = farm.json(&["status", "--json"]);
+    let flags: Vec<bool> = (all["workers"].as_array().unwrap().iter())
+        .map(|w| w["interruptible"].as_bool().unwrap())
+        .collect();
+    assert_eq!(flags.iter().filter(|&&f| f).count(), 1, "{all}");
+    // With an interruptible worker on the farm, `auto` splits each of the
+    // 4 tiles into 4 sample ranges of 64 samples: 16 tasks.
+    let scene = scenes().join("demo.scene.json");
+    let submit = |farm: &Farm| {
+        farm.json(&[
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            "1",
+            "--tiles",
+            "2x2",
+            "--samples",
+            "256",
+            "--sample-ranges",
+            "auto",
+            "--json",
+        ])
+    };
+    let job = submit(&farm);
+    assert_eq!(job["tasks_total"], 16);
+    let id = job["id"].as_u64().unwrap();
+    // Preempt the spot worker in the middle of a range.
+    farm.wait_for(id, "the spot worker mid-range", |_| {
+        let running = || {
+            let all = farm.json(&["status", "--json"]);
+            (all["workers"].as_array().unwrap().iter())
+                .any(|w| w["name"] == "spot" && w["running"] == 1)
+        };
+        let rendered = farm.log_of(spot).matches("task rendered").count();
+        let holds = rendered > 0 && running();
+        std::thread::sleep(Duration::from_millis(50));
+        holds && running() && farm.log_of(spot).matches("task rendered").count() == rendered
+    });
+    farm.kill_worker(spot);
+
+    let out = farm.dir.join("out");
+    let done = farm.json(&[
+        "wait",
+        &id.to_string(),
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(done["state"], "done");
+    // The ranges add up exactly: the frame is the whole-frame render's.
+    assert_frames_match_reference_samples(&out, &scene, &[1], 256);
+    // What the preemption lost is the one range the spot worker was on:
+    // one lease expired, and every range was rendered to the end once.
+    let log = farm.coordinator_log();
+    let expired: Vec<&str> = (log.lines())
+        .filter(|l| l.contains("lease expired; task requeued"))
+        .collect();
+    assert_eq!(expired.len(), 1, "{log}");
+    assert!(expired[0].contains("name=\"spot\""), "{}", expired[0]);
+    assert_eq!(
+        farm.renders().len(),
+        16,
+        "each range rendered to the end once"
+    );
+    assert_each_task_accepted_once(&farm, 16);
+
+    // With no interruptible worker left, `auto` keeps tiles whole.
+    let whole = submit(&farm);
+    assert_eq!(whole["tasks_total"], 4);
+    let s = farm.json(&["wait", &whole["id"].as_u64().unwrap().to_string(), "--json"]);
+    assert_eq!(s["state"], "done");
+}

@@ -35,6 +35,8 @@ pub struct Config {
     /// On shutdown, how long running tasks may take to finish before their
     /// leases are handed back.
     pub drain_grace: Duration,
+    /// A spot or interruptible instance (reported to the coordinator).
+    pub interruptible: bool,
 }
 
 /// Runs until `shutdown` turns true. Returns an error only for problems
@@ -246,6 +248,7 @@ async fn session(
         price_per_hour: config.price_per_hour,
         hostname,
         holding: held.refs(),
+        interruptible: config.interruptible,
     }))?;
     let heartbeat_ms = match codec::read_frame::<CoordMsg, _>(&mut recv).await? {
         Some(CoordMsg::Joined {

@@ -87,10 +87,25 @@ impl Engine for Builtin {
             rect.fits(w, h),
             "tile {rect:?} lies outside the {w}x{h} frame"
         );
+        let (first, end) = task.samples;
         anyhow::ensure!(
-            task.samples == (0, task.total_samples),
-            "the builtin engine renders whole sample counts, not ranges"
+            first < end && end <= task.total_samples,
+            "sample range {first}..{end} is not within the {} samples",
+            task.total_samples
         );
+        if task.samples != (0, task.total_samples) {
+            // One range of a tile split for checkpoints: sums that the
+            // coordinator adds up with the tile's other ranges.
+            let sums = builtin::render_tile_sums(
+                scene,
+                textures,
+                task.frame,
+                rect,
+                first..end,
+                self.threads,
+            );
+            return Ok(sums.encode());
+        }
         let rgb = builtin::render_tile(
             scene,
             textures,

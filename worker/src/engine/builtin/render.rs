@@ -5,6 +5,9 @@
 //! rendered on different workers stitch into a frame byte for byte.
 
 use std::f32::consts::{PI, TAU};
+use std::ops::Range;
+
+use tessera_protocol::sums::{self, SumTile};
 
 use super::math::{Rng, Vec3};
 use super::scene::{Material, Shape};
@@ -84,19 +87,24 @@ struct FrameView<'a> {
 }
 
 impl FrameView<'_> {
-    /// Mean radiance of pixel (`x`, `y`) over sample indices `0..samples`.
-    fn pixel(&self, x: u32, y: u32, samples: u32) -> Vec3 {
+    /// Radiance of pixel (`x`, `y`) summed over the sample indices in
+    /// `samples`, in fixed point: sums of disjoint ranges add up exactly to
+    /// the sum over their union (see `tessera_protocol::sums`).
+    fn pixel_sums(&self, x: u32, y: u32, samples: Range<u32>) -> [u64; 3] {
         let [width, height] = self.scene.file.resolution;
-        let mut sum = Vec3::ZERO;
-        for sample in 0..samples {
+        let mut sum = [0u64; 3];
+        for sample in samples {
             let (seed, frame) = (self.scene.file.seed, self.frame as u64);
             let mut rng = Rng::new(&[seed, frame, x as u64, y as u64, sample as u64]);
             let u = (x as f32 + rng.next_f32()) / width as f32;
             let v = (y as f32 + rng.next_f32()) / height as f32;
             let ray = self.camera.ray(u, v);
-            sum += self.trace(ray, &mut rng).min(FIREFLY_CLAMP);
+            let c = self.trace(ray, &mut rng).min(FIREFLY_CLAMP);
+            for (s, v) in sum.iter_mut().zip([c.x, c.y, c.z]) {
+                *s += sums::fixed(v);
+            }
         }
-        sum / samples.max(1) as f32
+        sum
     }
 
     /// Follows one path from the camera until it leaves the scene, hits a
@@ -267,6 +275,23 @@ pub fn render_tile(
     samples: u32,
     threads: usize,
 ) -> Vec<u8> {
+    render_tile_sums(scene, textures, frame, rect, 0..samples, threads).to_srgb8()
+}
+
+/// Renders the sample indices `samples` of `rect` of `frame`, as fixed-point
+/// sums per pixel: the sums of a tile's ranges, added, give exactly
+/// [`render_tile`]'s pixels. Threads as for [`render_tile`].
+///
+/// # Panics
+/// If `rect` does not lie inside the scene's resolution.
+pub fn render_tile_sums(
+    scene: &Scene,
+    textures: &Textures,
+    frame: u32,
+    rect: PixelRect,
+    samples: Range<u32>,
+    threads: usize,
+) -> SumTile {
     let [width, height] = scene.file.resolution;
     assert!(
         rect.fits(width, height),
@@ -286,36 +311,26 @@ pub fn render_tile(
         camera,
         offsets,
     };
+    let mut tile = SumTile::new(rect.width, rect.height);
+    tile.samples = samples.len() as u32;
     let row_len = rect.width as usize * 3;
-    let mut out = vec![0; row_len * rect.height as usize];
-    if out.is_empty() {
-        return out;
+    if tile.sums.is_empty() {
+        return tile;
     }
     let rows_per_thread = (rect.height as usize).div_ceil(threads.clamp(1, rect.height as usize));
     std::thread::scope(|scope| {
-        for (chunk_index, chunk) in out.chunks_mut(rows_per_thread * row_len).enumerate() {
-            let view = &view;
+        for (chunk_index, chunk) in tile.sums.chunks_mut(rows_per_thread * row_len).enumerate() {
+            let (view, samples) = (&view, samples.clone());
             scope.spawn(move || {
                 for (row, line) in chunk.chunks_mut(row_len).enumerate() {
                     let y = rect.y + (chunk_index * rows_per_thread + row) as u32;
                     for (col, px) in line.chunks_mut(3).enumerate() {
-                        let c = view.pixel(rect.x + col as u32, y, samples);
-                        px.copy_from_slice(&[srgb8(c.x), srgb8(c.y), srgb8(c.z)]);
+                        let sums = view.pixel_sums(rect.x + col as u32, y, samples.clone());
+                        px.copy_from_slice(&sums);
                     }
                 }
             });
         }
     });
-    out
-}
-
-/// Linear radiance to 8-bit sRGB: clamp to [0, 1], then the sRGB curve.
-fn srgb8(linear: f32) -> u8 {
-    let c = linear.clamp(0.0, 1.0);
-    let s = if c <= 0.003_130_8 {
-        c * 12.92
-    } else {
-        1.055 * c.powf(1.0 / 2.4) - 0.055
-    };
-    (s * 255.0 + 0.5) as u8
+    tile
 }

@@ -88,6 +88,36 @@ fn tiles_stitch_into_the_full_frame_byte_for_byte() {
 }
 
 #[test]
+fn sample_ranges_add_up_to_the_whole_tile_bit_for_bit() {
+    let (scene, textures) = load_from(&scenes_dir(), "textured.scene.json");
+    let rect = PixelRect {
+        x: 8,
+        y: 4,
+        width: 24,
+        height: 16,
+    };
+    let whole = render_tile(&scene, &textures, 2, rect, 48, 2);
+    let splits: [&[std::ops::Range<u32>]; 3] =
+        [&[0..48], &[0..16, 16..32, 32..48], &[30..48, 0..1, 1..30]];
+    for ranges in splits {
+        let mut merged = tessera_protocol::sums::SumTile::new(rect.width, rect.height);
+        for range in ranges.iter().cloned() {
+            let part = render_tile_sums(&scene, &textures, 2, rect, range, 1);
+            let part = tessera_protocol::sums::SumTile::parse(&part.encode()).unwrap();
+            merged.add(&part).unwrap();
+        }
+        assert_eq!(merged.samples, 48);
+        assert!(
+            merged.to_srgb8() == whole,
+            "{ranges:?} differ from the whole tile"
+        );
+    }
+    // A range alone is not the whole.
+    let part = render_tile_sums(&scene, &textures, 2, rect, 0..16, 1);
+    assert!(part.to_srgb8() != whole);
+}
+
+#[test]
 fn output_does_not_depend_on_thread_count() {
     let textured = load_from(&scenes_dir(), "textured.scene.json");
     assert!(full_frame(&textured, 3, 1) == full_frame(&textured, 3, 3));
