@@ -97,11 +97,15 @@ fn sample_ranges_add_up_to_the_whole_tile_bit_for_bit() {
         height: 16,
     };
     let whole = render_tile(&scene, &textures, 2, rect, 48, 2);
-    let splits: [&[std::ops::Range<u32>]; 3] =
-        [&[0..48], &[0..16, 16..32, 32..48], &[30..48, 0..1, 1..30]];
+    // Each split as (start, end) pairs: whole, in order, out of order.
+    let splits: [&[(u32, u32)]; 3] = [
+        &[(0, 48)],
+        &[(0, 16), (16, 32), (32, 48)],
+        &[(30, 48), (0, 1), (1, 30)],
+    ];
     for ranges in splits {
         let mut merged = tessera_protocol::sums::SumTile::new(rect.width, rect.height);
-        for range in ranges.iter().cloned() {
+        for range in ranges.iter().map(|&(a, b)| a..b) {
             let part = render_tile_sums(&scene, &textures, 2, rect, range, 1);
             let part = tessera_protocol::sums::SumTile::parse(&part.encode()).unwrap();
             merged.add(&part).unwrap();
