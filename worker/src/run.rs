@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -123,7 +124,8 @@ struct HeldTask {
 }
 
 enum TaskState {
-    Rendering(tokio::task::AbortHandle),
+    /// Its render task, and the flag that stops the engine early.
+    Rendering(tokio::task::AbortHandle, Arc<AtomicBool>),
     /// Rendered or failed; sent until the coordinator acknowledges it.
     Finished(Arc<Report>),
 }
@@ -164,10 +166,11 @@ impl Held {
             return false;
         }
         if let Some(HeldTask {
-            state: TaskState::Rendering(handle),
+            state: TaskState::Rendering(handle, canceled),
             ..
         }) = self.tasks.remove(&key)
         {
+            canceled.store(true, Ordering::Relaxed);
             handle.abort();
         }
         true
@@ -175,7 +178,8 @@ impl Held {
 
     fn abort_all(&mut self) {
         for (_, task) in self.tasks.drain() {
-            if let TaskState::Rendering(handle) = task.state {
+            if let TaskState::Rendering(handle, canceled) = task.state {
+                canceled.store(true, Ordering::Relaxed);
                 handle.abort();
             }
         }
@@ -183,7 +187,7 @@ impl Held {
 
     fn rendering(&self) -> usize {
         (self.tasks.values())
-            .filter(|t| matches!(t.state, TaskState::Rendering(_)))
+            .filter(|t| matches!(t.state, TaskState::Rendering(..)))
             .count()
     }
 }
@@ -374,20 +378,20 @@ async fn session(
                     };
                     held.drop_task(old);
                 }
-                let handle = tokio::spawn(run_task(
-                    config.clone(),
-                    cache.clone(),
-                    conn.clone(),
-                    held.link.clone(),
-                    held.finished_tx.clone(),
-                    job,
-                    task,
-                ));
+                let canceled = Arc::new(AtomicBool::new(false));
+                let env = TaskEnv {
+                    config: config.clone(),
+                    cache: cache.clone(),
+                    conn: conn.clone(),
+                    link: held.link.clone(),
+                    finished: held.finished_tx.clone(),
+                };
+                let handle = tokio::spawn(run_task(env, job, task, canceled.clone()));
                 held.tasks.insert(
                     (t.job, t.index),
                     HeldTask {
                         epoch: t.epoch,
-                        state: TaskState::Rendering(handle.abort_handle()),
+                        state: TaskState::Rendering(handle.abort_handle(), canceled),
                     },
                 );
             }
@@ -444,17 +448,26 @@ async fn session(
     result
 }
 
-async fn run_task(
+/// What a render task needs from the worker around it.
+struct TaskEnv {
     config: Arc<Config>,
     cache: Arc<Cache>,
+    /// The connection it was assigned over, to fetch the job's files.
     conn: quinn::Connection,
     link: Link,
     finished: mpsc::UnboundedSender<(TaskRef, Outcome)>,
-    job: Arc<JobInfo>,
-    task: TaskSpec,
-) {
+}
+
+async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc<AtomicBool>) {
+    let TaskEnv {
+        config,
+        cache,
+        conn,
+        link,
+        finished,
+    } = env;
     let t = task.task;
-    let outcome = match render(&config, &cache, &conn, link, &job, &task).await {
+    let outcome = match render(&config, &cache, &conn, link, &job, &task, canceled).await {
         Ok(report) => Outcome::Report(report),
         Err(e) if matches!(e, RenderError::Fetch(_)) && conn.close_reason().is_some() => {
             tracing::warn!(
@@ -494,6 +507,7 @@ async fn render(
     link: Link,
     job: &Arc<JobInfo>,
     task: &TaskSpec,
+    canceled: Arc<AtomicBool>,
 ) -> Result<Report, RenderError> {
     let engine = config
         .engines
@@ -522,11 +536,15 @@ async fn render(
             }
         }
     };
-    let output = tokio::task::spawn_blocking(move || engine.render(&job2, &dir, &task2, &progress))
-        .await
-        .context("the render thread panicked")
-        .and_then(|r| r)
-        .map_err(RenderError::Render)?;
+    // The engine stops early once the task is canceled: the blocking thread
+    // is not left rendering what nobody wants while the slot takes new work.
+    let output = tokio::task::spawn_blocking(move || {
+        engine.render(&job2, &dir, &task2, &progress, &canceled)
+    })
+    .await
+    .context("the render thread panicked")
+    .and_then(|r| r)
+    .map_err(RenderError::Render)?;
     let render_ms = started.elapsed().as_millis() as u64;
     tracing::info!(
         job = t.job,

@@ -414,6 +414,9 @@ impl Engine for Blender {
         job_dir: &Path,
         task: &TaskSpec,
         progress: &(dyn Fn(u32, u32) + Sync),
+        // A Blender render runs to the end of its tile; the worker drops
+        // the result of a canceled one.
+        _canceled: &std::sync::atomic::AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
         let raw = job.output == OutputFormat::Exr || task.samples != (0, task.total_samples);
         let out = job_dir.with_extension(format!(

@@ -8,11 +8,15 @@ pub mod builtin;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
 use tessera_protocol::job::Engine as EngineKind;
 use tessera_protocol::messages::{JobInfo, TaskSpec};
+
+/// The error of a render stopped because its task was canceled.
+pub const CANCELED: &str = "canceled by the coordinator";
 
 /// One renderer a worker offers.
 pub trait Engine: Send + Sync {
@@ -20,12 +24,15 @@ pub trait Engine: Send + Sync {
 
     /// Renders `task` of `job`, whose files are laid out under `job_dir`.
     /// `progress(done, total)` reports samples as the engine learns them.
+    /// `canceled` turns true when the coordinator no longer wants the task;
+    /// an engine that can stop early returns an error soon after.
     fn render(
         &self,
         job: &JobInfo,
         job_dir: &Path,
         task: &TaskSpec,
         progress: &(dyn Fn(u32, u32) + Sync),
+        canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>>;
 }
 
@@ -71,6 +78,7 @@ impl Engine for Builtin {
         job_dir: &Path,
         task: &TaskSpec,
         _progress: &(dyn Fn(u32, u32) + Sync),
+        canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
         let loaded = self
             .scene(&job_dir.join(&job.scene))
@@ -96,25 +104,33 @@ impl Engine for Builtin {
         if task.samples != (0, task.total_samples) {
             // One range of a tile split for checkpoints: sums that the
             // coordinator adds up with the tile's other ranges.
-            let sums = builtin::render_tile_sums(
+            let sums = builtin::render_tile_sums_until(
                 scene,
                 textures,
                 task.frame,
                 rect,
                 first..end,
                 self.threads,
-            );
+                canceled,
+            )
+            .context(CANCELED)?;
             return Ok(sums.encode());
         }
-        let rgb = builtin::render_tile(
+        let sums = builtin::render_tile_sums_until(
             scene,
             textures,
             task.frame,
             rect,
-            task.total_samples,
+            0..task.total_samples,
             self.threads,
-        );
-        Ok(builtin::encode_png(rect.width, rect.height, &rgb))
+            canceled,
+        )
+        .context(CANCELED)?;
+        Ok(builtin::encode_png(
+            rect.width,
+            rect.height,
+            &sums.to_srgb8(),
+        ))
     }
 }
 
@@ -138,9 +154,12 @@ impl Engine for Noop {
         _job_dir: &Path,
         task: &TaskSpec,
         _progress: &(dyn Fn(u32, u32) + Sync),
+        canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
-        if !self.per_task.is_zero() {
-            std::thread::sleep(self.per_task);
+        let until = std::time::Instant::now() + self.per_task;
+        while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
+            anyhow::ensure!(!canceled.load(Ordering::Relaxed), CANCELED);
+            std::thread::sleep(left.min(std::time::Duration::from_millis(20)));
         }
         let (w, h) = (task.tile.width, task.tile.height);
         Ok(builtin::encode_png(

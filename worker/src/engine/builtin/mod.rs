@@ -14,7 +14,7 @@ mod texture;
 #[cfg(test)]
 mod tests;
 
-pub use render::{render_tile, render_tile_sums};
+pub use render::{render_tile, render_tile_sums, render_tile_sums_until};
 pub use scene::Scene;
 pub use texture::{decode_png_rgb, encode_png, Textures};
 

@@ -6,6 +6,7 @@
 
 use std::f32::consts::{PI, TAU};
 use std::ops::Range;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tessera_protocol::sums::{self, SumTile};
 
@@ -292,6 +293,22 @@ pub fn render_tile_sums(
     samples: Range<u32>,
     threads: usize,
 ) -> SumTile {
+    let never = AtomicBool::new(false);
+    render_tile_sums_until(scene, textures, frame, rect, samples, threads, &never)
+        .expect("never canceled")
+}
+
+/// [`render_tile_sums`], giving up (None) soon after `canceled` turns true:
+/// each thread checks it between rows.
+pub fn render_tile_sums_until(
+    scene: &Scene,
+    textures: &Textures,
+    frame: u32,
+    rect: PixelRect,
+    samples: Range<u32>,
+    threads: usize,
+    canceled: &AtomicBool,
+) -> Option<SumTile> {
     let [width, height] = scene.file.resolution;
     assert!(
         rect.fits(width, height),
@@ -315,7 +332,7 @@ pub fn render_tile_sums(
     tile.samples = samples.len() as u32;
     let row_len = rect.width as usize * 3;
     if tile.sums.is_empty() {
-        return tile;
+        return Some(tile);
     }
     let rows_per_thread = (rect.height as usize).div_ceil(threads.clamp(1, rect.height as usize));
     std::thread::scope(|scope| {
@@ -323,6 +340,9 @@ pub fn render_tile_sums(
             let (view, samples) = (&view, samples.clone());
             scope.spawn(move || {
                 for (row, line) in chunk.chunks_mut(row_len).enumerate() {
+                    if canceled.load(Ordering::Relaxed) {
+                        return;
+                    }
                     let y = rect.y + (chunk_index * rows_per_thread + row) as u32;
                     for (col, px) in line.chunks_mut(3).enumerate() {
                         let sums = view.pixel_sums(rect.x + col as u32, y, samples.clone());
@@ -332,5 +352,5 @@ pub fn render_tile_sums(
             });
         }
     });
-    tile
+    (!canceled.load(Ordering::Relaxed)).then_some(tile)
 }

@@ -122,6 +122,18 @@ fn sample_ranges_add_up_to_the_whole_tile_bit_for_bit() {
 }
 
 #[test]
+fn a_canceled_render_stops_early() {
+    let (scene, textures) = load_from(&scenes_dir(), "textured.scene.json");
+    let (w, h) = scene.resolution();
+    let canceled = std::sync::atomic::AtomicBool::new(true);
+    let rect = PixelRect::full(w, h);
+    // 100,000 samples of every pixel would take hours: this returns at
+    // once only because every thread checks the flag before each row.
+    let out = render_tile_sums_until(&scene, &textures, 1, rect, 0..100_000, 2, &canceled);
+    assert!(out.is_none());
+}
+
+#[test]
 fn output_does_not_depend_on_thread_count() {
     let textured = load_from(&scenes_dir(), "textured.scene.json");
     assert!(full_frame(&textured, 3, 1) == full_frame(&textured, 3, 3));
