@@ -160,10 +160,16 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         );
         for w in workers {
             let engines: Vec<_> = w.engines.iter().map(|e| e.name()).collect();
+            // Spot / interruptible nodes are marked: they may vanish.
+            let name = if w.interruptible {
+                format!("{} (spot)", w.name)
+            } else {
+                w.name.clone()
+            };
             println!(
                 "{:<5} {:<24} {:<16} {:>7} {:>12} {:>10}",
                 w.id,
-                truncate(&w.name, 24),
+                truncate(&name, 24),
                 engines.join(","),
                 w.slots,
                 running_text(w),
