@@ -17,10 +17,9 @@ use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::job::{sanitize_manifest_path, Engine, JobSpec, OutputFormat};
 use tessera_protocol::messages::{
-    BlobReply, BlobRequest, ClientRequest, ClientResponse, CoordMsg, FarmEvent, FarmStatus,
-    FrameOutput, Hello, JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef,
-    TaskSpec, TileState, TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus,
-    MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
+    ClientRequest, ClientResponse, CoordMsg, FarmEvent, FarmStatus, FrameOutput, Hello, JobInfo,
+    JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef, TaskSpec, TileState, TileStatus,
+    Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus, MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
 };
 use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::ticket::Ticket;
@@ -961,47 +960,9 @@ async fn serve_blob_streams(farm: Arc<Farm>, conn: quinn::Connection, uploaded: 
 }
 
 async fn serve_blob(farm: &Farm, ch: &mut Channel, uploaded: &AtomicU64) -> anyhow::Result<()> {
-    match ch
-        .recv::<BlobRequest>()
-        .await?
-        .context("empty blob stream")?
-    {
-        BlobRequest::Put { digest, len } => {
-            let reply = if farm.store.contains(&digest) {
-                // Drain and discard: the store already holds these bytes.
-                let mut rest = tokio::io::AsyncReadExt::take(&mut ch.recv, len);
-                tokio::io::copy(&mut rest, &mut tokio::io::sink()).await?;
-                BlobReply::Stored
-            } else {
-                match farm.store.receive(digest, len, &mut ch.recv).await {
-                    Ok(()) => {
-                        uploaded.fetch_add(len, Ordering::Relaxed);
-                        BlobReply::Stored
-                    }
-                    Err(e) => {
-                        tracing::warn!("upload refused: {e}");
-                        BlobReply::Refused {
-                            reason: e.to_string(),
-                        }
-                    }
-                }
-            };
-            ch.send(&reply).await?;
-            ch.send.finish()?;
-        }
-        BlobRequest::Get { digest } => match farm.store.size(&digest) {
-            Some(len) => {
-                ch.send(&BlobReply::Found { len }).await?;
-                blob::send_file(&farm.store.path(&digest), &mut ch.send).await?;
-                ch.send.finish()?;
-            }
-            None => {
-                ch.send(&BlobReply::NotFound).await?;
-                ch.send.finish()?;
-            }
-        },
+    if let blob::Answered::Put { stored, .. } = blob::answer(&farm.store, ch).await? {
+        uploaded.fetch_add(stored, Ordering::Relaxed);
     }
-    let _ = ch.send.stopped().await;
     Ok(())
 }
 
@@ -1264,6 +1225,13 @@ async fn serve_client(
                     .filter(|d| !farm.store.contains(d))
                     .collect(),
             ),
+            ClientRequest::Assemble(recipe) => {
+                let store = farm.store.clone();
+                match tokio::task::spawn_blocking(move || store.assemble(&recipe)).await? {
+                    Ok(()) => ClientResponse::Done,
+                    Err(e) => ClientResponse::Error(e.to_string()),
+                }
+            }
             ClientRequest::Submit(spec) => {
                 match submit(&farm, spec, uploaded.swap(0, Ordering::Relaxed)) {
                     Ok(status) => ClientResponse::Submitted(status),

@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::chunk::Recipe;
 use crate::codec::CodecError;
 use crate::messages::{BlobReply, BlobRequest};
 use crate::transport::Channel;
@@ -31,6 +32,8 @@ pub enum BlobError {
     TooLarge { digest: Digest, len: u64 },
     #[error("blob {0} not found")]
     NotFound(Digest),
+    #[error("cannot assemble {file}: {reason}")]
+    Recipe { file: Digest, reason: String },
     #[error("the receiver refused blob {digest}: {reason}")]
     Refused { digest: Digest, reason: String },
     #[error(transparent)]
@@ -105,6 +108,62 @@ impl BlobDir {
             std::io::ErrorKind::NotFound => BlobError::NotFound(*digest),
             _ => BlobError::Io(e),
         })
+    }
+
+    /// Stores the file a recipe describes by joining its chunks, which must
+    /// all be in this store already. The joined bytes are re-hashed; a
+    /// mismatch leaves nothing behind. Blocking: call it off the runtime.
+    pub fn assemble(&self, recipe: &Recipe) -> Result<(), BlobError> {
+        use std::io::Write;
+        let file = recipe.digest;
+        recipe
+            .check()
+            .map_err(|reason| BlobError::Recipe { file, reason })?;
+        if recipe.size > MAX_BLOB {
+            return Err(BlobError::TooLarge {
+                digest: file,
+                len: recipe.size,
+            });
+        }
+        if self.contains(&file) {
+            return Ok(());
+        }
+        if let Some(c) = recipe
+            .chunks
+            .iter()
+            .find(|c| self.size(&c.digest) != Some(u64::from(c.len)))
+        {
+            return Err(BlobError::Recipe {
+                file,
+                reason: format!("chunk {} is not stored; upload it first", c.digest),
+            });
+        }
+        let temp = self.temp_path(&file);
+        let result = (|| -> Result<(), BlobError> {
+            let mut out = std::io::BufWriter::with_capacity(BLOCK, std::fs::File::create(&temp)?);
+            let mut hasher = blake3::Hasher::new();
+            for c in &recipe.chunks {
+                let bytes = self.read(&c.digest)?;
+                hasher.update(&bytes);
+                out.write_all(&bytes)?;
+            }
+            out.flush()?;
+            let actual = Digest::from(hasher.finalize());
+            if actual != file {
+                return Err(BlobError::Mismatch {
+                    expected: file,
+                    actual,
+                });
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => Ok(self.commit(&temp, &file)?),
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                Err(e)
+            }
+        }
     }
 
     /// Reads exactly `len` bytes from `src` into the store, hashing as it
@@ -227,6 +286,114 @@ pub async fn put(
     }
 }
 
+/// Uploads one blob whose bytes `read` produces (a chunk of a file, read
+/// again for every try). When the receiver refuses the bytes (they do not
+/// hash to `digest`: flipped in memory, on disk or in flight), they are read
+/// and sent again, up to `tries` times in all. Returns the bytes sent,
+/// retries included.
+pub async fn put_retrying(
+    conn: &quinn::Connection,
+    digest: Digest,
+    tries: u32,
+    mut read: impl FnMut() -> std::io::Result<Vec<u8>>,
+) -> Result<u64, BlobError> {
+    let mut sent = 0u64;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let bytes = read()?;
+        sent += bytes.len() as u64;
+        match put(conn, digest, bytes.len() as u64, BlobSource::Bytes(&bytes)).await {
+            Ok(()) => return Ok(sent),
+            Err(BlobError::Refused { reason, .. }) if attempt < tries => {
+                tracing::warn!(%digest, attempt, "blob refused, sending it again: {reason}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What [`answer`] did on one blob stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// A put: `stored` bytes were new and verified (0 when the store already
+    /// held the blob); `refused` when they did not match the digest.
+    Put {
+        digest: Digest,
+        stored: u64,
+        refused: bool,
+    },
+    /// A get: `sent` bytes served (0 when not found).
+    Get { digest: Digest, sent: u64 },
+}
+
+/// Serves one blob stream against `dir`: stores a `Put` after verifying it,
+/// answers a `Get` with the blob's bytes.
+pub async fn answer(dir: &BlobDir, ch: &mut Channel) -> Result<Answered, BlobError> {
+    let lost = |e: quinn::ClosedStream| BlobError::Lost(e.to_string());
+    let request = ch
+        .recv::<BlobRequest>()
+        .await?
+        .ok_or_else(|| BlobError::Lost("empty blob stream".into()))?;
+    let answered = match request {
+        BlobRequest::Put { digest, len } => {
+            let (reply, answered) = if dir.contains(&digest) {
+                // Drain and discard: the store already holds these bytes.
+                let mut rest = AsyncReadExt::take(&mut ch.recv, len);
+                tokio::io::copy(&mut rest, &mut tokio::io::sink()).await?;
+                let a = Answered::Put {
+                    digest,
+                    stored: 0,
+                    refused: false,
+                };
+                (BlobReply::Stored, a)
+            } else {
+                match dir.receive(digest, len, &mut ch.recv).await {
+                    Ok(()) => {
+                        let a = Answered::Put {
+                            digest,
+                            stored: len,
+                            refused: false,
+                        };
+                        (BlobReply::Stored, a)
+                    }
+                    Err(e) => {
+                        tracing::warn!("upload refused: {e}");
+                        let a = Answered::Put {
+                            digest,
+                            stored: 0,
+                            refused: true,
+                        };
+                        let reply = BlobReply::Refused {
+                            reason: e.to_string(),
+                        };
+                        (reply, a)
+                    }
+                }
+            };
+            ch.send(&reply).await?;
+            ch.send.finish().map_err(lost)?;
+            answered
+        }
+        BlobRequest::Get { digest } => {
+            let sent = match dir.size(&digest) {
+                Some(len) => {
+                    ch.send(&BlobReply::Found { len }).await?;
+                    send_file(&dir.path(&digest), &mut ch.send).await?
+                }
+                None => {
+                    ch.send(&BlobReply::NotFound).await?;
+                    0
+                }
+            };
+            ch.send.finish().map_err(lost)?;
+            Answered::Get { digest, sent }
+        }
+    };
+    let _ = ch.send.stopped().await;
+    Ok(answered)
+}
+
 /// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
 pub async fn get(
     conn: &quinn::Connection,
@@ -297,6 +464,113 @@ mod tests {
             .block_on(dir.receive(other, 10, &mut &b"abc"[..]))
             .unwrap_err();
         assert!(matches!(err, BlobError::Short { got: 3, .. }), "{err}");
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    /// A real QUIC server on 127.0.0.1 answering blob streams against `dir`,
+    /// and a client connection to it.
+    async fn loopback(dir: BlobDir) -> crate::transport::Session {
+        use crate::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
+        use crate::ticket::Ticket;
+        use crate::transport::{self, Identity, Timing};
+        let identity = Identity::generate().unwrap();
+        let endpoint = transport::server_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            &identity,
+            Timing::default(),
+        )
+        .unwrap();
+        let ticket = Ticket {
+            role: Role::Client,
+            addr: endpoint.local_addr().unwrap(),
+            fingerprint: identity.fingerprint(),
+            secret: "s".into(),
+        };
+        tokio::spawn(async move {
+            let conn = endpoint.accept().await.unwrap().await.unwrap();
+            let mut control = Channel::new(conn.accept_bi().await.unwrap());
+            let _: Hello = control.recv().await.unwrap().unwrap();
+            control
+                .send(&Welcome::Accepted {
+                    version: PROTOCOL_VERSION,
+                })
+                .await
+                .unwrap();
+            while let Ok(streams) = conn.accept_bi().await {
+                let dir = dir.clone();
+                tokio::spawn(async move { answer(&dir, &mut Channel::new(streams)).await });
+            }
+            drop(endpoint);
+        });
+        transport::connect(&ticket, "test", Timing::default())
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn a_chunk_flipped_on_the_way_is_refused_and_sent_again() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = BlobDir::open(temp_dir("retry")).unwrap();
+        let chunk: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let digest = Digest::of(&chunk);
+        rt.block_on(async {
+            let session = loopback(dir.clone()).await;
+            let conn = &session.connection;
+            // The first read comes back with one byte flipped.
+            let mut reads = 0;
+            let sent = put_retrying(conn, digest, 3, || {
+                reads += 1;
+                let mut bytes = chunk.clone();
+                if reads == 1 {
+                    bytes[4321] ^= 0x10;
+                }
+                Ok(bytes)
+            })
+            .await
+            .unwrap();
+            assert_eq!(reads, 2);
+            assert_eq!(sent, 2 * chunk.len() as u64);
+            assert_eq!(dir.read(&digest).unwrap(), chunk);
+
+            // Bytes that never match: refused every time, nothing stored.
+            let other = Digest::of(b"other");
+            let err = put_retrying(conn, other, 3, || Ok(chunk.clone()))
+                .await
+                .unwrap_err();
+            assert!(
+                err.to_string().contains("does not match its digest"),
+                "{err}"
+            );
+            assert!(!dir.contains(&other));
+        });
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    #[test]
+    fn assemble_joins_stored_chunks_and_checks_the_whole_digest() {
+        let dir = BlobDir::open(temp_dir("assemble")).unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i ^ (i >> 9)) as u8).collect();
+        let recipe = crate::chunk::chunk_bytes(&data);
+        assert!(recipe.chunks.len() > 10);
+        // Not all chunks stored yet: refused, says which.
+        let err = dir.assemble(&recipe).unwrap_err();
+        assert!(err.to_string().contains("upload it first"), "{err}");
+        for (at, c) in recipe.offsets() {
+            let at = at as usize;
+            dir.put_bytes(&data[at..at + c.len as usize]).unwrap();
+        }
+        // A recipe naming the wrong whole-file digest stores nothing.
+        let mut lie = recipe.clone();
+        lie.digest = Digest::of(b"not it");
+        let err = dir.assemble(&lie).unwrap_err();
+        assert!(matches!(err, BlobError::Mismatch { .. }), "{err}");
+        assert!(!dir.contains(&lie.digest));
+        dir.assemble(&recipe).unwrap();
+        assert_eq!(dir.read(&recipe.digest).unwrap(), data);
         std::fs::remove_dir_all(dir.root()).unwrap();
     }
 

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::chunk::Recipe;
 use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
 use crate::telemetry::Telemetry;
 use crate::Digest;
@@ -15,7 +16,7 @@ use crate::Digest;
 pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -313,8 +314,12 @@ pub struct FrameOutput {
 /// Client → coordinator, on the control stream; each gets one response.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ClientRequest {
-    /// Which of these blobs does the coordinator lack?
+    /// Which of these blobs (whole files or chunks) does the coordinator lack?
     MissingBlobs(Vec<Digest>),
+    /// Store the file `Recipe::digest` by joining its chunks, all of them
+    /// uploaded before; the coordinator verifies the whole-file digest.
+    /// Answered by `Done`.
+    Assemble(Recipe),
     Submit(JobSpec),
     /// One job, or every job when `None`.
     Status(Option<u64>),
