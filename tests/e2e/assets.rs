@@ -1,0 +1,274 @@
+//! Assets at scale: large files travel as content-defined chunks, so a
+//! resubmit uploads what changed and an interrupted upload resumes. Test
+//! files are generated here, in the farm's temp folder, from a fixed seed.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::harness::{tessera, Farm};
+
+const MIB: usize = 1 << 20;
+
+/// Deterministic bytes that do not repeat (xorshift64).
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}
+
+/// A builtin scene whose materials use `textures` (paths relative to `dir`).
+fn write_scene(dir: &Path, textures: &[&str]) -> PathBuf {
+    let materials: Vec<String> = textures
+        .iter()
+        .enumerate()
+        .map(|(i, t)| format!(r#""m{i}": {{ "kind": "diffuse", "texture": "{t}" }}"#))
+        .collect();
+    let objects: Vec<String> = (0..textures.len())
+        .map(|i| {
+            format!(
+                r#"{{ "shape": {{ "sphere": {{ "center": [{}.0, 0.5, 0.0], "radius": 0.5 }} }}, "material": "m{i}" }}"#,
+                i as i32 - 1
+            )
+        })
+        .collect();
+    let scene = format!(
+        r#"{{
+  "resolution": [48, 32], "samples": 2, "max_bounces": 2, "seed": 1,
+  "frames": {{ "start": 1, "end": 1 }},
+  "background": {{ "sky": {{ "horizon": [0.9, 0.9, 0.9], "zenith": [0.4, 0.6, 1.0] }} }},
+  "camera": [{{ "frame": 1, "position": [0.0, 1.0, 6.0], "look_at": [0.0, 0.5, 0.0], "fov_deg": 40 }}],
+  "materials": {{ {} }},
+  "objects": [{}]
+}}"#,
+        materials.join(", "),
+        objects.join(", ")
+    );
+    let path = dir.join("scene.scene.json");
+    std::fs::write(&path, scene).unwrap();
+    path
+}
+
+/// A noise PNG (incompressible, so its size is about w × h × 3).
+fn write_noise_png(path: &Path, side: u32, seed: u64) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
+    let mut enc = png::Encoder::new(file, side, side);
+    enc.set_color(png::ColorType::Rgb);
+    enc.set_depth(png::BitDepth::Eight);
+    let mut w = enc.write_header().unwrap();
+    w.write_image_data(&noise((side * side * 3) as usize, seed))
+        .unwrap();
+}
+
+fn size(path: &Path) -> u64 {
+    std::fs::metadata(path).unwrap().len()
+}
+
+fn u(v: &serde_json::Value) -> u64 {
+    v.as_u64().unwrap_or_else(|| panic!("not a number: {v}"))
+}
+
+/// Bytes of every stored blob (whole files and chunks) in the coordinator's
+/// store, temporary files left out.
+fn stored_bytes(farm: &Farm) -> u64 {
+    let mut total = 0;
+    let Ok(dirs) = std::fs::read_dir(farm.data.join("blobs")) else {
+        return 0;
+    };
+    for d in dirs.flatten() {
+        if d.file_name() == "tmp" {
+            continue;
+        }
+        for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
+            total += f.metadata().map_or(0, |m| m.len());
+        }
+    }
+    total
+}
+
+#[test]
+fn chunk_resubmit_of_a_large_file_with_one_percent_changed_uploads_about_the_changes() {
+    let mut farm = Farm::start("chunks", &[]);
+    let dir = farm.dir.join("scene");
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.bin");
+    let mut data = noise(256 * MIB, 1);
+    std::fs::write(&big, &data).unwrap();
+    let scene = write_scene(&dir, &["big.bin"]);
+    let scene_arg = scene.to_str().unwrap();
+    let submit = |farm: &Farm| farm.json(&["submit", scene_arg, "--engine", "noop", "--json"]);
+
+    let first = submit(&farm);
+    let total = size(&big) + size(&scene);
+    assert_eq!(u(&first["bytes_uploaded"]), total);
+    assert_eq!(u(&first["bytes_deduplicated"]), 0);
+
+    // Change 1% of the bytes, in 40 regions of 16-112 KiB spread over the
+    // file.
+    let target = data.len() / 100;
+    let lens: Vec<usize> = noise(40 * 8, 2)
+        .chunks(8)
+        .map(|c| 16 * 1024 + (u64::from_le_bytes(c.try_into().unwrap()) % (96 * 1024)) as usize)
+        .collect();
+    let scale = target as f64 / lens.iter().sum::<usize>() as f64;
+    let stride = data.len() / lens.len();
+    let mut changed = 0;
+    for (i, len) in lens.iter().enumerate() {
+        let len = (*len as f64 * scale) as usize;
+        let start = i * stride + (stride - len) / 2;
+        for b in &mut data[start..start + len] {
+            *b ^= 0xa5;
+        }
+        changed += len as u64;
+    }
+    assert!((changed as usize).abs_diff(target) < 1024, "{changed}");
+    std::fs::write(&big, &data).unwrap();
+    drop(data);
+
+    let second = submit(&farm);
+    let uploaded = u(&second["bytes_uploaded"]);
+    eprintln!(
+        "changed {changed} bytes of {}; resubmit uploaded {uploaded} ({:.2}x the changes)",
+        size(&big),
+        uploaded as f64 / changed as f64
+    );
+    assert!(uploaded >= changed, "{uploaded} < {changed}: edits lost?");
+    assert!(
+        uploaded <= 3 * changed,
+        "resubmit uploaded {uploaded} bytes for {changed} changed bytes"
+    );
+    assert_eq!(u(&second["bytes_deduplicated"]), total - uploaded);
+
+    // The coordinator joined the chunks into the edited file: a worker
+    // fetches it whole, re-hashes it, and runs both jobs.
+    farm.add_worker_with("w1", &["--engine", "noop"]);
+    for job in [&first, &second] {
+        let id = u(&job["id"]);
+        farm.wait_for(id, "job done", |s| s["state"] == "done");
+    }
+    let cached = farm.dir.join("cache-w1").join("blobs");
+    let edited = tessera_protocol::Digest::of_reader(std::fs::File::open(&big).unwrap())
+        .unwrap()
+        .0;
+    let hex = edited.to_hex();
+    assert_eq!(
+        std::fs::read(cached.join(&hex[..2]).join(&hex)).unwrap(),
+        std::fs::read(&big).unwrap()
+    );
+}
+
+#[test]
+fn chunk_resubmit_after_changing_one_texture_uploads_only_that_texture() {
+    let mut farm = Farm::start("texture", &[]);
+    farm.add_worker("w1");
+    let dir = farm.dir.join("scene");
+    let textures = [
+        "textures/a.png",
+        "textures/b.png",
+        "textures/c.png",
+        "textures/d.png",
+        "textures/small.png",
+    ];
+    for (i, t) in textures.iter().enumerate() {
+        // Four of 1.5-2.5 MiB (chunked), one small (sent whole).
+        let side = if i == 4 { 64 } else { 720 + 100 * i as u32 };
+        write_noise_png(&dir.join(t), side, 10 + i as u64);
+    }
+    let scene = write_scene(&dir, &textures);
+    let scene_arg = scene.to_str().unwrap();
+    let submit = |farm: &Farm| farm.json(&["submit", scene_arg, "--wait", "--json"]);
+    let total: u64 = size(&scene) + textures.iter().map(|t| size(&dir.join(t))).sum::<u64>();
+
+    let first = submit(&farm);
+    assert_eq!(first["state"], "done");
+    assert_eq!(u(&first["bytes_uploaded"]), total);
+
+    // Repaint texture c: a new image, so a new PNG throughout.
+    let c = dir.join("textures/c.png");
+    let old_c = size(&c);
+    write_noise_png(&c, 920, 99);
+    let new_c = size(&c);
+    let total = total - old_c + new_c;
+    let second = submit(&farm);
+    assert_eq!(second["state"], "done");
+    let uploaded = u(&second["bytes_uploaded"]);
+    eprintln!("texture of {new_c} bytes changed; resubmit uploaded {uploaded}");
+    assert!(
+        uploaded.abs_diff(new_c) <= new_c / 10,
+        "uploaded {uploaded} bytes for a {new_c}-byte texture"
+    );
+    // Nothing else: everything but the texture was deduplicated.
+    assert_eq!(u(&second["bytes_deduplicated"]), total - uploaded);
+    assert!(u(&second["bytes_deduplicated"]) >= total - new_c);
+}
+
+#[test]
+fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks() {
+    let farm = Farm::start("resume", &[]);
+    let dir = farm.dir.join("scene");
+    std::fs::create_dir_all(&dir).unwrap();
+    let big = dir.join("big.bin");
+    std::fs::write(&big, noise(384 * MIB, 5)).unwrap();
+    let scene = write_scene(&dir, &["big.bin"]);
+    let scene_arg = scene.to_str().unwrap();
+    let file_size = size(&big);
+
+    let mut child = tessera()
+        .args(["submit", scene_arg, "--engine", "noop", "--json"])
+        .env("TESSERA_TICKET", farm.client_ticket())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while stored_bytes(&farm) < file_size / 2 {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the upload finished before it could be cut"
+        );
+        assert!(Instant::now() < deadline, "upload never got half way");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let before = stored_bytes(&farm);
+    let fraction = before as f64 / file_size as f64;
+    assert!(
+        (0.4..0.9).contains(&fraction),
+        "cut at {fraction:.2} of the upload"
+    );
+    let remaining = file_size + size(&scene) - before;
+
+    let job = farm.json(&["submit", scene_arg, "--engine", "noop", "--json"]);
+    let uploaded = u(&job["bytes_uploaded"]);
+    eprintln!(
+        "cut at {:.0}%: {before} of {file_size} bytes stored; the re-run uploaded {uploaded} for {remaining} remaining ({:.3}x)",
+        fraction * 100.0,
+        uploaded as f64 / remaining as f64
+    );
+    assert!(
+        uploaded >= remaining - size(&scene),
+        "{uploaded} < {remaining}"
+    );
+    assert!(
+        uploaded as f64 <= 1.1 * remaining as f64,
+        "re-run uploaded {uploaded} bytes for {remaining} remaining"
+    );
+    // The file is whole on the coordinator: stored chunks plus the joined file.
+    let digest = tessera_protocol::Digest::of_reader(std::fs::File::open(&big).unwrap())
+        .unwrap()
+        .0;
+    let hex = digest.to_hex();
+    assert_eq!(
+        size(&farm.data.join("blobs").join(&hex[..2]).join(&hex)),
+        file_size
+    );
+}
