@@ -960,9 +960,7 @@ async fn serve_blob_streams(farm: Arc<Farm>, conn: quinn::Connection, uploaded: 
 }
 
 async fn serve_blob(farm: &Farm, ch: &mut Channel, uploaded: &AtomicU64) -> anyhow::Result<()> {
-    if let blob::Answered::Put { stored, .. } = blob::answer(&farm.store, ch).await? {
-        uploaded.fetch_add(stored, Ordering::Relaxed);
-    }
+    blob::answer(&farm.store, ch, uploaded).await?;
     Ok(())
 }
 

@@ -328,8 +328,14 @@ pub enum Answered {
 }
 
 /// Serves one blob stream against `dir`: stores a `Put` after verifying it,
-/// answers a `Get` with the blob's bytes.
-pub async fn answer(dir: &BlobDir, ch: &mut Channel) -> Result<Answered, BlobError> {
+/// answers a `Get` with the blob's bytes. New bytes stored are added to
+/// `stored` before the sender hears `Stored`, so a submit that follows the
+/// upload counts them.
+pub async fn answer(
+    dir: &BlobDir,
+    ch: &mut Channel,
+    stored: &std::sync::atomic::AtomicU64,
+) -> Result<Answered, BlobError> {
     let lost = |e: quinn::ClosedStream| BlobError::Lost(e.to_string());
     let request = ch
         .recv::<BlobRequest>()
@@ -350,6 +356,7 @@ pub async fn answer(dir: &BlobDir, ch: &mut Channel) -> Result<Answered, BlobErr
             } else {
                 match dir.receive(digest, len, &mut ch.recv).await {
                     Ok(()) => {
+                        stored.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
                         let a = Answered::Put {
                             digest,
                             stored: len,
@@ -498,7 +505,10 @@ mod tests {
                 .unwrap();
             while let Ok(streams) = conn.accept_bi().await {
                 let dir = dir.clone();
-                tokio::spawn(async move { answer(&dir, &mut Channel::new(streams)).await });
+                tokio::spawn(async move {
+                    let stored = std::sync::atomic::AtomicU64::new(0);
+                    answer(&dir, &mut Channel::new(streams), &stored).await
+                });
             }
             drop(endpoint);
         });
