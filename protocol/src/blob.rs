@@ -16,7 +16,7 @@ use crate::Digest;
 
 /// The largest blob either side accepts.
 pub const MAX_BLOB: u64 = 1 << 40;
-const BLOCK: usize = 256 * 1024;
+const BLOCK: usize = 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
@@ -401,6 +401,40 @@ pub async fn answer(
     Ok(answered)
 }
 
+/// A bare blob server: accepts connections on `endpoint` whose `Hello`
+/// carries `secret` (either role) and answers their blob streams against
+/// `dir`. For tests and benchmarks of the transport; the coordinator serves
+/// blobs itself, with its job accounting.
+pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
+    use crate::messages::{Hello, Welcome, PROTOCOL_VERSION};
+    while let Some(incoming) = endpoint.accept().await {
+        let (dir, secret) = (dir.clone(), secret.clone());
+        tokio::spawn(async move {
+            let conn = incoming.await.ok()?;
+            let mut control = Channel::new(conn.accept_bi().await.ok()?);
+            let hello: Hello = control.recv().await.ok()??;
+            if let Err(reason) = crate::transport::check_hello(&hello, &secret, &secret) {
+                control.send(&Welcome::Refused { reason }).await.ok()?;
+                return None;
+            }
+            let welcome = Welcome::Accepted {
+                version: PROTOCOL_VERSION,
+            };
+            control.send(&welcome).await.ok()?;
+            let stored = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            while let Ok(streams) = conn.accept_bi().await {
+                let (dir, stored) = (dir.clone(), stored.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = answer(&dir, &mut Channel::new(streams), &stored).await {
+                        tracing::debug!("blob stream: {e}");
+                    }
+                });
+            }
+            Some(())
+        });
+    }
+}
+
 /// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
 pub async fn get(
     conn: &quinn::Connection,
@@ -477,7 +511,7 @@ mod tests {
     /// A real QUIC server on 127.0.0.1 answering blob streams against `dir`,
     /// and a client connection to it.
     async fn loopback(dir: BlobDir) -> crate::transport::Session {
-        use crate::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
+        use crate::messages::Role;
         use crate::ticket::Ticket;
         use crate::transport::{self, Identity, Timing};
         let identity = Identity::generate().unwrap();
@@ -493,25 +527,7 @@ mod tests {
             fingerprint: identity.fingerprint(),
             secret: "s".into(),
         };
-        tokio::spawn(async move {
-            let conn = endpoint.accept().await.unwrap().await.unwrap();
-            let mut control = Channel::new(conn.accept_bi().await.unwrap());
-            let _: Hello = control.recv().await.unwrap().unwrap();
-            control
-                .send(&Welcome::Accepted {
-                    version: PROTOCOL_VERSION,
-                })
-                .await
-                .unwrap();
-            while let Ok(streams) = conn.accept_bi().await {
-                let dir = dir.clone();
-                tokio::spawn(async move {
-                    let stored = std::sync::atomic::AtomicU64::new(0);
-                    answer(&dir, &mut Channel::new(streams), &stored).await
-                });
-            }
-            drop(endpoint);
-        });
+        tokio::spawn(serve(endpoint, dir, "s".into()));
         transport::connect(&ticket, "test", Timing::default())
             .await
             .unwrap()

@@ -25,8 +25,8 @@ pub const CHUNK_THRESHOLD: u64 = 1 << 20;
 pub const MIN_CHUNK: usize = 4 * 1024;
 pub const AVG_CHUNK: usize = 16 * 1024;
 pub const MAX_CHUNK: usize = 64 * 1024;
-/// How much of the file is read at a time.
-const BLOCK: usize = 8 * 1024 * 1024;
+/// How much of the file is read at a time; blocks are chunked in parallel.
+const BLOCK: usize = 4 * 1024 * 1024;
 
 /// One chunk of a file: its digest and length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -78,28 +78,13 @@ impl Recipe {
     }
 }
 
-/// Cut points of `data`: the lengths of its chunks. When `eof` is false, the
-/// tail whose cut could still depend on bytes not yet read is left out: a
-/// chunk is only cut once `MAX_CHUNK` bytes past its start are known, so the
-/// cut points do not depend on how the file was read.
-fn cut(data: &[u8], eof: bool) -> Vec<(usize, usize)> {
-    let mut out = Vec::with_capacity(data.len() / AVG_CHUNK + 1);
-    for c in fastcdc::v2020::FastCDC::new(data, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK) {
-        if !eof && data.len() - c.offset < MAX_CHUNK {
-            break;
-        }
-        out.push((c.offset, c.length));
-    }
-    out
-}
-
-/// Chunks in-memory bytes (tests and small inputs).
+/// Chunks in-memory bytes in one pass on this thread: the reference that
+/// [`chunk_reader`] must agree with.
 pub fn chunk_bytes(data: &[u8]) -> Recipe {
-    let chunks = cut(data, true)
-        .into_iter()
-        .map(|(start, len)| ChunkRef {
-            digest: Digest::of(&data[start..start + len]),
-            len: len as u32,
+    let chunks = fastcdc::v2020::FastCDC::new(data, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
+        .map(|c| ChunkRef {
+            digest: Digest::of(&data[c.offset..c.offset + c.length]),
+            len: c.length as u32,
         })
         .collect();
     Recipe {
@@ -109,110 +94,166 @@ pub fn chunk_bytes(data: &[u8]) -> Recipe {
     }
 }
 
-/// Reads `src` to its end and returns its recipe, hashing on up to
-/// `threads` threads (at least 2: the whole-file hash runs beside the
-/// chunker).
+/// One block of the file plus the first `MAX_CHUNK` bytes after it, so that
+/// every chunk starting in the block can be cut from the window alone.
+struct Window {
+    index: usize,
+    /// File offset of `data[0]`.
+    offset: u64,
+    data: Vec<u8>,
+    block_len: usize,
+    /// The file ends inside this window.
+    last: bool,
+}
+
+impl Window {
+    /// Chunks may start below this position.
+    fn limit(&self) -> usize {
+        if self.last {
+            self.data.len()
+        } else {
+            self.block_len
+        }
+    }
+
+    /// Chunks as if the file's chunking restarted at this block: (start,
+    /// length) for every chunk starting below `limit`.
+    fn independent_cuts(&self) -> Vec<(usize, usize)> {
+        let limit = self.limit();
+        fastcdc::v2020::FastCDC::new(&self.data, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
+            .take_while(|c| c.offset < limit)
+            .map(|c| (c.offset, c.length))
+            .collect()
+    }
+
+    /// The file's true chunks starting in this block, given that the
+    /// previous block's last chunk ended at `start` (relative to the window).
+    /// Cuts from `start` one at a time until they meet a cut of the
+    /// independent chunking, from where the two agree (a cut depends only on
+    /// the bytes from its chunk's start).
+    fn true_cuts(&self, start: usize, independent: Vec<(usize, usize)>) -> Vec<(usize, usize)> {
+        if start == 0 {
+            return independent;
+        }
+        let limit = self.limit();
+        let mut out = Vec::new();
+        let mut at = start;
+        while at < limit {
+            if let Ok(i) = independent.binary_search_by_key(&at, |&(s, _)| s) {
+                out.extend_from_slice(&independent[i..]);
+                return out;
+            }
+            let c = fastcdc::v2020::FastCDC::new(&self.data[at..], MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
+                .next()
+                .expect("bytes remain after `at`");
+            out.push((at, c.length));
+            at += c.length;
+        }
+        out
+    }
+}
+
+/// Reads `src` to its end and returns its recipe. Windows of the file are
+/// chunked and hashed on `threads - 1` threads at once (each block is cut
+/// independently, then stitched to the previous block's last cut, which
+/// gives exactly the one-pass cut points) while one more thread hashes the
+/// whole file.
 pub fn chunk_reader(mut src: impl Read, threads: usize) -> std::io::Result<Recipe> {
-    let hashers = threads.saturating_sub(1).max(1);
-    type Batch = (Arc<Vec<u8>>, usize, Vec<(usize, usize)>);
+    let workers = threads.saturating_sub(1).max(1);
     std::thread::scope(|s| {
-        let (whole_tx, whole_rx) = mpsc::sync_channel::<Arc<Vec<u8>>>(4);
+        let (whole_tx, whole_rx) = mpsc::sync_channel::<Arc<Window>>(workers + 2);
         let whole = s.spawn(move || {
             let mut h = blake3::Hasher::new();
-            for block in whole_rx {
-                h.update(&block);
+            for w in whole_rx {
+                h.update(&w.data[..w.block_len]);
             }
             Digest::from(h.finalize())
         });
-        let (work_tx, work_rx) = mpsc::sync_channel::<Batch>(hashers * 2);
+        let (work_tx, work_rx) = mpsc::sync_channel::<Arc<Window>>(workers);
         let work_rx = Arc::new(Mutex::new(work_rx));
-        let (done_tx, done_rx) = mpsc::channel::<Vec<(usize, ChunkRef)>>();
-        for _ in 0..hashers {
-            let (work_rx, done_tx) = (work_rx.clone(), done_tx.clone());
+        // (next window allowed to stitch, where the previous chunk ended)
+        let seam = Arc::new((Mutex::new((0usize, 0u64)), std::sync::Condvar::new()));
+        let (done_tx, done_rx) = mpsc::channel::<(usize, Vec<ChunkRef>)>();
+        for _ in 0..workers {
+            let (work_rx, done_tx, seam) = (work_rx.clone(), done_tx.clone(), seam.clone());
             s.spawn(move || loop {
                 let next = work_rx.lock().expect("chunk work queue").recv();
-                let Ok((buf, first, cuts)) = next else { return };
+                let Ok(w) = next else { return };
+                let independent = w.independent_cuts();
+                let cuts = {
+                    let (lock, ready) = &*seam;
+                    let mut state = lock.lock().expect("seam");
+                    while state.0 != w.index {
+                        state = ready.wait(state).expect("seam");
+                    }
+                    let start = (state.1 - w.offset) as usize;
+                    let cuts = w.true_cuts(start, independent);
+                    let end = cuts
+                        .last()
+                        .map_or(state.1, |&(s, l)| w.offset + (s + l) as u64);
+                    *state = (w.index + 1, end);
+                    ready.notify_all();
+                    cuts
+                };
                 let refs = cuts
                     .iter()
-                    .enumerate()
-                    .map(|(i, &(start, len))| {
-                        let digest = Digest::from(blake3::hash(&buf[start..start + len]));
-                        (
-                            first + i,
-                            ChunkRef {
-                                digest,
-                                len: len as u32,
-                            },
-                        )
+                    .map(|&(start, len)| ChunkRef {
+                        digest: Digest::from(blake3::hash(&w.data[start..start + len])),
+                        len: len as u32,
                     })
                     .collect();
-                if done_tx.send(refs).is_err() {
+                if done_tx.send((w.index, refs)).is_err() {
                     return;
                 }
             });
         }
         drop(done_tx);
 
+        let read_block = |src: &mut dyn Read| -> std::io::Result<Vec<u8>> {
+            let mut block = Vec::with_capacity(BLOCK + MAX_CHUNK);
+            src.take(BLOCK as u64).read_to_end(&mut block)?;
+            Ok(block)
+        };
         let mut size = 0u64;
-        let mut count = 0usize;
-        let mut carry: Vec<u8> = Vec::new();
         let read_result = (|| -> std::io::Result<()> {
+            let mut current = read_block(&mut src)?;
+            let mut index = 0;
             loop {
-                let mut block = vec![0u8; BLOCK];
-                let mut filled = 0;
-                while filled < BLOCK {
-                    match src.read(&mut block[filled..]) {
-                        Ok(0) => break,
-                        Ok(n) => filled += n,
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                block.truncate(filled);
-                let eof = filled < BLOCK;
-                size += filled as u64;
-                let mut window = std::mem::take(&mut carry);
-                if window.is_empty() {
-                    window = block.clone();
+                let next = if current.len() < BLOCK {
+                    Vec::new()
                 } else {
-                    window.extend_from_slice(&block);
-                }
-                let _ = whole_tx.send(Arc::new(block));
-                let cuts = cut(&window, eof);
-                let used = cuts.last().map_or(0, |&(s, l)| s + l);
-                carry = window[used..].to_vec();
-                let window = Arc::new(window);
-                let per = cuts.len().div_ceil(hashers).max(1);
-                for part in cuts.chunks(per) {
-                    let n = part.len();
-                    let _ = work_tx.send((window.clone(), count, part.to_vec()));
-                    count += n;
-                }
-                if eof {
+                    read_block(&mut src)?
+                };
+                let block_len = current.len();
+                let last = next.is_empty();
+                current.extend_from_slice(&next[..next.len().min(MAX_CHUNK)]);
+                let w = Arc::new(Window {
+                    index,
+                    offset: size,
+                    data: current,
+                    block_len,
+                    last,
+                });
+                size += block_len as u64;
+                index += 1;
+                let _ = whole_tx.send(w.clone());
+                let _ = work_tx.send(w);
+                if last {
                     return Ok(());
                 }
+                current = next;
             }
         })();
         drop(whole_tx);
         drop(work_tx);
-        let mut chunks = vec![
-            ChunkRef {
-                digest: Digest::of(b""),
-                len: 0
-            };
-            count
-        ];
-        for batch in done_rx {
-            for (i, c) in batch {
-                chunks[i] = c;
-            }
-        }
+        let mut parts: Vec<(usize, Vec<ChunkRef>)> = done_rx.into_iter().collect();
+        parts.sort_by_key(|p| p.0);
         let digest = whole.join().expect("whole-file hasher");
         read_result?;
         Ok(Recipe {
             digest,
             size,
-            chunks,
+            chunks: parts.into_iter().flat_map(|p| p.1).collect(),
         })
     })
 }
@@ -255,20 +296,24 @@ mod tests {
 
     #[test]
     fn threaded_reader_matches_in_memory_chunking() {
-        // Several read blocks, a tail that is not a whole block.
-        let data = noise(3 * BLOCK + 123_457, 7);
-        let expected = chunk_bytes(&data);
-        assert_eq!(expected.digest, Digest::of(&data));
-        expected.check().unwrap();
-        for threads in [1, 2, 5] {
-            let got = chunk_reader(&data[..], threads).unwrap();
-            assert_eq!(got, expected, "{threads} threads");
+        // Several blocks (each cut on its own, then stitched), a tail that is
+        // not a whole block, an exact number of blocks, and a tail shorter
+        // than the largest chunk.
+        for len in [3 * BLOCK + 123_457, 2 * BLOCK, 2 * BLOCK + 1000] {
+            let data = noise(len, len as u64);
+            let expected = chunk_bytes(&data);
+            assert_eq!(expected.digest, Digest::of(&data));
+            expected.check().unwrap();
+            for threads in [1, 2, 5] {
+                let got = chunk_reader(&data[..], threads).unwrap();
+                assert_eq!(got, expected, "{threads} threads, {len} bytes");
+            }
+            let mean = data.len() / expected.chunks.len();
+            assert!(
+                (AVG_CHUNK / 2..AVG_CHUNK * 2).contains(&mean),
+                "mean chunk {mean}"
+            );
         }
-        let mean = data.len() / expected.chunks.len();
-        assert!(
-            (AVG_CHUNK / 2..AVG_CHUNK * 2).contains(&mean),
-            "mean chunk {mean}"
-        );
     }
 
     #[test]
