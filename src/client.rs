@@ -151,7 +151,7 @@ impl Client {
         let staging = BlobDir::open(dir.join(".tessera-download"))?;
         let mut written = Vec::new();
         for f in frames {
-            blob::get(&self.session.connection, f.digest, &staging)
+            blob::get(&self.session.connection, f.digest, None, &staging)
                 .await
                 .with_context(|| format!("downloading frame {}", f.frame))?;
             let dest = dir.join(format!("frame_{:04}.{}", f.frame, f.format.extension()));

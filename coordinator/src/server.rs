@@ -74,6 +74,8 @@ struct Job {
     render_ms: u64,
     bytes_uploaded: u64,
     bytes_deduplicated: u64,
+    /// Asset bytes served to workers for this job (this run).
+    bytes_to_workers: u64,
     submitted_unix_ms: u64,
     finished_unix_ms: Option<u64>,
     paused: bool,
@@ -103,6 +105,7 @@ impl Job {
             render_ms: 0,
             bytes_uploaded,
             bytes_deduplicated,
+            bytes_to_workers: 0,
             submitted_unix_ms,
             finished_unix_ms: None,
             paused: false,
@@ -151,6 +154,7 @@ impl Job {
             tasks_running: running,
             bytes_uploaded: self.bytes_uploaded,
             bytes_deduplicated: self.bytes_deduplicated,
+            bytes_to_workers: self.bytes_to_workers,
             render_ms: self.render_ms,
             submitted_unix_ms: self.submitted_unix_ms,
             finished_unix_ms: self.finished_unix_ms,
@@ -960,7 +964,16 @@ async fn serve_blob_streams(farm: Arc<Farm>, conn: quinn::Connection, uploaded: 
 }
 
 async fn serve_blob(farm: &Farm, ch: &mut Channel, uploaded: &AtomicU64) -> anyhow::Result<()> {
-    blob::answer(&farm.store, ch, uploaded).await?;
+    if let blob::Answered::Get {
+        job: Some(job),
+        sent,
+        ..
+    } = blob::answer(&farm.store, ch, uploaded).await?
+    {
+        if let Some(j) = farm.core().jobs.get_mut(&job) {
+            j.bytes_to_workers += sent;
+        }
+    }
     Ok(())
 }
 

@@ -323,8 +323,12 @@ pub enum Answered {
         stored: u64,
         refused: bool,
     },
-    /// A get: `sent` bytes served (0 when not found).
-    Get { digest: Digest, sent: u64 },
+    /// A get: `sent` bytes served (0 when not found), for `job`.
+    Get {
+        digest: Digest,
+        job: Option<u64>,
+        sent: u64,
+    },
 }
 
 /// Serves one blob stream against `dir`: stores a `Put` after verifying it,
@@ -382,7 +386,7 @@ pub async fn answer(
             ch.send.finish().map_err(lost)?;
             answered
         }
-        BlobRequest::Get { digest } => {
+        BlobRequest::Get { digest, job } => {
             let sent = match dir.size(&digest) {
                 Some(len) => {
                     ch.send(&BlobReply::Found { len }).await?;
@@ -394,7 +398,7 @@ pub async fn answer(
                 }
             };
             ch.send.finish().map_err(lost)?;
-            Answered::Get { digest, sent }
+            Answered::Get { digest, job, sent }
         }
     };
     let _ = ch.send.stopped().await;
@@ -436,9 +440,11 @@ pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
 }
 
 /// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
+/// A worker names the `job` it fetches for.
 pub async fn get(
     conn: &quinn::Connection,
     digest: Digest,
+    job: Option<u64>,
     dir: &BlobDir,
 ) -> Result<u64, BlobError> {
     let mut ch = Channel::new(
@@ -446,7 +452,7 @@ pub async fn get(
             .await
             .map_err(|e| BlobError::Lost(e.to_string()))?,
     );
-    ch.send(&BlobRequest::Get { digest }).await?;
+    ch.send(&BlobRequest::Get { digest, job }).await?;
     ch.send
         .finish()
         .map_err(|e| BlobError::Lost(e.to_string()))?;

@@ -168,6 +168,9 @@ pub struct JobStatus {
     pub tasks_running: u32,
     pub bytes_uploaded: u64,
     pub bytes_deduplicated: u64,
+    /// Asset bytes the coordinator sent to workers for this job (since the
+    /// coordinator started).
+    pub bytes_to_workers: u64,
     /// Σ render time of accepted results, milliseconds.
     pub render_ms: u64,
     pub submitted_unix_ms: u64,
@@ -369,13 +372,10 @@ pub enum ClientResponse {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum BlobRequest {
     /// `len` raw bytes follow; the receiver re-hashes them.
-    Put {
-        digest: Digest,
-        len: u64,
-    },
-    Get {
-        digest: Digest,
-    },
+    Put { digest: Digest, len: u64 },
+    /// `job`: the job a worker fetches it for (counted as that job's
+    /// bytes sent to workers).
+    Get { digest: Digest, job: Option<u64> },
 }
 
 /// The receiver's answer on a blob stream.

@@ -190,6 +190,9 @@ fn chunk_resubmit_after_changing_one_texture_uploads_only_that_texture() {
     let first = submit(&farm);
     assert_eq!(first["state"], "done");
     assert_eq!(u(&first["bytes_uploaded"]), total);
+    // The worker had nothing: every file went to it once.
+    let first = farm.status(u(&first["id"]));
+    assert_eq!(u(&first["bytes_to_workers"]), total);
 
     // Repaint texture c: a new image, so a new PNG throughout.
     let c = dir.join("textures/c.png");
@@ -208,6 +211,9 @@ fn chunk_resubmit_after_changing_one_texture_uploads_only_that_texture() {
     // Nothing else: everything but the texture was deduplicated.
     assert_eq!(u(&second["bytes_deduplicated"]), total - uploaded);
     assert!(u(&second["bytes_deduplicated"]) >= total - new_c);
+    // The worker's cache held the rest: only the new texture went to it.
+    let second = farm.status(u(&second["id"]));
+    assert_eq!(u(&second["bytes_to_workers"]), new_c);
 }
 
 #[test]

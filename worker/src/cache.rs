@@ -72,7 +72,7 @@ impl Cache {
         let mut fetched = 0u64;
         for entry in &job.manifest {
             if self.blobs.size(&entry.digest) != Some(entry.size) {
-                fetched += blob::get(conn, entry.digest, &self.blobs)
+                fetched += blob::get(conn, entry.digest, Some(job.job), &self.blobs)
                     .await
                     .with_context(|| format!("fetching `{}`", entry.path))?;
             }
