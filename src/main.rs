@@ -71,6 +71,10 @@ enum Command {
         /// Where fetched assets are kept.
         #[arg(long)]
         cache_dir: Option<PathBuf>,
+        /// Cap on the asset cache (e.g. 50G, 800M, or bytes): least recently
+        /// used assets are evicted, never those of a running task.
+        #[arg(long, value_parser = parse_size)]
+        cache_max: Option<u64>,
         /// Engine to offer: auto (every engine available here), builtin, blender, unreal.
         #[arg(long, default_value = "auto")]
         engine: String,
@@ -281,6 +285,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             ticket,
             name,
             cache_dir,
+            cache_max,
             engine,
             slots,
             threads,
@@ -320,6 +325,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 ticket,
                 name,
                 cache_dir,
+                cache_max,
                 engines,
                 slots,
                 price_per_hour,
@@ -441,6 +447,31 @@ async fn finish_wait(
     }
     report::print_final(&status, &files, json);
     Ok(client::job_exit_code(&status))
+}
+
+/// A size such as `50G`, `800M`, `64K` (powers of 1024) or plain bytes.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mult = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("`{text}`: unknown size unit (use K, M, G or T)")),
+            };
+            (&t[..i], mult)
+        }
+        _ => (t, 1),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 50G, 800M or bytes)"))?;
+    if n.is_nan() || n < 1.0 || n.is_infinite() {
+        return Err(format!("`{text}`: the size must be at least 1 byte"));
+    }
+    Ok((n * mult as f64) as u64)
 }
 
 /// What a worker offers for `--engine`.

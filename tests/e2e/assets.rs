@@ -278,3 +278,110 @@ fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks() {
         file_size
     );
 }
+
+/// Bytes of the blobs in a worker's cache.
+fn cache_bytes(farm: &Farm, worker: &str) -> u64 {
+    let root = farm.dir.join(format!("cache-{worker}")).join("blobs");
+    let mut total = 0;
+    for d in std::fs::read_dir(root).unwrap().flatten() {
+        if d.file_name() != "tmp" {
+            for f in std::fs::read_dir(d.path()).unwrap().flatten() {
+                total += f.metadata().unwrap().len();
+            }
+        }
+    }
+    total
+}
+
+/// Whether a worker's cache holds the file at `path`.
+fn cached(farm: &Farm, worker: &str, path: &Path) -> bool {
+    let digest = tessera_protocol::Digest::of_reader(std::fs::File::open(path).unwrap())
+        .unwrap()
+        .0;
+    let hex = digest.to_hex();
+    farm.dir
+        .join(format!("cache-{worker}"))
+        .join("blobs")
+        .join(&hex[..2])
+        .join(&hex)
+        .exists()
+}
+
+#[test]
+fn cache_capped_below_the_farms_assets_still_renders_each_job_and_evicts_lru() {
+    let mut farm = Farm::start("cachecap", &[]);
+    let cap = 4 * MIB as u64;
+    farm.add_worker_with("w1", &["--cache-max", "4M"]);
+    // Two scenes of about 3 MiB each: each fits the cap, both do not.
+    let mut scenes = Vec::new();
+    for (s, seed) in [("a", 20u64), ("b", 30)] {
+        let dir = farm.dir.join(s);
+        let textures = ["t/one.png", "t/two.png"];
+        for (i, t) in textures.iter().enumerate() {
+            write_noise_png(&dir.join(t), 600, seed + i as u64);
+        }
+        scenes.push(write_scene(&dir, &textures));
+    }
+    let sizes: Vec<u64> = scenes
+        .iter()
+        .map(|scene| {
+            let dir = scene.parent().unwrap();
+            size(scene) + size(&dir.join("t/one.png")) + size(&dir.join("t/two.png"))
+        })
+        .collect();
+    assert!(sizes.iter().all(|&s| s < cap) && sizes.iter().sum::<u64>() > cap);
+    for scene in &scenes {
+        let job = farm.json(&["submit", scene.to_str().unwrap(), "--wait", "--json"]);
+        assert_eq!(job["state"], "done", "{job}");
+        assert!(cache_bytes(&farm, "w1") <= cap);
+    }
+    // The second job pushed the first one's files out.
+    assert!(farm.log_of(0).contains("evicted from the cache"));
+    // Back to the first scene: what was evicted is fetched again (and
+    // only that), and it still renders.
+    let a_dir = scenes[0].parent().unwrap();
+    let evicted: u64 = [
+        scenes[0].clone(),
+        a_dir.join("t/one.png"),
+        a_dir.join("t/two.png"),
+    ]
+    .iter()
+    .filter(|p| !cached(&farm, "w1", p))
+    .map(|p| size(p))
+    .sum();
+    assert!(evicted > 0);
+    let again = farm.json(&["submit", scenes[0].to_str().unwrap(), "--wait", "--json"]);
+    assert_eq!(again["state"], "done");
+    let again = farm.status(u(&again["id"]));
+    assert_eq!(u(&again["bytes_to_workers"]), evicted);
+    assert!(cache_bytes(&farm, "w1") <= cap);
+
+    // A restart rebuilds the index from the files, dropping a corrupt one.
+    farm.kill_worker(0);
+    let blobs = farm.dir.join("cache-w1").join("blobs");
+    // Flip a byte of a cached texture of the first scene.
+    let texture = [a_dir.join("t/one.png"), a_dir.join("t/two.png")]
+        .into_iter()
+        .find(|p| cached(&farm, "w1", p))
+        .unwrap();
+    let hex = tessera_protocol::Digest::of_reader(std::fs::File::open(&texture).unwrap())
+        .unwrap()
+        .0
+        .to_hex();
+    let victim = blobs.join(&hex[..2]).join(&hex);
+    let mut bytes = std::fs::read(&victim).unwrap();
+    bytes[100] ^= 1;
+    std::fs::write(&victim, bytes).unwrap();
+    farm.add_worker_with("w1", &["--cache-max", "4M"]);
+    let again = farm.json(&["submit", scenes[0].to_str().unwrap(), "--wait", "--json"]);
+    assert_eq!(again["state"], "done");
+    let log = farm.log_of(1);
+    assert!(log.contains("does not match its digest; removed"), "{log}");
+    // Only the corrupt file went over the wire again.
+    let again = farm.status(u(&again["id"]));
+    assert_eq!(u(&again["bytes_to_workers"]), size(&texture));
+    assert_eq!(
+        std::fs::read(&victim).unwrap(),
+        std::fs::read(&texture).unwrap()
+    );
+}

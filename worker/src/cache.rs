@@ -2,27 +2,160 @@
 //! folder per job built from them with hard links, so a job's files exist on
 //! this machine at the paths its manifest names, whatever paths they had on
 //! the artist's machine.
+//!
+//! With a size cap (`--cache-max`) the least recently used blobs are evicted
+//! to make room, never one that a running task's job uses (those are
+//! pinned). The index is rebuilt on start from the blob folder, re-hashing
+//! every blob: a file that does not match its name is removed, never served.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
 use tessera_protocol::messages::JobInfo;
 use tessera_protocol::Digest;
 use tokio::sync::OnceCell;
 
+/// Which blobs the cache holds, how recently each was used, and which are
+/// pinned by running tasks. Plain data: no I/O.
+#[derive(Debug, Default)]
+pub struct Lru {
+    entries: HashMap<Digest, Entry>,
+    /// Bytes held plus bytes reserved for fetches in flight.
+    total: u64,
+    clock: u64,
+    pins: HashMap<Digest, u32>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    size: u64,
+    used: u64,
+}
+
+impl Lru {
+    /// Records a blob already stored (on start, oldest first).
+    pub fn insert(&mut self, digest: Digest, size: u64) {
+        self.clock += 1;
+        let entry = Entry {
+            size,
+            used: self.clock,
+        };
+        if let Some(old) = self.entries.insert(digest, entry) {
+            self.total -= old.size;
+        }
+        self.total += size;
+    }
+
+    pub fn contains(&self, digest: &Digest) -> bool {
+        self.entries.contains_key(digest)
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub fn touch(&mut self, digest: &Digest) {
+        self.clock += 1;
+        if let Some(e) = self.entries.get_mut(digest) {
+            e.used = self.clock;
+        }
+    }
+
+    pub fn pin(&mut self, digest: Digest) {
+        *self.pins.entry(digest).or_default() += 1;
+    }
+
+    pub fn unpin(&mut self, digest: &Digest) {
+        if let Some(n) = self.pins.get_mut(digest) {
+            *n -= 1;
+            if *n == 0 {
+                self.pins.remove(digest);
+            }
+        }
+    }
+
+    /// Makes room for `size` more bytes under `cap` by evicting the least
+    /// recently used unpinned blobs, and reserves the room. Returns what to
+    /// delete, or `None` (and evicts nothing) when the pinned blobs leave
+    /// too little room.
+    pub fn reserve(&mut self, size: u64, cap: u64) -> Option<Vec<Digest>> {
+        let mut candidates: Vec<(u64, Digest, u64)> = self
+            .entries
+            .iter()
+            .filter(|(d, _)| !self.pins.contains_key(d))
+            .map(|(d, e)| (e.used, *d, e.size))
+            .collect();
+        candidates.sort_unstable_by_key(|c| c.0);
+        let mut free_after = self.total;
+        let mut evict = Vec::new();
+        for (_, digest, esize) in candidates {
+            if free_after + size <= cap {
+                break;
+            }
+            free_after -= esize;
+            evict.push(digest);
+        }
+        if free_after + size > cap {
+            return None;
+        }
+        for d in &evict {
+            let e = self.entries.remove(d).expect("candidate is an entry");
+            self.total -= e.size;
+        }
+        self.total += size;
+        Some(evict)
+    }
+
+    /// Gives back a reservation (the fetch failed, or it is now an entry).
+    pub fn release(&mut self, size: u64) {
+        self.total -= size;
+    }
+}
+
+struct State {
+    lru: Lru,
+    /// One preparation per job; concurrent slots of the same job wait for it.
+    prepared: HashMap<u64, Arc<OnceCell<PathBuf>>>,
+    /// Running tasks per job.
+    running: HashMap<u64, u32>,
+}
+
 pub struct Cache {
     blobs: BlobDir,
     jobs_root: PathBuf,
-    /// One preparation per job; concurrent slots of the same job wait for it.
-    prepared: Mutex<HashMap<u64, Arc<OnceCell<PathBuf>>>>,
+    cap: Option<u64>,
+    state: Mutex<State>,
+}
+
+/// A job's folder, held for one task: the job's blobs stay pinned until it
+/// is dropped.
+pub struct JobFiles<'a> {
+    cache: &'a Cache,
+    job: u64,
+    digests: Vec<Digest>,
+    dir: PathBuf,
+}
+
+impl JobFiles<'_> {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for JobFiles<'_> {
+    fn drop(&mut self) {
+        self.cache.release_job(self.job, &self.digests);
+    }
 }
 
 impl Cache {
-    pub fn open(dir: &Path) -> anyhow::Result<Cache> {
+    /// Opens (or creates) the cache in `dir`, capped at `cap` bytes. Every
+    /// stored blob is re-hashed; one that does not match its name is removed.
+    pub fn open(dir: &Path, cap: Option<u64>) -> anyhow::Result<Cache> {
         // Engines run in other folders: every path handed out is absolute.
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the cache {}", dir.display()))?;
@@ -33,48 +166,169 @@ impl Cache {
         // Job folders are rebuilt from blobs; stale ones from an earlier run go.
         let _ = std::fs::remove_dir_all(&jobs_root);
         std::fs::create_dir_all(&jobs_root)?;
-        Ok(Cache {
+        let mut lru = Lru::default();
+        let (kept, removed) = rebuild_index(&blobs, &mut lru)?;
+        tracing::info!(
+            blobs = kept,
+            bytes = lru.total(),
+            removed,
+            cap = cap.unwrap_or(0),
+            "cache index rebuilt"
+        );
+        let cache = Cache {
             blobs,
             jobs_root,
-            prepared: Mutex::new(HashMap::new()),
-        })
+            cap,
+            state: Mutex::new(State {
+                lru,
+                prepared: HashMap::new(),
+                running: HashMap::new(),
+            }),
+        };
+        if let Some(cap) = cap {
+            // A smaller cap than last time: shrink now.
+            let evict = cache.state().lru.reserve(0, cap).unwrap_or_default();
+            cache.delete(&evict);
+        }
+        Ok(cache)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("cache lock")
     }
 
     pub fn blobs(&self) -> &BlobDir {
         &self.blobs
     }
 
+    /// Bytes of blobs held.
+    pub fn held_bytes(&self) -> u64 {
+        self.state().lru.total()
+    }
+
     /// Forgets job folders prepared over an earlier connection (job ids are
     /// the coordinator's, and it may have been replaced).
     pub fn reset_jobs(&self) {
-        self.prepared.lock().expect("cache lock").clear();
+        self.state().prepared.clear();
     }
 
     /// Fetches the job's missing blobs from the coordinator and lays out its
-    /// folder. Returns the folder.
+    /// folder. The job's blobs stay pinned while the returned value lives.
     pub async fn prepare(
         &self,
         conn: &quinn::Connection,
         job: &JobInfo,
-    ) -> anyhow::Result<PathBuf> {
-        let cell = self
-            .prepared
-            .lock()
-            .expect("cache lock")
-            .entry(job.job)
-            .or_default()
+    ) -> anyhow::Result<JobFiles<'_>> {
+        let mut digests: Vec<Digest> = job.manifest.iter().map(|e| e.digest).collect();
+        digests.sort_unstable();
+        digests.dedup();
+        let cell = {
+            let mut state = self.state();
+            for d in &digests {
+                state.lru.pin(*d);
+                state.lru.touch(d);
+            }
+            *state.running.entry(job.job).or_default() += 1;
+            state.prepared.entry(job.job).or_default().clone()
+        };
+        // From here on, dropping `files` unpins.
+        let mut files = JobFiles {
+            cache: self,
+            job: job.job,
+            digests,
+            dir: PathBuf::new(),
+        };
+        files.dir = cell
+            .get_or_try_init(|| self.build(conn, job))
+            .await?
             .clone();
-        let dir = cell.get_or_try_init(|| self.build(conn, job)).await?;
-        Ok(dir.clone())
+        Ok(files)
+    }
+
+    fn release_job(&self, job: u64, digests: &[Digest]) {
+        let mut state = self.state();
+        for d in digests {
+            state.lru.unpin(d);
+        }
+        if let Some(n) = state.running.get_mut(&job) {
+            *n -= 1;
+            if *n == 0 {
+                state.running.remove(&job);
+            }
+        }
+    }
+
+    /// Deletes evicted blobs, and the folders of jobs with no running task
+    /// (their hard links would keep the bytes on disk).
+    fn delete(&self, evicted: &[Digest]) {
+        if evicted.is_empty() {
+            return;
+        }
+        let idle: Vec<u64> = {
+            let mut state = self.state();
+            let idle: Vec<u64> = state
+                .prepared
+                .keys()
+                .filter(|j| !state.running.contains_key(j))
+                .copied()
+                .collect();
+            for j in &idle {
+                state.prepared.remove(j);
+            }
+            idle
+        };
+        for j in idle {
+            if let Ok(dirs) = std::fs::read_dir(&self.jobs_root) {
+                for d in dirs.flatten() {
+                    if d.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{j}-"))
+                    {
+                        let _ = std::fs::remove_dir_all(d.path());
+                    }
+                }
+            }
+        }
+        for d in evicted {
+            let _ = std::fs::remove_file(self.blobs.path(d));
+        }
+        tracing::info!(blobs = evicted.len(), "evicted from the cache");
+    }
+
+    async fn fetch(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        entry: &ManifestEntry,
+    ) -> anyhow::Result<u64> {
+        if let Some(cap) = self.cap {
+            let reserved = self.state().lru.reserve(entry.size, cap);
+            let Some(evict) = reserved else {
+                bail!(
+                    "the cache cap of {cap} bytes (--cache-max) cannot hold this job's files: `{}` ({} bytes) does not fit beside the files of running tasks; raise --cache-max",
+                    entry.path,
+                    entry.size
+                );
+            };
+            self.delete(&evict);
+        }
+        let got = blob::get(conn, entry.digest, Some(job), &self.blobs).await;
+        let mut state = self.state();
+        if self.cap.is_some() {
+            state.lru.release(entry.size);
+        }
+        let got = got.with_context(|| format!("fetching `{}`", entry.path))?;
+        state.lru.insert(entry.digest, got);
+        state.lru.touch(&entry.digest);
+        Ok(got)
     }
 
     async fn build(&self, conn: &quinn::Connection, job: &JobInfo) -> anyhow::Result<PathBuf> {
         let mut fetched = 0u64;
         for entry in &job.manifest {
-            if self.blobs.size(&entry.digest) != Some(entry.size) {
-                fetched += blob::get(conn, entry.digest, Some(job.job), &self.blobs)
-                    .await
-                    .with_context(|| format!("fetching `{}`", entry.path))?;
+            let held = self.state().lru.contains(&entry.digest);
+            if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
+                fetched += self.fetch(conn, job.job, entry).await?;
             }
         }
         let tag = Digest::of(format!("{:?}", job.manifest).as_bytes()).to_hex();
@@ -87,10 +341,56 @@ impl Cache {
             job = job.job,
             files = job.manifest.len(),
             fetched_bytes = fetched,
+            cached_bytes = self.held_bytes(),
             "job files ready"
         );
         Ok(dir)
     }
+}
+
+/// Walks the blob folder: every blob is re-hashed; a file whose bytes do not
+/// match its name (or with no digest for a name) is removed. Entries go in
+/// oldest first (by modification time) so LRU order survives a restart.
+fn rebuild_index(blobs: &BlobDir, lru: &mut Lru) -> anyhow::Result<(usize, usize)> {
+    let root = blobs.root();
+    let _ = std::fs::remove_dir_all(root.join("tmp"));
+    std::fs::create_dir_all(root.join("tmp"))?;
+    let mut found = Vec::new();
+    let mut removed = 0;
+    for sub in std::fs::read_dir(root)?.flatten() {
+        if sub.file_name() == "tmp" || !sub.path().is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(sub.path())?.flatten() {
+            let path = f.path();
+            let name = f.file_name().to_string_lossy().into_owned();
+            let ok = match name.parse::<Digest>() {
+                Ok(d) if blobs.path(&d) == path => std::fs::File::open(&path)
+                    .and_then(Digest::of_reader)
+                    .ok()
+                    .filter(|(actual, _)| *actual == d)
+                    .map(|(_, size)| (d, size)),
+                _ => None,
+            };
+            match ok {
+                Some((d, size)) => {
+                    let mtime = f.metadata().and_then(|m| m.modified()).ok();
+                    found.push((mtime, d, size));
+                }
+                None => {
+                    tracing::warn!(path = %path.display(), "cache file does not match its digest; removed");
+                    let _ = std::fs::remove_file(&path);
+                    removed += 1;
+                }
+            }
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    let kept = found.len();
+    for (_, d, size) in found {
+        lru.insert(d, size);
+    }
+    Ok((kept, removed))
 }
 
 fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::Result<()> {
@@ -108,4 +408,57 @@ fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::R
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(n: u8) -> Digest {
+        Digest::of(&[n])
+    }
+
+    #[test]
+    fn least_recently_used_goes_first_and_pinned_never() {
+        let mut lru = Lru::default();
+        for n in 1..=4 {
+            lru.insert(d(n), 100);
+        }
+        lru.touch(&d(1)); // order now 2, 3, 4, 1
+        lru.pin(d(2));
+        // Room for 150 more under 400: evict the two oldest unpinned.
+        assert_eq!(lru.reserve(150, 400), Some(vec![d(3), d(4)]));
+        assert_eq!(lru.total(), 200 + 150);
+        lru.release(150);
+        lru.insert(d(5), 150);
+        // Only unpinned 1 and 5 can go: 250 bytes; 2 stays pinned.
+        assert_eq!(lru.reserve(400, 400), None);
+        assert!(lru.contains(&d(2)) && lru.contains(&d(1)) && lru.contains(&d(5)));
+        lru.unpin(&d(2));
+        let evicted = lru.reserve(400, 400).unwrap();
+        assert_eq!(evicted.len(), 3);
+        assert_eq!(lru.total(), 400);
+    }
+
+    #[test]
+    fn restart_rebuilds_the_index_and_drops_corrupt_blobs() {
+        let dir = std::env::temp_dir().join(format!("tessera-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let blobs = BlobDir::open(dir.join("blobs")).unwrap();
+        let good = blobs.put_bytes(b"texture").unwrap();
+        let bad = blobs.put_bytes(b"scene").unwrap();
+        std::fs::write(blobs.path(&bad), b"sceNe").unwrap();
+        std::fs::write(blobs.root().join("tmp").join("half"), b"x").unwrap();
+        let cache = Cache::open(&dir, Some(1000)).unwrap();
+        assert!(cache.state().lru.contains(&good));
+        assert!(!cache.state().lru.contains(&bad));
+        assert!(!blobs.path(&bad).exists(), "a corrupt blob is removed");
+        assert_eq!(cache.held_bytes(), 7);
+        drop(cache);
+        // Reopened with a cap below what it holds: shrinks at once.
+        let cache = Cache::open(&dir, Some(3)).unwrap();
+        assert_eq!(cache.held_bytes(), 0);
+        assert!(!blobs.path(&good).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

@@ -30,6 +30,8 @@ pub struct Config {
     pub ticket: Ticket,
     pub name: String,
     pub cache_dir: PathBuf,
+    /// Cap on the blob cache's size in bytes (`--cache-max`).
+    pub cache_max: Option<u64>,
     pub engines: Vec<Arc<dyn Engine>>,
     pub slots: u32,
     pub price_per_hour: f64,
@@ -41,7 +43,7 @@ pub struct Config {
 /// Runs until `shutdown` turns true. Returns an error only for problems
 /// retrying cannot fix (a refused ticket, a protocol version mismatch).
 pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let cache = Arc::new(Cache::open(&config.cache_dir)?);
+    let cache = Arc::new(Cache::open(&config.cache_dir, config.cache_max)?);
     let config = Arc::new(config);
     let mut backoff = Duration::from_millis(200);
     loop {
@@ -305,7 +307,9 @@ async fn render_and_upload(
         .find(|e| e.kind() == job.engine)
         .cloned()
         .with_context(|| format!("this worker does not offer the {} engine", job.engine))?;
-    let dir = cache.prepare(conn, job).await?;
+    // The job's files stay pinned in the cache until this task is over.
+    let files = cache.prepare(conn, job).await?;
+    let dir = files.dir().to_path_buf();
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
     let (t, progress_tx) = (task.task, tx.clone());
