@@ -59,6 +59,10 @@ enum Command {
         /// How long a lease lives without a heartbeat, in milliseconds.
         #[arg(long, default_value_t = 3000)]
         lease_ms: u64,
+        /// Hand tasks out without preferring workers that already hold
+        /// their assets (for comparisons).
+        #[arg(long)]
+        no_cache_affinity: bool,
     },
     /// Run a worker: joins the farm with a worker ticket and renders tasks.
     Worker {
@@ -260,11 +264,13 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             advertise,
             heartbeat_ms,
             lease_ms,
+            no_cache_affinity,
         } => {
             let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
             config.advertise = advertise;
             config.heartbeat_ms = heartbeat_ms;
             config.lease_ms = lease_ms.max(heartbeat_ms);
+            config.cache_affinity = !no_cache_affinity;
             let coordinator = tessera_coordinator::server::start(config).await?;
             // Scripts read the first line to learn the address; a closed
             // stdout must not stop the coordinator.

@@ -43,6 +43,8 @@ pub struct Config {
     pub heartbeat_ms: u64,
     pub lease_ms: u64,
     pub max_attempts: u32,
+    /// Prefer workers whose cache holds a task's assets.
+    pub cache_affinity: bool,
 }
 
 impl Config {
@@ -54,6 +56,7 @@ impl Config {
             heartbeat_ms: 1000,
             lease_ms: 3000,
             max_attempts: 3,
+            cache_affinity: true,
         }
     }
 }
@@ -477,11 +480,12 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         .with_context(|| format!("cannot open the database in {}", dir.display()))?;
     let generation = db.next_generation()?;
     let store = BlobDir::open(dir.join("blobs"))?;
-    let sched = Scheduler::new(scheduler::Config {
+    let mut sched = Scheduler::new(scheduler::Config {
         lease_ms: config.lease_ms,
         max_attempts: config.max_attempts,
         first_epoch: generation << 32,
     });
+    sched.set_affinity(config.cache_affinity);
     let (commit_tx, commit_rx) = mpsc::unbounded_channel();
     let clock = Instant::now();
     let farm = Arc::new(Farm {
@@ -647,6 +651,7 @@ fn restore(farm: &Farm) -> anyhow::Result<Vec<(u64, usize)>> {
                 },
                 now,
             );
+            core.sched.set_job_assets(id, job_assets(&job.spec));
             tracing::info!(
                 job = id,
                 done = job.tasks_done,
@@ -995,6 +1000,7 @@ async fn serve_worker(
         core.next_worker += 1;
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         core.sched.add_worker(id, info.slots, engines, farm.now());
+        core.sched.worker_holds(id, &info.held, &[]);
         core.workers.insert(
             id,
             WorkerConn {
@@ -1087,6 +1093,9 @@ fn handle_worker_msg(
     }
     match msg {
         WorkerMsg::Join(_) => {}
+        WorkerMsg::Holds { added, removed } => {
+            farm.core().sched.worker_holds(id, &added, &removed);
+        }
         WorkerMsg::Draining => {
             let mut core = farm.core();
             core.sched.drain_worker(id);
@@ -1456,6 +1465,7 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
             pending: (0..job.tasks_total()).collect(),
         };
         core.sched.add_job(new, farm.now());
+        core.sched.set_job_assets(id, job_assets(&job.spec));
         let status = job.status(id, 0, core.blocked(id, job.spec.engine));
         core.jobs.insert(id, job);
         status
@@ -1463,6 +1473,11 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
     tracing::info!(job = id, name = %status.name, tasks = status.tasks_total, "job submitted");
     farm.wake.notify_one();
     Ok(status)
+}
+
+/// What every task of a job needs, for cache affinity.
+fn job_assets(spec: &JobSpec) -> Vec<(Digest, u64)> {
+    spec.manifest.iter().map(|m| (m.digest, m.size)).collect()
 }
 
 fn validate(farm: &Farm, spec: &JobSpec) -> anyhow::Result<()> {

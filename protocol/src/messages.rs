@@ -52,6 +52,8 @@ pub struct WorkerInfo {
     pub slots: u32,
     pub price_per_hour: f64,
     pub hostname: String,
+    /// Every blob its cache holds, for cache-affinity scheduling.
+    pub held: Vec<Digest>,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -76,6 +78,11 @@ pub enum WorkerMsg {
     },
     /// Shutting down: give me no new work (running tasks may still finish).
     Draining,
+    /// What the worker's cache gained and lost since it last said.
+    Holds {
+        added: Vec<Digest>,
+        removed: Vec<Digest>,
+    },
     /// Samples rendered so far of a running task.
     Progress {
         task: TaskRef,

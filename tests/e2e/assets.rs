@@ -385,3 +385,60 @@ fn cache_capped_below_the_farms_assets_still_renders_each_job_and_evicts_lru() {
         std::fs::read(&texture).unwrap()
     );
 }
+
+/// Two one-task jobs sharing three large textures on two workers; returns
+/// the bytes the coordinator sent to workers for both.
+fn two_jobs_sharing_assets(name: &str, coordinator_args: &[&str]) -> (u64, u64) {
+    let mut farm = Farm::start(name, coordinator_args);
+    farm.add_worker("w1");
+    farm.add_worker("w2");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while farm.json(&["status", "--json"])["workers"]
+        .as_array()
+        .unwrap()
+        .len()
+        < 2
+    {
+        assert!(Instant::now() < deadline, "workers did not join");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let shared = ["t/shared1.png", "t/shared2.png", "t/shared3.png"];
+    for (i, t) in shared.iter().enumerate() {
+        write_noise_png(&farm.dir.join("a").join(t), 500, 40 + i as u64);
+    }
+    let mut sent = Vec::new();
+    for (job, seed) in [("a", 50u64), ("b", 60)] {
+        let dir = farm.dir.join(job);
+        if job == "b" {
+            for t in shared {
+                std::fs::create_dir_all(dir.join("t")).unwrap();
+                std::fs::copy(farm.dir.join("a").join(t), dir.join(t)).unwrap();
+            }
+        }
+        write_noise_png(&dir.join("t/own.png"), 100, seed);
+        let mut textures = shared.to_vec();
+        textures.push("t/own.png");
+        let scene = write_scene(&dir, &textures);
+        let done = farm.json(&["submit", scene.to_str().unwrap(), "--wait", "--json"]);
+        assert_eq!(done["state"], "done");
+        sent.push(u(&farm.status(u(&done["id"]))["bytes_to_workers"]));
+    }
+    (sent[0], sent[1])
+}
+
+#[test]
+fn cache_affinity_sends_fewer_bytes_to_workers() {
+    let (a_on, b_on) = two_jobs_sharing_assets("affinity-on", &[]);
+    let (a_off, b_off) = two_jobs_sharing_assets("affinity-off", &["--no-cache-affinity"]);
+    eprintln!(
+        "bytes sent to workers for two jobs sharing most assets: with affinity {} ({a_on} + {b_on}), without {} ({a_off} + {b_off})",
+        a_on + b_on,
+        a_off + b_off
+    );
+    // The first job goes out whole either way.
+    assert_eq!(a_on, a_off);
+    // The second goes to the worker already holding the shared textures
+    // with affinity, and to the other worker (its turn) without.
+    assert!(b_on * 10 < b_off, "{b_on} vs {b_off}");
+    assert!(b_on > 0);
+}

@@ -54,6 +54,10 @@ impl Lru {
         self.entries.contains_key(digest)
     }
 
+    pub fn digests(&self) -> Vec<Digest> {
+        self.entries.keys().copied().collect()
+    }
+
     pub fn total(&self) -> u64 {
         self.total
     }
@@ -122,6 +126,9 @@ struct State {
     prepared: HashMap<u64, Arc<OnceCell<PathBuf>>>,
     /// Running tasks per job.
     running: HashMap<u64, u32>,
+    /// Blobs gained and lost since the coordinator was last told.
+    added: Vec<Digest>,
+    removed: Vec<Digest>,
 }
 
 pub struct Cache {
@@ -183,6 +190,8 @@ impl Cache {
                 lru,
                 prepared: HashMap::new(),
                 running: HashMap::new(),
+                added: Vec::new(),
+                removed: Vec::new(),
             }),
         };
         if let Some(cap) = cap {
@@ -204,6 +213,27 @@ impl Cache {
     /// Bytes of blobs held.
     pub fn held_bytes(&self) -> u64 {
         self.state().lru.total()
+    }
+
+    /// Every blob held (for the coordinator, on join); pending changes are
+    /// included, so they are cleared.
+    pub fn held_digests(&self) -> Vec<Digest> {
+        let mut state = self.state();
+        state.added.clear();
+        state.removed.clear();
+        state.lru.digests()
+    }
+
+    /// Blobs gained and lost since last asked, if any.
+    pub fn take_changes(&self) -> Option<(Vec<Digest>, Vec<Digest>)> {
+        let mut state = self.state();
+        if state.added.is_empty() && state.removed.is_empty() {
+            return None;
+        }
+        Some((
+            std::mem::take(&mut state.added),
+            std::mem::take(&mut state.removed),
+        ))
     }
 
     /// Forgets job folders prepared over an earlier connection (job ids are
@@ -292,6 +322,7 @@ impl Cache {
         for d in evicted {
             let _ = std::fs::remove_file(self.blobs.path(d));
         }
+        self.state().removed.extend_from_slice(evicted);
         tracing::info!(blobs = evicted.len(), "evicted from the cache");
     }
 
@@ -320,6 +351,7 @@ impl Cache {
         let got = got.with_context(|| format!("fetching `{}`", entry.path))?;
         state.lru.insert(entry.digest, got);
         state.lru.touch(&entry.digest);
+        state.added.push(entry.digest);
         Ok(got)
     }
 
