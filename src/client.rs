@@ -13,7 +13,7 @@ use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::chunk::{self, Recipe, CHUNK_THRESHOLD};
 use tessera_protocol::job::{parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, JobState, JobStatus, Role, TileStatus, WorkerStatus,
+    ClientRequest, ClientResponse, Collected, JobState, JobStatus, Role, TileStatus, WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
@@ -103,6 +103,14 @@ impl Client {
     pub async fn pause(&mut self, job: u64, paused: bool) -> anyhow::Result<()> {
         match self.call(&ClientRequest::Pause { job, paused }).await? {
             ClientResponse::Done => Ok(()),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// Has the coordinator collect garbage now.
+    pub async fn collect_garbage(&mut self) -> anyhow::Result<Collected> {
+        match self.call(&ClientRequest::CollectGarbage).await? {
+            ClientResponse::Collected(c) => Ok(c),
             other => bail!("unexpected reply {other:?}"),
         }
     }

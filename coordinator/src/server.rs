@@ -17,9 +17,10 @@ use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::job::{sanitize_manifest_path, Engine, JobSpec, OutputFormat};
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, CoordMsg, FarmEvent, FarmStatus, FrameOutput, Hello, JobInfo,
-    JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef, TaskSpec, TileState, TileStatus,
-    Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus, MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
+    ClientRequest, ClientResponse, Collected, CoordMsg, FarmEvent, FarmStatus, FrameOutput, Hello,
+    JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef, TaskSpec, TileState,
+    TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus, MAX_INLINE_OUTPUT,
+    PROTOCOL_VERSION,
 };
 use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::ticket::Ticket;
@@ -45,6 +46,8 @@ pub struct Config {
     pub max_attempts: u32,
     /// Prefer workers whose cache holds a task's assets.
     pub cache_affinity: bool,
+    /// How long a finished job's assets and frames are kept.
+    pub retention: Duration,
 }
 
 impl Config {
@@ -57,6 +60,7 @@ impl Config {
             lease_ms: 3000,
             max_attempts: 3,
             cache_affinity: true,
+            retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -396,6 +400,9 @@ struct Farm {
     client_secret: String,
     commits: mpsc::UnboundedSender<Commit>,
     runtime: tokio::runtime::Handle,
+    /// Held by garbage collection and by each submit: a job's blobs are
+    /// either seen as referenced by a collection or submitted after it.
+    gc: Mutex<()>,
 }
 
 impl Farm {
@@ -508,6 +515,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         client_secret: client_ticket.secret.clone(),
         commits: commit_tx,
         runtime: tokio::runtime::Handle::current(),
+        gc: Mutex::new(()),
     });
     let unstitched = restore(&farm)?;
     for (job, frame_pos) in unstitched {
@@ -520,6 +528,21 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             .spawn(move || committer(farm, commit_rx))?;
     }
     tokio::spawn(dispatcher(farm.clone()));
+    {
+        let farm = farm.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(GC_EVERY);
+            loop {
+                tick.tick().await;
+                let farm = farm.clone();
+                match tokio::task::spawn_blocking(move || collect_garbage(&farm)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!("garbage collection failed: {e:#}"),
+                    Err(e) => tracing::warn!("garbage collection panicked: {e}"),
+                }
+            }
+        });
+    }
     {
         let (farm, endpoint) = (farm.clone(), endpoint.clone());
         tokio::spawn(async move {
@@ -1242,7 +1265,7 @@ async fn serve_client(
             ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
                 digests
                     .into_iter()
-                    .filter(|d| !farm.store.contains(d))
+                    .filter(|d| !farm.store.touch(d))
                     .collect(),
             ),
             ClientRequest::Assemble(recipe) => {
@@ -1252,7 +1275,15 @@ async fn serve_client(
                     Err(e) => ClientResponse::Error(e.to_string()),
                 }
             }
+            ClientRequest::CollectGarbage => {
+                let farm = farm.clone();
+                match tokio::task::spawn_blocking(move || collect_garbage(&farm)).await? {
+                    Ok(c) => ClientResponse::Collected(c),
+                    Err(e) => ClientResponse::Error(format!("garbage collection failed: {e:#}")),
+                }
+            }
             ClientRequest::Submit(spec) => {
+                let _gc = farm.gc.lock().expect("gc lock");
                 match submit(&farm, spec, uploaded.swap(0, Ordering::Relaxed)) {
                     Ok(status) => ClientResponse::Submitted(status),
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
@@ -1473,6 +1504,67 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
     tracing::info!(job = id, name = %status.name, tasks = status.tasks_total, "job submitted");
     farm.wake.notify_one();
     Ok(status)
+}
+
+/// How often garbage is collected (and once at start).
+const GC_EVERY: Duration = Duration::from_secs(3600);
+/// Blobs written (or asked about by a client) this recently are never
+/// collected: an upload whose submit has not arrived yet, a worker's output
+/// before its result is committed.
+const GC_GRACE: Duration = Duration::from_secs(3600);
+
+/// Removes stored blobs that no retained job uses. A job is retained until
+/// `retention` after it finished (forever while it is not finished); it uses
+/// its manifest's files, their chunks, its task outputs and its frames.
+fn collect_garbage(farm: &Farm) -> anyhow::Result<Collected> {
+    let _gc = farm.gc.lock().expect("gc lock");
+    let now = unix_ms();
+    let retention = farm.config.retention.as_millis() as u64;
+    let mut keep = HashSet::new();
+    {
+        let db = farm.db();
+        for job in db.jobs()? {
+            let expired = job.state.is_final()
+                && job
+                    .finished_ms
+                    .is_some_and(|f| f.saturating_add(retention) <= now);
+            if expired {
+                continue;
+            }
+            for m in &job.spec.manifest {
+                keep.insert(m.digest);
+                if let Some(recipe) = farm.store.recipe(&m.digest) {
+                    keep.extend(recipe.chunks.iter().map(|c| c.digest));
+                }
+            }
+            keep.extend(db.results(job.id)?.into_iter().map(|r| r.output));
+            keep.extend(db.frames(job.id)?.into_iter().map(|f| f.digest));
+        }
+    }
+    let young = std::time::SystemTime::now() - GC_GRACE;
+    let mut c = Collected {
+        removed_blobs: 0,
+        removed_bytes: 0,
+        kept_blobs: 0,
+        kept_bytes: 0,
+    };
+    for (digest, size, written) in farm.store.list()? {
+        if keep.contains(&digest) || written > young {
+            c.kept_blobs += 1;
+            c.kept_bytes += size;
+        } else {
+            farm.store.remove(&digest)?;
+            c.removed_blobs += 1;
+            c.removed_bytes += size;
+        }
+    }
+    tracing::info!(
+        removed = c.removed_blobs,
+        removed_bytes = c.removed_bytes,
+        kept = c.kept_blobs,
+        "garbage collected"
+    );
+    Ok(c)
 }
 
 /// What every task of a job needs, for cache affinity.

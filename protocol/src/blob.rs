@@ -78,6 +78,17 @@ impl BlobDir {
         self.size(digest).is_some()
     }
 
+    /// Whether the blob is stored; if so, marks it as just written, so that
+    /// garbage collection's grace period protects it until the submit that
+    /// relies on it arrives.
+    pub fn touch(&self, digest: &Digest) -> bool {
+        std::fs::File::options()
+            .write(true)
+            .open(self.path(digest))
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+            .is_ok()
+    }
+
     fn temp_path(&self, digest: &Digest) -> PathBuf {
         use rand::Rng;
         let tag: u64 = rand::rng().random();
@@ -158,11 +169,65 @@ impl BlobDir {
             Ok(())
         })();
         match result {
-            Ok(()) => Ok(self.commit(&temp, &file)?),
+            Ok(()) => {
+                self.commit(&temp, &file)?;
+                self.keep_recipe(recipe)?;
+                Ok(())
+            }
             Err(e) => {
                 let _ = std::fs::remove_file(&temp);
                 Err(e)
             }
+        }
+    }
+
+    fn recipe_path(&self, file: &Digest) -> PathBuf {
+        self.root.join("recipes").join(file.to_hex())
+    }
+
+    /// Remembers which chunks make up `recipe.digest` (so garbage collection
+    /// keeps a retained file's chunks for the next edit of it).
+    fn keep_recipe(&self, recipe: &Recipe) -> std::io::Result<()> {
+        let path = self.recipe_path(&recipe.digest);
+        std::fs::create_dir_all(path.parent().expect("recipes folder"))?;
+        let bytes = crate::codec::encode(recipe).map_err(std::io::Error::other)?;
+        let temp = self.temp_path(&recipe.digest);
+        std::fs::write(&temp, bytes)?;
+        std::fs::rename(temp, path)
+    }
+
+    /// The chunks of a file stored by [`BlobDir::assemble`], if it was.
+    pub fn recipe(&self, file: &Digest) -> Option<Recipe> {
+        let bytes = std::fs::read(self.recipe_path(file)).ok()?;
+        crate::codec::decode_frame(&bytes).ok()
+    }
+
+    /// Every stored blob: digest, size and when it was written.
+    pub fn list(&self) -> std::io::Result<Vec<(Digest, u64, std::time::SystemTime)>> {
+        let mut out = Vec::new();
+        for sub in std::fs::read_dir(&self.root)?.flatten() {
+            let name = sub.file_name();
+            if name.len() != 2 || !sub.path().is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(sub.path())?.flatten() {
+                let Ok(digest) = f.file_name().to_string_lossy().parse::<Digest>() else {
+                    continue;
+                };
+                let meta = f.metadata()?;
+                out.push((digest, meta.len(), meta.modified()?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes a blob (and its recipe, if it has one). A reader that has it
+    /// open keeps reading it.
+    pub fn remove(&self, digest: &Digest) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(self.recipe_path(digest));
+        match std::fs::remove_file(self.path(digest)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
         }
     }
 
@@ -603,6 +668,13 @@ mod tests {
         assert!(!dir.contains(&lie.digest));
         dir.assemble(&recipe).unwrap();
         assert_eq!(dir.read(&recipe.digest).unwrap(), data);
+        assert_eq!(dir.recipe(&recipe.digest), Some(recipe.clone()));
+        let distinct: std::collections::HashSet<_> =
+            recipe.chunks.iter().map(|c| c.digest).collect();
+        assert_eq!(dir.list().unwrap().len(), distinct.len() + 1);
+        dir.remove(&recipe.digest).unwrap();
+        assert_eq!(dir.recipe(&recipe.digest), None);
+        assert!(!dir.contains(&recipe.digest));
         std::fs::remove_dir_all(dir.root()).unwrap();
     }
 

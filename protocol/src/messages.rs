@@ -353,6 +353,9 @@ pub enum ClientRequest {
     Drain {
         worker: u64,
     },
+    /// Collect garbage now: remove stored blobs no retained job uses.
+    /// Answered by `Collected`.
+    CollectGarbage,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -371,8 +374,18 @@ pub enum ClientResponse {
         event: FarmEvent,
     },
     Tiles(Vec<TileStatus>),
+    Collected(Collected),
     Done,
     Error(String),
+}
+
+/// What one garbage collection did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Collected {
+    pub removed_blobs: u64,
+    pub removed_bytes: u64,
+    pub kept_blobs: u64,
+    pub kept_bytes: u64,
 }
 
 /// First frame of a blob stream.

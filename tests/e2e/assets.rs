@@ -442,3 +442,79 @@ fn cache_affinity_sends_fewer_bytes_to_workers() {
     assert!(b_on * 10 < b_off, "{b_on} vs {b_off}");
     assert!(b_on > 0);
 }
+
+/// Whether the coordinator's store holds the blob `digest`.
+fn in_store(farm: &Farm, digest: &tessera_protocol::Digest) -> bool {
+    let hex = digest.to_hex();
+    farm.data.join("blobs").join(&hex[..2]).join(&hex).exists()
+}
+
+fn digest_of(path: &Path) -> tessera_protocol::Digest {
+    tessera_protocol::Digest::of_reader(std::fs::File::open(path).unwrap())
+        .unwrap()
+        .0
+}
+
+#[test]
+fn gc_removes_what_no_retained_job_uses_and_keeps_what_a_queued_job_needs() {
+    let mut farm = Farm::start("gc", &["--retention", "0s"]);
+    farm.add_worker("w1");
+    // Job a: a shared texture and a chunked one of its own; rendered.
+    let (a, b) = (farm.dir.join("a"), farm.dir.join("b"));
+    write_noise_png(&a.join("t/shared.png"), 64, 70);
+    write_noise_png(&a.join("t/own.png"), 700, 71);
+    let textures = ["t/shared.png", "t/own.png"];
+    let scene_a = write_scene(&a, &textures);
+    let job_a = farm.json(&["submit", scene_a.to_str().unwrap(), "--wait", "--json"]);
+    assert_eq!(job_a["state"], "done");
+    // Job b: the same shared texture, another chunked one; stays queued.
+    farm.kill_worker(0);
+    std::fs::create_dir_all(b.join("t")).unwrap();
+    std::fs::copy(a.join("t/shared.png"), b.join("t/shared.png")).unwrap();
+    write_noise_png(&b.join("t/own.png"), 700, 72);
+    let scene_b = write_scene(&b, &textures);
+    let job_b = farm.json(&["submit", scene_b.to_str().unwrap(), "--json"]);
+    assert_eq!(job_b["state"], "queued");
+
+    let chunks = |p: &Path| -> Vec<tessera_protocol::Digest> {
+        let r = tessera_protocol::chunk::chunk_file(p).unwrap();
+        r.chunks.iter().map(|c| c.digest).collect()
+    };
+    let (own_a, own_b) = (a.join("t/own.png"), b.join("t/own.png"));
+    assert!(in_store(&farm, &digest_of(&own_a)));
+    assert!(chunks(&own_a).iter().all(|c| in_store(&farm, c)));
+
+    // A fresh blob is safe (its submit may not have arrived yet).
+    let fresh = farm.json(&["gc", "--json"]);
+    assert_eq!(u(&fresh["removed_blobs"]), 0);
+
+    // An hour and more later, job a's retention (0 s) is over.
+    let past = std::time::SystemTime::now() - Duration::from_secs(2 * 3600);
+    for d in std::fs::read_dir(farm.data.join("blobs"))
+        .unwrap()
+        .flatten()
+    {
+        if d.file_name().len() == 2 {
+            for f in std::fs::read_dir(d.path()).unwrap().flatten() {
+                let file = std::fs::File::options().write(true).open(f.path()).unwrap();
+                file.set_modified(past).unwrap();
+            }
+        }
+    }
+    let collected = farm.json(&["gc", "--json"]);
+    assert!(u(&collected["removed_blobs"]) > 0, "{collected}");
+    // Job a's own texture and its chunks are gone...
+    assert!(!in_store(&farm, &digest_of(&own_a)));
+    assert!(chunks(&own_a).iter().all(|c| !in_store(&farm, c)));
+    // ...what the queued job b uses stays: files, chunks, the shared texture.
+    assert!(in_store(&farm, &digest_of(&own_b)));
+    assert!(chunks(&own_b).iter().all(|c| in_store(&farm, c)));
+    assert!(in_store(&farm, &digest_of(&b.join("t/shared.png"))));
+    // Job b still renders.
+    farm.add_worker("w2");
+    farm.wait_for(u(&job_b["id"]), "job b done", |s| s["state"] == "done");
+    // Nothing left to collect that a retained job uses; job a's removed
+    // texture goes up again on a resubmit.
+    let again = farm.json(&["submit", scene_a.to_str().unwrap(), "--json"]);
+    assert_eq!(u(&again["bytes_uploaded"]), size(&own_a));
+}
