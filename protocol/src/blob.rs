@@ -125,6 +125,11 @@ impl BlobDir {
     /// all be in this store already. The joined bytes are re-hashed; a
     /// mismatch leaves nothing behind. Blocking: call it off the runtime.
     pub fn assemble(&self, recipe: &Recipe) -> Result<(), BlobError> {
+        self.assemble_from(recipe, self)
+    }
+
+    /// [`BlobDir::assemble`] with the chunks in another store.
+    pub fn assemble_from(&self, recipe: &Recipe, chunks: &BlobDir) -> Result<(), BlobError> {
         use std::io::Write;
         let file = recipe.digest;
         recipe
@@ -142,7 +147,7 @@ impl BlobDir {
         if let Some(c) = recipe
             .chunks
             .iter()
-            .find(|c| self.size(&c.digest) != Some(u64::from(c.len)))
+            .find(|c| chunks.size(&c.digest) != Some(u64::from(c.len)))
         {
             return Err(BlobError::Recipe {
                 file,
@@ -154,7 +159,7 @@ impl BlobDir {
             let mut out = std::io::BufWriter::with_capacity(BLOCK, std::fs::File::create(&temp)?);
             let mut hasher = blake3::Hasher::new();
             for c in &recipe.chunks {
-                let bytes = self.read(&c.digest)?;
+                let bytes = chunks.read(&c.digest)?;
                 hasher.update(&bytes);
                 out.write_all(&bytes)?;
             }
@@ -388,6 +393,8 @@ pub enum Answered {
         stored: u64,
         refused: bool,
     },
+    /// A recipe was asked for.
+    Recipe { digest: Digest },
     /// A get: `sent` bytes served (0 when not found), for `job`.
     Get {
         digest: Digest,
@@ -465,6 +472,15 @@ pub async fn answer(
             ch.send.finish().map_err(lost)?;
             Answered::Get { digest, job, sent }
         }
+        BlobRequest::Recipe { digest } => {
+            let reply = match dir.recipe(&digest) {
+                Some(r) => BlobReply::Recipe(r),
+                None => BlobReply::NotFound,
+            };
+            ch.send(&reply).await?;
+            ch.send.finish().map_err(lost)?;
+            Answered::Recipe { digest }
+        }
     };
     let _ = ch.send.stopped().await;
     Ok(answered)
@@ -501,6 +517,37 @@ pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
             }
             Some(())
         });
+    }
+}
+
+/// The chunks of the large file `digest`, if the sender stored it from
+/// chunks.
+pub async fn get_recipe(
+    conn: &quinn::Connection,
+    digest: Digest,
+) -> Result<Option<Recipe>, BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    ch.send(&BlobRequest::Recipe { digest }).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    match ch.recv::<BlobReply>().await? {
+        Some(BlobReply::Recipe(r)) if r.digest == digest => {
+            r.check().map_err(|reason| BlobError::Recipe {
+                file: digest,
+                reason,
+            })?;
+            Ok(Some(r))
+        }
+        Some(BlobReply::NotFound) => Ok(None),
+        Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+        None => Err(BlobError::Lost(
+            "stream closed before the sender answered".into(),
+        )),
     }
 }
 

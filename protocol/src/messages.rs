@@ -396,6 +396,9 @@ pub enum BlobRequest {
     /// `job`: the job a worker fetches it for (counted as that job's
     /// bytes sent to workers).
     Get { digest: Digest, job: Option<u64> },
+    /// The chunks of a large file, so a worker fetches only the chunks it
+    /// lacks (and a cut download resumes).
+    Recipe { digest: Digest },
 }
 
 /// The receiver's answer on a blob stream.
@@ -409,5 +412,6 @@ pub enum BlobReply {
     Found {
         len: u64,
     },
+    Recipe(Recipe),
     NotFound,
 }

@@ -79,12 +79,17 @@ fn u(v: &serde_json::Value) -> u64 {
 /// Bytes of every stored blob (whole files and chunks) in the coordinator's
 /// store, temporary files left out.
 fn stored_bytes(farm: &Farm) -> u64 {
+    blob_bytes(&farm.data.join("blobs"))
+}
+
+/// Bytes of the blobs in a blob folder (two-letter subfolders).
+fn blob_bytes(root: &Path) -> u64 {
     let mut total = 0;
-    let Ok(dirs) = std::fs::read_dir(farm.data.join("blobs")) else {
+    let Ok(dirs) = std::fs::read_dir(root) else {
         return 0;
     };
     for d in dirs.flatten() {
-        if d.file_name() == "tmp" {
+        if d.file_name().len() != 2 {
             continue;
         }
         for f in std::fs::read_dir(d.path()).into_iter().flatten().flatten() {
@@ -150,10 +155,15 @@ fn chunk_resubmit_of_a_large_file_with_one_percent_changed_uploads_about_the_cha
     // The coordinator joined the chunks into the edited file: a worker
     // fetches it whole, re-hashes it, and runs both jobs.
     farm.add_worker_with("w1", &["--engine", "noop"]);
+    let mut to_workers = 0;
     for job in [&first, &second] {
         let id = u(&job["id"]);
-        farm.wait_for(id, "job done", |s| s["state"] == "done");
+        let done = farm.wait_for(id, "job done", |s| s["state"] == "done");
+        to_workers += u(&done["bytes_to_workers"]);
     }
+    // The worker, too, fetched the edited file as the chunks it lacked.
+    eprintln!("the worker fetched {to_workers} bytes for both versions");
+    assert!(to_workers <= total + 3 * changed, "{to_workers}");
     let cached = farm.dir.join("cache-w1").join("blobs");
     let edited = tessera_protocol::Digest::of_reader(std::fs::File::open(&big).unwrap())
         .unwrap()
@@ -218,7 +228,7 @@ fn chunk_resubmit_after_changing_one_texture_uploads_only_that_texture() {
 
 #[test]
 fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks() {
-    let farm = Farm::start("resume", &[]);
+    let mut farm = Farm::start("resume", &[]);
     let dir = farm.dir.join("scene");
     std::fs::create_dir_all(&dir).unwrap();
     let big = dir.join("big.bin");
@@ -277,6 +287,31 @@ fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks() {
         size(&farm.data.join("blobs").join(&hex[..2]).join(&hex)),
         file_size
     );
+
+    // The worker's download, cut half way, resumes too.
+    farm.add_worker_with("w1", &["--engine", "noop"]);
+    let chunks = farm.dir.join("cache-w1").join("chunks");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while blob_bytes(&chunks) < file_size / 2 {
+        assert!(Instant::now() < deadline, "download never got half way");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    farm.kill_worker(0);
+    let got = blob_bytes(&chunks);
+    assert!(got < file_size * 9 / 10, "cut at {got} of {file_size}");
+    farm.add_worker_with("w1", &["--engine", "noop"]);
+    let id = u(&job["id"]);
+    let done = farm.wait_for(id, "job done", |s| s["state"] == "done");
+    let sent = u(&done["bytes_to_workers"]);
+    eprintln!(
+        "worker download cut at {:.0}%: {sent} bytes sent to workers in all for a {file_size}-byte file",
+        got as f64 * 100.0 / file_size as f64
+    );
+    assert!(
+        sent as f64 <= 1.1 * (file_size + size(&scene)) as f64,
+        "{sent} bytes sent for a {file_size}-byte file"
+    );
+    assert!(farm.log_of(1).contains("job files ready"));
 }
 
 /// Bytes of the blobs in a worker's cache.
@@ -310,15 +345,16 @@ fn cached(farm: &Farm, worker: &str, path: &Path) -> bool {
 #[test]
 fn cache_capped_below_the_farms_assets_still_renders_each_job_and_evicts_lru() {
     let mut farm = Farm::start("cachecap", &[]);
-    let cap = 4 * MIB as u64;
-    farm.add_worker_with("w1", &["--cache-max", "4M"]);
-    // Two scenes of about 3 MiB each: each fits the cap, both do not.
+    let cap = 3 * MIB as u64;
+    farm.add_worker_with("w1", &["--cache-max", "3M"]);
+    // Two scenes of about 1.9 MB each (files below the chunking threshold,
+    // so each travels and is cached whole): each fits the cap, both do not.
     let mut scenes = Vec::new();
     for (s, seed) in [("a", 20u64), ("b", 30)] {
         let dir = farm.dir.join(s);
         let textures = ["t/one.png", "t/two.png"];
         for (i, t) in textures.iter().enumerate() {
-            write_noise_png(&dir.join(t), 600, seed + i as u64);
+            write_noise_png(&dir.join(t), 560, seed + i as u64);
         }
         scenes.push(write_scene(&dir, &textures));
     }
@@ -372,7 +408,7 @@ fn cache_capped_below_the_farms_assets_still_renders_each_job_and_evicts_lru() {
     let mut bytes = std::fs::read(&victim).unwrap();
     bytes[100] ^= 1;
     std::fs::write(&victim, bytes).unwrap();
-    farm.add_worker_with("w1", &["--cache-max", "4M"]);
+    farm.add_worker_with("w1", &["--cache-max", "3M"]);
     let again = farm.json(&["submit", scenes[0].to_str().unwrap(), "--wait", "--json"]);
     assert_eq!(again["state"], "done");
     let log = farm.log_of(1);

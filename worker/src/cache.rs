@@ -14,6 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
+use tessera_protocol::chunk::{ChunkRef, Recipe, CHUNK_THRESHOLD};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
 use tessera_protocol::messages::JobInfo;
 use tessera_protocol::Digest;
@@ -21,13 +22,24 @@ use tokio::sync::OnceCell;
 
 /// Which blobs the cache holds, how recently each was used, and which are
 /// pinned by running tasks. Plain data: no I/O.
-#[derive(Debug, Default)]
-pub struct Lru {
-    entries: HashMap<Digest, Entry>,
+#[derive(Debug)]
+pub struct Lru<K> {
+    entries: HashMap<K, Entry>,
     /// Bytes held plus bytes reserved for fetches in flight.
     total: u64,
     clock: u64,
-    pins: HashMap<Digest, u32>,
+    pins: HashMap<K, u32>,
+}
+
+impl<K> Default for Lru<K> {
+    fn default() -> Self {
+        Lru {
+            entries: HashMap::new(),
+            total: 0,
+            clock: 0,
+            pins: HashMap::new(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -36,9 +48,9 @@ struct Entry {
     used: u64,
 }
 
-impl Lru {
+impl<K: Copy + Eq + std::hash::Hash + Ord> Lru<K> {
     /// Records a blob already stored (on start, oldest first).
-    pub fn insert(&mut self, digest: Digest, size: u64) {
+    pub fn insert(&mut self, digest: K, size: u64) {
         self.clock += 1;
         let entry = Entry {
             size,
@@ -50,30 +62,30 @@ impl Lru {
         self.total += size;
     }
 
-    pub fn contains(&self, digest: &Digest) -> bool {
+    pub fn contains(&self, digest: &K) -> bool {
         self.entries.contains_key(digest)
     }
 
-    pub fn digests(&self) -> Vec<Digest> {
-        self.entries.keys().copied().collect()
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.entries.keys()
     }
 
     pub fn total(&self) -> u64 {
         self.total
     }
 
-    pub fn touch(&mut self, digest: &Digest) {
+    pub fn touch(&mut self, digest: &K) {
         self.clock += 1;
         if let Some(e) = self.entries.get_mut(digest) {
             e.used = self.clock;
         }
     }
 
-    pub fn pin(&mut self, digest: Digest) {
+    pub fn pin(&mut self, digest: K) {
         *self.pins.entry(digest).or_default() += 1;
     }
 
-    pub fn unpin(&mut self, digest: &Digest) {
+    pub fn unpin(&mut self, digest: &K) {
         if let Some(n) = self.pins.get_mut(digest) {
             *n -= 1;
             if *n == 0 {
@@ -86,8 +98,8 @@ impl Lru {
     /// recently used unpinned blobs, and reserves the room. Returns what to
     /// delete, or `None` (and evicts nothing) when the pinned blobs leave
     /// too little room.
-    pub fn reserve(&mut self, size: u64, cap: u64) -> Option<Vec<Digest>> {
-        let mut candidates: Vec<(u64, Digest, u64)> = self
+    pub fn reserve(&mut self, size: u64, cap: u64) -> Option<Vec<K>> {
+        let mut candidates: Vec<(u64, K, u64)> = self
             .entries
             .iter()
             .filter(|(d, _)| !self.pins.contains_key(d))
@@ -120,19 +132,29 @@ impl Lru {
     }
 }
 
+/// What the cache holds: whole files (what jobs name) and the chunks of
+/// large files (so an edited file fetches only its changed chunks, and a
+/// cut download resumes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Blob {
+    File(Digest),
+    Chunk(Digest),
+}
+
 struct State {
-    lru: Lru,
+    lru: Lru<Blob>,
     /// One preparation per job; concurrent slots of the same job wait for it.
     prepared: HashMap<u64, Arc<OnceCell<PathBuf>>>,
     /// Running tasks per job.
     running: HashMap<u64, u32>,
-    /// Blobs gained and lost since the coordinator was last told.
+    /// Files gained and lost since the coordinator was last told.
     added: Vec<Digest>,
     removed: Vec<Digest>,
 }
 
 pub struct Cache {
     blobs: BlobDir,
+    chunks: BlobDir,
     jobs_root: PathBuf,
     cap: Option<u64>,
     state: Mutex<State>,
@@ -169,12 +191,14 @@ impl Cache {
         let dir = &dir.canonicalize()?;
         let blobs = BlobDir::open(dir.join("blobs"))
             .with_context(|| format!("cannot open the cache in {}", dir.display()))?;
+        let chunks = BlobDir::open(dir.join("chunks"))
+            .with_context(|| format!("cannot open the cache in {}", dir.display()))?;
         let jobs_root = dir.join("jobs");
         // Job folders are rebuilt from blobs; stale ones from an earlier run go.
         let _ = std::fs::remove_dir_all(&jobs_root);
         std::fs::create_dir_all(&jobs_root)?;
         let mut lru = Lru::default();
-        let (kept, removed) = rebuild_index(&blobs, &mut lru)?;
+        let (kept, removed) = rebuild_index(&blobs, &chunks, &mut lru)?;
         tracing::info!(
             blobs = kept,
             bytes = lru.total(),
@@ -184,6 +208,7 @@ impl Cache {
         );
         let cache = Cache {
             blobs,
+            chunks,
             jobs_root,
             cap,
             state: Mutex::new(State {
@@ -221,7 +246,11 @@ impl Cache {
         let mut state = self.state();
         state.added.clear();
         state.removed.clear();
-        state.lru.digests()
+        let files = state.lru.keys().filter_map(|k| match k {
+            Blob::File(d) => Some(*d),
+            Blob::Chunk(_) => None,
+        });
+        files.collect()
     }
 
     /// Blobs gained and lost since last asked, if any.
@@ -255,8 +284,8 @@ impl Cache {
         let cell = {
             let mut state = self.state();
             for d in &digests {
-                state.lru.pin(*d);
-                state.lru.touch(d);
+                state.lru.pin(Blob::File(*d));
+                state.lru.touch(&Blob::File(*d));
             }
             *state.running.entry(job.job).or_default() += 1;
             state.prepared.entry(job.job).or_default().clone()
@@ -278,7 +307,7 @@ impl Cache {
     fn release_job(&self, job: u64, digests: &[Digest]) {
         let mut state = self.state();
         for d in digests {
-            state.lru.unpin(d);
+            state.lru.unpin(&Blob::File(*d));
         }
         if let Some(n) = state.running.get_mut(&job) {
             *n -= 1;
@@ -290,7 +319,7 @@ impl Cache {
 
     /// Deletes evicted blobs, and the folders of jobs with no running task
     /// (their hard links would keep the bytes on disk).
-    fn delete(&self, evicted: &[Digest]) {
+    fn delete(&self, evicted: &[Blob]) {
         if evicted.is_empty() {
             return;
         }
@@ -319,46 +348,176 @@ impl Cache {
                 }
             }
         }
-        for d in evicted {
-            let _ = std::fs::remove_file(self.blobs.path(d));
+        let mut files = Vec::new();
+        for b in evicted {
+            let _ = match b {
+                Blob::File(d) => {
+                    files.push(*d);
+                    self.blobs.remove(d)
+                }
+                Blob::Chunk(d) => self.chunks.remove(d),
+            };
         }
-        self.state().removed.extend_from_slice(evicted);
+        self.state().removed.extend(files);
         tracing::info!(blobs = evicted.len(), "evicted from the cache");
     }
 
+    /// Makes room for `size` bytes under the cap (evicting), reserving it.
+    fn reserve(&self, size: u64, what: &str) -> anyhow::Result<()> {
+        let Some(cap) = self.cap else {
+            return Ok(());
+        };
+        let reserved = self.state().lru.reserve(size, cap);
+        let Some(evict) = reserved else {
+            bail!(
+                "the cache cap of {cap} bytes (--cache-max) cannot hold this job's files: {what} ({size} bytes) does not fit beside the files of running tasks; raise --cache-max"
+            );
+        };
+        self.delete(&evict);
+        Ok(())
+    }
+
+    fn unreserve(&self, size: u64) {
+        if self.cap.is_some() {
+            self.state().lru.release(size);
+        }
+    }
+
+    /// Fetches one file of a job: a large one as the chunks this cache
+    /// lacks, joined and verified here; others whole.
     async fn fetch(
         &self,
         conn: &quinn::Connection,
         job: u64,
         entry: &ManifestEntry,
     ) -> anyhow::Result<u64> {
-        if let Some(cap) = self.cap {
-            let reserved = self.state().lru.reserve(entry.size, cap);
-            let Some(evict) = reserved else {
-                bail!(
-                    "the cache cap of {cap} bytes (--cache-max) cannot hold this job's files: `{}` ({} bytes) does not fit beside the files of running tasks; raise --cache-max",
-                    entry.path,
-                    entry.size
-                );
-            };
-            self.delete(&evict);
+        let what = format!("`{}`", entry.path);
+        if entry.size >= CHUNK_THRESHOLD {
+            let recipe = blob::get_recipe(conn, entry.digest)
+                .await
+                .with_context(|| format!("fetching the chunk list of {what}"))?;
+            if let Some(recipe) = recipe {
+                return self.fetch_chunked(conn, job, &what, recipe).await;
+            }
         }
+        self.reserve(entry.size, &what)?;
         let got = blob::get(conn, entry.digest, Some(job), &self.blobs).await;
+        self.unreserve(entry.size);
+        let got = got.with_context(|| format!("fetching {what}"))?;
+        self.insert(Blob::File(entry.digest), got);
+        Ok(got)
+    }
+
+    fn insert(&self, blob: Blob, size: u64) {
         let mut state = self.state();
-        if self.cap.is_some() {
-            state.lru.release(entry.size);
+        state.lru.insert(blob, size);
+        state.lru.touch(&blob);
+        if let Blob::File(d) = blob {
+            state.added.push(d);
         }
-        let got = got.with_context(|| format!("fetching `{}`", entry.path))?;
-        state.lru.insert(entry.digest, got);
-        state.lru.touch(&entry.digest);
-        state.added.push(entry.digest);
+    }
+
+    async fn fetch_chunked(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        what: &str,
+        recipe: Recipe,
+    ) -> anyhow::Result<u64> {
+        let mut distinct: Vec<ChunkRef> = recipe.chunks.clone();
+        distinct.sort_unstable_by_key(|c| c.digest);
+        distinct.dedup_by_key(|c| c.digest);
+        let lacking: Vec<ChunkRef> = {
+            let mut state = self.state();
+            for c in &distinct {
+                state.lru.pin(Blob::Chunk(c.digest));
+                state.lru.touch(&Blob::Chunk(c.digest));
+            }
+            distinct
+                .iter()
+                .filter(|c| {
+                    !state.lru.contains(&Blob::Chunk(c.digest))
+                        || self.chunks.size(&c.digest) != Some(u64::from(c.len))
+                })
+                .copied()
+                .collect()
+        };
+        let unpin = || {
+            let mut state = self.state();
+            for c in &distinct {
+                state.lru.unpin(&Blob::Chunk(c.digest));
+            }
+        };
+        let result = self.fetch_chunks(conn, job, what, &recipe, lacking).await;
+        unpin();
+        result
+    }
+
+    async fn fetch_chunks(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        what: &str,
+        recipe: &Recipe,
+        lacking: Vec<ChunkRef>,
+    ) -> anyhow::Result<u64> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let need: u64 = lacking.iter().map(|c| u64::from(c.len)).sum();
+        self.reserve(need + recipe.size, what)?;
+        let fetched = AtomicU64::new(0);
+        let queue = Mutex::new(lacking);
+        let stream = || async {
+            loop {
+                let next = queue.lock().expect("fetch queue").pop();
+                let Some(c) = next else {
+                    return anyhow::Ok(());
+                };
+                match blob::get(conn, c.digest, Some(job), &self.chunks).await {
+                    Ok(got) => {
+                        // This chunk's reservation becomes its entry.
+                        fetched.fetch_add(got, Ordering::Relaxed);
+                        self.unreserve(got);
+                        self.insert(Blob::Chunk(c.digest), got);
+                    }
+                    Err(e) => {
+                        queue.lock().expect("fetch queue").clear();
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        let results = tokio::join!(
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream()
+        );
+        let got = fetched.load(Ordering::Relaxed);
+        let first_error = [
+            results.0, results.1, results.2, results.3, results.4, results.5, results.6, results.7,
+        ]
+        .into_iter()
+        .find_map(|r| r.err());
+        if let Some(e) = first_error {
+            self.unreserve(need - got + recipe.size);
+            return Err(e.context(format!("fetching the chunks of {what}")));
+        }
+        let (blobs, chunks, r) = (self.blobs.clone(), self.chunks.clone(), recipe.clone());
+        let joined = tokio::task::spawn_blocking(move || blobs.assemble_from(&r, &chunks)).await;
+        self.unreserve(recipe.size);
+        joined?.with_context(|| format!("joining the chunks of {what}"))?;
+        self.insert(Blob::File(recipe.digest), recipe.size);
         Ok(got)
     }
 
     async fn build(&self, conn: &quinn::Connection, job: &JobInfo) -> anyhow::Result<PathBuf> {
         let mut fetched = 0u64;
         for entry in &job.manifest {
-            let held = self.state().lru.contains(&entry.digest);
+            let held = self.state().lru.contains(&Blob::File(entry.digest));
             if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
                 fetched += self.fetch(conn, job.job, entry).await?;
             }
@@ -383,44 +542,54 @@ impl Cache {
 /// Walks the blob folder: every blob is re-hashed; a file whose bytes do not
 /// match its name (or with no digest for a name) is removed. Entries go in
 /// oldest first (by modification time) so LRU order survives a restart.
-fn rebuild_index(blobs: &BlobDir, lru: &mut Lru) -> anyhow::Result<(usize, usize)> {
-    let root = blobs.root();
-    let _ = std::fs::remove_dir_all(root.join("tmp"));
-    std::fs::create_dir_all(root.join("tmp"))?;
+fn rebuild_index(
+    blobs: &BlobDir,
+    chunks: &BlobDir,
+    lru: &mut Lru<Blob>,
+) -> anyhow::Result<(usize, usize)> {
     let mut found = Vec::new();
     let mut removed = 0;
-    for sub in std::fs::read_dir(root)?.flatten() {
-        if sub.file_name() == "tmp" || !sub.path().is_dir() {
-            continue;
-        }
-        for f in std::fs::read_dir(sub.path())?.flatten() {
-            let path = f.path();
-            let name = f.file_name().to_string_lossy().into_owned();
-            let ok = match name.parse::<Digest>() {
-                Ok(d) if blobs.path(&d) == path => std::fs::File::open(&path)
-                    .and_then(Digest::of_reader)
-                    .ok()
-                    .filter(|(actual, _)| *actual == d)
-                    .map(|(_, size)| (d, size)),
-                _ => None,
-            };
-            match ok {
-                Some((d, size)) => {
-                    let mtime = f.metadata().and_then(|m| m.modified()).ok();
-                    found.push((mtime, d, size));
-                }
-                None => {
-                    tracing::warn!(path = %path.display(), "cache file does not match its digest; removed");
-                    let _ = std::fs::remove_file(&path);
-                    removed += 1;
+    for (dir, key) in [
+        (blobs, Blob::File as fn(Digest) -> Blob),
+        (chunks, Blob::Chunk as fn(Digest) -> Blob),
+    ] {
+        let root = dir.root();
+        let _ = std::fs::remove_dir_all(root.join("tmp"));
+        std::fs::create_dir_all(root.join("tmp"))?;
+        for sub in std::fs::read_dir(root)?.flatten() {
+            // Blobs live in two-letter folders (`tmp`, `recipes` are not).
+            if sub.file_name().len() != 2 || !sub.path().is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(sub.path())?.flatten() {
+                let path = f.path();
+                let name = f.file_name().to_string_lossy().into_owned();
+                let ok = match name.parse::<Digest>() {
+                    Ok(d) if dir.path(&d) == path => std::fs::File::open(&path)
+                        .and_then(Digest::of_reader)
+                        .ok()
+                        .filter(|(actual, _)| *actual == d)
+                        .map(|(_, size)| (d, size)),
+                    _ => None,
+                };
+                match ok {
+                    Some((d, size)) => {
+                        let mtime = f.metadata().and_then(|m| m.modified()).ok();
+                        found.push((mtime, key(d), size));
+                    }
+                    None => {
+                        tracing::warn!(path = %path.display(), "cache file does not match its digest; removed");
+                        let _ = std::fs::remove_file(&path);
+                        removed += 1;
+                    }
                 }
             }
         }
     }
     found.sort_by_key(|f| f.0);
     let kept = found.len();
-    for (_, d, size) in found {
-        lru.insert(d, size);
+    for (_, b, size) in found {
+        lru.insert(b, size);
     }
     Ok((kept, removed))
 }
@@ -446,8 +615,8 @@ fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::R
 mod tests {
     use super::*;
 
-    fn d(n: u8) -> Digest {
-        Digest::of(&[n])
+    fn d(n: u8) -> Blob {
+        Blob::File(Digest::of(&[n]))
     }
 
     #[test]
@@ -482,8 +651,8 @@ mod tests {
         std::fs::write(blobs.path(&bad), b"sceNe").unwrap();
         std::fs::write(blobs.root().join("tmp").join("half"), b"x").unwrap();
         let cache = Cache::open(&dir, Some(1000)).unwrap();
-        assert!(cache.state().lru.contains(&good));
-        assert!(!cache.state().lru.contains(&bad));
+        assert!(cache.state().lru.contains(&Blob::File(good)));
+        assert!(!cache.state().lru.contains(&Blob::File(bad)));
         assert!(!blobs.path(&bad).exists(), "a corrupt blob is removed");
         assert_eq!(cache.held_bytes(), 7);
         drop(cache);
