@@ -370,7 +370,7 @@ impl Cache {
         let reserved = self.state().lru.reserve(size, cap);
         let Some(evict) = reserved else {
             bail!(
-                "the cache cap of {cap} bytes (--cache-max) cannot hold this job's files: {what} ({size} bytes) does not fit beside the files of running tasks; raise --cache-max"
+                "the cache cap of {cap} bytes (--cache-max) cannot hold this job's files: {what} needs {size} bytes beside the files of running tasks; raise --cache-max"
             );
         };
         self.delete(&evict);
@@ -463,7 +463,11 @@ impl Cache {
     ) -> anyhow::Result<u64> {
         use std::sync::atomic::{AtomicU64, Ordering};
         let need: u64 = lacking.iter().map(|c| u64::from(c.len)).sum();
-        self.reserve(need + recipe.size, what)?;
+        let with_chunks = format!(
+            "{what} ({} bytes, joined here from {need} bytes of chunks)",
+            recipe.size
+        );
+        self.reserve(need + recipe.size, &with_chunks)?;
         let fetched = AtomicU64::new(0);
         let queue = Mutex::new(lacking);
         let stream = || async {
