@@ -578,3 +578,39 @@ fn cache_cap_too_small_for_a_jobs_files_fails_with_a_message_to_raise_it() {
     // Nothing was cached beyond the cap.
     assert!(cache_bytes(&farm, "w1") <= MIB as u64);
 }
+
+#[test]
+fn chunk_note_for_a_compressed_large_file_suggests_saving_it_uncompressed() {
+    let farm = Farm::start("compressed", &[]);
+    let dir = farm.dir.join("scene");
+    std::fs::create_dir_all(&dir).unwrap();
+    // A zstd frame magic, then 2 MiB (what a compressed .blend looks like
+    // to the chunker: bytes that change throughout on every save).
+    let mut packed = vec![0x28, 0xb5, 0x2f, 0xfd];
+    packed.extend(noise(2 * MIB, 90));
+    std::fs::write(dir.join("packed.bin"), &packed).unwrap();
+    let scene = write_scene(&dir, &["packed.bin"]);
+    let out = farm.run(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--engine",
+        "noop",
+        "--json",
+    ]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let note: Vec<&str> = stderr.lines().filter(|l| l.starts_with("note:")).collect();
+    assert_eq!(note.len(), 1, "{stderr}");
+    assert!(
+        note[0].contains("`packed.bin` is zstd-compressed")
+            && note[0].contains("chunk-level dedupe cannot")
+            && note[0].contains("save it uncompressed"),
+        "{stderr}"
+    );
+    // stdout is still one JSON object.
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        u(&job["bytes_uploaded"]),
+        packed.len() as u64 + size(&scene)
+    );
+}
