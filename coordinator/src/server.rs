@@ -1023,7 +1023,7 @@ async fn serve_worker(
         core.next_worker += 1;
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         core.sched.add_worker(id, info.slots, engines, farm.now());
-        core.sched.worker_holds(id, &info.held, &[]);
+        core.sched.worker_holds(id, &info.cached, &[]);
         core.workers.insert(
             id,
             WorkerConn {
@@ -1116,7 +1116,7 @@ fn handle_worker_msg(
     }
     match msg {
         WorkerMsg::Join(_) => {}
-        WorkerMsg::Holds { added, removed } => {
+        WorkerMsg::Cached { added, removed } => {
             farm.core().sched.worker_holds(id, &added, &removed);
         }
         WorkerMsg::Draining => {

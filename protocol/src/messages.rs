@@ -52,8 +52,8 @@ pub struct WorkerInfo {
     pub slots: u32,
     pub price_per_hour: f64,
     pub hostname: String,
-    /// Every blob its cache holds, for cache-affinity scheduling.
-    pub held: Vec<Digest>,
+    /// Every file its asset cache holds, for cache-affinity scheduling.
+    pub cached: Vec<Digest>,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -78,8 +78,8 @@ pub enum WorkerMsg {
     },
     /// Shutting down: give me no new work (running tasks may still finish).
     Draining,
-    /// What the worker's cache gained and lost since it last said.
-    Holds {
+    /// What the worker's asset cache gained and lost since it last said.
+    Cached {
         added: Vec<Digest>,
         removed: Vec<Digest>,
     },

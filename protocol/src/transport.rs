@@ -86,21 +86,26 @@ impl Default for Timing {
 /// UDP socket buffer size asked for.
 const SOCKET_BUFFER: usize = 8 * 1024 * 1024;
 
-/// An endpoint on a fresh UDP socket bound to `addr`.
+/// A UDP socket for an endpoint. Bulk transfers overrun the default socket
+/// buffers (≈200 KiB) and lose packets; ask for more (the kernel caps it at
+/// net.core.rmem_max).
+fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let socket = std::net::UdpSocket::bind(addr)?;
+    let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+    let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
+    let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
+    Ok(socket)
+}
+
+/// An endpoint on a fresh, tuned UDP socket bound to `addr`.
 fn endpoint(
     addr: SocketAddr,
     server: Option<quinn::ServerConfig>,
 ) -> std::io::Result<quinn::Endpoint> {
-    let socket = std::net::UdpSocket::bind(addr)?;
-    // Bulk transfers overrun the default socket buffers (≈200 KiB) and lose
-    // packets; ask for more (the kernel caps it at net.core.rmem_max).
-    let state = quinn::udp::UdpSocketState::new((&socket).into())?;
-    let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
-    let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
     quinn::Endpoint::new(
         quinn::EndpointConfig::default(),
         server,
-        socket,
+        bind_udp(addr)?,
         Arc::new(quinn::TokioRuntime),
     )
 }

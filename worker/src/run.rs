@@ -114,7 +114,7 @@ async fn session(
         slots: config.slots,
         price_per_hour: config.price_per_hour,
         hostname,
-        held: cache.held_digests(),
+        cached: cache.held_digests(),
     }))?;
     let heartbeat_ms = match codec::read_frame::<CoordMsg, _>(&mut recv).await? {
         Some(CoordMsg::Joined {
@@ -312,7 +312,7 @@ async fn render_and_upload(
     let files = cache.prepare(conn, job).await?;
     let dir = files.dir().to_path_buf();
     if let Some((added, removed)) = cache.take_changes() {
-        let _ = tx.send(WorkerMsg::Holds { added, removed });
+        let _ = tx.send(WorkerMsg::Cached { added, removed });
     }
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
