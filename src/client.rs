@@ -601,7 +601,12 @@ async fn upload(
                 };
                 blob::put_retrying(&conn, u.digest, 3, || u.read())
                     .await
-                    .with_context(|| format!("uploading {}", u.path.display()))?;
+                    .with_context(|| {
+                        format!(
+                            "uploading {} (if it was saved during the upload, run submit again)",
+                            u.path.display()
+                        )
+                    })?;
                 sent.fetch_add(u.len, Ordering::Relaxed);
             }
         }));

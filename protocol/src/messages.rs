@@ -16,7 +16,7 @@ use crate::Digest;
 pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
