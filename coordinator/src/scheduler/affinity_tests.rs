@@ -5,6 +5,15 @@
 
 use super::*;
 
+/// A scheduler with plain settings (the one place that names them).
+fn scheduler() -> Scheduler {
+    Scheduler::new(Config {
+        lease_ms: 1_000,
+        max_attempts: 3,
+        first_epoch: 1,
+    })
+}
+
 fn d(n: u8) -> Digest {
     Digest::of(&[n])
 }
@@ -20,11 +29,7 @@ fn check(
     affinity: bool,
     expected: &[WorkerId],
 ) {
-    let mut s = Scheduler::new(Config {
-        lease_ms: 1_000,
-        max_attempts: 3,
-        first_epoch: 1,
-    });
+    let mut s = scheduler();
     s.set_affinity(affinity);
     for w in [1, 2] {
         s.add_worker(w, slots, vec!["builtin".into()], 0);
@@ -66,11 +71,7 @@ fn tasks_go_to_the_worker_holding_their_assets() {
 
 #[test]
 fn what_a_worker_holds_follows_its_reports() {
-    let mut s = Scheduler::new(Config {
-        lease_ms: 1_000,
-        max_attempts: 3,
-        first_epoch: 1,
-    });
+    let mut s = scheduler();
     s.worker_holds(1, &[d(1), d(2)], &[]);
     s.set_job_assets(9, vec![(d(1), 10), (d(2), 20), (d(3), 30)]);
     assert_eq!(s.affinity.missing(9, 1), 30);
