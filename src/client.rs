@@ -2,18 +2,20 @@
 //! file a scene needs, hashes it, uploads only what the coordinator lacks,
 //! submits the manifest, follows a job and downloads its frames.
 
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use tessera_protocol::blob::{self, BlobDir, BlobSource};
+use tessera_protocol::blob::{self, BlobDir};
+use tessera_protocol::chunk::{self, Recipe, CHUNK_THRESHOLD};
 use tessera_protocol::job::{
     parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid, SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, JobState, JobStatus, Role, TileStatus, WorkerStatus,
+    ClientRequest, ClientResponse, Collected, JobState, JobStatus, Role, TileStatus, WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
@@ -21,7 +23,7 @@ use tessera_protocol::Digest;
 use tessera_worker::engine::builtin;
 
 use crate::blend;
-use crate::progress::Progress;
+use crate::progress::{human_bytes, Progress};
 
 /// Reads a ticket given as text, or as `@FILE`.
 pub fn resolve_ticket(value: Option<&str>) -> anyhow::Result<Ticket> {
@@ -107,6 +109,14 @@ impl Client {
         }
     }
 
+    /// Has the coordinator collect garbage now.
+    pub async fn collect_garbage(&mut self) -> anyhow::Result<Collected> {
+        match self.call(&ClientRequest::CollectGarbage).await? {
+            ClientResponse::Collected(c) => Ok(c),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
     /// Asks a worker to finish its tasks and leave.
     pub async fn drain(&mut self, worker: u64) -> anyhow::Result<()> {
         match self.call(&ClientRequest::Drain { worker }).await? {
@@ -151,7 +161,7 @@ impl Client {
         let staging = BlobDir::open(dir.join(".tessera-download"))?;
         let mut written = Vec::new();
         for f in frames {
-            blob::get(&self.session.connection, f.digest, &staging)
+            blob::get(&self.session.connection, f.digest, None, &staging)
                 .await
                 .with_context(|| format!("downloading frame {}", f.frame))?;
             let dest = dir.join(format!("frame_{:04}.{}", f.frame, f.format.extension()));
@@ -334,7 +344,9 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
             eprintln!("warning: adaptive sampling is on; merged sample ranges may differ slightly from a single render");
         }
     }
-    if let Some(kind) = &s.compressed {
+    let small = std::fs::metadata(&blend).map_or(true, |m| m.len() < CHUNK_THRESHOLD);
+    if let (Some(kind), true) = (&s.compressed, small) {
+        // Large files get the note about chunking when they are hashed.
         eprintln!("note: `{file_name}` is {kind}-compressed; Blender reads it as is");
     }
     let mut files = vec![SceneFile {
@@ -368,34 +380,14 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
     if scan.samples == 0 {
         bail!("--samples must be at least 1");
     }
-    let mut manifest = Vec::new();
-    for f in &scan.files {
-        let on_disk = &f.on_disk;
-        let file = std::fs::File::open(on_disk)
-            .with_context(|| format!("cannot read {}", on_disk.display()))?;
-        let (digest, size) = Digest::of_reader(std::io::BufReader::new(file))?;
-        manifest.push((
-            ManifestEntry {
-                path: f.job_path.clone(),
-                digest,
-                size,
-                origin: f.origin.clone(),
-            },
-            on_disk.clone(),
-        ));
-    }
-    let digests: Vec<Digest> = manifest.iter().map(|(m, _)| m.digest).collect();
-    let missing = match client.call(&ClientRequest::MissingBlobs(digests)).await? {
-        ClientResponse::Missing(m) => m,
-        other => bail!("unexpected reply {other:?}"),
-    };
-    let mut uploads: Vec<(Digest, u64, PathBuf)> = Vec::new();
-    for (entry, on_disk) in &manifest {
-        if missing.contains(&entry.digest) && !uploads.iter().any(|(d, _, _)| *d == entry.digest) {
-            uploads.push((entry.digest, entry.size, on_disk.clone()));
+    let hashed = hash_files(&scan.files).await?;
+    for h in &hashed {
+        if let Some(note) = &h.note {
+            eprintln!("note: {note}");
         }
     }
-    upload(&client.session.connection, &uploads, opts.progress).await?;
+    send_missing(client, &hashed, opts.progress).await?;
+    let manifest: Vec<ManifestEntry> = hashed.into_iter().map(|h| h.entry).collect();
     let name = opts.name.clone().unwrap_or_else(|| {
         opts.scene
             .file_name()
@@ -406,7 +398,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         name,
         engine: scan.engine,
         scene: scan.files[0].job_path.clone(),
-        manifest: manifest.into_iter().map(|(m, _)| m).collect(),
+        manifest,
         frames: scan.frames,
         tiles: opts.tiles,
         sample_ranges: scan.sample_ranges,
@@ -421,16 +413,174 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
     }
 }
 
-/// Uploads blobs, four streams at a time, with a progress bar on a terminal.
+/// A scene file, hashed.
+struct Hashed {
+    entry: ManifestEntry,
+    on_disk: PathBuf,
+    /// Its chunks, for a file of at least `CHUNK_THRESHOLD` bytes.
+    recipe: Option<Recipe>,
+    /// Something the user should know (a compressed file defeats chunking).
+    note: Option<String>,
+}
+
+/// Hashes every file; large ones are chunked (on every core).
+async fn hash_files(files: &[SceneFile]) -> anyhow::Result<Vec<Hashed>> {
+    let files: Vec<(String, PathBuf, Option<String>)> = files
+        .iter()
+        .map(|f| (f.job_path.clone(), f.on_disk.clone(), f.origin.clone()))
+        .collect();
+    tokio::task::spawn_blocking(move || {
+        files
+            .into_iter()
+            .map(|(path, on_disk, origin)| hash_file(path, on_disk, origin))
+            .collect()
+    })
+    .await?
+}
+
+fn hash_file(path: String, on_disk: PathBuf, origin: Option<String>) -> anyhow::Result<Hashed> {
+    use std::io::Read;
+    let cannot = || format!("cannot read {}", on_disk.display());
+    let mut file = std::fs::File::open(&on_disk).with_context(cannot)?;
+    let len = file.metadata().with_context(cannot)?.len();
+    let (digest, size, recipe, note) = if len >= CHUNK_THRESHOLD {
+        let mut head = [0u8; 8];
+        file.read_exact(&mut head).with_context(cannot)?;
+        let recipe = chunk::chunk_file(&on_disk).with_context(cannot)?;
+        let note = chunk::compression(&head).map(|kind| {
+            format!(
+                "`{path}` is {kind}-compressed ({}): chunk-level dedupe cannot find its unchanged parts, so every edit uploads all of it; save it uncompressed (Blender: File > Save As, untick Compress) to upload only what changed",
+                human_bytes(recipe.size)
+            )
+        });
+        (recipe.digest, recipe.size, Some(recipe), note)
+    } else {
+        let (digest, size) =
+            Digest::of_reader(std::io::BufReader::new(file)).with_context(cannot)?;
+        (digest, size, None, None)
+    };
+    Ok(Hashed {
+        entry: ManifestEntry {
+            path,
+            digest,
+            size,
+            origin,
+        },
+        on_disk,
+        recipe,
+        note,
+    })
+}
+
+/// One blob to upload: a whole small file, or a chunk of a large one.
+#[derive(Clone)]
+struct Upload {
+    digest: Digest,
+    len: u64,
+    file: Arc<std::fs::File>,
+    offset: u64,
+    path: PathBuf,
+}
+
+impl Upload {
+    fn read(&self) -> std::io::Result<Vec<u8>> {
+        use std::os::unix::fs::FileExt;
+        let mut buf = vec![0u8; self.len as usize];
+        self.file.read_exact_at(&mut buf, self.offset)?;
+        Ok(buf)
+    }
+}
+
+/// Asks which of `digests` the coordinator lacks, in batches that fit a frame.
+async fn missing(client: &mut Client, digests: Vec<Digest>) -> anyhow::Result<HashSet<Digest>> {
+    let mut out = HashSet::new();
+    for batch in digests.chunks(100_000) {
+        match client
+            .call(&ClientRequest::MissingBlobs(batch.to_vec()))
+            .await?
+        {
+            ClientResponse::Missing(m) => out.extend(m),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+    Ok(out)
+}
+
+/// Uploads what the coordinator lacks: small files whole, large files as
+/// the chunks it does not hold yet (so an interrupted upload resumes where
+/// it stopped), then has it join each large file from its chunks.
+async fn send_missing(client: &mut Client, files: &[Hashed], progress: bool) -> anyhow::Result<()> {
+    let mut seen = HashSet::new();
+    let files: Vec<&Hashed> = files
+        .iter()
+        .filter(|h| seen.insert(h.entry.digest))
+        .collect();
+    let lacking = missing(client, files.iter().map(|h| h.entry.digest).collect()).await?;
+    let files: Vec<&Hashed> = files
+        .into_iter()
+        .filter(|h| lacking.contains(&h.entry.digest))
+        .collect();
+    let chunk_digests: Vec<Digest> = files
+        .iter()
+        .filter_map(|h| h.recipe.as_ref())
+        .flat_map(|r| r.chunks.iter().map(|c| c.digest))
+        .collect::<HashSet<_>>()
+        .into_iter()
+        .collect();
+    let mut lacking_chunks = missing(client, chunk_digests).await?;
+    let mut uploads = Vec::new();
+    for h in &files {
+        let open = || {
+            std::fs::File::open(&h.on_disk)
+                .with_context(|| format!("cannot read {}", h.on_disk.display()))
+        };
+        let file = Arc::new(open()?);
+        let upload = |digest, len, offset| Upload {
+            digest,
+            len,
+            file: file.clone(),
+            offset,
+            path: h.on_disk.clone(),
+        };
+        match &h.recipe {
+            None => uploads.push(upload(h.entry.digest, h.entry.size, 0)),
+            Some(recipe) => {
+                for (offset, c) in recipe.offsets() {
+                    // A chunk that repeats inside the files goes up once.
+                    if lacking_chunks.remove(&c.digest) {
+                        uploads.push(upload(c.digest, u64::from(c.len), offset));
+                    }
+                }
+            }
+        }
+    }
+    upload(&client.session.connection, uploads, progress).await?;
+    for h in &files {
+        if let Some(recipe) = &h.recipe {
+            client
+                .call(&ClientRequest::Assemble(recipe.clone()))
+                .await
+                .with_context(|| format!("storing `{}`", h.entry.path))?;
+        }
+    }
+    Ok(())
+}
+
+/// Streams that upload at once.
+const UPLOAD_STREAMS: usize = 8;
+
+/// Uploads blobs on several streams at once, with a progress bar (bytes,
+/// rate, ETA) on a terminal. A blob the coordinator refuses as corrupt is
+/// read and sent again.
 async fn upload(
     conn: &quinn::Connection,
-    uploads: &[(Digest, u64, PathBuf)],
+    uploads: Vec<Upload>,
     progress: bool,
 ) -> anyhow::Result<()> {
     if uploads.is_empty() {
         return Ok(());
     }
-    let total: u64 = uploads.iter().map(|u| u.1).sum();
+    let total: u64 = uploads.iter().map(|u| u.len).sum();
     let sent = Arc::new(AtomicU64::new(0));
     let started = Instant::now();
     let bar_task = progress.then(|| {
@@ -448,20 +598,27 @@ async fn upload(
             }
         })
     });
-    let queue = Arc::new(std::sync::Mutex::new(uploads.to_vec()));
+    let mut queue = uploads;
+    queue.reverse();
+    let queue = Arc::new(std::sync::Mutex::new(queue));
     let mut workers = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..UPLOAD_STREAMS {
         let (conn, queue, sent) = (conn.clone(), queue.clone(), sent.clone());
         workers.push(tokio::spawn(async move {
             loop {
                 let next = queue.lock().expect("upload queue").pop();
-                let Some((digest, len, path)) = next else {
+                let Some(u) = next else {
                     return anyhow::Ok(());
                 };
-                blob::put(&conn, digest, len, BlobSource::File(&path))
+                blob::put_retrying(&conn, u.digest, 3, || u.read())
                     .await
-                    .with_context(|| format!("uploading {}", path.display()))?;
-                sent.fetch_add(len, Ordering::Relaxed);
+                    .with_context(|| {
+                        format!(
+                            "uploading {} (if it was saved during the upload, run submit again)",
+                            u.path.display()
+                        )
+                    })?;
+                sent.fetch_add(u.len, Ordering::Relaxed);
             }
         }));
     }

@@ -61,6 +61,14 @@ enum Command {
         /// elsewhere within three heartbeat intervals.
         #[arg(long, default_value_t = 2500)]
         lease_ms: u64,
+        /// Hand tasks out without preferring workers that already hold
+        /// their assets (for comparisons).
+        #[arg(long)]
+        no_cache_affinity: bool,
+        /// How long a finished job's assets and frames are kept before
+        /// garbage collection may remove them (e.g. 7d, 12h, 30m, 0s).
+        #[arg(long, default_value = "7d", value_parser = parse_duration)]
+        retention: std::time::Duration,
     },
     /// Run a worker: joins the farm with a worker ticket and renders tasks.
     Worker {
@@ -73,6 +81,10 @@ enum Command {
         /// Where fetched assets are kept.
         #[arg(long)]
         cache_dir: Option<PathBuf>,
+        /// Cap on the asset cache (e.g. 50G, 800M, or bytes): least recently
+        /// used assets are evicted, never those of a running task.
+        #[arg(long, value_parser = parse_size)]
+        cache_max: Option<u64>,
         /// Engine to offer: auto (every engine available here), builtin, blender, unreal.
         #[arg(long, default_value = "auto")]
         engine: String,
@@ -174,6 +186,14 @@ enum Command {
         #[command(flatten)]
         ticket: TicketArg,
     },
+    /// Remove stored assets and frames that no retained job uses (the
+    /// coordinator also does this every hour).
+    Gc {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
     /// Stop handing out a job's tasks (running ones finish).
     Pause {
         job: u64,
@@ -268,11 +288,15 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             advertise,
             heartbeat_ms,
             lease_ms,
+            no_cache_affinity,
+            retention,
         } => {
             let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
             config.advertise = advertise;
             config.heartbeat_ms = heartbeat_ms;
             config.lease_ms = lease_ms.max(heartbeat_ms);
+            config.cache_affinity = !no_cache_affinity;
+            config.retention = retention;
             let coordinator = tessera_coordinator::server::start(config).await?;
             // Scripts read the first line to learn the address; a closed
             // stdout must not stop the coordinator.
@@ -293,6 +317,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             ticket,
             name,
             cache_dir,
+            cache_max,
             engine,
             slots,
             threads,
@@ -335,6 +360,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 ticket,
                 name,
                 cache_dir,
+                cache_max,
                 engines,
                 slots,
                 price_per_hour,
@@ -422,6 +448,31 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             println!("job {} is {}", status.id, status.state.name());
             Ok(0)
         }
+        Command::Gc { json, ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let c = client.collect_garbage().await?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "removed_blobs": c.removed_blobs,
+                        "removed_bytes": c.removed_bytes,
+                        "kept_blobs": c.kept_blobs,
+                        "kept_bytes": c.kept_bytes,
+                    })
+                );
+            } else {
+                println!(
+                    "removed {} blobs ({}), kept {} ({})",
+                    c.removed_blobs,
+                    progress::human_bytes(c.removed_bytes),
+                    c.kept_blobs,
+                    progress::human_bytes(c.kept_bytes)
+                );
+            }
+            Ok(0)
+        }
         Command::Monitor { ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             monitor::run(ticket).await?;
@@ -457,6 +508,50 @@ async fn finish_wait(
     }
     report::print_final(&status, &files, json);
     Ok(client::job_exit_code(&status))
+}
+
+/// A duration such as `7d`, `12h`, `30m` or `45s`.
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    let t = text.trim();
+    let unit = match t.chars().last() {
+        Some('d') => 86_400.0,
+        Some('h') => 3_600.0,
+        Some('m') => 60.0,
+        Some('s') => 1.0,
+        _ => return Err(format!("`{text}`: give a unit, e.g. 7d, 12h, 30m or 45s")),
+    };
+    let n: f64 = t[..t.len() - 1]
+        .parse()
+        .map_err(|_| format!("`{text}` is not a duration (e.g. 7d, 12h, 30m or 45s)"))?;
+    if n.is_nan() || n < 0.0 || n.is_infinite() {
+        return Err(format!("`{text}`: the duration must be 0 or more"));
+    }
+    Ok(std::time::Duration::from_secs_f64(n * unit))
+}
+
+/// A size such as `50G`, `800M`, `64K` (powers of 1024) or plain bytes.
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let (num, mult) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let mult = match c.to_ascii_uppercase() {
+                'K' => 1u64 << 10,
+                'M' => 1 << 20,
+                'G' => 1 << 30,
+                'T' => 1 << 40,
+                _ => return Err(format!("`{text}`: unknown size unit (use K, M, G or T)")),
+            };
+            (&t[..i], mult)
+        }
+        _ => (t, 1),
+    };
+    let n: f64 = num
+        .parse()
+        .map_err(|_| format!("`{text}` is not a size (e.g. 50G, 800M or bytes)"))?;
+    if n.is_nan() || n < 1.0 || n.is_infinite() {
+        return Err(format!("`{text}`: the size must be at least 1 byte"));
+    }
+    Ok((n * mult as f64) as u64)
 }
 
 /// What a worker offers for `--engine`.

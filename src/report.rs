@@ -22,6 +22,7 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "tasks_running": s.tasks_running,
         "bytes_uploaded": s.bytes_uploaded,
         "bytes_deduplicated": s.bytes_deduplicated,
+        "bytes_to_workers": s.bytes_to_workers,
         "render_ms": s.render_ms,
         "submitted_unix_ms": s.submitted_unix_ms,
         "finished_unix_ms": s.finished_unix_ms,

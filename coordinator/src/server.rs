@@ -19,10 +19,10 @@ use tessera_protocol::job::{
     sanitize_manifest_path, Engine, JobSpec, OutputFormat, SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
-    BlobReply, BlobRequest, ClientRequest, ClientResponse, CoordMsg, FarmEvent, FarmStatus,
-    FrameOutput, Hello, JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef,
-    TaskSpec, TileState, TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus,
-    MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
+    ClientRequest, ClientResponse, Collected, CoordMsg, FarmEvent, FarmStatus, FrameOutput, Hello,
+    JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef, TaskSpec, TileState,
+    TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus, MAX_INLINE_OUTPUT,
+    PROTOCOL_VERSION,
 };
 use tessera_protocol::sums::SumTile;
 use tessera_protocol::telemetry::Telemetry;
@@ -54,6 +54,10 @@ pub struct Config {
     /// the job has nothing left to hand out, is started again on an idle
     /// worker (0: never).
     pub straggler_percent: u32,
+    /// Prefer workers whose cache holds a task's assets.
+    pub cache_affinity: bool,
+    /// How long a finished job's assets and frames are kept.
+    pub retention: Duration,
 }
 
 impl Config {
@@ -67,6 +71,8 @@ impl Config {
             max_attempts: 3,
             retry_backoff_ms: 1000,
             straggler_percent: 300,
+            cache_affinity: true,
+            retention: Duration::from_secs(7 * 24 * 3600),
         }
     }
 }
@@ -87,6 +93,8 @@ struct Job {
     render_ms: u64,
     bytes_uploaded: u64,
     bytes_deduplicated: u64,
+    /// Asset bytes served to workers for this job (this run).
+    bytes_to_workers: u64,
     submitted_unix_ms: u64,
     finished_unix_ms: Option<u64>,
     paused: bool,
@@ -116,6 +124,7 @@ impl Job {
             render_ms: 0,
             bytes_uploaded,
             bytes_deduplicated,
+            bytes_to_workers: 0,
             submitted_unix_ms,
             finished_unix_ms: None,
             paused: false,
@@ -164,6 +173,7 @@ impl Job {
             tasks_running: running,
             bytes_uploaded: self.bytes_uploaded,
             bytes_deduplicated: self.bytes_deduplicated,
+            bytes_to_workers: self.bytes_to_workers,
             render_ms: self.render_ms,
             submitted_unix_ms: self.submitted_unix_ms,
             finished_unix_ms: self.finished_unix_ms,
@@ -420,6 +430,9 @@ struct Farm {
     client_secret: String,
     commits: mpsc::UnboundedSender<Commit>,
     runtime: tokio::runtime::Handle,
+    /// Held by garbage collection and by each submit: a job's blobs are
+    /// either seen as referenced by a collection or submitted after it.
+    gc: Mutex<()>,
 }
 
 impl Farm {
@@ -504,13 +517,14 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         .with_context(|| format!("cannot open the database in {}", dir.display()))?;
     let generation = db.next_generation()?;
     let store = BlobDir::open(dir.join("blobs"))?;
-    let sched = Scheduler::new(scheduler::Config {
+    let mut sched = Scheduler::new(scheduler::Config {
         lease_ms: config.lease_ms,
         max_attempts: config.max_attempts,
         first_epoch: generation << 32,
         retry_backoff_ms: config.retry_backoff_ms,
         straggler_percent: config.straggler_percent,
     });
+    sched.set_affinity(config.cache_affinity);
     let (commit_tx, commit_rx) = mpsc::unbounded_channel();
     let clock = Instant::now();
     let farm = Arc::new(Farm {
@@ -535,6 +549,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         client_secret: client_ticket.secret.clone(),
         commits: commit_tx,
         runtime: tokio::runtime::Handle::current(),
+        gc: Mutex::new(()),
     });
     let unstitched = restore(&farm)?;
     {
@@ -557,6 +572,21 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             .spawn(move || committer(farm, commit_rx))?;
     }
     tokio::spawn(dispatcher(farm.clone()));
+    {
+        let farm = farm.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(GC_EVERY);
+            loop {
+                tick.tick().await;
+                let farm = farm.clone();
+                match tokio::task::spawn_blocking(move || collect_garbage(&farm)).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(e)) => tracing::warn!("garbage collection failed: {e:#}"),
+                    Err(e) => tracing::warn!("garbage collection panicked: {e}"),
+                }
+            }
+        });
+    }
     {
         let (farm, endpoint) = (farm.clone(), endpoint.clone());
         tokio::spawn(async move {
@@ -688,6 +718,7 @@ fn restore(farm: &Farm) -> anyhow::Result<Vec<(u64, usize)>> {
                 },
                 now,
             );
+            core.sched.set_job_assets(id, job_assets(&job.spec));
             tracing::info!(
                 job = id,
                 done = job.tasks_done,
@@ -1044,47 +1075,16 @@ async fn serve_blob_streams(farm: Arc<Farm>, conn: quinn::Connection, uploaded: 
 }
 
 async fn serve_blob(farm: &Farm, ch: &mut Channel, uploaded: &AtomicU64) -> anyhow::Result<()> {
-    match ch
-        .recv::<BlobRequest>()
-        .await?
-        .context("empty blob stream")?
+    if let blob::Answered::Get {
+        job: Some(job),
+        sent,
+        ..
+    } = blob::answer(&farm.store, ch, uploaded).await?
     {
-        BlobRequest::Put { digest, len } => {
-            let reply = if farm.store.contains(&digest) {
-                // Drain and discard: the store already holds these bytes.
-                let mut rest = tokio::io::AsyncReadExt::take(&mut ch.recv, len);
-                tokio::io::copy(&mut rest, &mut tokio::io::sink()).await?;
-                BlobReply::Stored
-            } else {
-                match farm.store.receive(digest, len, &mut ch.recv).await {
-                    Ok(()) => {
-                        uploaded.fetch_add(len, Ordering::Relaxed);
-                        BlobReply::Stored
-                    }
-                    Err(e) => {
-                        tracing::warn!("upload refused: {e}");
-                        BlobReply::Refused {
-                            reason: e.to_string(),
-                        }
-                    }
-                }
-            };
-            ch.send(&reply).await?;
-            ch.send.finish()?;
+        if let Some(j) = farm.core().jobs.get_mut(&job) {
+            j.bytes_to_workers += sent;
         }
-        BlobRequest::Get { digest } => match farm.store.size(&digest) {
-            Some(len) => {
-                ch.send(&BlobReply::Found { len }).await?;
-                blob::send_file(&farm.store.path(&digest), &mut ch.send).await?;
-                ch.send.finish()?;
-            }
-            None => {
-                ch.send(&BlobReply::NotFound).await?;
-                ch.send.finish()?;
-            }
-        },
     }
-    let _ = ch.send.stopped().await;
     Ok(())
 }
 
@@ -1106,6 +1106,7 @@ async fn serve_worker(
         core.next_worker += 1;
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         core.sched.add_worker(id, info.slots, engines, farm.now());
+        core.sched.worker_holds(id, &info.cached, &[]);
         core.workers.insert(
             id,
             WorkerConn {
@@ -1252,6 +1253,9 @@ fn handle_worker_msg(
     }
     match msg {
         WorkerMsg::Join(_) => {}
+        WorkerMsg::Cached { added, removed } => {
+            farm.core().sched.worker_holds(id, &added, &removed);
+        }
         WorkerMsg::Draining => {
             let mut core = farm.core();
             core.sched.drain_worker(id);
@@ -1410,10 +1414,25 @@ async fn serve_client(
             ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
                 digests
                     .into_iter()
-                    .filter(|d| !farm.store.contains(d))
+                    .filter(|d| !farm.store.touch(d))
                     .collect(),
             ),
+            ClientRequest::Assemble(recipe) => {
+                let store = farm.store.clone();
+                match tokio::task::spawn_blocking(move || store.assemble(&recipe)).await? {
+                    Ok(()) => ClientResponse::Done,
+                    Err(e) => ClientResponse::Error(e.to_string()),
+                }
+            }
+            ClientRequest::CollectGarbage => {
+                let farm = farm.clone();
+                match tokio::task::spawn_blocking(move || collect_garbage(&farm)).await? {
+                    Ok(c) => ClientResponse::Collected(c),
+                    Err(e) => ClientResponse::Error(format!("garbage collection failed: {e:#}")),
+                }
+            }
             ClientRequest::Submit(spec) => {
+                let _gc = farm.gc.lock().expect("gc lock");
                 match submit(&farm, spec, uploaded.swap(0, Ordering::Relaxed)) {
                     Ok(status) => ClientResponse::Submitted(status),
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
@@ -1630,6 +1649,7 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
             pending: (0..job.tasks_total()).collect(),
         };
         core.sched.add_job(new, farm.now());
+        core.sched.set_job_assets(id, job_assets(&job.spec));
         let status = job.status(id, 0, core.blocked(id, job.spec.engine));
         core.jobs.insert(id, job);
         status
@@ -1670,6 +1690,71 @@ fn auto_sample_ranges(core: &Core, spec: &JobSpec) -> u32 {
 /// Sample ranges per tile that `--sample-ranges auto` asks for when some
 /// worker is interruptible.
 pub const CHECKPOINT_RANGES: u32 = 4;
+/// How often garbage is collected (and once at start).
+const GC_EVERY: Duration = Duration::from_secs(3600);
+/// Blobs written (or asked about by a client) this recently are never
+/// collected: an upload whose submit has not arrived yet, a worker's output
+/// before its result is committed.
+const GC_GRACE: Duration = Duration::from_secs(3600);
+
+/// Removes stored blobs that no retained job uses. A job is retained until
+/// `retention` after it finished (forever while it is not finished); it uses
+/// its manifest's files, their chunks, its task outputs and its frames.
+fn collect_garbage(farm: &Farm) -> anyhow::Result<Collected> {
+    let _gc = farm.gc.lock().expect("gc lock");
+    let now = unix_ms();
+    let retention = farm.config.retention.as_millis() as u64;
+    let mut keep = HashSet::new();
+    {
+        let db = farm.db();
+        for job in db.jobs()? {
+            let expired = job.state.is_final()
+                && job
+                    .finished_ms
+                    .is_some_and(|f| f.saturating_add(retention) <= now);
+            if expired {
+                continue;
+            }
+            for m in &job.spec.manifest {
+                keep.insert(m.digest);
+                if let Some(recipe) = farm.store.recipe(&m.digest) {
+                    keep.extend(recipe.chunks.iter().map(|c| c.digest));
+                }
+            }
+            keep.extend(db.results(job.id)?.into_iter().map(|r| r.output));
+            keep.extend(db.frames(job.id)?.into_iter().map(|f| f.digest));
+        }
+    }
+    let young = std::time::SystemTime::now() - GC_GRACE;
+    let mut c = Collected {
+        removed_blobs: 0,
+        removed_bytes: 0,
+        kept_blobs: 0,
+        kept_bytes: 0,
+    };
+    for (digest, size, written) in farm.store.list()? {
+        if keep.contains(&digest) || written > young {
+            c.kept_blobs += 1;
+            c.kept_bytes += size;
+        } else {
+            farm.store.remove(&digest)?;
+            c.removed_blobs += 1;
+            c.removed_bytes += size;
+        }
+    }
+    tracing::info!(
+        removed = c.removed_blobs,
+        removed_bytes = c.removed_bytes,
+        kept = c.kept_blobs,
+        "garbage collected"
+    );
+    Ok(c)
+}
+
+/// What every task of a job needs, for cache affinity.
+fn job_assets(spec: &JobSpec) -> Vec<(Digest, u64)> {
+    spec.manifest.iter().map(|m| (m.digest, m.size)).collect()
+}
 
 fn validate(farm: &Farm, spec: &JobSpec) -> anyhow::Result<()> {
     if spec.frames.is_empty() {

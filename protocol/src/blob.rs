@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
+use crate::chunk::Recipe;
 use crate::codec::CodecError;
 use crate::messages::{BlobReply, BlobRequest};
 use crate::transport::Channel;
@@ -15,7 +16,7 @@ use crate::Digest;
 
 /// The largest blob either side accepts.
 pub const MAX_BLOB: u64 = 1 << 40;
-const BLOCK: usize = 256 * 1024;
+const BLOCK: usize = 1024 * 1024;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BlobError {
@@ -31,6 +32,8 @@ pub enum BlobError {
     TooLarge { digest: Digest, len: u64 },
     #[error("blob {0} not found")]
     NotFound(Digest),
+    #[error("cannot assemble {file}: {reason}")]
+    Recipe { file: Digest, reason: String },
     #[error("the receiver refused blob {digest}: {reason}")]
     Refused { digest: Digest, reason: String },
     #[error(transparent)]
@@ -75,6 +78,17 @@ impl BlobDir {
         self.size(digest).is_some()
     }
 
+    /// Whether the blob is stored; if so, marks it as just written, so that
+    /// garbage collection's grace period protects it until the submit that
+    /// relies on it arrives.
+    pub fn touch(&self, digest: &Digest) -> bool {
+        std::fs::File::options()
+            .write(true)
+            .open(self.path(digest))
+            .and_then(|f| f.set_modified(std::time::SystemTime::now()))
+            .is_ok()
+    }
+
     fn temp_path(&self, digest: &Digest) -> PathBuf {
         use rand::Rng;
         let tag: u64 = rand::rng().random();
@@ -105,6 +119,121 @@ impl BlobDir {
             std::io::ErrorKind::NotFound => BlobError::NotFound(*digest),
             _ => BlobError::Io(e),
         })
+    }
+
+    /// Stores the file a recipe describes by joining its chunks, which must
+    /// all be in this store already. The joined bytes are re-hashed; a
+    /// mismatch leaves nothing behind. Blocking: call it off the runtime.
+    pub fn assemble(&self, recipe: &Recipe) -> Result<(), BlobError> {
+        self.assemble_from(recipe, self)
+    }
+
+    /// [`BlobDir::assemble`] with the chunks in another store.
+    pub fn assemble_from(&self, recipe: &Recipe, chunks: &BlobDir) -> Result<(), BlobError> {
+        use std::io::Write;
+        let file = recipe.digest;
+        recipe
+            .check()
+            .map_err(|reason| BlobError::Recipe { file, reason })?;
+        if recipe.size > MAX_BLOB {
+            return Err(BlobError::TooLarge {
+                digest: file,
+                len: recipe.size,
+            });
+        }
+        if self.contains(&file) {
+            return Ok(());
+        }
+        if let Some(c) = recipe
+            .chunks
+            .iter()
+            .find(|c| chunks.size(&c.digest) != Some(u64::from(c.len)))
+        {
+            return Err(BlobError::Recipe {
+                file,
+                reason: format!("chunk {} is not stored; upload it first", c.digest),
+            });
+        }
+        let temp = self.temp_path(&file);
+        let result = (|| -> Result<(), BlobError> {
+            let mut out = std::io::BufWriter::with_capacity(BLOCK, std::fs::File::create(&temp)?);
+            let mut hasher = blake3::Hasher::new();
+            for c in &recipe.chunks {
+                let bytes = chunks.read(&c.digest)?;
+                hasher.update(&bytes);
+                out.write_all(&bytes)?;
+            }
+            out.flush()?;
+            let actual = Digest::from(hasher.finalize());
+            if actual != file {
+                return Err(BlobError::Mismatch {
+                    expected: file,
+                    actual,
+                });
+            }
+            Ok(())
+        })();
+        match result {
+            Ok(()) => {
+                self.commit(&temp, &file)?;
+                self.keep_recipe(recipe)?;
+                Ok(())
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                Err(e)
+            }
+        }
+    }
+
+    fn recipe_path(&self, file: &Digest) -> PathBuf {
+        self.root.join("recipes").join(file.to_hex())
+    }
+
+    /// Remembers which chunks make up `recipe.digest` (so garbage collection
+    /// keeps a retained file's chunks for the next edit of it).
+    fn keep_recipe(&self, recipe: &Recipe) -> std::io::Result<()> {
+        let path = self.recipe_path(&recipe.digest);
+        std::fs::create_dir_all(path.parent().expect("recipes folder"))?;
+        let bytes = crate::codec::encode(recipe).map_err(std::io::Error::other)?;
+        let temp = self.temp_path(&recipe.digest);
+        std::fs::write(&temp, bytes)?;
+        std::fs::rename(temp, path)
+    }
+
+    /// The chunks of a file stored by [`BlobDir::assemble`], if it was.
+    pub fn recipe(&self, file: &Digest) -> Option<Recipe> {
+        let bytes = std::fs::read(self.recipe_path(file)).ok()?;
+        crate::codec::decode_frame(&bytes).ok()
+    }
+
+    /// Every stored blob: digest, size and when it was written.
+    pub fn list(&self) -> std::io::Result<Vec<(Digest, u64, std::time::SystemTime)>> {
+        let mut out = Vec::new();
+        for sub in std::fs::read_dir(&self.root)?.flatten() {
+            let name = sub.file_name();
+            if name.len() != 2 || !sub.path().is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(sub.path())?.flatten() {
+                let Ok(digest) = f.file_name().to_string_lossy().parse::<Digest>() else {
+                    continue;
+                };
+                let meta = f.metadata()?;
+                out.push((digest, meta.len(), meta.modified()?));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Removes a blob (and its recipe, if it has one). A reader that has it
+    /// open keeps reading it.
+    pub fn remove(&self, digest: &Digest) -> std::io::Result<()> {
+        let _ = std::fs::remove_file(self.recipe_path(digest));
+        match std::fs::remove_file(self.path(digest)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
     }
 
     /// Reads exactly `len` bytes from `src` into the store, hashing as it
@@ -227,10 +356,207 @@ pub async fn put(
     }
 }
 
+/// Uploads one blob whose bytes `read` produces (a chunk of a file, read
+/// again for every try). When the receiver refuses the bytes (they do not
+/// hash to `digest`: flipped in memory, on disk or in flight), they are read
+/// and sent again, up to `tries` times in all. Returns the bytes sent,
+/// retries included.
+pub async fn put_retrying(
+    conn: &quinn::Connection,
+    digest: Digest,
+    tries: u32,
+    mut read: impl FnMut() -> std::io::Result<Vec<u8>>,
+) -> Result<u64, BlobError> {
+    let mut sent = 0u64;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let bytes = read()?;
+        sent += bytes.len() as u64;
+        match put(conn, digest, bytes.len() as u64, BlobSource::Bytes(&bytes)).await {
+            Ok(()) => return Ok(sent),
+            Err(BlobError::Refused { reason, .. }) if attempt < tries => {
+                tracing::warn!(%digest, attempt, "blob refused, sending it again: {reason}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What [`answer`] did on one blob stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// A put: `stored` bytes were new and verified (0 when the store already
+    /// held the blob); `refused` when they did not match the digest.
+    Put {
+        digest: Digest,
+        stored: u64,
+        refused: bool,
+    },
+    /// A recipe was asked for.
+    Recipe { digest: Digest },
+    /// A get: `sent` bytes served (0 when not found), for `job`.
+    Get {
+        digest: Digest,
+        job: Option<u64>,
+        sent: u64,
+    },
+}
+
+/// Serves one blob stream against `dir`: stores a `Put` after verifying it,
+/// answers a `Get` with the blob's bytes. New bytes stored are added to
+/// `stored` before the sender hears `Stored`, so a submit that follows the
+/// upload counts them.
+pub async fn answer(
+    dir: &BlobDir,
+    ch: &mut Channel,
+    stored: &std::sync::atomic::AtomicU64,
+) -> Result<Answered, BlobError> {
+    let lost = |e: quinn::ClosedStream| BlobError::Lost(e.to_string());
+    let request = ch
+        .recv::<BlobRequest>()
+        .await?
+        .ok_or_else(|| BlobError::Lost("empty blob stream".into()))?;
+    let answered = match request {
+        BlobRequest::Put { digest, len } => {
+            let (reply, answered) = if dir.contains(&digest) {
+                // Drain and discard: the store already holds these bytes.
+                let mut rest = AsyncReadExt::take(&mut ch.recv, len);
+                tokio::io::copy(&mut rest, &mut tokio::io::sink()).await?;
+                let a = Answered::Put {
+                    digest,
+                    stored: 0,
+                    refused: false,
+                };
+                (BlobReply::Stored, a)
+            } else {
+                match dir.receive(digest, len, &mut ch.recv).await {
+                    Ok(()) => {
+                        stored.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+                        let a = Answered::Put {
+                            digest,
+                            stored: len,
+                            refused: false,
+                        };
+                        (BlobReply::Stored, a)
+                    }
+                    Err(e) => {
+                        tracing::warn!("upload refused: {e}");
+                        let a = Answered::Put {
+                            digest,
+                            stored: 0,
+                            refused: true,
+                        };
+                        let reply = BlobReply::Refused {
+                            reason: e.to_string(),
+                        };
+                        (reply, a)
+                    }
+                }
+            };
+            ch.send(&reply).await?;
+            ch.send.finish().map_err(lost)?;
+            answered
+        }
+        BlobRequest::Get { digest, job } => {
+            let sent = match dir.size(&digest) {
+                Some(len) => {
+                    ch.send(&BlobReply::Found { len }).await?;
+                    send_file(&dir.path(&digest), &mut ch.send).await?
+                }
+                None => {
+                    ch.send(&BlobReply::NotFound).await?;
+                    0
+                }
+            };
+            ch.send.finish().map_err(lost)?;
+            Answered::Get { digest, job, sent }
+        }
+        BlobRequest::Recipe { digest } => {
+            let reply = match dir.recipe(&digest) {
+                Some(r) => BlobReply::Recipe(r),
+                None => BlobReply::NotFound,
+            };
+            ch.send(&reply).await?;
+            ch.send.finish().map_err(lost)?;
+            Answered::Recipe { digest }
+        }
+    };
+    let _ = ch.send.stopped().await;
+    Ok(answered)
+}
+
+/// A bare blob server: accepts connections on `endpoint` whose `Hello`
+/// carries `secret` (either role) and answers their blob streams against
+/// `dir`. For tests and benchmarks of the transport; the coordinator serves
+/// blobs itself, with its job accounting.
+pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
+    use crate::messages::{Hello, Welcome, PROTOCOL_VERSION};
+    while let Some(incoming) = endpoint.accept().await {
+        let (dir, secret) = (dir.clone(), secret.clone());
+        tokio::spawn(async move {
+            let conn = incoming.await.ok()?;
+            let mut control = Channel::new(conn.accept_bi().await.ok()?);
+            let hello: Hello = control.recv().await.ok()??;
+            if let Err(reason) = crate::transport::check_hello(&hello, &secret, &secret) {
+                control.send(&Welcome::Refused { reason }).await.ok()?;
+                return None;
+            }
+            let welcome = Welcome::Accepted {
+                version: PROTOCOL_VERSION,
+            };
+            control.send(&welcome).await.ok()?;
+            let stored = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            while let Ok(streams) = conn.accept_bi().await {
+                let (dir, stored) = (dir.clone(), stored.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = answer(&dir, &mut Channel::new(streams), &stored).await {
+                        tracing::debug!("blob stream: {e}");
+                    }
+                });
+            }
+            Some(())
+        });
+    }
+}
+
+/// The chunks of the large file `digest`, if the sender stored it from
+/// chunks.
+pub async fn get_recipe(
+    conn: &quinn::Connection,
+    digest: Digest,
+) -> Result<Option<Recipe>, BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    ch.send(&BlobRequest::Recipe { digest }).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    match ch.recv::<BlobReply>().await? {
+        Some(BlobReply::Recipe(r)) if r.digest == digest => {
+            r.check().map_err(|reason| BlobError::Recipe {
+                file: digest,
+                reason,
+            })?;
+            Ok(Some(r))
+        }
+        Some(BlobReply::NotFound) => Ok(None),
+        Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+        None => Err(BlobError::Lost(
+            "stream closed before the sender answered".into(),
+        )),
+    }
+}
+
 /// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
+/// A worker names the `job` it fetches for.
 pub async fn get(
     conn: &quinn::Connection,
     digest: Digest,
+    job: Option<u64>,
     dir: &BlobDir,
 ) -> Result<u64, BlobError> {
     let mut ch = Channel::new(
@@ -238,7 +564,7 @@ pub async fn get(
             .await
             .map_err(|e| BlobError::Lost(e.to_string()))?,
     );
-    ch.send(&BlobRequest::Get { digest }).await?;
+    ch.send(&BlobRequest::Get { digest, job }).await?;
     ch.send
         .finish()
         .map_err(|e| BlobError::Lost(e.to_string()))?;
@@ -297,6 +623,105 @@ mod tests {
             .block_on(dir.receive(other, 10, &mut &b"abc"[..]))
             .unwrap_err();
         assert!(matches!(err, BlobError::Short { got: 3, .. }), "{err}");
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    /// A real QUIC server on 127.0.0.1 answering blob streams against `dir`,
+    /// and a client connection to it.
+    async fn loopback(dir: BlobDir) -> crate::transport::Session {
+        use crate::messages::Role;
+        use crate::ticket::Ticket;
+        use crate::transport::{self, Identity, Timing};
+        let identity = Identity::generate().unwrap();
+        let endpoint = transport::server_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            &identity,
+            Timing::default(),
+        )
+        .unwrap();
+        let ticket = Ticket {
+            role: Role::Client,
+            addr: endpoint.local_addr().unwrap(),
+            fingerprint: identity.fingerprint(),
+            secret: "s".into(),
+        };
+        tokio::spawn(serve(endpoint, dir, "s".into()));
+        transport::connect(&ticket, "test", Timing::default())
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn a_chunk_flipped_on_the_way_is_refused_and_sent_again() {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let dir = BlobDir::open(temp_dir("retry")).unwrap();
+        let chunk: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let digest = Digest::of(&chunk);
+        rt.block_on(async {
+            let session = loopback(dir.clone()).await;
+            let conn = &session.connection;
+            // The first read comes back with one byte flipped.
+            let mut reads = 0;
+            let sent = put_retrying(conn, digest, 3, || {
+                reads += 1;
+                let mut bytes = chunk.clone();
+                if reads == 1 {
+                    bytes[4321] ^= 0x10;
+                }
+                Ok(bytes)
+            })
+            .await
+            .unwrap();
+            assert_eq!(reads, 2);
+            assert_eq!(sent, 2 * chunk.len() as u64);
+            assert_eq!(dir.read(&digest).unwrap(), chunk);
+
+            // Bytes that never match: refused every time, nothing stored.
+            let other = Digest::of(b"other");
+            let err = put_retrying(conn, other, 3, || Ok(chunk.clone()))
+                .await
+                .unwrap_err();
+            assert!(
+                err.to_string().contains("does not match its digest"),
+                "{err}"
+            );
+            assert!(!dir.contains(&other));
+        });
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    #[test]
+    fn assemble_joins_stored_chunks_and_checks_the_whole_digest() {
+        let dir = BlobDir::open(temp_dir("assemble")).unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i ^ (i >> 9)) as u8).collect();
+        let recipe = crate::chunk::chunk_bytes(&data);
+        assert!(recipe.chunks.len() > 10);
+        // Not all chunks stored yet: refused, says which.
+        let err = dir.assemble(&recipe).unwrap_err();
+        assert!(err.to_string().contains("upload it first"), "{err}");
+        for (at, c) in recipe.offsets() {
+            let at = at as usize;
+            dir.put_bytes(&data[at..at + c.len as usize]).unwrap();
+        }
+        // A recipe naming the wrong whole-file digest stores nothing.
+        let mut lie = recipe.clone();
+        lie.digest = Digest::of(b"not it");
+        let err = dir.assemble(&lie).unwrap_err();
+        assert!(matches!(err, BlobError::Mismatch { .. }), "{err}");
+        assert!(!dir.contains(&lie.digest));
+        dir.assemble(&recipe).unwrap();
+        assert_eq!(dir.read(&recipe.digest).unwrap(), data);
+        assert_eq!(dir.recipe(&recipe.digest), Some(recipe.clone()));
+        let distinct: std::collections::HashSet<_> =
+            recipe.chunks.iter().map(|c| c.digest).collect();
+        assert_eq!(dir.list().unwrap().len(), distinct.len() + 1);
+        dir.remove(&recipe.digest).unwrap();
+        assert_eq!(dir.recipe(&recipe.digest), None);
+        assert!(!dir.contains(&recipe.digest));
         std::fs::remove_dir_all(dir.root()).unwrap();
     }
 

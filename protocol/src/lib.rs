@@ -4,6 +4,7 @@
 //! handshake. Everything else converts to and from these types.
 
 pub mod blob;
+pub mod chunk;
 pub mod codec;
 pub mod digest;
 pub mod job;

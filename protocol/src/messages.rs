@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::chunk::Recipe;
 use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
 use crate::telemetry::Telemetry;
 use crate::Digest;
@@ -15,7 +16,7 @@ use crate::Digest;
 pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -58,6 +59,8 @@ pub struct WorkerInfo {
     /// A spot or interruptible instance that may vanish at any moment:
     /// `--sample-ranges auto` then splits tiles into sample ranges.
     pub interruptible: bool,
+    /// Every file its asset cache holds, for cache-affinity scheduling.
+    pub cached: Vec<Digest>,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -82,6 +85,11 @@ pub enum WorkerMsg {
     },
     /// Shutting down: give me no new work (running tasks may still finish).
     Draining,
+    /// What the worker's asset cache gained and lost since it last said.
+    Cached {
+        added: Vec<Digest>,
+        removed: Vec<Digest>,
+    },
     /// Samples rendered so far of a running task.
     Progress {
         task: TaskRef,
@@ -174,6 +182,9 @@ pub struct JobStatus {
     pub tasks_running: u32,
     pub bytes_uploaded: u64,
     pub bytes_deduplicated: u64,
+    /// Asset bytes the coordinator sent to workers for this job (since the
+    /// coordinator started).
+    pub bytes_to_workers: u64,
     /// Σ render time of accepted results, milliseconds.
     pub render_ms: u64,
     pub submitted_unix_ms: u64,
@@ -321,8 +332,12 @@ pub struct FrameOutput {
 /// Client → coordinator, on the control stream; each gets one response.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ClientRequest {
-    /// Which of these blobs does the coordinator lack?
+    /// Which of these blobs (whole files or chunks) does the coordinator lack?
     MissingBlobs(Vec<Digest>),
+    /// Store the file `Recipe::digest` by joining its chunks, all of them
+    /// uploaded before; the coordinator verifies the whole-file digest.
+    /// Answered by `Done`.
+    Assemble(Recipe),
     Submit(JobSpec),
     /// One job, or every job when `None`.
     Status(Option<u64>),
@@ -346,6 +361,9 @@ pub enum ClientRequest {
     Drain {
         worker: u64,
     },
+    /// Collect garbage now: remove stored blobs no retained job uses.
+    /// Answered by `Collected`.
+    CollectGarbage,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -364,21 +382,31 @@ pub enum ClientResponse {
         event: FarmEvent,
     },
     Tiles(Vec<TileStatus>),
+    Collected(Collected),
     Done,
     Error(String),
+}
+
+/// What one garbage collection did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Collected {
+    pub removed_blobs: u64,
+    pub removed_bytes: u64,
+    pub kept_blobs: u64,
+    pub kept_bytes: u64,
 }
 
 /// First frame of a blob stream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum BlobRequest {
     /// `len` raw bytes follow; the receiver re-hashes them.
-    Put {
-        digest: Digest,
-        len: u64,
-    },
-    Get {
-        digest: Digest,
-    },
+    Put { digest: Digest, len: u64 },
+    /// `job`: the job a worker fetches it for (counted as that job's
+    /// bytes sent to workers).
+    Get { digest: Digest, job: Option<u64> },
+    /// The chunks of a large file, so a worker fetches only the chunks it
+    /// lacks (and a cut download resumes).
+    Recipe { digest: Digest },
 }
 
 /// The receiver's answer on a blob stream.
@@ -392,5 +420,6 @@ pub enum BlobReply {
     Found {
         len: u64,
     },
+    Recipe(Recipe),
     NotFound,
 }

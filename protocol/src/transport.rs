@@ -83,26 +83,52 @@ impl Default for Timing {
     }
 }
 
+/// UDP socket buffer size asked for.
+const SOCKET_BUFFER: usize = 8 * 1024 * 1024;
+
+/// A UDP socket for an endpoint. Bulk transfers overrun the default socket
+/// buffers (≈200 KiB) and lose packets; ask for more (the kernel caps it at
+/// net.core.rmem_max).
+fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
+    let socket = std::net::UdpSocket::bind(addr)?;
+    let state = quinn::udp::UdpSocketState::new((&socket).into())?;
+    let _ = state.set_recv_buffer_size((&socket).into(), SOCKET_BUFFER);
+    let _ = state.set_send_buffer_size((&socket).into(), SOCKET_BUFFER);
+    Ok(socket)
+}
+
+/// An endpoint on a fresh, tuned UDP socket bound to `addr`.
+fn endpoint(
+    addr: SocketAddr,
+    server: Option<quinn::ServerConfig>,
+) -> std::io::Result<quinn::Endpoint> {
+    quinn::Endpoint::new(
+        quinn::EndpointConfig::default(),
+        server,
+        bind_udp(addr)?,
+        Arc::new(quinn::TokioRuntime),
+    )
+}
+
 fn transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(timing.keep_alive));
     t.max_idle_timeout(Some(
         timing.idle_timeout.try_into().expect("idle timeout fits"),
     ));
-    t.stream_receive_window((8u32 * 1024 * 1024).into());
-    t.receive_window((32u32 * 1024 * 1024).into());
-    t.send_window(32 * 1024 * 1024);
+    // Blob streams move gigabytes: windows wide enough for one stream to
+    // fill a fast path.
+    t.stream_receive_window((16u32 * 1024 * 1024).into());
+    t.receive_window((64u32 * 1024 * 1024).into());
+    t.send_window(64 * 1024 * 1024);
     t.max_concurrent_bidi_streams(256u32.into());
     t.max_concurrent_uni_streams(0u32.into());
     Arc::new(t)
 }
 
-/// A server endpoint bound to `addr` presenting `identity`.
-pub fn server_endpoint(
-    addr: SocketAddr,
-    identity: &Identity,
-    timing: Timing,
-) -> Result<quinn::Endpoint, TransportError> {
+/// The coordinator side's TLS 1.3 configuration (also used by the TCP+TLS
+/// baseline of the transfer benchmark).
+pub fn server_tls(identity: &Identity) -> Result<rustls::ServerConfig, TransportError> {
     let cert = CertificateDer::from(identity.cert_der.clone());
     let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(identity.key_der.clone()));
     let mut tls = rustls::ServerConfig::builder_with_provider(provider())
@@ -112,6 +138,36 @@ pub fn server_endpoint(
         .with_single_cert(vec![cert], key)
         .map_err(|e| TransportError::Tls(e.to_string()))?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(tls)
+}
+
+/// The connecting side's TLS 1.3 configuration: accepts exactly the
+/// certificate with this blake3 `fingerprint`.
+pub fn client_tls(fingerprint: &str) -> Result<rustls::ClientConfig, TransportError> {
+    let provider = provider();
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TransportError::Tls(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(Arc::new(PinnedCert {
+            fingerprint: fingerprint.to_string(),
+            provider,
+        }))
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![ALPN.to_vec()];
+    Ok(tls)
+}
+
+/// The name the coordinator's certificate is issued for.
+pub const CERT_NAME: &str = SERVER_NAME;
+
+/// A server endpoint bound to `addr` presenting `identity`.
+pub fn server_endpoint(
+    addr: SocketAddr,
+    identity: &Identity,
+    timing: Timing,
+) -> Result<quinn::Endpoint, TransportError> {
+    let tls = server_tls(identity)?;
     let quic = QuicServerConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
     config.transport_config(transport_config(timing));
@@ -119,7 +175,7 @@ pub fn server_endpoint(
         addr,
         reason: format!("cannot listen: {e}"),
     };
-    let socket = std::net::UdpSocket::bind(addr).map_err(cannot_listen)?;
+    let socket = bind_udp(addr).map_err(cannot_listen)?;
     // The same after a restart (see `ResetKey`): the reset key, and the key
     // that lets the endpoint recognise its own connection ids.
     let reset_key = ResetKey(blake3::derive_key(
@@ -275,17 +331,7 @@ pub async fn connect(
 ) -> Result<Session, TransportError> {
     let addr = ticket.addr;
     let fail = |reason: String| TransportError::Connect { addr, reason };
-    let provider = provider();
-    let mut tls = rustls::ClientConfig::builder_with_provider(provider.clone())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| TransportError::Tls(e.to_string()))?
-        .dangerous()
-        .with_custom_certificate_verifier(Arc::new(PinnedCert {
-            fingerprint: ticket.fingerprint.clone(),
-            provider,
-        }))
-        .with_no_client_auth();
-    tls.alpn_protocols = vec![ALPN.to_vec()];
+    let tls = client_tls(&ticket.fingerprint)?;
     let quic = QuicClientConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
     let mut config = quinn::ClientConfig::new(Arc::new(quic));
     config.transport_config(transport_config(timing));
@@ -296,7 +342,7 @@ pub async fn connect(
     }
     .parse()
     .unwrap();
-    let mut endpoint = quinn::Endpoint::client(bind).map_err(|e| fail(e.to_string()))?;
+    let mut endpoint = endpoint(bind, None).map_err(|e| fail(e.to_string()))?;
     endpoint.set_default_client_config(config);
     let connecting = endpoint
         .connect(addr, SERVER_NAME)

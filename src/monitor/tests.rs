@@ -75,6 +75,7 @@ fn job(id: u64, name: &str, state: JobState) -> JobStatus {
         tasks_running: 0,
         bytes_uploaded: 0,
         bytes_deduplicated: 0,
+        bytes_to_workers: 0,
         render_ms: 0,
         submitted_unix_ms: NOW - 600_000,
         finished_unix_ms: None,

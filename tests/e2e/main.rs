@@ -2,6 +2,7 @@
 //! real QUIC, real SQLite, real signals, real scenes. One binary; the cases
 //! live in the modules below and share the harness.
 
+mod assets;
 mod bad_input;
 mod blender;
 mod faults;

@@ -2,79 +2,532 @@
 //! folder per job built from them with hard links, so a job's files exist on
 //! this machine at the paths its manifest names, whatever paths they had on
 //! the artist's machine.
+//!
+//! With a size cap (`--cache-max`) the least recently used blobs are evicted
+//! to make room, never one that a running task's job uses (those are
+//! pinned). The index is rebuilt on start from the blob folder, re-hashing
+//! every blob: a file that does not match its name is removed, never served.
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::Context;
+use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
+use tessera_protocol::chunk::{ChunkRef, Recipe, CHUNK_THRESHOLD};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
 use tessera_protocol::messages::JobInfo;
 use tessera_protocol::Digest;
 use tokio::sync::OnceCell;
 
+/// Which blobs the cache holds, how recently each was used, and which are
+/// pinned by running tasks. Plain data: no I/O.
+#[derive(Debug)]
+pub struct Lru<K> {
+    entries: HashMap<K, Entry>,
+    /// Bytes held plus bytes reserved for fetches in flight.
+    total: u64,
+    clock: u64,
+    pins: HashMap<K, u32>,
+}
+
+impl<K> Default for Lru<K> {
+    fn default() -> Self {
+        Lru {
+            entries: HashMap::new(),
+            total: 0,
+            clock: 0,
+            pins: HashMap::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    size: u64,
+    used: u64,
+}
+
+impl<K: Copy + Eq + std::hash::Hash + Ord> Lru<K> {
+    /// Records a blob already stored (on start, oldest first).
+    pub fn insert(&mut self, digest: K, size: u64) {
+        self.clock += 1;
+        let entry = Entry {
+            size,
+            used: self.clock,
+        };
+        if let Some(old) = self.entries.insert(digest, entry) {
+            self.total -= old.size;
+        }
+        self.total += size;
+    }
+
+    pub fn contains(&self, digest: &K) -> bool {
+        self.entries.contains_key(digest)
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &K> {
+        self.entries.keys()
+    }
+
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    pub fn touch(&mut self, digest: &K) {
+        self.clock += 1;
+        if let Some(e) = self.entries.get_mut(digest) {
+            e.used = self.clock;
+        }
+    }
+
+    pub fn pin(&mut self, digest: K) {
+        *self.pins.entry(digest).or_default() += 1;
+    }
+
+    pub fn unpin(&mut self, digest: &K) {
+        if let Some(n) = self.pins.get_mut(digest) {
+            *n -= 1;
+            if *n == 0 {
+                self.pins.remove(digest);
+            }
+        }
+    }
+
+    /// Makes room for `size` more bytes under `cap` by evicting the least
+    /// recently used unpinned blobs, and reserves the room. Returns what to
+    /// delete, or `None` (and evicts nothing) when the pinned blobs leave
+    /// too little room.
+    pub fn reserve(&mut self, size: u64, cap: u64) -> Option<Vec<K>> {
+        if self.total + size <= cap {
+            self.total += size;
+            return Some(Vec::new());
+        }
+        let mut candidates: Vec<(u64, K, u64)> = self
+            .entries
+            .iter()
+            .filter(|(d, _)| !self.pins.contains_key(d))
+            .map(|(d, e)| (e.used, *d, e.size))
+            .collect();
+        candidates.sort_unstable_by_key(|c| c.0);
+        let mut free_after = self.total;
+        let mut evict = Vec::new();
+        for (_, digest, esize) in candidates {
+            if free_after + size <= cap {
+                break;
+            }
+            free_after -= esize;
+            evict.push(digest);
+        }
+        if free_after + size > cap {
+            return None;
+        }
+        for d in &evict {
+            let e = self.entries.remove(d).expect("candidate is an entry");
+            self.total -= e.size;
+        }
+        self.total += size;
+        Some(evict)
+    }
+
+    /// Gives back a reservation (the fetch failed, or it is now an entry).
+    pub fn release(&mut self, size: u64) {
+        self.total -= size;
+    }
+}
+
+/// What the cache holds: whole files (what jobs name) and the chunks of
+/// large files (so an edited file fetches only its changed chunks, and a
+/// cut download resumes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+enum Blob {
+    File(Digest),
+    Chunk(Digest),
+}
+
+struct State {
+    lru: Lru<Blob>,
+    /// One preparation per job; concurrent slots of the same job wait for it.
+    prepared: HashMap<u64, Arc<OnceCell<PathBuf>>>,
+    /// Running tasks per job.
+    running: HashMap<u64, u32>,
+    /// Files gained and lost since the coordinator was last told.
+    added: Vec<Digest>,
+    removed: Vec<Digest>,
+}
+
 pub struct Cache {
     blobs: BlobDir,
+    chunks: BlobDir,
     jobs_root: PathBuf,
-    /// One preparation per job; concurrent slots of the same job wait for it.
-    prepared: Mutex<HashMap<u64, Arc<OnceCell<PathBuf>>>>,
+    cap: Option<u64>,
+    state: Mutex<State>,
+}
+
+/// A job's folder, held for one task: the job's blobs stay pinned until it
+/// is dropped.
+pub struct JobFiles<'a> {
+    cache: &'a Cache,
+    job: u64,
+    digests: Vec<Digest>,
+    dir: PathBuf,
+}
+
+impl JobFiles<'_> {
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for JobFiles<'_> {
+    fn drop(&mut self) {
+        self.cache.release_job(self.job, &self.digests);
+    }
 }
 
 impl Cache {
-    pub fn open(dir: &Path) -> anyhow::Result<Cache> {
+    /// Opens (or creates) the cache in `dir`, capped at `cap` bytes. Every
+    /// stored blob is re-hashed; one that does not match its name is removed.
+    pub fn open(dir: &Path, cap: Option<u64>) -> anyhow::Result<Cache> {
         // Engines run in other folders: every path handed out is absolute.
         std::fs::create_dir_all(dir)
             .with_context(|| format!("cannot create the cache {}", dir.display()))?;
         let dir = &dir.canonicalize()?;
         let blobs = BlobDir::open(dir.join("blobs"))
             .with_context(|| format!("cannot open the cache in {}", dir.display()))?;
+        let chunks = BlobDir::open(dir.join("chunks"))
+            .with_context(|| format!("cannot open the cache in {}", dir.display()))?;
         let jobs_root = dir.join("jobs");
         // Job folders are rebuilt from blobs; stale ones from an earlier run go.
         let _ = std::fs::remove_dir_all(&jobs_root);
         std::fs::create_dir_all(&jobs_root)?;
-        Ok(Cache {
+        let mut lru = Lru::default();
+        let (kept, removed) = rebuild_index(&blobs, &chunks, &mut lru)?;
+        tracing::info!(
+            blobs = kept,
+            bytes = lru.total(),
+            removed,
+            cap = cap.unwrap_or(0),
+            "cache index rebuilt"
+        );
+        let cache = Cache {
             blobs,
+            chunks,
             jobs_root,
-            prepared: Mutex::new(HashMap::new()),
-        })
+            cap,
+            state: Mutex::new(State {
+                lru,
+                prepared: HashMap::new(),
+                running: HashMap::new(),
+                added: Vec::new(),
+                removed: Vec::new(),
+            }),
+        };
+        if let Some(cap) = cap {
+            // A smaller cap than last time: shrink now.
+            let evict = cache.state().lru.reserve(0, cap).unwrap_or_default();
+            cache.delete(&evict);
+        }
+        Ok(cache)
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().expect("cache lock")
     }
 
     pub fn blobs(&self) -> &BlobDir {
         &self.blobs
     }
 
+    /// Bytes of blobs held.
+    pub fn held_bytes(&self) -> u64 {
+        self.state().lru.total()
+    }
+
+    /// Every blob held (for the coordinator, on join); pending changes are
+    /// included, so they are cleared.
+    pub fn held_digests(&self) -> Vec<Digest> {
+        let mut state = self.state();
+        state.added.clear();
+        state.removed.clear();
+        let files = state.lru.keys().filter_map(|k| match k {
+            Blob::File(d) => Some(*d),
+            Blob::Chunk(_) => None,
+        });
+        files.collect()
+    }
+
+    /// Blobs gained and lost since last asked, if any.
+    pub fn take_changes(&self) -> Option<(Vec<Digest>, Vec<Digest>)> {
+        let mut state = self.state();
+        if state.added.is_empty() && state.removed.is_empty() {
+            return None;
+        }
+        Some((
+            std::mem::take(&mut state.added),
+            std::mem::take(&mut state.removed),
+        ))
+    }
+
     /// Forgets job folders prepared over an earlier connection (job ids are
     /// the coordinator's, and it may have been replaced).
     pub fn reset_jobs(&self) {
-        self.prepared.lock().expect("cache lock").clear();
+        self.state().prepared.clear();
     }
 
     /// Fetches the job's missing blobs from the coordinator and lays out its
-    /// folder. Returns the folder.
+    /// folder. The job's blobs stay pinned while the returned value lives.
     pub async fn prepare(
         &self,
         conn: &quinn::Connection,
         job: &JobInfo,
-    ) -> anyhow::Result<PathBuf> {
-        let cell = self
-            .prepared
-            .lock()
-            .expect("cache lock")
-            .entry(job.job)
-            .or_default()
+    ) -> anyhow::Result<JobFiles<'_>> {
+        let mut digests: Vec<Digest> = job.manifest.iter().map(|e| e.digest).collect();
+        digests.sort_unstable();
+        digests.dedup();
+        let cell = {
+            let mut state = self.state();
+            for d in &digests {
+                state.lru.pin(Blob::File(*d));
+                state.lru.touch(&Blob::File(*d));
+            }
+            *state.running.entry(job.job).or_default() += 1;
+            state.prepared.entry(job.job).or_default().clone()
+        };
+        // From here on, dropping `files` unpins.
+        let mut files = JobFiles {
+            cache: self,
+            job: job.job,
+            digests,
+            dir: PathBuf::new(),
+        };
+        files.dir = cell
+            .get_or_try_init(|| self.build(conn, job))
+            .await?
             .clone();
-        let dir = cell.get_or_try_init(|| self.build(conn, job)).await?;
-        Ok(dir.clone())
+        Ok(files)
+    }
+
+    fn release_job(&self, job: u64, digests: &[Digest]) {
+        let mut state = self.state();
+        for d in digests {
+            state.lru.unpin(&Blob::File(*d));
+        }
+        if let Some(n) = state.running.get_mut(&job) {
+            *n -= 1;
+            if *n == 0 {
+                state.running.remove(&job);
+            }
+        }
+    }
+
+    /// Deletes evicted blobs, and the folders of jobs with no running task
+    /// (their hard links would keep the bytes on disk).
+    fn delete(&self, evicted: &[Blob]) {
+        if evicted.is_empty() {
+            return;
+        }
+        let idle: Vec<u64> = {
+            let mut state = self.state();
+            let idle: Vec<u64> = state
+                .prepared
+                .keys()
+                .filter(|j| !state.running.contains_key(j))
+                .copied()
+                .collect();
+            for j in &idle {
+                state.prepared.remove(j);
+            }
+            idle
+        };
+        for j in idle {
+            if let Ok(dirs) = std::fs::read_dir(&self.jobs_root) {
+                for d in dirs.flatten() {
+                    if d.file_name()
+                        .to_string_lossy()
+                        .starts_with(&format!("{j}-"))
+                    {
+                        let _ = std::fs::remove_dir_all(d.path());
+                    }
+                }
+            }
+        }
+        let mut files = Vec::new();
+        for b in evicted {
+            let _ = match b {
+                Blob::File(d) => {
+                    files.push(*d);
+                    self.blobs.remove(d)
+                }
+                Blob::Chunk(d) => self.chunks.remove(d),
+            };
+        }
+        self.state().removed.extend(files);
+        tracing::info!(blobs = evicted.len(), "evicted from the cache");
+    }
+
+    /// Makes room for `size` bytes under the cap (evicting), reserving it.
+    fn reserve(&self, size: u64, what: &str) -> anyhow::Result<()> {
+        let Some(cap) = self.cap else {
+            return Ok(());
+        };
+        let reserved = self.state().lru.reserve(size, cap);
+        let Some(evict) = reserved else {
+            bail!(
+                "the cache cap of {cap} bytes (--cache-max) cannot hold this job's files: {what} needs {size} bytes beside the files of running tasks; raise --cache-max"
+            );
+        };
+        self.delete(&evict);
+        Ok(())
+    }
+
+    fn unreserve(&self, size: u64) {
+        if self.cap.is_some() {
+            self.state().lru.release(size);
+        }
+    }
+
+    /// Fetches one file of a job: a large one as the chunks this cache
+    /// lacks, joined and verified here; others whole.
+    async fn fetch(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        entry: &ManifestEntry,
+    ) -> anyhow::Result<u64> {
+        let what = format!("`{}`", entry.path);
+        if entry.size >= CHUNK_THRESHOLD {
+            let recipe = blob::get_recipe(conn, entry.digest)
+                .await
+                .with_context(|| format!("fetching the chunk list of {what}"))?;
+            if let Some(recipe) = recipe {
+                return self.fetch_chunked(conn, job, &what, recipe).await;
+            }
+        }
+        self.reserve(entry.size, &what)?;
+        let got = blob::get(conn, entry.digest, Some(job), &self.blobs).await;
+        self.unreserve(entry.size);
+        let got = got.with_context(|| format!("fetching {what}"))?;
+        self.insert(Blob::File(entry.digest), got);
+        Ok(got)
+    }
+
+    fn insert(&self, blob: Blob, size: u64) {
+        let mut state = self.state();
+        state.lru.insert(blob, size);
+        state.lru.touch(&blob);
+        if let Blob::File(d) = blob {
+            state.added.push(d);
+        }
+    }
+
+    async fn fetch_chunked(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        what: &str,
+        recipe: Recipe,
+    ) -> anyhow::Result<u64> {
+        let mut distinct: Vec<ChunkRef> = recipe.chunks.clone();
+        distinct.sort_unstable_by_key(|c| c.digest);
+        distinct.dedup_by_key(|c| c.digest);
+        let lacking: Vec<ChunkRef> = {
+            let mut state = self.state();
+            for c in &distinct {
+                state.lru.pin(Blob::Chunk(c.digest));
+                state.lru.touch(&Blob::Chunk(c.digest));
+            }
+            distinct
+                .iter()
+                .filter(|c| {
+                    !state.lru.contains(&Blob::Chunk(c.digest))
+                        || self.chunks.size(&c.digest) != Some(u64::from(c.len))
+                })
+                .copied()
+                .collect()
+        };
+        let unpin = || {
+            let mut state = self.state();
+            for c in &distinct {
+                state.lru.unpin(&Blob::Chunk(c.digest));
+            }
+        };
+        let result = self.fetch_chunks(conn, job, what, &recipe, lacking).await;
+        unpin();
+        result
+    }
+
+    async fn fetch_chunks(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        what: &str,
+        recipe: &Recipe,
+        lacking: Vec<ChunkRef>,
+    ) -> anyhow::Result<u64> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let need: u64 = lacking.iter().map(|c| u64::from(c.len)).sum();
+        let with_chunks = format!(
+            "{what} ({} bytes, joined here from {need} bytes of chunks)",
+            recipe.size
+        );
+        self.reserve(need + recipe.size, &with_chunks)?;
+        let fetched = AtomicU64::new(0);
+        let queue = Mutex::new(lacking);
+        let stream = || async {
+            loop {
+                let next = queue.lock().expect("fetch queue").pop();
+                let Some(c) = next else {
+                    return anyhow::Ok(());
+                };
+                match blob::get(conn, c.digest, Some(job), &self.chunks).await {
+                    Ok(got) => {
+                        // This chunk's reservation becomes its entry.
+                        fetched.fetch_add(got, Ordering::Relaxed);
+                        self.unreserve(got);
+                        self.insert(Blob::Chunk(c.digest), got);
+                    }
+                    Err(e) => {
+                        queue.lock().expect("fetch queue").clear();
+                        return Err(e.into());
+                    }
+                }
+            }
+        };
+        let results = tokio::join!(
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream(),
+            stream()
+        );
+        let got = fetched.load(Ordering::Relaxed);
+        let first_error = [
+            results.0, results.1, results.2, results.3, results.4, results.5, results.6, results.7,
+        ]
+        .into_iter()
+        .find_map(|r| r.err());
+        if let Some(e) = first_error {
+            self.unreserve(need - got + recipe.size);
+            return Err(e.context(format!("fetching the chunks of {what}")));
+        }
+        let (blobs, chunks, r) = (self.blobs.clone(), self.chunks.clone(), recipe.clone());
+        let joined = tokio::task::spawn_blocking(move || blobs.assemble_from(&r, &chunks)).await;
+        self.unreserve(recipe.size);
+        joined?.with_context(|| format!("joining the chunks of {what}"))?;
+        self.insert(Blob::File(recipe.digest), recipe.size);
+        Ok(got)
     }
 
     async fn build(&self, conn: &quinn::Connection, job: &JobInfo) -> anyhow::Result<PathBuf> {
         let mut fetched = 0u64;
         for entry in &job.manifest {
-            if self.blobs.size(&entry.digest) != Some(entry.size) {
-                fetched += blob::get(conn, entry.digest, &self.blobs)
-                    .await
-                    .with_context(|| format!("fetching `{}`", entry.path))?;
+            let held = self.state().lru.contains(&Blob::File(entry.digest));
+            if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
+                fetched += self.fetch(conn, job.job, entry).await?;
             }
         }
         let tag = Digest::of(format!("{:?}", job.manifest).as_bytes()).to_hex();
@@ -87,10 +540,66 @@ impl Cache {
             job = job.job,
             files = job.manifest.len(),
             fetched_bytes = fetched,
+            cached_bytes = self.held_bytes(),
             "job files ready"
         );
         Ok(dir)
     }
+}
+
+/// Walks the blob folder: every blob is re-hashed; a file whose bytes do not
+/// match its name (or with no digest for a name) is removed. Entries go in
+/// oldest first (by modification time) so LRU order survives a restart.
+fn rebuild_index(
+    blobs: &BlobDir,
+    chunks: &BlobDir,
+    lru: &mut Lru<Blob>,
+) -> anyhow::Result<(usize, usize)> {
+    let mut found = Vec::new();
+    let mut removed = 0;
+    for (dir, key) in [
+        (blobs, Blob::File as fn(Digest) -> Blob),
+        (chunks, Blob::Chunk as fn(Digest) -> Blob),
+    ] {
+        let root = dir.root();
+        let _ = std::fs::remove_dir_all(root.join("tmp"));
+        std::fs::create_dir_all(root.join("tmp"))?;
+        for sub in std::fs::read_dir(root)?.flatten() {
+            // Blobs live in two-letter folders (`tmp`, `recipes` are not).
+            if sub.file_name().len() != 2 || !sub.path().is_dir() {
+                continue;
+            }
+            for f in std::fs::read_dir(sub.path())?.flatten() {
+                let path = f.path();
+                let name = f.file_name().to_string_lossy().into_owned();
+                let ok = match name.parse::<Digest>() {
+                    Ok(d) if dir.path(&d) == path => std::fs::File::open(&path)
+                        .and_then(Digest::of_reader)
+                        .ok()
+                        .filter(|(actual, _)| *actual == d)
+                        .map(|(_, size)| (d, size)),
+                    _ => None,
+                };
+                match ok {
+                    Some((d, size)) => {
+                        let mtime = f.metadata().and_then(|m| m.modified()).ok();
+                        found.push((mtime, key(d), size));
+                    }
+                    None => {
+                        tracing::warn!(path = %path.display(), "cache file does not match its digest; removed");
+                        let _ = std::fs::remove_file(&path);
+                        removed += 1;
+                    }
+                }
+            }
+        }
+    }
+    found.sort_by_key(|f| f.0);
+    let kept = found.len();
+    for (_, b, size) in found {
+        lru.insert(b, size);
+    }
+    Ok((kept, removed))
 }
 
 fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::Result<()> {
@@ -108,4 +617,57 @@ fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::R
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(n: u8) -> Blob {
+        Blob::File(Digest::of(&[n]))
+    }
+
+    #[test]
+    fn least_recently_used_goes_first_and_pinned_never() {
+        let mut lru = Lru::default();
+        for n in 1..=4 {
+            lru.insert(d(n), 100);
+        }
+        lru.touch(&d(1)); // order now 2, 3, 4, 1
+        lru.pin(d(2));
+        // Room for 150 more under 400: evict the two oldest unpinned.
+        assert_eq!(lru.reserve(150, 400), Some(vec![d(3), d(4)]));
+        assert_eq!(lru.total(), 200 + 150);
+        lru.release(150);
+        lru.insert(d(5), 150);
+        // Only unpinned 1 and 5 can go: 250 bytes; 2 stays pinned.
+        assert_eq!(lru.reserve(400, 400), None);
+        assert!(lru.contains(&d(2)) && lru.contains(&d(1)) && lru.contains(&d(5)));
+        lru.unpin(&d(2));
+        let evicted = lru.reserve(400, 400).unwrap();
+        assert_eq!(evicted.len(), 3);
+        assert_eq!(lru.total(), 400);
+    }
+
+    #[test]
+    fn restart_rebuilds_the_index_and_drops_corrupt_blobs() {
+        let dir = std::env::temp_dir().join(format!("tessera-cache-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let blobs = BlobDir::open(dir.join("blobs")).unwrap();
+        let good = blobs.put_bytes(b"texture").unwrap();
+        let bad = blobs.put_bytes(b"scene").unwrap();
+        std::fs::write(blobs.path(&bad), b"sceNe").unwrap();
+        std::fs::write(blobs.root().join("tmp").join("half"), b"x").unwrap();
+        let cache = Cache::open(&dir, Some(1000)).unwrap();
+        assert!(cache.state().lru.contains(&Blob::File(good)));
+        assert!(!cache.state().lru.contains(&Blob::File(bad)));
+        assert!(!blobs.path(&bad).exists(), "a corrupt blob is removed");
+        assert_eq!(cache.held_bytes(), 7);
+        drop(cache);
+        // Reopened with a cap below what it holds: shrinks at once.
+        let cache = Cache::open(&dir, Some(3)).unwrap();
+        assert_eq!(cache.held_bytes(), 0);
+        assert!(!blobs.path(&good).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

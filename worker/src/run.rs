@@ -30,6 +30,8 @@ pub struct Config {
     pub ticket: Ticket,
     pub name: String,
     pub cache_dir: PathBuf,
+    /// Cap on the blob cache's size in bytes (`--cache-max`).
+    pub cache_max: Option<u64>,
     pub engines: Vec<Arc<dyn Engine>>,
     pub slots: u32,
     pub price_per_hour: f64,
@@ -49,7 +51,7 @@ pub struct Config {
 /// holds; the coordinator adopts those it can and cancels the rest, so a
 /// coordinator restart or a dropped link costs no finished work.
 pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let cache = Arc::new(Cache::open(&config.cache_dir)?);
+    let cache = Arc::new(Cache::open(&config.cache_dir, config.cache_max)?);
     let config = Arc::new(config);
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let mut held = Held {
@@ -253,6 +255,7 @@ async fn session(
         hostname,
         holding: held.refs(),
         interruptible: config.interruptible,
+        cached: cache.held_digests(),
     }))?;
     let heartbeat_ms = match codec::read_frame::<CoordMsg, _>(&mut recv).await? {
         Some(CoordMsg::Joined {
@@ -516,7 +519,15 @@ async fn render(
         .cloned()
         .with_context(|| format!("this worker does not offer the {} engine", job.engine))
         .map_err(RenderError::Render)?;
-    let dir = cache.prepare(conn, job).await.map_err(RenderError::Fetch)?;
+    // The job's files stay pinned in the cache until this task is over.
+    let files = cache.prepare(conn, job).await.map_err(RenderError::Fetch)?;
+    let dir = files.dir().to_path_buf();
+    if let Some((added, removed)) = cache.take_changes() {
+        // With no connection now, the next join reports the whole cache.
+        if let Some(tx) = link.lock().expect("link lock").as_ref() {
+            let _ = tx.send(WorkerMsg::Cached { added, removed });
+        }
+    }
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
     let t = task.task;

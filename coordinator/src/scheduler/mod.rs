@@ -23,6 +23,10 @@ use std::cmp::Reverse;
 use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 
+use tessera_protocol::Digest;
+
+#[cfg(test)]
+mod affinity_tests;
 #[cfg(test)]
 mod tests;
 
@@ -330,6 +334,32 @@ pub struct Scheduler {
     /// The worker that got the latest assignment; the next round of
     /// [`Scheduler::assign`] starts after it.
     last_served: Option<WorkerId>,
+    /// Cache affinity: each job's assets (digest, size) and the assets each
+    /// worker's cache holds. A task goes to the free worker that lacks the
+    /// fewest of its job's bytes.
+    affinity: Affinity,
+}
+
+#[derive(Default)]
+struct Affinity {
+    off: bool,
+    assets: HashMap<JobId, Vec<(Digest, u64)>>,
+    held: HashMap<WorkerId, HashSet<Digest>>,
+}
+
+impl Affinity {
+    /// Bytes of `job`'s assets that `worker` would have to fetch.
+    fn missing(&self, job: JobId, worker: WorkerId) -> u64 {
+        let Some(assets) = self.assets.get(&job) else {
+            return 0;
+        };
+        let held = self.held.get(&worker);
+        assets
+            .iter()
+            .filter(|(d, _)| !held.is_some_and(|h| h.contains(d)))
+            .map(|(_, size)| size)
+            .sum()
+    }
 }
 
 impl Scheduler {
@@ -346,7 +376,57 @@ impl Scheduler {
             superseded: Vec::new(),
             retries: BTreeSet::new(),
             last_served: None,
+            affinity: Affinity::default(),
         }
+    }
+
+    /// Turns cache affinity off (for comparisons); it is on by default.
+    pub fn set_affinity(&mut self, on: bool) {
+        self.affinity.off = !on;
+    }
+
+    /// The assets (digest, size) every task of `job` needs.
+    pub fn set_job_assets(&mut self, job: JobId, assets: Vec<(Digest, u64)>) {
+        self.affinity.assets.insert(job, assets);
+    }
+
+    /// What `worker`'s cache gained and lost.
+    pub fn worker_holds(&mut self, worker: WorkerId, added: &[Digest], removed: &[Digest]) {
+        let held = self.affinity.held.entry(worker).or_default();
+        for d in removed {
+            held.remove(d);
+        }
+        held.extend(added.iter().copied());
+    }
+
+    /// Among `worker` and the other free workers in `turns` that can take
+    /// `job`, the one lacking the fewest of its bytes (`worker` on a tie).
+    fn affine_worker(
+        &self,
+        job: JobId,
+        worker: WorkerId,
+        turns: &VecDeque<WorkerId>,
+        now: Millis,
+    ) -> WorkerId {
+        if self.affinity.off || !self.affinity.assets.contains_key(&job) {
+            return worker;
+        }
+        let j = &self.jobs[&job];
+        let eligible = |w: &WorkerId| {
+            let wk = &self.workers[w];
+            wk.has_free_slot()
+                && !wk.is_silent(now, self.config.lease_ms)
+                && wk.engines.contains(&j.engine)
+                && !j.blocklist.contains(w)
+        };
+        let mut best = (self.affinity.missing(job, worker), worker);
+        for &w in turns.iter().filter(|w| **w != worker && eligible(w)) {
+            let missing = self.affinity.missing(job, w);
+            if missing < best.0 {
+                best = (missing, w);
+            }
+        }
+        best.1
     }
 
     /// Adds a job. A job with no pending task is `Done` at once. Adding an id
@@ -416,6 +496,7 @@ impl Scheduler {
     /// leases end at once and their tasks go back to the front of their jobs'
     /// queues; returns those tasks in order.
     pub fn remove_worker(&mut self, worker: WorkerId, _now: Millis) -> Vec<TaskKey> {
+        self.affinity.held.remove(&worker);
         let Some(removed) = self.workers.remove(&worker) else {
             return Vec::new();
         };
@@ -479,12 +560,21 @@ impl Scheduler {
             .collect();
         let mut assignments = Vec::new();
         while let Some(worker) = turns.pop_front() {
+            // It may have been filled by affinity since it joined the turns.
+            if !self.workers[&worker].has_free_slot() {
+                continue;
+            }
             let Some(job) = self.best_job_for(worker) else {
                 continue;
             };
-            assignments.push(self.lease_next_task(job, worker, now));
-            self.last_served = Some(worker);
-            if self.workers[&worker].has_free_slot() {
+            let target = self.affine_worker(job, worker, &turns, now);
+            assignments.push(self.lease_next_task(job, target, now));
+            self.last_served = Some(target);
+            if target != worker {
+                // The task went to a worker holding more of its job's assets;
+                // this one still has a free slot and takes the next turn.
+                turns.push_front(worker);
+            } else if self.workers[&worker].has_free_slot() {
                 turns.push_back(worker);
             }
         }
