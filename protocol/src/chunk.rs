@@ -154,12 +154,14 @@ impl Window {
 }
 
 /// Reads `src` to its end and returns its recipe. Windows of the file are
-/// chunked and hashed on `threads - 1` threads at once (each block is cut
+/// chunked and hashed on `threads` threads at once (each block is cut
 /// independently, then stitched to the previous block's last cut, which
 /// gives exactly the one-pass cut points) while one more thread hashes the
-/// whole file.
+/// whole file. The whole-file hash is the lighter half of the work, so the
+/// chunk threads share its core once it is done with a window rather than
+/// leave that core idle.
 pub fn chunk_reader(mut src: impl Read, threads: usize) -> std::io::Result<Recipe> {
-    let workers = threads.saturating_sub(1).max(1);
+    let workers = threads.max(1);
     std::thread::scope(|s| {
         let (whole_tx, whole_rx) = mpsc::sync_channel::<Arc<Window>>(workers + 2);
         let whole = s.spawn(move || {
