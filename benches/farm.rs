@@ -52,16 +52,7 @@ fn makespan_on_four(name: &str, kill_at: Option<f64>) -> (f64, f64) {
             &["--engine", "noop", "--noop-ms", "100"],
         );
     }
-    let deadline = Instant::now() + std::time::Duration::from_secs(60);
-    while farm.json(&["status", "--json"])["workers"]
-        .as_array()
-        .unwrap()
-        .len()
-        < 4
-    {
-        assert!(Instant::now() < deadline, "workers did not join");
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
+    farm.wait_workers(4);
     let scene = scenes().join("spheres.scene.json");
     let job = farm.json(&[
         "submit",
@@ -155,16 +146,7 @@ fn dispatch() {
     for i in 0..WORKERS {
         farm.add_worker_with(&format!("noop-{i}"), &["--engine", "noop", "--slots", "4"]);
     }
-    // Wait for every worker to join.
-    let deadline = Instant::now() + std::time::Duration::from_secs(60);
-    loop {
-        let s = farm.json(&["status", "--json"]);
-        if s["workers"].as_array().unwrap().len() == WORKERS {
-            break;
-        }
-        assert!(Instant::now() < deadline, "workers did not join: {s}");
-        std::thread::sleep(std::time::Duration::from_millis(200));
-    }
+    farm.wait_workers(WORKERS);
     let scene = scenes().join("spheres.scene.json");
     // 6 frames x 64x64 tiles = 24,576 tasks per job.
     let mut total_tasks = 0;

@@ -422,27 +422,13 @@ fn cache_capped_below_the_farms_assets_still_renders_each_job_and_evicts_lru() {
     );
 }
 
-/// Waits until `n` workers have joined.
-fn wait_workers(farm: &Farm, n: usize) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while farm.json(&["status", "--json"])["workers"]
-        .as_array()
-        .unwrap()
-        .len()
-        < n
-    {
-        assert!(Instant::now() < deadline, "workers did not join");
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 /// Two one-task jobs sharing three large textures on two workers; returns
 /// the bytes the coordinator sent to workers for both.
 fn two_jobs_sharing_assets(name: &str, coordinator_args: &[&str]) -> (u64, u64) {
     let mut farm = Farm::start(name, coordinator_args);
     farm.add_worker("w1");
     farm.add_worker("w2");
-    wait_workers(&farm, 2);
+    farm.wait_workers(2);
     let shared = ["t/shared1.png", "t/shared2.png", "t/shared3.png"];
     for (i, t) in shared.iter().enumerate() {
         write_noise_png(&farm.dir.join("a").join(t), 500, 40 + i as u64);
@@ -564,7 +550,7 @@ fn gc_removes_what_no_retained_job_uses_and_keeps_what_a_queued_job_needs() {
 fn cache_cap_too_small_for_a_jobs_files_fails_with_a_message_to_raise_it() {
     let mut farm = Farm::start("cachesmall", &[]);
     farm.add_worker_with("w1", &["--cache-max", "1M"]);
-    wait_workers(&farm, 1);
+    farm.wait_workers(1);
     let dir = farm.dir.join("scene");
     write_noise_png(&dir.join("t/big.png"), 800, 80);
     let scene = write_scene(&dir, &["t/big.png"]);

@@ -192,22 +192,7 @@ fn victim_mid_render(name: &str, coordinator_args: &[&str]) -> (Farm, usize, u64
         "--json",
     ]);
     let id = job["id"].as_u64().unwrap();
-    farm.wait_for(id, "the victim to render a tile", |_| {
-        farm.log_of(victim).contains("task rendered")
-    });
-    // Then caught while it holds a lease and is rendering: the coordinator
-    // counts one task running on it, and no render ends around the check.
-    farm.wait_for(id, "the victim mid-render", |_| {
-        let rendered = farm.log_of(victim).matches("task rendered").count();
-        let running = || {
-            let all = farm.json(&["status", "--json"]);
-            (all["workers"].as_array().unwrap().iter())
-                .any(|w| w["name"] == "victim" && w["running"] == 1)
-        };
-        let holds = running();
-        std::thread::sleep(Duration::from_millis(50));
-        holds && running() && farm.log_of(victim).matches("task rendered").count() == rendered
-    });
+    farm.wait_mid_render(id, victim, "victim");
     (farm, victim, id)
 }
 
@@ -465,7 +450,7 @@ fn a_straggler_is_rendered_again_on_an_idle_worker_and_the_first_result_wins() {
     let slow = 0;
     farm.add_worker_with("fast-1", &["--engine", "noop", "--noop-ms", "100"]);
     farm.add_worker_with("fast-2", &["--engine", "noop", "--noop-ms", "100"]);
-    wait_workers(&farm, 3);
+    farm.wait_workers(3);
     let scene = scenes().join("spheres.scene.json");
     let job = farm.json(&[
         "submit",
@@ -520,26 +505,12 @@ fn a_straggler_is_rendered_again_on_an_idle_worker_and_the_first_result_wins() {
     );
 }
 
-/// Waits until `n` workers have joined.
-fn wait_workers(farm: &Farm, n: usize) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while farm.json(&["status", "--json"])["workers"]
-        .as_array()
-        .unwrap()
-        .len()
-        < n
-    {
-        assert!(std::time::Instant::now() < deadline, "workers did not join");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 #[test]
 fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_frame_is_exact() {
     let mut farm = Farm::start("checkpoint", &[]);
     let spot = farm.add_worker_with("spot", &["--interruptible"]);
     farm.add_worker("steady");
-    wait_workers(&farm, 2);
+    farm.wait_workers(2);
     let all = farm.json(&["status", "--json"]);
     let flags: Vec<bool> = (all["workers"].as_array().unwrap().iter())
         .map(|w| w["interruptible"].as_bool().unwrap())
@@ -567,17 +538,7 @@ fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_fra
     assert_eq!(job["tasks_total"], 16);
     let id = job["id"].as_u64().unwrap();
     // Preempt the spot worker in the middle of a range.
-    farm.wait_for(id, "the spot worker mid-range", |_| {
-        let running = || {
-            let all = farm.json(&["status", "--json"]);
-            (all["workers"].as_array().unwrap().iter())
-                .any(|w| w["name"] == "spot" && w["running"] == 1)
-        };
-        let rendered = farm.log_of(spot).matches("task rendered").count();
-        let holds = rendered > 0 && running();
-        std::thread::sleep(Duration::from_millis(50));
-        holds && running() && farm.log_of(spot).matches("task rendered").count() == rendered
-    });
+    farm.wait_mid_render(id, spot, "spot");
     farm.kill_worker(spot);
 
     let out = farm.dir.join("out");

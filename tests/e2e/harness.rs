@@ -234,6 +234,36 @@ impl Farm {
         self.json(&["status", &job.to_string(), "--json"])
     }
 
+    /// Waits until `n` workers have joined.
+    pub fn wait_workers(&self, n: usize) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = self.json(&["status", "--json"]);
+            if s["workers"].as_array().unwrap().len() >= n {
+                return;
+            }
+            assert!(Instant::now() < deadline, "workers did not join: {s}");
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Waits until worker `i` (named `name`) has rendered a task of `job`
+    /// and is caught in the middle of another: the coordinator counts one
+    /// task running on it, and no render of it ends around the check.
+    pub fn wait_mid_render(&self, job: u64, i: usize, name: &str) {
+        let running = || {
+            let all = self.json(&["status", "--json"]);
+            (all["workers"].as_array().unwrap().iter())
+                .any(|w| w["name"] == name && w["running"] == 1)
+        };
+        self.wait_for(job, &format!("{name} mid-render"), |_| {
+            let rendered = self.log_of(i).matches("task rendered").count();
+            let holds = rendered > 0 && running();
+            std::thread::sleep(Duration::from_millis(50));
+            holds && running() && self.log_of(i).matches("task rendered").count() == rendered
+        });
+    }
+
     /// Polls the job until `pred` holds.
     pub fn wait_for(&self, job: u64, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
         let deadline = Instant::now() + Duration::from_secs(120);

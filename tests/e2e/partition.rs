@@ -152,11 +152,7 @@ fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_ref
     farm.wait_for(id, "the victim to render a tile over the veth", |_| {
         farm.log_of(victim).contains("result accepted")
     });
-    farm.wait_for(id, "the victim mid-render", |_| {
-        let all = farm.json(&["status", "--json"]);
-        (all["workers"].as_array().unwrap().iter())
-            .any(|w| w["name"] == "victim" && w["running"] == 1)
-    });
+    farm.wait_mid_render(id, victim, "victim");
     let rendered_before = farm.log_of(victim).matches("task rendered").count();
     net.cut();
     // Longer than the lease and than the idle timeout: the coordinator
