@@ -5,28 +5,35 @@
 //! outside the edited regions with its earlier version and only the changed
 //! chunks travel.
 //!
-//! [`chunk_file`] reads a file once and hashes it on several threads: one
-//! thread computes the whole-file digest while the others hash chunks, so
-//! ingest runs at close to the speed of plain blake3.
+//! [`chunk_file`] reads a file once and does all the work on a block of it
+//! (cut points, chunk digests, the block's part of the whole-file digest) on
+//! one of several threads, so ingest on two or more cores runs at about the
+//! speed of plain single-threaded blake3 or faster.
 
-use std::io::Read;
 use std::path::Path;
-use std::sync::mpsc;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Condvar, Mutex};
 
+use blake3::hazmat::{
+    merge_subtrees_non_root, merge_subtrees_root, ChainingValue, HasherExt, Mode,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::Digest;
 
 /// Files this large or larger are chunked; smaller ones travel whole.
 pub const CHUNK_THRESHOLD: u64 = 1 << 20;
-/// FastCDC bounds. Small chunks keep what an edit drags along small; an edit
-/// of `n` bytes re-sends about `n` + 1.5 × `AVG_CHUNK` bytes.
-pub const MIN_CHUNK: usize = 4 * 1024;
+/// FastCDC bounds. Small chunks keep what an edit drags along small: an edit
+/// of `n` bytes re-sends about `n` + 2 × the mean chunk (about 23 KiB). FastCDC
+/// does not look for a cut in the first `MIN_CHUNK` bytes of a chunk, so a
+/// minimum close to the average spares half of the cut-point work.
+pub const MIN_CHUNK: usize = 12 * 1024;
 pub const AVG_CHUNK: usize = 16 * 1024;
 pub const MAX_CHUNK: usize = 64 * 1024;
 /// How much of the file is read at a time; blocks are chunked in parallel.
-const BLOCK: usize = 4 * 1024 * 1024;
+/// A power of two (each block is a subtree of the file's BLAKE3 tree) small
+/// enough to stay in a core's cache while it is cut and hashed.
+const BLOCK: usize = 2048 * 1024;
 
 /// One chunk of a file: its digest and length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -79,7 +86,7 @@ impl Recipe {
 }
 
 /// Chunks in-memory bytes in one pass on this thread: the reference that
-/// [`chunk_reader`] must agree with.
+/// [`chunk_at`] must agree with.
 pub fn chunk_bytes(data: &[u8]) -> Recipe {
     let chunks = fastcdc::v2020::FastCDC::new(data, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
         .map(|c| ChunkRef {
@@ -96,17 +103,17 @@ pub fn chunk_bytes(data: &[u8]) -> Recipe {
 
 /// One block of the file plus the first `MAX_CHUNK` bytes after it, so that
 /// every chunk starting in the block can be cut from the window alone.
-struct Window {
+struct Window<'a> {
     index: usize,
     /// File offset of `data[0]`.
     offset: u64,
-    data: Vec<u8>,
+    data: &'a [u8],
     block_len: usize,
     /// The file ends inside this window.
     last: bool,
 }
 
-impl Window {
+impl Window<'_> {
     /// Chunks may start below this position.
     fn limit(&self) -> usize {
         if self.last {
@@ -120,7 +127,7 @@ impl Window {
     /// length) for every chunk starting below `limit`.
     fn independent_cuts(&self) -> Vec<(usize, usize)> {
         let limit = self.limit();
-        fastcdc::v2020::FastCDC::new(&self.data, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
+        fastcdc::v2020::FastCDC::new(self.data, MIN_CHUNK, AVG_CHUNK, MAX_CHUNK)
             .take_while(|c| c.offset < limit)
             .map(|c| (c.offset, c.length))
             .collect()
@@ -153,117 +160,220 @@ impl Window {
     }
 }
 
-/// Reads `src` to its end and returns its recipe. Windows of the file are
-/// chunked and hashed on `threads` threads at once (each block is cut
-/// independently, then stitched to the previous block's last cut, which
-/// gives exactly the one-pass cut points) while one more thread hashes the
-/// whole file. The whole-file hash is the lighter half of the work, so the
-/// chunk threads share its core once it is done with a window rather than
-/// leave that core idle.
-pub fn chunk_reader(mut src: impl Read, threads: usize) -> std::io::Result<Recipe> {
-    let workers = threads.max(1);
-    std::thread::scope(|s| {
-        let (whole_tx, whole_rx) = mpsc::sync_channel::<Arc<Window>>(workers + 2);
-        let whole = s.spawn(move || {
-            let mut h = blake3::Hasher::new();
-            for w in whole_rx {
-                h.update(&w.data[..w.block_len]);
+/// What one window contributes to the whole-file digest.
+enum Subtree {
+    /// The window is the whole file: its digest.
+    Whole(Digest),
+    /// The chaining value of the window's block as a subtree of the file's
+    /// BLAKE3 tree.
+    Part(ChainingValue),
+}
+
+/// Hashes a window's block as its part of the whole file's BLAKE3 tree.
+/// Every block but the last is `BLOCK` bytes, a power of two at an offset
+/// that is a multiple of it, so each is one complete subtree of the file's
+/// tree and the digest can be put together from the blocks' chaining values
+/// ([`whole_digest`]) instead of a second pass over the file.
+fn subtree(w: &Window) -> Subtree {
+    let block = &w.data[..w.block_len];
+    if w.index == 0 && w.last {
+        return Subtree::Whole(Digest::from(blake3::hash(block)));
+    }
+    let mut h = blake3::Hasher::new();
+    h.set_input_offset(w.offset);
+    h.update(block);
+    Subtree::Part(h.finalize_non_root())
+}
+
+/// The whole-file digest from the chaining values of its blocks, in order
+/// (at least two), merged the way BLAKE3 splits its input: the left subtree
+/// holds the largest power of two of blocks that leaves the right one not
+/// empty.
+fn whole_digest(parts: &[ChainingValue]) -> Digest {
+    fn split(n: usize) -> usize {
+        1 << (usize::BITS - 1 - (n - 1).leading_zeros())
+    }
+    fn merge(parts: &[ChainingValue]) -> ChainingValue {
+        if let [one] = parts {
+            return *one;
+        }
+        let (left, right) = parts.split_at(split(parts.len()));
+        merge_subtrees_non_root(&merge(left), &merge(right), Mode::Hash)
+    }
+    let (left, right) = parts.split_at(split(parts.len()));
+    Digest::from(merge_subtrees_root(&merge(left), &merge(right), Mode::Hash))
+}
+
+/// Bytes that can be read at any offset from several threads at once: a
+/// file (positional reads) or bytes in memory.
+pub trait ReadAt: Sync {
+    /// Reads up to `buf.len()` bytes at `offset`; 0 at or past the end.
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize>;
+}
+
+#[cfg(unix)]
+impl ReadAt for std::fs::File {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        std::os::unix::fs::FileExt::read_at(self, buf, offset)
+    }
+}
+
+impl ReadAt for [u8] {
+    fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+        let start = usize::try_from(offset).map_or(self.len(), |o| o.min(self.len()));
+        let n = buf.len().min(self.len() - start);
+        buf[..n].copy_from_slice(&self[start..start + n]);
+        Ok(n)
+    }
+}
+
+/// Fills `buf` from `offset` on, short only at the end of `src`.
+fn read_full(src: &(impl ReadAt + ?Sized), buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+    let mut got = 0;
+    while got < buf.len() {
+        match src.read_at(&mut buf[got..], offset + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// What a thread made of one block: its chunks and its part of the
+/// whole-file digest.
+struct Part {
+    index: usize,
+    last: bool,
+    chunks: Vec<ChunkRef>,
+    subtree: Subtree,
+}
+
+/// Reads `src` to its end and returns its recipe. `threads` threads each
+/// take the next block of the file, read it (with the `MAX_CHUNK` bytes
+/// after it) at its offset, cut it independently, hash it as a subtree of
+/// the whole file's BLAKE3 tree, stitch its cuts to the previous block's
+/// last chunk (which gives exactly the one-pass cut points) and hash its
+/// chunks. All the work on a block happens on one thread while the block is
+/// in that core's cache, and nothing waits on a single reading thread.
+pub fn chunk_at(src: &(impl ReadAt + ?Sized), threads: usize) -> std::io::Result<Recipe> {
+    let next = AtomicUsize::new(0);
+    // The first block index past the end of the file, once known.
+    let end = AtomicUsize::new(usize::MAX);
+    // (next block allowed to stitch, where the previous chunk ended, a
+    // thread failed and the rest should stop)
+    let seam = (Mutex::new((0usize, 0u64, false)), Condvar::new());
+    let fail = |seam: &(Mutex<(usize, u64, bool)>, Condvar)| {
+        seam.0.lock().expect("seam").2 = true;
+        seam.1.notify_all();
+    };
+    let work = || -> std::io::Result<Vec<Part>> {
+        let mut parts = Vec::new();
+        let mut buf = vec![0u8; BLOCK + MAX_CHUNK];
+        loop {
+            let index = next.fetch_add(1, Ordering::Relaxed);
+            if index >= end.load(Ordering::Relaxed) {
+                return Ok(parts);
             }
-            Digest::from(h.finalize())
-        });
-        let (work_tx, work_rx) = mpsc::sync_channel::<Arc<Window>>(workers);
-        let work_rx = Arc::new(Mutex::new(work_rx));
-        // (next window allowed to stitch, where the previous chunk ended)
-        let seam = Arc::new((Mutex::new((0usize, 0u64)), std::sync::Condvar::new()));
-        let (done_tx, done_rx) = mpsc::channel::<(usize, Vec<ChunkRef>)>();
-        for _ in 0..workers {
-            let (work_rx, done_tx, seam) = (work_rx.clone(), done_tx.clone(), seam.clone());
-            s.spawn(move || loop {
-                let next = work_rx.lock().expect("chunk work queue").recv();
-                let Ok(w) = next else { return };
-                let independent = w.independent_cuts();
-                let cuts = {
-                    let (lock, ready) = &*seam;
-                    let mut state = lock.lock().expect("seam");
-                    while state.0 != w.index {
-                        state = ready.wait(state).expect("seam");
-                    }
-                    let start = (state.1 - w.offset) as usize;
-                    let cuts = w.true_cuts(start, independent);
-                    let end = cuts
-                        .last()
-                        .map_or(state.1, |&(s, l)| w.offset + (s + l) as u64);
-                    *state = (w.index + 1, end);
-                    ready.notify_all();
-                    cuts
-                };
-                let refs = cuts
-                    .iter()
-                    .map(|&(start, len)| ChunkRef {
-                        digest: Digest::from(blake3::hash(&w.data[start..start + len])),
-                        len: len as u32,
-                    })
-                    .collect();
-                if done_tx.send((w.index, refs)).is_err() {
-                    return;
+            let offset = index as u64 * BLOCK as u64;
+            let n = match read_full(src, &mut buf, offset) {
+                Ok(n) => n,
+                Err(e) => {
+                    fail(&seam);
+                    return Err(e);
                 }
+            };
+            if n == 0 && index > 0 {
+                end.fetch_min(index, Ordering::Relaxed);
+                return Ok(parts);
+            }
+            let last = n <= BLOCK;
+            if last {
+                end.fetch_min(index + 1, Ordering::Relaxed);
+            }
+            let w = Window {
+                index,
+                offset,
+                data: &buf[..n],
+                block_len: n.min(BLOCK),
+                last,
+            };
+            let independent = w.independent_cuts();
+            let subtree = subtree(&w);
+            let cuts = {
+                let (lock, ready) = &seam;
+                let mut state = lock.lock().expect("seam");
+                while state.0 != index && !state.2 {
+                    state = ready.wait(state).expect("seam");
+                }
+                if state.2 {
+                    return Ok(parts);
+                }
+                let start = (state.1 - offset) as usize;
+                let cuts = w.true_cuts(start, independent);
+                let end = cuts
+                    .last()
+                    .map_or(state.1, |&(s, l)| offset + (s + l) as u64);
+                *state = (index + 1, end, false);
+                ready.notify_all();
+                cuts
+            };
+            let chunks = cuts
+                .iter()
+                .map(|&(start, len)| ChunkRef {
+                    digest: Digest::from(blake3::hash(&w.data[start..start + len])),
+                    len: len as u32,
+                })
+                .collect();
+            parts.push(Part {
+                index,
+                last,
+                chunks,
+                subtree,
             });
         }
-        drop(done_tx);
-
-        let read_block = |src: &mut dyn Read| -> std::io::Result<Vec<u8>> {
-            let mut block = Vec::with_capacity(BLOCK + MAX_CHUNK);
-            src.take(BLOCK as u64).read_to_end(&mut block)?;
-            Ok(block)
-        };
-        let mut size = 0u64;
-        let read_result = (|| -> std::io::Result<()> {
-            let mut current = read_block(&mut src)?;
-            let mut index = 0;
-            loop {
-                let next = if current.len() < BLOCK {
-                    Vec::new()
-                } else {
-                    read_block(&mut src)?
-                };
-                let block_len = current.len();
-                let last = next.is_empty();
-                current.extend_from_slice(&next[..next.len().min(MAX_CHUNK)]);
-                let w = Arc::new(Window {
-                    index,
-                    offset: size,
-                    data: current,
-                    block_len,
-                    last,
-                });
-                size += block_len as u64;
-                index += 1;
-                let _ = whole_tx.send(w.clone());
-                let _ = work_tx.send(w);
-                if last {
-                    return Ok(());
-                }
-                current = next;
-            }
-        })();
-        drop(whole_tx);
-        drop(work_tx);
-        let mut parts: Vec<(usize, Vec<ChunkRef>)> = done_rx.into_iter().collect();
-        parts.sort_by_key(|p| p.0);
-        let digest = whole.join().expect("whole-file hasher");
-        read_result?;
-        Ok(Recipe {
-            digest,
-            size,
-            chunks: parts.into_iter().flat_map(|p| p.1).collect(),
-        })
+    };
+    let mut parts = Vec::new();
+    std::thread::scope(|s| -> std::io::Result<()> {
+        let handles: Vec<_> = (0..threads.max(1)).map(|_| s.spawn(work)).collect();
+        for h in handles {
+            parts.extend(h.join().expect("chunk thread")?);
+        }
+        Ok(())
+    })?;
+    parts.sort_by_key(|p| p.index);
+    // A file that shrank while it was read can leave blocks past the one
+    // that saw the end; the recipe ends there (and will not match what the
+    // coordinator assembles, so it is refused there, not trusted).
+    if let Some(last) = parts.iter().position(|p| p.last) {
+        parts.truncate(last + 1);
+    }
+    let mut size = 0u64;
+    let mut chunks = Vec::new();
+    let mut cvs = Vec::with_capacity(parts.len());
+    let mut whole = None;
+    for (i, part) in parts.into_iter().enumerate() {
+        debug_assert_eq!(i, part.index, "blocks are contiguous");
+        size += part.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>();
+        chunks.extend(part.chunks);
+        match part.subtree {
+            Subtree::Whole(d) => whole = Some(d),
+            Subtree::Part(cv) => cvs.push(cv),
+        }
+    }
+    let digest = whole.unwrap_or_else(|| whole_digest(&cvs));
+    Ok(Recipe {
+        digest,
+        size,
+        chunks,
     })
 }
 
 /// The recipe of the file at `path`, hashed on every available core.
 pub fn chunk_file(path: &Path) -> std::io::Result<Recipe> {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get().max(2));
-    chunk_reader(std::fs::File::open(path)?, threads)
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    chunk_at(&std::fs::File::open(path)?, threads)
 }
 
 /// What kind of compression a file starts with, if any: compressed scene
@@ -307,7 +417,7 @@ mod tests {
             assert_eq!(expected.digest, Digest::of(&data));
             expected.check().unwrap();
             for threads in [1, 2, 5] {
-                let got = chunk_reader(&data[..], threads).unwrap();
+                let got = chunk_at(&data[..], threads).unwrap();
                 assert_eq!(got, expected, "{threads} threads, {len} bytes");
             }
             let mean = data.len() / expected.chunks.len();
@@ -315,6 +425,50 @@ mod tests {
                 (AVG_CHUNK / 2..AVG_CHUNK * 2).contains(&mean),
                 "mean chunk {mean}"
             );
+        }
+    }
+
+    #[test]
+    fn the_whole_file_digest_put_together_from_blocks_is_blake3_of_the_file() {
+        // Block counts whose BLAKE3 trees are shaped differently: one block,
+        // powers of two, one more than a power of two, a short last block.
+        let data = noise(9 * BLOCK + 1, 77);
+        for len in [
+            1,
+            BLOCK - 1,
+            BLOCK,
+            BLOCK + 1,
+            3 * BLOCK,
+            4 * BLOCK,
+            4 * BLOCK + 1024,
+            5 * BLOCK + 1,
+            7 * BLOCK + 999,
+            8 * BLOCK,
+            9 * BLOCK + 1,
+        ] {
+            let got = chunk_at(&data[..len], 2).unwrap();
+            assert_eq!(got.digest, Digest::of(&data[..len]), "{len} bytes");
+            assert_eq!(got.size, len as u64);
+            got.check().unwrap();
+        }
+    }
+
+    #[test]
+    fn a_read_error_part_way_is_returned_and_no_thread_is_left_waiting() {
+        /// Fails every read that reaches into its third block.
+        struct Failing(Vec<u8>);
+        impl ReadAt for Failing {
+            fn read_at(&self, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
+                if offset + buf.len() as u64 > 2 * BLOCK as u64 + 1 {
+                    return Err(std::io::Error::other("disk went away"));
+                }
+                self.0[..].read_at(buf, offset)
+            }
+        }
+        let src = Failing(noise(6 * BLOCK, 5));
+        for threads in [1, 2, 4] {
+            let err = chunk_at(&src, threads).unwrap_err();
+            assert_eq!(err.to_string(), "disk went away");
         }
     }
 
@@ -345,9 +499,9 @@ mod tests {
 
     #[test]
     fn empty_and_tiny_inputs() {
-        let r = chunk_reader(&b""[..], 2).unwrap();
+        let r = chunk_at(&b""[..], 2).unwrap();
         assert_eq!((r.size, r.chunks.len()), (0, 0));
-        let r = chunk_reader(&b"abc"[..], 2).unwrap();
+        let r = chunk_at(&b"abc"[..], 2).unwrap();
         assert_eq!(r.chunks.len(), 1);
         assert_eq!(r.chunks[0].digest, Digest::of(b"abc"));
     }
