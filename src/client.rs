@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
-use tessera_protocol::chunk::{self, Recipe, CHUNK_THRESHOLD};
+use tessera_protocol::chunk::{self, ChunkList, CHUNK_THRESHOLD};
 use tessera_protocol::job::{
     parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid, SAMPLE_RANGES_AUTO,
 };
@@ -386,7 +386,8 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
             eprintln!("note: {note}");
         }
     }
-    send_missing(client, &hashed, opts.progress).await?;
+    let mut hashed = hashed;
+    send_missing(client, &mut hashed, opts.progress).await?;
     let manifest: Vec<ManifestEntry> = hashed.into_iter().map(|h| h.entry).collect();
     let name = opts.name.clone().unwrap_or_else(|| {
         opts.scene
@@ -415,10 +416,12 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
 
 /// A scene file, hashed.
 struct Hashed {
+    /// For a large file, `digest` is only known once the coordinator has
+    /// joined its chunks (`send_missing` fills it in).
     entry: ManifestEntry,
     on_disk: PathBuf,
     /// Its chunks, for a file of at least `CHUNK_THRESHOLD` bytes.
-    recipe: Option<Recipe>,
+    list: Option<ChunkList>,
     /// Something the user should know (a compressed file defeats chunking).
     note: Option<String>,
 }
@@ -443,17 +446,17 @@ fn hash_file(path: String, on_disk: PathBuf, origin: Option<String>) -> anyhow::
     let cannot = || format!("cannot read {}", on_disk.display());
     let mut file = std::fs::File::open(&on_disk).with_context(cannot)?;
     let len = file.metadata().with_context(cannot)?.len();
-    let (digest, size, recipe, note) = if len >= CHUNK_THRESHOLD {
+    let (digest, size, list, note) = if len >= CHUNK_THRESHOLD {
         let mut head = [0u8; 8];
         file.read_exact(&mut head).with_context(cannot)?;
-        let recipe = chunk::chunk_file(&on_disk).with_context(cannot)?;
+        let list = chunk::list_file(&on_disk).with_context(cannot)?;
         let note = chunk::compression(&head).map(|kind| {
             format!(
                 "`{path}` is {kind}-compressed ({}): chunk-level dedupe cannot find its unchanged parts, so every edit uploads all of it; save it uncompressed (Blender: File > Save As, untick Compress) to upload only what changed",
-                human_bytes(recipe.size)
+                human_bytes(list.size)
             )
         });
-        (recipe.digest, recipe.size, Some(recipe), note)
+        (list.id(), list.size, Some(list), note)
     } else {
         let (digest, size) =
             Digest::of_reader(std::io::BufReader::new(file)).with_context(cannot)?;
@@ -467,7 +470,7 @@ fn hash_file(path: String, on_disk: PathBuf, origin: Option<String>) -> anyhow::
             origin,
         },
         on_disk,
-        recipe,
+        list,
         note,
     })
 }
@@ -506,35 +509,77 @@ async fn missing(client: &mut Client, digests: Vec<Digest>) -> anyhow::Result<Ha
     Ok(out)
 }
 
+/// Asks which files the coordinator joined from these chunk lists before.
+async fn known_lists(client: &mut Client, ids: &[Digest]) -> anyhow::Result<Vec<Option<Digest>>> {
+    let mut out = Vec::with_capacity(ids.len());
+    for batch in ids.chunks(100_000) {
+        match client
+            .call(&ClientRequest::KnownLists(batch.to_vec()))
+            .await?
+        {
+            ClientResponse::Known(files) if files.len() == batch.len() => out.extend(files),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+    Ok(out)
+}
+
 /// Uploads what the coordinator lacks: small files whole, large files as
 /// the chunks it does not hold yet (so an interrupted upload resumes where
-/// it stopped), then has it join each large file from its chunks.
-async fn send_missing(client: &mut Client, files: &[Hashed], progress: bool) -> anyhow::Result<()> {
+/// it stopped), then has it join each large file from its chunks. A large
+/// file goes by its chunk list, and the coordinator names it: with the
+/// digest of a file it joined from the same list before, or with the digest
+/// it computes as it joins the chunks; this fills in `entry.digest`.
+async fn send_missing(
+    client: &mut Client,
+    files: &mut [Hashed],
+    progress: bool,
+) -> anyhow::Result<()> {
+    let large: Vec<(usize, Digest)> = files
+        .iter()
+        .enumerate()
+        .filter_map(|(i, h)| h.list.as_ref().map(|l| (i, l.id())))
+        .collect();
+    let ids: Vec<Digest> = large.iter().map(|&(_, id)| id).collect();
+    let known = known_lists(client, &ids).await?;
+    // Large files to join, one per distinct chunk list.
+    let mut to_join: Vec<usize> = Vec::new();
+    let mut listed = HashSet::new();
+    for (&(i, id), file) in large.iter().zip(known) {
+        match file {
+            Some(digest) => files[i].entry.digest = digest,
+            None if listed.insert(id) => to_join.push(i),
+            None => {}
+        }
+    }
     let mut seen = HashSet::new();
-    let files: Vec<&Hashed> = files
-        .iter()
-        .filter(|h| seen.insert(h.entry.digest))
+    let small: Vec<usize> = (0..files.len())
+        .filter(|&i| files[i].list.is_none() && seen.insert(files[i].entry.digest))
         .collect();
-    let lacking = missing(client, files.iter().map(|h| h.entry.digest).collect()).await?;
-    let files: Vec<&Hashed> = files
-        .into_iter()
-        .filter(|h| lacking.contains(&h.entry.digest))
-        .collect();
-    let chunk_digests: Vec<Digest> = files
+    let lacking = missing(
+        client,
+        small.iter().map(|&i| files[i].entry.digest).collect(),
+    )
+    .await?;
+    let chunk_digests: Vec<Digest> = to_join
         .iter()
-        .filter_map(|h| h.recipe.as_ref())
-        .flat_map(|r| r.chunks.iter().map(|c| c.digest))
+        .filter_map(|&i| files[i].list.as_ref())
+        .flat_map(|l| l.chunks.iter().map(|c| c.digest))
         .collect::<HashSet<_>>()
         .into_iter()
         .collect();
     let mut lacking_chunks = missing(client, chunk_digests).await?;
     let mut uploads = Vec::new();
-    for h in &files {
-        let open = || {
+    let sending = small
+        .into_iter()
+        .filter(|i| lacking.contains(&files[*i].entry.digest))
+        .chain(to_join.iter().copied());
+    for i in sending {
+        let h = &files[i];
+        let file = Arc::new(
             std::fs::File::open(&h.on_disk)
-                .with_context(|| format!("cannot read {}", h.on_disk.display()))
-        };
-        let file = Arc::new(open()?);
+                .with_context(|| format!("cannot read {}", h.on_disk.display()))?,
+        );
         let upload = |digest, len, offset| Upload {
             digest,
             len,
@@ -542,10 +587,10 @@ async fn send_missing(client: &mut Client, files: &[Hashed], progress: bool) -> 
             offset,
             path: h.on_disk.clone(),
         };
-        match &h.recipe {
+        match &h.list {
             None => uploads.push(upload(h.entry.digest, h.entry.size, 0)),
-            Some(recipe) => {
-                for (offset, c) in recipe.offsets() {
+            Some(list) => {
+                for (offset, c) in list.offsets() {
                     // A chunk that repeats inside the files goes up once.
                     if lacking_chunks.remove(&c.digest) {
                         uploads.push(upload(c.digest, u64::from(c.len), offset));
@@ -555,12 +600,22 @@ async fn send_missing(client: &mut Client, files: &[Hashed], progress: bool) -> 
         }
     }
     upload(&client.session.connection, uploads, progress).await?;
-    for h in &files {
-        if let Some(recipe) = &h.recipe {
-            client
-                .call(&ClientRequest::Assemble(recipe.clone()))
-                .await
-                .with_context(|| format!("storing `{}`", h.entry.path))?;
+    for i in to_join {
+        let list = files[i]
+            .list
+            .clone()
+            .expect("a large file has a chunk list");
+        let id = list.id();
+        let digest = match client
+            .call(&ClientRequest::Assemble(list))
+            .await
+            .with_context(|| format!("storing `{}`", files[i].entry.path))?
+        {
+            ClientResponse::Assembled(digest) => digest,
+            other => bail!("unexpected reply {other:?}"),
+        };
+        for &(j, _) in large.iter().filter(|(_, l)| *l == id) {
+            files[j].entry.digest = digest;
         }
     }
     Ok(())

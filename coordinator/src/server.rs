@@ -1417,10 +1417,19 @@ async fn serve_client(
                     .filter(|d| !farm.store.touch(d))
                     .collect(),
             ),
-            ClientRequest::Assemble(recipe) => {
+            ClientRequest::KnownLists(lists) => {
                 let store = farm.store.clone();
-                match tokio::task::spawn_blocking(move || store.assemble(&recipe)).await? {
-                    Ok(()) => ClientResponse::Done,
+                ClientResponse::Known(
+                    tokio::task::spawn_blocking(move || {
+                        lists.iter().map(|l| store.file_of_list(l)).collect()
+                    })
+                    .await?,
+                )
+            }
+            ClientRequest::Assemble(list) => {
+                let store = farm.store.clone();
+                match tokio::task::spawn_blocking(move || store.assemble_list(&list)).await? {
+                    Ok(file) => ClientResponse::Assembled(file),
                     Err(e) => ClientResponse::Error(e.to_string()),
                 }
             }

@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use crate::chunk::Recipe;
+use crate::chunk::{ChunkList, Recipe};
 use crate::codec::CodecError;
 use crate::messages::{BlobReply, BlobRequest};
 use crate::transport::Channel;
@@ -190,15 +190,94 @@ impl BlobDir {
         self.root.join("recipes").join(file.to_hex())
     }
 
+    fn list_path(&self, list: &Digest) -> PathBuf {
+        self.root.join("lists").join(list.to_hex())
+    }
+
     /// Remembers which chunks make up `recipe.digest` (so garbage collection
-    /// keeps a retained file's chunks for the next edit of it).
+    /// keeps a retained file's chunks for the next edit of it), and which
+    /// file its chunk list makes (so a client naming the list learns it).
     fn keep_recipe(&self, recipe: &Recipe) -> std::io::Result<()> {
         let path = self.recipe_path(&recipe.digest);
         std::fs::create_dir_all(path.parent().expect("recipes folder"))?;
         let bytes = crate::codec::encode(recipe).map_err(std::io::Error::other)?;
         let temp = self.temp_path(&recipe.digest);
         std::fs::write(&temp, bytes)?;
-        std::fs::rename(temp, path)
+        std::fs::rename(temp, path)?;
+        let list = self.list_path(&recipe.list_id());
+        std::fs::create_dir_all(list.parent().expect("lists folder"))?;
+        let temp = self.temp_path(&recipe.digest);
+        std::fs::write(&temp, recipe.digest.to_hex())?;
+        std::fs::rename(temp, list)
+    }
+
+    /// The file that the chunk list `list` (a [`ChunkList::id`]) was joined
+    /// into here, if it is still stored; marks it as just written, like
+    /// [`BlobDir::touch`].
+    pub fn file_of_list(&self, list: &Digest) -> Option<Digest> {
+        let hex = std::fs::read_to_string(self.list_path(list)).ok()?;
+        let file: Digest = hex.trim().parse().ok()?;
+        self.touch(&file).then_some(file)
+    }
+
+    /// Stores the file a client's chunk list describes by joining its
+    /// chunks (all in this store already) and returns the file's digest,
+    /// computed here while joining. A list joined before is not joined
+    /// again. Blocking: call it off the runtime.
+    pub fn assemble_list(&self, list: &ChunkList) -> Result<Digest, BlobError> {
+        use std::io::Write;
+        let id = list.id();
+        list.check()
+            .map_err(|reason| BlobError::Recipe { file: id, reason })?;
+        if list.size > MAX_BLOB {
+            return Err(BlobError::TooLarge {
+                digest: id,
+                len: list.size,
+            });
+        }
+        if let Some(file) = self.file_of_list(&id) {
+            return Ok(file);
+        }
+        if let Some(c) = list
+            .chunks
+            .iter()
+            .find(|c| self.size(&c.digest) != Some(u64::from(c.len)))
+        {
+            return Err(BlobError::Recipe {
+                file: id,
+                reason: format!("chunk {} is not stored; upload it first", c.digest),
+            });
+        }
+        let temp = self.temp_path(&id);
+        let joined = (|| -> Result<Digest, BlobError> {
+            let mut out = std::io::BufWriter::with_capacity(BLOCK, std::fs::File::create(&temp)?);
+            let mut hasher = blake3::Hasher::new();
+            for c in &list.chunks {
+                let bytes = self.read(&c.digest)?;
+                hasher.update(&bytes);
+                out.write_all(&bytes)?;
+            }
+            out.flush()?;
+            Ok(Digest::from(hasher.finalize()))
+        })();
+        let file = match joined {
+            Ok(file) => file,
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        };
+        if self.contains(&file) {
+            std::fs::remove_file(&temp)?;
+        } else {
+            self.commit(&temp, &file)?;
+        }
+        self.keep_recipe(&Recipe {
+            digest: file,
+            size: list.size,
+            chunks: list.chunks.clone(),
+        })?;
+        Ok(file)
     }
 
     /// The chunks of a file stored by [`BlobDir::assemble`], if it was.
@@ -229,6 +308,9 @@ impl BlobDir {
     /// Removes a blob (and its recipe, if it has one). A reader that has it
     /// open keeps reading it.
     pub fn remove(&self, digest: &Digest) -> std::io::Result<()> {
+        if let Some(recipe) = self.recipe(digest) {
+            let _ = std::fs::remove_file(self.list_path(&recipe.list_id()));
+        }
         let _ = std::fs::remove_file(self.recipe_path(digest));
         match std::fs::remove_file(self.path(digest)) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
@@ -762,6 +844,44 @@ mod tests {
         dir.remove(&recipe.digest).unwrap();
         assert_eq!(dir.recipe(&recipe.digest), None);
         assert!(!dir.contains(&recipe.digest));
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    #[test]
+    fn a_chunk_list_is_joined_once_and_its_file_named_by_the_store() {
+        let dir = BlobDir::open(temp_dir("lists")).unwrap();
+        let data: Vec<u8> = (0..3_000_000u32).map(|i| (i ^ (i >> 7)) as u8).collect();
+        let list = crate::chunk::list_at(&data[..], 2).unwrap();
+        let id = list.id();
+        assert_eq!(dir.file_of_list(&id), None);
+        let err = dir.assemble_list(&list).unwrap_err();
+        assert!(err.to_string().contains("upload it first"), "{err}");
+        for (at, c) in list.offsets() {
+            let at = at as usize;
+            dir.put_bytes(&data[at..at + c.len as usize]).unwrap();
+        }
+        // A list that lies about its size is refused before any joining.
+        let mut lie = list.clone();
+        lie.size += 1;
+        assert!(dir
+            .assemble_list(&lie)
+            .unwrap_err()
+            .to_string()
+            .contains("add up to"));
+
+        let file = dir.assemble_list(&list).unwrap();
+        assert_eq!(file, Digest::of(&data), "the store hashed the joined file");
+        assert_eq!(dir.read(&file).unwrap(), data);
+        assert_eq!(dir.file_of_list(&id), Some(file));
+        let recipe = dir.recipe(&file).unwrap();
+        assert_eq!((recipe.size, &recipe.chunks), (list.size, &list.chunks));
+        // Joined once: a missing chunk no longer matters for the same list.
+        let first = list.chunks[0].digest;
+        dir.remove(&first).unwrap();
+        assert_eq!(dir.assemble_list(&list).unwrap(), file);
+        // Removing the file forgets the list too.
+        dir.remove(&file).unwrap();
+        assert_eq!(dir.file_of_list(&id), None);
         std::fs::remove_dir_all(dir.root()).unwrap();
     }
 

@@ -30,16 +30,85 @@ pub const CHUNK_THRESHOLD: u64 = 1 << 20;
 pub const MIN_CHUNK: usize = 12 * 1024;
 pub const AVG_CHUNK: usize = 16 * 1024;
 pub const MAX_CHUNK: usize = 64 * 1024;
-/// How much of the file is read at a time; blocks are chunked in parallel.
-/// A power of two (each block is a subtree of the file's BLAKE3 tree) small
-/// enough to stay in a core's cache while it is cut and hashed.
-const BLOCK: usize = 2048 * 1024;
+/// How much of the file one thread reads and works on at a time. A power of
+/// two, so that each block is a subtree of the file's BLAKE3 tree; 2 MiB
+/// stays in cache while it is cut and hashed, and the `MAX_CHUNK` bytes read
+/// past its end add 3 %.
+const BLOCK: usize = 2 << 20;
 
 /// One chunk of a file: its digest and length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ChunkRef {
     pub digest: Digest,
     pub len: u32,
+}
+
+/// A large file as its client sees it: the ordered list of its chunks. The
+/// client names the file by the list's [`ChunkList::id`] and leaves the
+/// whole-file digest to the coordinator, which hashes the file anyway when it
+/// joins the chunks (and so is the one to vouch for it). That spares every
+/// submit a second BLAKE3 pass over its large files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChunkList {
+    pub size: u64,
+    pub chunks: Vec<ChunkRef>,
+}
+
+impl ChunkList {
+    /// A digest of the list (sizes and chunk digests, in order): the same
+    /// list, the same file.
+    pub fn id(&self) -> Digest {
+        list_id(self.size, &self.chunks)
+    }
+
+    /// Byte offset of every chunk, in order.
+    pub fn offsets(&self) -> impl Iterator<Item = (u64, &ChunkRef)> {
+        offsets(&self.chunks)
+    }
+
+    /// See [`Recipe::check`].
+    pub fn check(&self) -> Result<(), String> {
+        check(self.size, &self.chunks, &self.id())
+    }
+}
+
+fn list_id(size: u64, chunks: &[ChunkRef]) -> Digest {
+    let mut h = blake3::Hasher::new_derive_key("tessera 2026-11 chunk list");
+    h.update(&size.to_le_bytes());
+    for c in chunks {
+        h.update(&c.digest.0);
+        h.update(&c.len.to_le_bytes());
+    }
+    Digest::from(h.finalize())
+}
+
+fn offsets(chunks: &[ChunkRef]) -> impl Iterator<Item = (u64, &ChunkRef)> {
+    chunks.iter().scan(0u64, |at, c| {
+        let start = *at;
+        *at += u64::from(c.len);
+        Some((start, c))
+    })
+}
+
+/// The chunk lengths add up to `size` and respect the chunker's bounds (so a
+/// list cannot name a huge "chunk"). `name` names the file in the error.
+fn check(size: u64, chunks: &[ChunkRef], name: &Digest) -> Result<(), String> {
+    if let Some(c) = chunks
+        .iter()
+        .find(|c| c.len == 0 || c.len as usize > MAX_CHUNK)
+    {
+        return Err(format!(
+            "chunk {} of {name} has length {}, outside 1..={MAX_CHUNK}",
+            c.digest, c.len
+        ));
+    }
+    let total: u64 = chunks.iter().map(|c| u64::from(c.len)).sum();
+    if total != size {
+        return Err(format!(
+            "the chunks of {name} add up to {total} bytes, not its size {size}"
+        ));
+    }
+    Ok(())
 }
 
 /// A file as the ordered list of its chunks.
@@ -54,34 +123,18 @@ pub struct Recipe {
 impl Recipe {
     /// Byte offset of every chunk, in order.
     pub fn offsets(&self) -> impl Iterator<Item = (u64, &ChunkRef)> {
-        self.chunks.iter().scan(0u64, |at, c| {
-            let start = *at;
-            *at += u64::from(c.len);
-            Some((start, c))
-        })
+        offsets(&self.chunks)
     }
 
     /// Checks that the chunk lengths add up to the file size and respect the
     /// chunker's bounds (so a recipe cannot name a huge "chunk").
     pub fn check(&self) -> Result<(), String> {
-        if let Some(c) = self
-            .chunks
-            .iter()
-            .find(|c| c.len == 0 || c.len as usize > MAX_CHUNK)
-        {
-            return Err(format!(
-                "chunk {} of {} has length {}, outside 1..={MAX_CHUNK}",
-                c.digest, self.digest, c.len
-            ));
-        }
-        let total: u64 = self.chunks.iter().map(|c| u64::from(c.len)).sum();
-        if total != self.size {
-            return Err(format!(
-                "the chunks of {} add up to {total} bytes, not its size {}",
-                self.digest, self.size
-            ));
-        }
-        Ok(())
+        check(self.size, &self.chunks, &self.digest)
+    }
+
+    /// The [`ChunkList::id`] of this file's chunks.
+    pub fn list_id(&self) -> Digest {
+        list_id(self.size, &self.chunks)
     }
 }
 
@@ -247,7 +300,7 @@ struct Part {
     index: usize,
     last: bool,
     chunks: Vec<ChunkRef>,
-    subtree: Subtree,
+    subtree: Option<Subtree>,
 }
 
 /// Reads `src` to its end and returns its recipe. `threads` threads each
@@ -258,6 +311,26 @@ struct Part {
 /// chunks. All the work on a block happens on one thread while the block is
 /// in that core's cache, and nothing waits on a single reading thread.
 pub fn chunk_at(src: &(impl ReadAt + ?Sized), threads: usize) -> std::io::Result<Recipe> {
+    let (size, chunks, digest) = cut_and_hash(src, threads, true)?;
+    Ok(Recipe {
+        digest: digest.expect("asked for the whole-file digest"),
+        size,
+        chunks,
+    })
+}
+
+/// [`chunk_at`] without the whole-file digest: what a client sends.
+pub fn list_at(src: &(impl ReadAt + ?Sized), threads: usize) -> std::io::Result<ChunkList> {
+    let (size, chunks, _) = cut_and_hash(src, threads, false)?;
+    Ok(ChunkList { size, chunks })
+}
+
+/// Size, chunks and (when `whole`) the whole-file digest of `src`.
+fn cut_and_hash(
+    src: &(impl ReadAt + ?Sized),
+    threads: usize,
+    whole: bool,
+) -> std::io::Result<(u64, Vec<ChunkRef>, Option<Digest>)> {
     let next = AtomicUsize::new(0);
     // The first block index past the end of the file, once known.
     let end = AtomicUsize::new(usize::MAX);
@@ -300,7 +373,7 @@ pub fn chunk_at(src: &(impl ReadAt + ?Sized), threads: usize) -> std::io::Result
                 last,
             };
             let independent = w.independent_cuts();
-            let subtree = subtree(&w);
+            let subtree = whole.then(|| subtree(&w));
             let cuts = {
                 let (lock, ready) = &seam;
                 let mut state = lock.lock().expect("seam");
@@ -352,28 +425,36 @@ pub fn chunk_at(src: &(impl ReadAt + ?Sized), threads: usize) -> std::io::Result
     let mut size = 0u64;
     let mut chunks = Vec::new();
     let mut cvs = Vec::with_capacity(parts.len());
-    let mut whole = None;
+    let mut digest = None;
     for (i, part) in parts.into_iter().enumerate() {
         debug_assert_eq!(i, part.index, "blocks are contiguous");
         size += part.chunks.iter().map(|c| u64::from(c.len)).sum::<u64>();
         chunks.extend(part.chunks);
         match part.subtree {
-            Subtree::Whole(d) => whole = Some(d),
-            Subtree::Part(cv) => cvs.push(cv),
+            Some(Subtree::Whole(d)) => digest = Some(d),
+            Some(Subtree::Part(cv)) => cvs.push(cv),
+            None => {}
         }
     }
-    let digest = whole.unwrap_or_else(|| whole_digest(&cvs));
-    Ok(Recipe {
-        digest,
-        size,
-        chunks,
-    })
+    if whole && digest.is_none() {
+        digest = Some(whole_digest(&cvs));
+    }
+    Ok((size, chunks, digest))
 }
 
 /// The recipe of the file at `path`, hashed on every available core.
 pub fn chunk_file(path: &Path) -> std::io::Result<Recipe> {
-    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
-    chunk_at(&std::fs::File::open(path)?, threads)
+    chunk_at(&std::fs::File::open(path)?, cores())
+}
+
+/// The chunk list of the file at `path` (no whole-file digest), on every
+/// available core: what `submit` computes for a large file.
+pub fn list_file(path: &Path) -> std::io::Result<ChunkList> {
+    list_at(&std::fs::File::open(path)?, cores())
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
 }
 
 /// What kind of compression a file starts with, if any: compressed scene
@@ -470,6 +551,23 @@ mod tests {
             let err = chunk_at(&src, threads).unwrap_err();
             assert_eq!(err.to_string(), "disk went away");
         }
+    }
+
+    #[test]
+    fn a_chunk_list_is_the_recipe_without_the_whole_file_digest() {
+        let data = noise(5 * BLOCK + 4321, 8);
+        let recipe = chunk_at(&data[..], 2).unwrap();
+        let list = list_at(&data[..], 2).unwrap();
+        assert_eq!((list.size, &list.chunks), (recipe.size, &recipe.chunks));
+        assert_eq!(list.id(), recipe.list_id());
+        list.check().unwrap();
+        // One chunk changed, or the same chunks in another order: another id.
+        let mut other = list.clone();
+        other.chunks.swap(0, 1);
+        assert_ne!(other.id(), list.id());
+        let mut edited = data.clone();
+        edited[BLOCK] ^= 1;
+        assert_ne!(list_at(&edited[..], 2).unwrap().id(), list.id());
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::chunk::Recipe;
+use crate::chunk::{ChunkList, Recipe};
 use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
 use crate::telemetry::Telemetry;
 use crate::Digest;
@@ -16,7 +16,7 @@ use crate::Digest;
 pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -334,10 +334,13 @@ pub struct FrameOutput {
 pub enum ClientRequest {
     /// Which of these blobs (whole files or chunks) does the coordinator lack?
     MissingBlobs(Vec<Digest>),
-    /// Store the file `Recipe::digest` by joining its chunks, all of them
-    /// uploaded before; the coordinator verifies the whole-file digest.
-    /// Answered by `Done`.
-    Assemble(Recipe),
+    /// Which files did these chunk lists (`ChunkList::id`) make here? A
+    /// client names a large file by its chunk list. Answered by `Known`.
+    KnownLists(Vec<Digest>),
+    /// Store a large file by joining its chunks, all of them uploaded
+    /// before; the coordinator hashes the joined file. Answered by
+    /// `Assembled` with its digest.
+    Assemble(ChunkList),
     Submit(JobSpec),
     /// One job, or every job when `None`.
     Status(Option<u64>),
@@ -369,6 +372,10 @@ pub enum ClientRequest {
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ClientResponse {
     Missing(Vec<Digest>),
+    /// The file each asked chunk list made, in order, if any.
+    Known(Vec<Option<Digest>>),
+    /// The digest of the file an `Assemble` stored.
+    Assembled(Digest),
     Submitted(JobStatus),
     Status {
         jobs: Vec<JobStatus>,
