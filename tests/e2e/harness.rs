@@ -290,6 +290,12 @@ impl Farm {
         self.log_events("result accepted")
     }
 
+    /// Results a worker held across a coordinator restart and was told the
+    /// task was already done (its acknowledgement died with the old run).
+    pub fn refused_as_already_done(&self) -> Vec<(u64, u32)> {
+        self.log_events("is already done; this duplicate result was dropped")
+    }
+
     fn log_events(&self, event: &str) -> Vec<(u64, u32)> {
         let mut out = Vec::new();
         for w in &self.workers {
