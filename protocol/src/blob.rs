@@ -130,55 +130,66 @@ impl BlobDir {
 
     /// [`BlobDir::assemble`] with the chunks in another store.
     pub fn assemble_from(&self, recipe: &Recipe, chunks: &BlobDir) -> Result<(), BlobError> {
-        use std::io::Write;
         let file = recipe.digest;
         recipe
             .check()
             .map_err(|reason| BlobError::Recipe { file, reason })?;
-        if recipe.size > MAX_BLOB {
-            return Err(BlobError::TooLarge {
-                digest: file,
-                len: recipe.size,
-            });
-        }
         if self.contains(&file) {
             return Ok(());
         }
-        if let Some(c) = recipe
-            .chunks
+        let (temp, actual) = self.join(file, recipe.size, &recipe.chunks, chunks)?;
+        if actual != file {
+            let _ = std::fs::remove_file(&temp);
+            return Err(BlobError::Mismatch {
+                expected: file,
+                actual,
+            });
+        }
+        self.commit(&temp, &file)?;
+        self.keep_recipe(recipe)?;
+        Ok(())
+    }
+
+    /// Joins checked `chunks` (all in the store `from`) into a temporary
+    /// file, hashing them as it writes; returns the file and its digest.
+    /// `name` names the file in errors. On an error nothing is left behind.
+    fn join(
+        &self,
+        name: Digest,
+        size: u64,
+        chunks: &[crate::chunk::ChunkRef],
+        from: &BlobDir,
+    ) -> Result<(PathBuf, Digest), BlobError> {
+        use std::io::Write;
+        if size > MAX_BLOB {
+            return Err(BlobError::TooLarge {
+                digest: name,
+                len: size,
+            });
+        }
+        if let Some(c) = chunks
             .iter()
-            .find(|c| chunks.size(&c.digest) != Some(u64::from(c.len)))
+            .find(|c| from.size(&c.digest) != Some(u64::from(c.len)))
         {
             return Err(BlobError::Recipe {
-                file,
+                file: name,
                 reason: format!("chunk {} is not stored; upload it first", c.digest),
             });
         }
-        let temp = self.temp_path(&file);
-        let result = (|| -> Result<(), BlobError> {
+        let temp = self.temp_path(&name);
+        let joined = (|| -> Result<Digest, BlobError> {
             let mut out = std::io::BufWriter::with_capacity(BLOCK, std::fs::File::create(&temp)?);
             let mut hasher = blake3::Hasher::new();
-            for c in &recipe.chunks {
-                let bytes = chunks.read(&c.digest)?;
+            for c in chunks {
+                let bytes = from.read(&c.digest)?;
                 hasher.update(&bytes);
                 out.write_all(&bytes)?;
             }
             out.flush()?;
-            let actual = Digest::from(hasher.finalize());
-            if actual != file {
-                return Err(BlobError::Mismatch {
-                    expected: file,
-                    actual,
-                });
-            }
-            Ok(())
+            Ok(Digest::from(hasher.finalize()))
         })();
-        match result {
-            Ok(()) => {
-                self.commit(&temp, &file)?;
-                self.keep_recipe(recipe)?;
-                Ok(())
-            }
+        match joined {
+            Ok(digest) => Ok((temp, digest)),
             Err(e) => {
                 let _ = std::fs::remove_file(&temp);
                 Err(e)
@@ -225,48 +236,13 @@ impl BlobDir {
     /// computed here while joining. A list joined before is not joined
     /// again. Blocking: call it off the runtime.
     pub fn assemble_list(&self, list: &ChunkList) -> Result<Digest, BlobError> {
-        use std::io::Write;
         let id = list.id();
         list.check()
             .map_err(|reason| BlobError::Recipe { file: id, reason })?;
-        if list.size > MAX_BLOB {
-            return Err(BlobError::TooLarge {
-                digest: id,
-                len: list.size,
-            });
-        }
         if let Some(file) = self.file_of_list(&id) {
             return Ok(file);
         }
-        if let Some(c) = list
-            .chunks
-            .iter()
-            .find(|c| self.size(&c.digest) != Some(u64::from(c.len)))
-        {
-            return Err(BlobError::Recipe {
-                file: id,
-                reason: format!("chunk {} is not stored; upload it first", c.digest),
-            });
-        }
-        let temp = self.temp_path(&id);
-        let joined = (|| -> Result<Digest, BlobError> {
-            let mut out = std::io::BufWriter::with_capacity(BLOCK, std::fs::File::create(&temp)?);
-            let mut hasher = blake3::Hasher::new();
-            for c in &list.chunks {
-                let bytes = self.read(&c.digest)?;
-                hasher.update(&bytes);
-                out.write_all(&bytes)?;
-            }
-            out.flush()?;
-            Ok(Digest::from(hasher.finalize()))
-        })();
-        let file = match joined {
-            Ok(file) => file,
-            Err(e) => {
-                let _ = std::fs::remove_file(&temp);
-                return Err(e);
-            }
-        };
+        let (temp, file) = self.join(id, list.size, &list.chunks, self)?;
         if self.contains(&file) {
             std::fs::remove_file(&temp)?;
         } else {
@@ -708,6 +684,15 @@ mod tests {
         std::fs::remove_dir_all(dir.root()).unwrap();
     }
 
+    /// A two-thread runtime, like the client's and the coordinator's.
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
     /// A real QUIC server on 127.0.0.1 answering blob streams against `dir`,
     /// and a client connection to it.
     async fn loopback(dir: BlobDir) -> crate::transport::Session {
@@ -735,11 +720,7 @@ mod tests {
 
     #[test]
     fn a_chunk_flipped_on_the_way_is_refused_and_sent_again() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let dir = BlobDir::open(temp_dir("retry")).unwrap();
         let chunk: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
         let digest = Digest::of(&chunk);
@@ -778,11 +759,7 @@ mod tests {
 
     #[test]
     fn a_blob_over_loopback_travels_in_datagrams_larger_than_ethernet_allows() {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let rt = runtime();
         let dir = BlobDir::open(temp_dir("mtu")).unwrap();
         let data: Vec<u8> = (0..32_000_000u32).map(|i| (i ^ (i >> 11)) as u8).collect();
         let digest = Digest::of(&data);
@@ -816,6 +793,18 @@ mod tests {
         std::fs::remove_dir_all(dir.root()).unwrap();
     }
 
+    /// Stores the chunks of `data` at `offsets`.
+    fn put_chunks<'a>(
+        dir: &BlobDir,
+        data: &[u8],
+        offsets: impl Iterator<Item = (u64, &'a crate::chunk::ChunkRef)>,
+    ) {
+        for (at, c) in offsets {
+            let at = at as usize;
+            dir.put_bytes(&data[at..at + c.len as usize]).unwrap();
+        }
+    }
+
     #[test]
     fn assemble_joins_stored_chunks_and_checks_the_whole_digest() {
         let dir = BlobDir::open(temp_dir("assemble")).unwrap();
@@ -825,10 +814,7 @@ mod tests {
         // Not all chunks stored yet: refused, says which.
         let err = dir.assemble(&recipe).unwrap_err();
         assert!(err.to_string().contains("upload it first"), "{err}");
-        for (at, c) in recipe.offsets() {
-            let at = at as usize;
-            dir.put_bytes(&data[at..at + c.len as usize]).unwrap();
-        }
+        put_chunks(&dir, &data, recipe.offsets());
         // A recipe naming the wrong whole-file digest stores nothing.
         let mut lie = recipe.clone();
         lie.digest = Digest::of(b"not it");
@@ -856,10 +842,7 @@ mod tests {
         assert_eq!(dir.file_of_list(&id), None);
         let err = dir.assemble_list(&list).unwrap_err();
         assert!(err.to_string().contains("upload it first"), "{err}");
-        for (at, c) in list.offsets() {
-            let at = at as usize;
-            dir.put_bytes(&data[at..at + c.len as usize]).unwrap();
-        }
+        put_chunks(&dir, &data, list.offsets());
         // A list that lies about its size is refused before any joining.
         let mut lie = list.clone();
         lie.size += 1;
