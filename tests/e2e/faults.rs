@@ -51,14 +51,7 @@ fn coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles() {
     );
 
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    farm.wait_done(id, &out);
     assert_frames_match_reference(&out, &scene, &[1, 2, 3, 4]);
 
     // Each task was acknowledged exactly once over both coordinator lives:
@@ -110,18 +103,7 @@ fn worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats() {
     }
     // Two long tiles for three workers: one stays idle, ready to take over.
     let scene = scenes().join("demo.scene.json");
-    let job = farm.json(&[
-        "submit",
-        scene.to_str().unwrap(),
-        "--frames",
-        "1",
-        "--tiles",
-        "2x1",
-        "--samples",
-        "256",
-        "--json",
-    ]);
-    let id = job["id"].as_u64().unwrap();
+    let id = farm.submit_demo_frame("2x1");
     farm.wait_for(id, "both tiles rendering", |s| s["tasks_running"] == 2);
     std::thread::sleep(Duration::from_millis(300));
     let status = farm.json(&["status", "--json"]);
@@ -144,14 +126,7 @@ fn worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats() {
     farm.kill_worker(victim);
 
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    let done = farm.wait_done(id, &out);
     assert_eq!(done["tasks_done"], 2);
     assert_frames_match_reference_samples(&out, &scene, &[1], 256);
     // The victim's lease expired (SIGKILL says no goodbye), and its task
@@ -184,19 +159,7 @@ fn victim_mid_render(name: &str, coordinator_args: &[&str]) -> (Farm, usize, u64
     let mut farm = Farm::start(name, coordinator_args);
     let victim = farm.add_worker("victim");
     farm.add_worker("survivor");
-    let scene = scenes().join("demo.scene.json");
-    let job = farm.json(&[
-        "submit",
-        scene.to_str().unwrap(),
-        "--frames",
-        "1",
-        "--tiles",
-        "4x4",
-        "--samples",
-        "256",
-        "--json",
-    ]);
-    let id = job["id"].as_u64().unwrap();
+    let id = farm.submit_demo_frame("4x4");
     farm.wait_mid_render(id, victim, "victim");
     (farm, victim, id)
 }
@@ -252,14 +215,7 @@ fn sigterm_hands_the_lease_back_at_once_and_exits_zero() {
     let log = farm.log_of(victim);
     assert!(log.contains("shutting down: handing back leases"), "{log}");
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    farm.wait_done(id, &out);
     let coord = farm.coordinator_log();
     assert!(
         coord
@@ -282,14 +238,7 @@ fn a_worker_paused_past_its_lease_has_its_stale_result_refused() {
     std::thread::sleep(std::time::Duration::from_millis(3000));
     signal(pid, "-CONT");
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    let done = farm.wait_done(id, &out);
     assert_eq!(done["tasks_done"], 16);
     // Fenced: on waking, the worker either hears the coordinator's cancel of
     // the expired lease first and drops the render, or sends the stale result
@@ -433,14 +382,7 @@ fn coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged() {
         "the job finished before the chaos ended; make it longer"
     );
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    farm.wait_done(id, &out);
     assert_frames_match_reference_samples(&out, &scene, &[1, 2, 3, 4, 5, 6, 7, 8], 48);
     for j in &acknowledged_jobs[1..] {
         let s = farm.json(&["wait", &j.to_string(), "--json"]);
@@ -483,14 +425,7 @@ fn a_straggler_is_rendered_again_on_an_idle_worker_and_the_first_result_wins() {
     ]);
     let id = job["id"].as_u64().unwrap();
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    let done = farm.wait_done(id, &out);
     assert_eq!(done["tasks_done"], 16);
     assert!(out.join("frame_0001.png").exists());
     // Done long before the slow worker's minute: its task was started again
@@ -560,14 +495,7 @@ fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_fra
     farm.kill_worker(spot);
 
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    farm.wait_done(id, &out);
     // The ranges add up exactly: the frame is the whole-frame render's.
     assert_frames_match_reference_samples(&out, &scene, &[1], 256);
     // What the preemption lost is the one range the spot worker was on:

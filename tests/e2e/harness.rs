@@ -230,6 +230,39 @@ impl Farm {
         })
     }
 
+    /// Submits frame 1 of `demo.scene.json` in `tiles` at 256 samples, so
+    /// that each tile renders for a good fraction of a second; returns the
+    /// job id.
+    pub fn submit_demo_frame(&self, tiles: &str) -> u64 {
+        let scene = scenes().join("demo.scene.json");
+        let job = self.json(&[
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            "1",
+            "--tiles",
+            tiles,
+            "--samples",
+            "256",
+            "--json",
+        ]);
+        job["id"].as_u64().unwrap()
+    }
+
+    /// `wait JOB --json --output OUT`: blocks until the job ends, checks
+    /// that it is done, and returns its final status.
+    pub fn wait_done(&self, job: u64, out: &Path) -> Value {
+        let done = self.json(&[
+            "wait",
+            &job.to_string(),
+            "--json",
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(done["state"], "done", "job {job} did not finish: {done}");
+        done
+    }
+
     pub fn status(&self, job: u64) -> Value {
         self.json(&["status", &job.to_string(), "--json"])
     }

@@ -135,18 +135,7 @@ fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_ref
     let victim = farm.add_worker_in(Some(&net.victim_ns), "victim", &[], &[]);
     farm.add_worker("survivor");
     let scene = scenes().join("demo.scene.json");
-    let job = farm.json(&[
-        "submit",
-        scene.to_str().unwrap(),
-        "--frames",
-        "1",
-        "--tiles",
-        "4x4",
-        "--samples",
-        "256",
-        "--json",
-    ]);
-    let id = job["id"].as_u64().unwrap();
+    let id = farm.submit_demo_frame("4x4");
     // Cut the victim off while it renders (after it finished one tile, so
     // it is known to work across the link).
     farm.wait_for(id, "the victim to render a tile over the veth", |_| {
@@ -178,14 +167,7 @@ fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_ref
     net.heal();
 
     let out = farm.dir.join("out");
-    let done = farm.json(&[
-        "wait",
-        &id.to_string(),
-        "--json",
-        "--output",
-        out.to_str().unwrap(),
-    ]);
-    assert_eq!(done["state"], "done");
+    let done = farm.wait_done(id, &out);
     assert_eq!(done["tasks_done"], 16);
     assert_frames_match_reference_samples(&out, &scene, &[1], 256);
 

@@ -858,18 +858,7 @@ impl Scheduler {
         epoch: Epoch,
         now: Millis,
     ) -> Result<(), Refused> {
-        let job = (self.jobs.get(&task.job))
-            .filter(|job| task.index < job.total())
-            .ok_or(Refused::UnknownTask { task })?;
-        if job.done[task.index as usize] {
-            return Err(Refused::AlreadyDone { task });
-        }
-        if !job.state.is_live() {
-            return Err(Refused::JobNotRunning {
-                job: task.job,
-                state: job.state.clone(),
-            });
-        }
+        self.live_task(task)?;
         if !self.workers.contains_key(&worker) || epoch.0 >= self.next_epoch {
             return Err(Refused::StaleEpoch {
                 task,
@@ -1042,12 +1031,8 @@ impl Scheduler {
         }
     }
 
-    fn check_lease(
-        &self,
-        worker: WorkerId,
-        task: TaskKey,
-        epoch: Epoch,
-    ) -> Result<Attempt, Refused> {
+    /// `task` exists, is not done, and its job still runs.
+    fn live_task(&self, task: TaskKey) -> Result<(), Refused> {
         let job = (self.jobs.get(&task.job))
             .filter(|job| task.index < job.total())
             .ok_or(Refused::UnknownTask { task })?;
@@ -1060,6 +1045,16 @@ impl Scheduler {
                 state: job.state.clone(),
             });
         }
+        Ok(())
+    }
+
+    fn check_lease(
+        &self,
+        worker: WorkerId,
+        task: TaskKey,
+        epoch: Epoch,
+    ) -> Result<Attempt, Refused> {
+        self.live_task(task)?;
         if (self.backups.get(&task)).is_some_and(|b| b.epoch == epoch && b.worker == worker) {
             return Ok(Attempt::Backup);
         }

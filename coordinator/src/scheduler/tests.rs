@@ -23,6 +23,17 @@ type WorkerSpec = (WorkerId, u32, &'static [&'static str]);
 /// An assignment as test data: worker, job, task index.
 type Given = (WorkerId, JobId, u32);
 
+/// The scheduler settings most tests use; others change a field or two.
+fn config() -> Config {
+    Config {
+        lease_ms: LEASE,
+        max_attempts: 3,
+        first_epoch: 1,
+        retry_backoff_ms: 0,
+        straggler_percent: 0,
+    }
+}
+
 /// One scheduler on virtual time.
 struct Farm {
     sched: Scheduler,
@@ -32,13 +43,7 @@ struct Farm {
 
 impl Farm {
     fn new() -> Farm {
-        Farm::with(Config {
-            lease_ms: LEASE,
-            max_attempts: 3,
-            first_epoch: 1,
-            retry_backoff_ms: 0,
-            straggler_percent: 0,
-        })
+        Farm::with(config())
     }
 
     fn with(config: Config) -> Farm {
@@ -564,11 +569,8 @@ fn cancel_returns_running_leases_and_stops_the_job() {
 #[track_caller]
 fn check_fail(max_attempts: u32, failures: u32, expected: JobState) {
     let mut farm = Farm::with(Config {
-        lease_ms: LEASE,
         max_attempts,
-        first_epoch: 1,
-        retry_backoff_ms: 0,
-        straggler_percent: 0,
+        ..config()
     });
     farm.job((1, 0, "builtin", 2));
     farm.worker((10, 2, &["builtin"]));
@@ -630,11 +632,8 @@ fn failed_task_is_retried_after_the_rest_of_its_job() {
 #[test]
 fn failed_job_refuses_results_and_hands_out_nothing() {
     let mut farm = Farm::with(Config {
-        lease_ms: LEASE,
         max_attempts: 1,
-        first_epoch: 1,
-        retry_backoff_ms: 0,
-        straggler_percent: 0,
+        ..config()
     });
     farm.job((1, 0, "builtin", 4));
     farm.worker((10, 1, &["builtin"]));
@@ -678,11 +677,8 @@ fn failed_job_refuses_results_and_hands_out_nothing() {
 #[test]
 fn epochs_increase_strictly_from_first_epoch() {
     let mut farm = Farm::with(Config {
-        lease_ms: LEASE,
-        max_attempts: 3,
         first_epoch: 7_000,
-        retry_backoff_ms: 0,
-        straggler_percent: 0,
+        ..config()
     });
     assert_eq!(farm.sched.next_epoch(), 7_000);
     farm.job((1, 0, "builtin", 3));
@@ -1148,13 +1144,7 @@ fn a_draining_worker_keeps_its_leases_but_takes_no_new_work() {
 
 #[test]
 fn a_worker_that_keeps_failing_a_job_is_blocklisted_and_others_finish_it() {
-    let mut farm = Farm::with(Config {
-        lease_ms: LEASE,
-        max_attempts: 3,
-        first_epoch: 1,
-        retry_backoff_ms: 0,
-        straggler_percent: 0,
-    });
+    let mut farm = Farm::new();
     farm.job((1, 0, "builtin", 4));
     farm.worker((10, 1, &["builtin"]));
     // The broken worker fails three different tasks once each.
@@ -1195,9 +1185,8 @@ fn check_retry_backoff(base: Millis, expected_waits: &[Millis]) {
     let mut farm = Farm::with(Config {
         lease_ms: 100_000,
         max_attempts: 10,
-        first_epoch: 1,
         retry_backoff_ms: base,
-        straggler_percent: 0,
+        ..config()
     });
     farm.job((1, 0, "builtin", 1));
     farm.worker((10, 1, &["builtin"]));
@@ -1226,11 +1215,8 @@ fn failed_tasks_are_retried_with_doubling_backoff() {
 #[test]
 fn a_task_in_backoff_is_dropped_when_its_job_is_canceled() {
     let mut farm = Farm::with(Config {
-        lease_ms: LEASE,
-        max_attempts: 3,
-        first_epoch: 1,
         retry_backoff_ms: 1_000,
-        straggler_percent: 0,
+        ..config()
     });
     farm.job((1, 0, "builtin", 1));
     farm.worker((10, 1, &["builtin"]));
@@ -1273,11 +1259,8 @@ fn check_adopt(situation: &str, claimed: u64, expected: Result<(), &str>) {
         }
         "in backoff" => {
             let mut f = Farm::with(Config {
-                lease_ms: LEASE,
-                max_attempts: 3,
-                first_epoch: 1,
                 retry_backoff_ms: 10_000,
-                straggler_percent: 0,
+                ..config()
             });
             f.job((1, 0, "builtin", 2));
             f.worker((10, 1, &["builtin"]));
@@ -1327,11 +1310,8 @@ fn a_rejoining_worker_keeps_the_tasks_it_still_renders() {
 fn epochs_of_an_earlier_coordinator_run_are_adopted_after_a_restart() {
     // The new run starts its epochs above every earlier one.
     let mut farm = Farm::with(Config {
-        lease_ms: LEASE,
-        max_attempts: 3,
         first_epoch: 2 << 32,
-        retry_backoff_ms: 0,
-        straggler_percent: 0,
+        ..config()
     });
     farm.job((1, 0, "builtin", 1));
     farm.worker((1, 1, &["builtin"]));
@@ -1351,10 +1331,8 @@ fn epochs_of_an_earlier_coordinator_run_are_adopted_after_a_restart() {
 fn straggler_farm(straggler_percent: u32, now: Millis) -> (Farm, Vec<Given>) {
     let mut farm = Farm::with(Config {
         lease_ms: 100_000,
-        max_attempts: 3,
-        first_epoch: 1,
-        retry_backoff_ms: 0,
         straggler_percent,
+        ..config()
     });
     farm.job((1, 0, "builtin", 5));
     farm.worker((10, 1, &["builtin"]));
