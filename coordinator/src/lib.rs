@@ -1,10 +1,23 @@
 //! The Tessera coordinator: splits jobs into tasks, leases them to workers,
 //! keeps every acknowledged job and result durable, stores assets by digest
 //! and stitches finished tiles into frames.
+//!
+//! `farm` and `scheduler` decide (no I/O, time passed in); `server` wires
+//! the rest: `conn` (one task per connection), `dispatch`, `commit`,
+//! `stitcher`, `gc`, `submit`, `data_dir`.
 
+mod commit;
+pub mod config;
+mod conn;
 pub mod cost;
+mod data_dir;
 pub mod db;
+mod dispatch;
 pub mod exr;
+pub mod farm;
+mod gc;
 pub mod scheduler;
 pub mod server;
 pub mod stitch;
+mod stitcher;
+pub mod submit;

@@ -1,0 +1,60 @@
+//! Durable results: the group-commit thread writes accepted results to the
+//! database in batches, and only then does the farm core acknowledge them
+//! and count them ("durable before acknowledged").
+
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use crate::db::NewResult;
+use crate::farm::AcceptedResult;
+use crate::server::Shared;
+
+/// Most results written in one transaction.
+const MAX_BATCH: usize = 4096;
+
+/// What the commit thread is given.
+pub(crate) enum CommitMsg {
+    /// A result the scheduler accepted, to be made durable.
+    Result(AcceptedResult),
+    /// Finish what came before, then end.
+    Stop,
+}
+
+/// The group-commit thread: writes accepted results in batches, then hands
+/// the outcome to the farm core, which acknowledges and counts them and
+/// asks for the frames they complete.
+pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<CommitMsg>) {
+    let mut stop = false;
+    while !stop {
+        let Some(CommitMsg::Result(first)) = rx.blocking_recv() else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < MAX_BATCH {
+            match rx.try_recv() {
+                Ok(CommitMsg::Result(c)) => batch.push(c),
+                Ok(CommitMsg::Stop) => {
+                    stop = true;
+                    break;
+                }
+                Err(_) => break,
+            }
+        }
+        let rows: Vec<NewResult<'_>> = batch
+            .iter()
+            .map(|c| NewResult {
+                job: c.task.job,
+                index: c.task.index,
+                output: c.output,
+                render_ms: c.render_ms,
+                worker: &c.worker_name,
+                epoch: c.task.epoch,
+            })
+            .collect();
+        let jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
+        let costs = shared.read(|core, _| core.closed_costs(&jobs));
+        let outcome = (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string());
+        shared.update(|core, now| core.committed(&batch, outcome, now));
+    }
+}

@@ -1,0 +1,33 @@
+//! A monitor's feed: a snapshot now and every half second, and each event
+//! as it happens. Events go through a bounded broadcast channel: a
+//! subscriber that falls behind skips to a fresh snapshot, and never slows
+//! the farm.
+
+use std::time::Duration;
+
+use tessera_protocol::messages::ClientResponse;
+use tessera_protocol::transport::Channel;
+use tokio::sync::broadcast;
+
+use crate::server::Shared;
+
+/// How often a fresh snapshot goes out.
+const SNAPSHOT_EVERY: Duration = Duration::from_millis(500);
+
+pub(super) async fn feed(shared: &Shared, mut control: Channel) -> anyhow::Result<()> {
+    let mut events = shared.events();
+    let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
+    loop {
+        let msg = tokio::select! {
+            _ = tick.tick() => ClientResponse::Snapshot(shared.read(|core, now| core.snapshot(now))),
+            event = events.recv() => match event {
+                Ok((unix_ms, event)) => ClientResponse::Event { unix_ms, event },
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    ClientResponse::Snapshot(shared.read(|core, now| core.snapshot(now)))
+                }
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+        };
+        control.send(&msg).await?;
+    }
+}

@@ -1,0 +1,59 @@
+//! Connections: the accept loop, and one task per connection — the
+//! handshake ([`handshake`]), then a worker session ([`worker`]) or a client
+//! session ([`client`], with the monitor's [`feed`]), and blob streams
+//! ([`blob`]) beside either.
+
+mod blob;
+mod client;
+mod feed;
+mod handshake;
+mod worker;
+
+use std::sync::atomic::AtomicU64;
+use std::sync::Arc;
+
+use tessera_protocol::messages::Role;
+use tokio::task::JoinSet;
+
+use crate::server::Shared;
+
+/// Accepts connections until its task is aborted; aborting it aborts every
+/// connection it started.
+pub(crate) async fn accept(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            incoming = endpoint.accept() => {
+                let Some(incoming) = incoming else { break };
+                let shared = shared.clone();
+                connections.spawn(async move {
+                    if let Err(e) = serve_connection(shared, incoming).await {
+                        tracing::debug!("connection ended: {e:#}");
+                    }
+                });
+            }
+            // Reap finished connections so the set holds live ones only.
+            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+        }
+    }
+    connections.shutdown().await;
+}
+
+async fn serve_connection(shared: Arc<Shared>, incoming: quinn::Incoming) -> anyhow::Result<()> {
+    let conn = incoming.await?;
+    let Some((role, name, control)) = handshake::handshake(&shared, &conn).await? else {
+        return Ok(());
+    };
+    let uploaded = Arc::new(AtomicU64::new(0));
+    // Blob streams run beside the session, in this same task, until the
+    // peer closes the connection.
+    let streams = blob::serve_streams(shared.clone(), conn.clone(), uploaded.clone());
+    let session = async {
+        match role {
+            Role::Worker => worker::serve(shared.clone(), conn.clone(), control, name).await,
+            Role::Client => client::serve(shared.clone(), control, uploaded.clone()).await,
+        }
+    };
+    let (result, ()) = tokio::join!(session, streams);
+    result
+}

@@ -1,0 +1,27 @@
+//! The dispatcher: runs the farm core's dispatch (expire overdue leases,
+//! fill free slots) whenever woken, and at the latest when the next lease
+//! deadline passes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::server::Shared;
+
+/// Hands out work until its task is aborted.
+pub(crate) async fn dispatcher(shared: Arc<Shared>) {
+    loop {
+        let deadline = shared.update(|core, now| core.dispatch(now));
+        // While anything runs, look again every heartbeat: a task may have
+        // become a straggler.
+        let sleep = match deadline {
+            Some(at) => Duration::from_millis(
+                (at.saturating_sub(shared.now().ms) + 1).min(shared.config.heartbeat_ms.max(50)),
+            ),
+            None => Duration::from_secs(3600),
+        };
+        tokio::select! {
+            _ = shared.wake.notified() => {}
+            _ = tokio::time::sleep(sleep) => {}
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! The farm core's job events: results committed, frames stitched, jobs
+//! done, failed, canceled, paused and resumed, workers drained.
+
+use tessera_protocol::job::{JobSpec, OutputFormat};
+use tessera_protocol::messages::{CoordMsg, FarmEvent, JobState, JobStatus};
+
+use super::{AcceptedResult, Effect, FarmCore, Now};
+use crate::scheduler::WorkerId;
+
+impl FarmCore {
+    /// The cost of each job's closed leases, stored with its results.
+    pub fn closed_costs(&self, jobs: &[u64]) -> Vec<(u64, f64)> {
+        let mut jobs = jobs.to_vec();
+        jobs.sort_unstable();
+        jobs.dedup();
+        (jobs.into_iter())
+            .map(|j| (j, self.ledger.closed_cost(j)))
+            .collect()
+    }
+
+    /// The database has written `batch` (`Ok(fresh)`: which rows were new)
+    /// or failed to: acknowledges each result, counts the new ones and asks
+    /// for the frames they complete.
+    pub fn committed(
+        &mut self,
+        batch: &[AcceptedResult],
+        outcome: Result<Vec<bool>, String>,
+        now: Now,
+    ) {
+        let mut failed_jobs = Vec::new();
+        for (i, c) in batch.iter().enumerate() {
+            let (accepted, reason) = match &outcome {
+                Ok(fresh) => {
+                    if fresh.get(i).copied().unwrap_or(false) {
+                        self.count_result(c, now);
+                    }
+                    (true, None)
+                }
+                Err(e) => {
+                    let error = format!("the coordinator could not store a result: {e}");
+                    failed_jobs.push((c.task.job, error));
+                    (false, Some(e.clone()))
+                }
+            };
+            if let Some(w) = self.workers.get_mut(&c.worker) {
+                w.tasks_done += u64::from(accepted);
+            }
+            let ack = CoordMsg::Ack {
+                task: c.task,
+                accepted,
+                reason,
+            };
+            self.send(c.worker, ack);
+        }
+        for (job, error) in failed_jobs {
+            self.fail_job(job, error, now);
+        }
+        self.effects.push(Effect::Wake);
+    }
+
+    fn count_result(&mut self, c: &AcceptedResult, now: Now) {
+        let event = FarmEvent::TaskFinished {
+            job: c.task.job,
+            index: c.task.index,
+            worker: c.worker,
+            render_ms: c.render_ms,
+        };
+        self.emit(now, event);
+        if let Some(job) = self.jobs.get_mut(&c.task.job) {
+            let pos = (c.task.index / job.tasks_per_frame) as usize;
+            let Some(n) = job.done_per_frame.get_mut(pos) else {
+                return;
+            };
+            *n += 1;
+            job.tasks_done += 1;
+            job.render_ms += c.render_ms;
+            if *n == job.tasks_per_frame {
+                self.effects.push(Effect::Stitch {
+                    job: c.task.job,
+                    frame_pos: pos,
+                });
+            }
+        }
+    }
+
+    /// What a stitch of `frame_pos` needs (the job's spec and tasks per
+    /// frame), or `None` when there is nothing to stitch any more.
+    pub fn stitch_plan(
+        &self,
+        job: u64,
+        frame_pos: usize,
+    ) -> Option<(std::sync::Arc<JobSpec>, u32)> {
+        let job = self.jobs.get(&job)?;
+        if job.stitched.get(frame_pos).is_none_or(|&s| s) || job.final_state.is_some() {
+            return None;
+        }
+        Some((job.spec.clone(), job.tasks_per_frame))
+    }
+
+    /// A frame is stitched and stored; the job is done with its last one.
+    pub fn frame_stitched(&mut self, job_id: u64, frame_pos: usize, now: Now) {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        if job.stitched.get(frame_pos) == Some(&false) {
+            job.stitched[frame_pos] = true;
+            job.frames_done += 1;
+        }
+        let done = job.frames_done == job.spec.frames.len() as u32 && job.final_state.is_none();
+        if done {
+            self.finish_job(job_id, JobState::Done, None, now);
+            tracing::info!(job = job_id, "job done");
+        }
+    }
+
+    /// Fails a job for good (a task failed too often, a result or frame
+    /// could not be stored).
+    pub fn fail_job(&mut self, job: u64, error: String, now: Now) {
+        if self.jobs.get(&job).is_none_or(|j| j.final_state.is_some()) {
+            return;
+        }
+        tracing::error!(job, "job failed: {error}");
+        self.finish_job(job, JobState::Failed, Some(error), now);
+    }
+
+    /// Cancels a job. `None` when there is no such job; a job already final
+    /// stays as it was.
+    pub fn cancel(&mut self, id: u64, now: Now) -> Option<JobStatus> {
+        let state = self.job_status(id, now)?.state;
+        if !state.is_final() {
+            self.finish_job(id, JobState::Canceled, None, now);
+            tracing::info!(job = id, "job canceled");
+        }
+        self.job_status(id, now)
+    }
+
+    /// Marks a job final, tells workers to drop its leases, and asks for
+    /// the state to be recorded.
+    fn finish_job(&mut self, id: u64, state: JobState, error: Option<String>, now: Now) {
+        if state != JobState::Done {
+            let leases = self.sched.cancel_job(id);
+            self.send_cancels(&leases, now);
+        }
+        self.emit(now, FarmEvent::JobChanged { job: id, state });
+        if let Some(job) = self.jobs.get_mut(&id) {
+            job.final_state = Some(state);
+            job.error = error.clone();
+            job.finished_unix_ms = Some(now.unix_ms);
+        }
+        self.effects.push(Effect::Record {
+            job: id,
+            state,
+            unix_ms: now.unix_ms,
+            error,
+        });
+    }
+
+    /// Pauses or resumes a job; false when it is not queued or running.
+    pub fn pause(&mut self, job: u64, paused: bool) -> bool {
+        if !self.sched.pause_job(job, paused) {
+            return false;
+        }
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.paused = paused;
+        }
+        tracing::info!(job, paused, "job paused or resumed");
+        self.effects.push(Effect::Wake);
+        true
+    }
+
+    /// Asks a worker to finish what it runs and leave; false when no such
+    /// worker is connected.
+    pub fn drain(&mut self, worker: WorkerId) -> bool {
+        self.sched.drain_worker(worker);
+        let Some(w) = self.workers.get_mut(&worker) else {
+            return false;
+        };
+        w.draining = true;
+        tracing::info!(worker, "worker asked to drain");
+        self.send(worker, CoordMsg::Drain);
+        true
+    }
+
+    /// Counts asset bytes served to a worker for a job.
+    pub fn served_to_worker(&mut self, job: u64, bytes: u64) {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.bytes_to_workers += bytes;
+        }
+    }
+
+    /// The output format of a job's frames.
+    pub fn output_format(&self, job: u64) -> Option<OutputFormat> {
+        self.jobs.get(&job).map(|j| j.spec.output)
+    }
+}

@@ -1,0 +1,414 @@
+//! The farm core: everything the coordinator decides beyond the scheduler —
+//! the job and worker tables, lease endings, job completion and failure,
+//! pause, resume and cancel, blocked reasons and cost events — as a state
+//! machine with no clock reads, no I/O and no locks.
+//!
+//! Events come in as method calls with the time passed in ([`Now`]); what
+//! the outside world must do comes out as [`Effect`]s (messages to send,
+//! results to commit, frames to stitch, job states to record), which the
+//! async shell drains with [`FarmCore::take_effects`] and carries out in
+//! order. Like `quinn-proto`, the core never reads a clock or touches a
+//! socket, so its tests run on virtual time.
+
+mod job;
+mod jobs;
+mod status;
+#[cfg(test)]
+mod tests;
+mod workers;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+
+use tessera_protocol::job::{Engine, JobSpec};
+use tessera_protocol::messages::{
+    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, TaskRef, WorkerInfo,
+};
+use tessera_protocol::telemetry::Telemetry;
+use tessera_protocol::Digest;
+
+pub(crate) use job::Job;
+
+use crate::cost::Ledger;
+use crate::scheduler::{self, Epoch, Millis, NewJob, Scheduler, TaskKey, WorkerId};
+
+/// The time an event happens at, passed in by the caller: `ms` is the
+/// scheduler's time base (milliseconds since this coordinator run started),
+/// `unix_ms` the wall clock shown to people and stored in the database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Now {
+    pub ms: Millis,
+    pub unix_ms: u64,
+}
+
+/// What the core's settings are.
+#[derive(Debug, Clone)]
+pub struct FarmConfig {
+    pub scheduler: scheduler::Config,
+    pub cache_affinity: bool,
+    pub heartbeat_ms: u64,
+    pub lease_ms: u64,
+}
+
+/// A result the scheduler accepted, waiting for its commit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AcceptedResult {
+    pub worker: WorkerId,
+    pub worker_name: String,
+    pub task: TaskRef,
+    pub output: Digest,
+    pub render_ms: u64,
+}
+
+/// What the shell must do, in the order the core decided it.
+#[derive(Debug, Clone)]
+pub enum Effect {
+    /// A message on a worker's control stream.
+    Send { worker: WorkerId, msg: CoordMsg },
+    /// An event for the monitor feed.
+    Event { unix_ms: u64, event: FarmEvent },
+    /// Make this result durable, then report with [`FarmCore::committed`].
+    Commit(AcceptedResult),
+    /// Every task of this frame is committed: stitch it, then report with
+    /// [`FarmCore::frame_stitched`] (or [`FarmCore::fail_job`]).
+    Stitch { job: u64, frame_pos: usize },
+    /// Record a job's final state in the database.
+    Record {
+        job: u64,
+        state: JobState,
+        unix_ms: u64,
+        error: Option<String>,
+    },
+    /// Something changed that may let the dispatcher hand out work.
+    Wake,
+}
+
+/// A job read back from the database on start.
+pub struct RestoredJob {
+    pub id: u64,
+    pub spec: JobSpec,
+    pub state: JobState,
+    pub error: Option<String>,
+    pub submitted_unix_ms: u64,
+    pub finished_unix_ms: Option<u64>,
+    pub bytes_uploaded: u64,
+    pub bytes_deduplicated: u64,
+    pub cost_usd: f64,
+    /// Committed results: (task index, render ms).
+    pub results: Vec<(u32, u64)>,
+    /// Frames already stitched.
+    pub frames: Vec<u32>,
+}
+
+pub(crate) struct WorkerEntry {
+    pub name: String,
+    pub info: WorkerInfo,
+    /// Jobs whose `JobInfo` this connection has already been sent.
+    pub jobs_sent: HashSet<u64>,
+    pub tasks_done: u64,
+    /// Last reported (samples done, total) per running lease.
+    pub progress: HashMap<TaskRef, (u32, u32)>,
+    pub joined_ms: Millis,
+    pub telemetry: Option<Telemetry>,
+    pub draining: bool,
+}
+
+/// Everything the coordinator decides with.
+pub struct FarmCore {
+    config: FarmConfig,
+    pub(crate) sched: Scheduler,
+    pub(crate) jobs: BTreeMap<u64, Job>,
+    pub(crate) workers: HashMap<WorkerId, WorkerEntry>,
+    next_worker: WorkerId,
+    submit_seq: u64,
+    pub(crate) ledger: Ledger,
+    /// After a restart with unfinished jobs, no task is handed out before
+    /// this time, so workers that were rendering can rejoin and keep their
+    /// tasks instead of seeing them given to whoever comes first.
+    rejoin_until: Millis,
+    /// Tasks whose lease ended without a result, until they are handed out
+    /// again (to log how quickly a lost task restarts).
+    requeued: HashSet<TaskKey>,
+    effects: Vec<Effect>,
+}
+
+fn key(task: TaskRef) -> TaskKey {
+    TaskKey {
+        job: task.job,
+        index: task.index,
+    }
+}
+
+fn lease_ref(task: TaskKey, epoch: Epoch) -> TaskRef {
+    TaskRef {
+        job: task.job,
+        index: task.index,
+        epoch: epoch.0,
+    }
+}
+
+/// What every task of a job needs, for cache affinity.
+fn job_assets(spec: &JobSpec) -> Vec<(Digest, u64)> {
+    spec.manifest.iter().map(|m| (m.digest, m.size)).collect()
+}
+
+impl FarmCore {
+    pub fn new(config: FarmConfig) -> FarmCore {
+        let mut sched = Scheduler::new(config.scheduler);
+        sched.set_affinity(config.cache_affinity);
+        FarmCore {
+            config,
+            sched,
+            jobs: BTreeMap::new(),
+            workers: HashMap::new(),
+            next_worker: 1,
+            submit_seq: 0,
+            ledger: Ledger::default(),
+            rejoin_until: 0,
+            requeued: HashSet::new(),
+            effects: Vec::new(),
+        }
+    }
+
+    /// What the shell must do now, oldest first.
+    pub fn take_effects(&mut self) -> Vec<Effect> {
+        std::mem::take(&mut self.effects)
+    }
+
+    fn send(&mut self, worker: WorkerId, msg: CoordMsg) {
+        if self.workers.contains_key(&worker) {
+            self.effects.push(Effect::Send { worker, msg });
+        }
+    }
+
+    fn emit(&mut self, now: Now, event: FarmEvent) {
+        self.effects.push(Effect::Event {
+            unix_ms: now.unix_ms,
+            event,
+        });
+    }
+
+    /// Puts a job read from the database back, with its committed results
+    /// and stitched frames; asks for the frames whose tasks are all done
+    /// but which were not stitched yet.
+    pub fn restore_job(&mut self, stored: RestoredJob, now: Now) {
+        let id = stored.id;
+        let mut job = Job::new(
+            stored.spec,
+            stored.submitted_unix_ms,
+            stored.bytes_uploaded,
+            stored.bytes_deduplicated,
+        );
+        let mut done = vec![false; job.tasks_total() as usize];
+        for (index, render_ms) in stored.results {
+            if let Some(slot) = done.get_mut(index as usize) {
+                if !*slot {
+                    *slot = true;
+                    job.tasks_done += 1;
+                    job.render_ms += render_ms;
+                    job.done_per_frame[(index / job.tasks_per_frame) as usize] += 1;
+                }
+            }
+        }
+        for frame in stored.frames {
+            if let Some(pos) = job.spec.frames.iter().position(|&x| x == frame) {
+                if !job.stitched[pos] {
+                    job.stitched[pos] = true;
+                    job.frames_done += 1;
+                }
+            }
+        }
+        self.ledger.restore_job(id, stored.cost_usd, job.tasks_done);
+        if stored.state.is_final() {
+            job.final_state = Some(stored.state);
+            job.error = stored.error;
+            job.finished_unix_ms = stored.finished_unix_ms;
+        } else {
+            let pending: Vec<u32> = (0..job.tasks_total())
+                .filter(|&i| !done[i as usize])
+                .collect();
+            for (pos, &n) in job.done_per_frame.iter().enumerate() {
+                if n == job.tasks_per_frame && !job.stitched[pos] {
+                    self.effects.push(Effect::Stitch {
+                        job: id,
+                        frame_pos: pos,
+                    });
+                }
+            }
+            self.add_to_scheduler(id, &job, pending, now);
+            tracing::info!(
+                job = id,
+                done = job.tasks_done,
+                total = job.tasks_total(),
+                "resumed job"
+            );
+        }
+        self.jobs.insert(id, job);
+    }
+
+    /// After restoring: with unfinished jobs, hand out nothing for one lease
+    /// time so that workers still rendering can rejoin with their tasks.
+    pub fn hold_for_rejoin(&mut self, now: Now) {
+        if self.jobs.values().any(|j| j.final_state.is_none()) {
+            self.rejoin_until = now.ms + self.config.lease_ms;
+            tracing::info!(
+                wait_ms = self.config.lease_ms,
+                "unfinished jobs: waiting for workers to rejoin with their tasks before handing out work"
+            );
+        }
+    }
+
+    fn add_to_scheduler(&mut self, id: u64, job: &Job, pending: Vec<u32>, now: Now) {
+        self.submit_seq += 1;
+        self.sched.add_job(
+            NewJob {
+                id,
+                priority: job.spec.priority,
+                submit_seq: self.submit_seq,
+                engine: job.spec.engine.name().to_string(),
+                total: job.tasks_total(),
+                pending,
+            },
+            now.ms,
+        );
+        self.sched.set_job_assets(id, job_assets(&job.spec));
+    }
+
+    /// Adds a validated job the database has just recorded under `id`.
+    pub fn submit(
+        &mut self,
+        id: u64,
+        spec: JobSpec,
+        submitted_unix_ms: u64,
+        bytes_uploaded: u64,
+        bytes_deduplicated: u64,
+        now: Now,
+    ) -> JobStatus {
+        let job = Job::new(spec, submitted_unix_ms, bytes_uploaded, bytes_deduplicated);
+        let pending = (0..job.tasks_total()).collect();
+        self.add_to_scheduler(id, &job, pending, now);
+        let status = job.status(id, 0, self.blocked(id, job.spec.engine));
+        self.jobs.insert(id, job);
+        self.effects.push(Effect::Wake);
+        status
+    }
+
+    /// Whether some worker heard from within its lease runs on an
+    /// interruptible (spot) instance.
+    pub fn has_interruptible_worker(&self, now: Now) -> bool {
+        (self.workers.iter())
+            .any(|(&id, w)| w.info.interruptible && !self.sched.is_silent(id, now.ms))
+    }
+
+    /// Expires overdue leases and fills free slots. Returns when it must be
+    /// called again at the latest, if anything is pending.
+    pub fn dispatch(&mut self, now: Now) -> Option<Millis> {
+        let expired = self.sched.expire(now.ms);
+        for lost in &expired {
+            let name = (self.workers.get(&lost.worker)).map_or("(gone)", |w| w.name.as_str());
+            tracing::info!(
+                job = lost.task.job,
+                task = lost.task.index,
+                worker = lost.worker,
+                name,
+                "lease expired; task requeued"
+            );
+        }
+        self.send_cancels(&expired, now);
+        let hold = now.ms < self.rejoin_until;
+        if !hold {
+            for a in self.sched.assign(now.ms) {
+                self.lease_started(a, now);
+            }
+        }
+        let next = self.sched.next_deadline();
+        if hold {
+            next.into_iter().chain([self.rejoin_until]).min()
+        } else {
+            next
+        }
+    }
+
+    /// Bills a new lease and sends it (with its job, the first time).
+    fn lease_started(&mut self, a: scheduler::Assignment, now: Now) {
+        let price = (self.workers.get(&a.worker)).map_or(0.0, |w| w.info.price_per_hour);
+        self.ledger.lease_started(a.task, a.worker, price, now.ms);
+        let event = FarmEvent::TaskStarted {
+            job: a.task.job,
+            index: a.task.index,
+            worker: a.worker,
+        };
+        self.emit(now, event);
+        if let Some(job) = self.jobs.get_mut(&a.task.job) {
+            job.started.get_or_insert((now.ms, job.tasks_done));
+        }
+        let (Some(job), Some(worker)) =
+            (self.jobs.get(&a.task.job), self.workers.get_mut(&a.worker))
+        else {
+            return;
+        };
+        let second = (self.sched.task_view(a.task))
+            .and_then(|v| v.lease)
+            .is_some_and(|(holder, _)| holder != a.worker);
+        if second {
+            tracing::info!(
+                job = a.task.job,
+                task = a.task.index,
+                worker = a.worker,
+                "straggler: a second attempt started on an idle worker"
+            );
+        }
+        if self.requeued.remove(&a.task) {
+            tracing::info!(
+                job = a.task.job,
+                task = a.task.index,
+                worker = a.worker,
+                name = worker.name.as_str(),
+                unix_ms = now.unix_ms,
+                "requeued task restarted"
+            );
+        }
+        if worker.jobs_sent.insert(a.task.job) {
+            let spec = &job.spec;
+            let info = CoordMsg::Job(JobInfo {
+                job: a.task.job,
+                engine: spec.engine,
+                scene: spec.scene.clone(),
+                manifest: spec.manifest.clone(),
+                resolution: spec.resolution,
+                output: spec.output,
+            });
+            self.effects.push(Effect::Send {
+                worker: a.worker,
+                msg: info,
+            });
+        }
+        let assign = CoordMsg::Assign(job.task_spec(lease_ref(a.task, a.epoch)));
+        self.effects.push(Effect::Send {
+            worker: a.worker,
+            msg: assign,
+        });
+    }
+
+    fn running(&self, job: u64) -> u32 {
+        self.sched.job_progress(job).map_or(0, |p| p.running)
+    }
+
+    /// Why a job needing `engine` cannot progress now, if it cannot.
+    fn blocked(&self, job: u64, engine: Engine) -> Option<String> {
+        if self.workers.is_empty() {
+            return Some("no workers are connected".into());
+        }
+        let offering: Vec<WorkerId> = self
+            .workers
+            .iter()
+            .filter(|(_, w)| w.info.engines.contains(&engine))
+            .map(|(&id, _)| id)
+            .collect();
+        if offering.is_empty() {
+            return Some(format!("no connected worker offers the {engine} engine"));
+        }
+        offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {
+            format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it")
+        })
+    }
+}

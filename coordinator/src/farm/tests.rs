@@ -1,0 +1,759 @@
+//! The farm core on virtual time: fake workers are ids and inboxes, the
+//! database is a set of committed tasks, and every effect the core returns
+//! is collected and checked. No clock, no sockets, no sleeps.
+//!
+//! The cases read as data where they can; the randomized simulation at the
+//! end drives many workers joining, leaving, rejoining with their tasks,
+//! going silent and failing, with commits and stitches arriving late and in
+//! batches, and checks that each task is accepted exactly once and that the
+//! job counters equal the committed results.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+use tessera_protocol::messages::{
+    CoordMsg, FarmEvent, JobState, TaskRef, TaskSpec, TileState, WorkerInfo, WorkerMsg, WorkerState,
+};
+use tessera_protocol::Digest;
+
+use super::*;
+
+const LEASE: Millis = 1_000;
+
+fn config(max_attempts: u32) -> FarmConfig {
+    FarmConfig {
+        scheduler: scheduler::Config {
+            lease_ms: LEASE,
+            max_attempts,
+            first_epoch: 1,
+            retry_backoff_ms: 0,
+            straggler_percent: 0,
+        },
+        cache_affinity: true,
+        heartbeat_ms: LEASE / 4,
+        lease_ms: LEASE,
+    }
+}
+
+/// A builtin job of `frames` frames, each cut into `tiles` tiles.
+fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
+    JobSpec {
+        request_id: None,
+        name: name.to_string(),
+        engine: Engine::Builtin,
+        scene: "scene.json".into(),
+        manifest: vec![ManifestEntry {
+            path: "scene.json".into(),
+            digest: Digest::of(name.as_bytes()),
+            size: name.len() as u64,
+            origin: None,
+        }],
+        frames: (1..=frames).collect(),
+        tiles: TileGrid {
+            cols: tiles,
+            rows: 1,
+        },
+        sample_ranges: 1,
+        samples: 4,
+        resolution: (64, 16),
+        priority: 0,
+        output: OutputFormat::Png,
+    }
+}
+
+fn worker_info(slots: u32, engine: Engine, holding: Vec<TaskRef>) -> WorkerInfo {
+    WorkerInfo {
+        engines: vec![engine],
+        slots,
+        price_per_hour: 1.0,
+        hostname: "test".into(),
+        holding,
+        interruptible: false,
+        cached: Vec::new(),
+    }
+}
+
+/// One farm core on virtual time, with every effect sorted by kind.
+struct Farm {
+    core: FarmCore,
+    now: Millis,
+    /// Messages per worker, oldest first, not yet read by the test.
+    inbox: HashMap<WorkerId, Vec<CoordMsg>>,
+    events: Vec<FarmEvent>,
+    commits: Vec<AcceptedResult>,
+    stitches: Vec<(u64, usize)>,
+    records: Vec<(u64, JobState, Option<String>)>,
+    wakes: usize,
+    next_job: u64,
+}
+
+impl Farm {
+    fn new(max_attempts: u32) -> Farm {
+        Farm {
+            core: FarmCore::new(config(max_attempts)),
+            now: 0,
+            inbox: HashMap::new(),
+            events: Vec::new(),
+            commits: Vec::new(),
+            stitches: Vec::new(),
+            records: Vec::new(),
+            wakes: 0,
+            next_job: 1,
+        }
+    }
+
+    fn now(&self) -> Now {
+        Now {
+            ms: self.now,
+            unix_ms: 1_700_000_000_000 + self.now,
+        }
+    }
+
+    fn at(&mut self, now: Millis) -> &mut Farm {
+        assert!(now >= self.now, "virtual time runs forward");
+        self.now = now;
+        self
+    }
+
+    fn collect(&mut self) {
+        for effect in self.core.take_effects() {
+            match effect {
+                Effect::Send { worker, msg } => self.inbox.entry(worker).or_default().push(msg),
+                Effect::Event { event, .. } => self.events.push(event),
+                Effect::Commit(c) => self.commits.push(c),
+                Effect::Stitch { job, frame_pos } => self.stitches.push((job, frame_pos)),
+                Effect::Record {
+                    job, state, error, ..
+                } => self.records.push((job, state, error)),
+                Effect::Wake => self.wakes += 1,
+            }
+        }
+    }
+
+    fn submit(&mut self, spec: JobSpec) -> u64 {
+        let id = self.next_job;
+        self.next_job += 1;
+        let now = self.now();
+        self.core.submit(id, spec, now.unix_ms, 0, 0, now);
+        self.collect();
+        id
+    }
+
+    fn join(&mut self, name: &str, info: WorkerInfo) -> WorkerId {
+        let now = self.now();
+        let id = self.core.worker_joined(name, info, now);
+        self.collect();
+        id
+    }
+
+    fn leave(&mut self, id: WorkerId) -> usize {
+        let now = self.now();
+        let n = self.core.worker_left(id, now);
+        self.collect();
+        self.inbox.remove(&id);
+        n
+    }
+
+    fn dispatch(&mut self) {
+        let now = self.now();
+        self.core.dispatch(now);
+        self.collect();
+    }
+
+    fn msg(&mut self, id: WorkerId, msg: WorkerMsg) {
+        let now = self.now();
+        self.core.worker_msg(id, msg, now);
+        self.collect();
+    }
+
+    fn done(&mut self, id: WorkerId, task: TaskRef) {
+        let now = self.now();
+        self.core
+            .result_offered(id, task, Digest::of(&task.index.to_le_bytes()), 10, now);
+        self.collect();
+    }
+
+    /// Commits every pending result (all fresh unless already committed).
+    fn commit_all(&mut self, db: &mut BTreeSet<(u64, u32)>) {
+        let batch = std::mem::take(&mut self.commits);
+        let fresh = (batch.iter())
+            .map(|c| db.insert((c.task.job, c.task.index)))
+            .collect();
+        let now = self.now();
+        self.core.committed(&batch, Ok(fresh), now);
+        self.collect();
+    }
+
+    fn stitch_all(&mut self) {
+        for (job, pos) in std::mem::take(&mut self.stitches) {
+            assert!(
+                self.core.stitch_plan(job, pos).is_some(),
+                "job {job} frame {pos}"
+            );
+            let now = self.now();
+            self.core.frame_stitched(job, pos, now);
+            self.collect();
+        }
+    }
+
+    /// Messages worker `id` has received since last asked.
+    fn read(&mut self, id: WorkerId) -> Vec<CoordMsg> {
+        self.inbox.remove(&id).unwrap_or_default()
+    }
+
+    /// The leases worker `id` has been assigned since last asked.
+    fn assigned(&mut self, id: WorkerId) -> Vec<TaskSpec> {
+        (self.read(id).into_iter())
+            .filter_map(|m| match m {
+                CoordMsg::Assign(spec) => Some(spec),
+                _ => None,
+            })
+            .collect()
+    }
+
+    fn state(&self, job: u64) -> JobState {
+        self.core.job_status(job, self.now()).expect("job").state
+    }
+}
+
+fn kinds(msgs: &[CoordMsg]) -> Vec<String> {
+    msgs.iter()
+        .map(|m| match m {
+            CoordMsg::Joined { .. } => "joined".to_string(),
+            CoordMsg::Job(j) => format!("job {}", j.job),
+            CoordMsg::Assign(s) => format!("assign {}/{}", s.task.job, s.task.index),
+            CoordMsg::Cancel(t) => format!("cancel {}/{}", t.job, t.index),
+            CoordMsg::Drain => "drain".to_string(),
+            CoordMsg::Ack { task, accepted, .. } => {
+                format!("ack {}/{} {accepted}", task.job, task.index)
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn a_joining_worker_is_welcomed_then_sent_the_job_then_its_leases() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 3, 1));
+    let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let msgs = farm.read(w);
+    assert_eq!(
+        kinds(&msgs),
+        ["joined", "job 1", "assign 1/0", "assign 1/1"],
+        "job {job}"
+    );
+    assert_eq!(farm.state(job), JobState::Running);
+}
+
+#[test]
+fn a_job_completes_when_every_frame_is_committed_and_stitched() {
+    let mut farm = Farm::new(3);
+    let mut db = BTreeSet::new();
+    let job = farm.submit(spec("a", 2, 2));
+    let w = farm.join("w1", worker_info(4, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let leases = farm.assigned(w);
+    assert_eq!(leases.len(), 4);
+    for spec in &leases[..3] {
+        farm.done(w, spec.task);
+    }
+    // Not acknowledged, not counted, nothing to stitch before the commit.
+    assert!(farm.read(w).is_empty());
+    assert_eq!(farm.core.job_status(job, farm.now()).unwrap().tasks_done, 0);
+    farm.commit_all(&mut db);
+    assert_eq!(
+        kinds(&farm.read(w)),
+        ["ack 1/0 true", "ack 1/1 true", "ack 1/2 true"]
+    );
+    assert_eq!(farm.stitches, [(job, 0)], "frame 1's two tiles are in");
+    farm.stitch_all();
+    farm.done(w, leases[3].task);
+    farm.commit_all(&mut db);
+    assert_eq!(farm.stitches, [(job, 1)]);
+    assert!(
+        farm.records.is_empty(),
+        "not done before its last frame is stitched"
+    );
+    farm.stitch_all();
+    assert_eq!(farm.records, [(job, JobState::Done, None)]);
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(
+        (
+            status.state,
+            status.tasks_done,
+            status.frames_done,
+            status.render_ms
+        ),
+        (JobState::Done, 4, 2, 40)
+    );
+    let statuses = farm.core.worker_statuses(farm.now());
+    assert_eq!(
+        (statuses[0].tasks_done, statuses[0].state),
+        (4, WorkerState::Idle)
+    );
+}
+
+#[test]
+fn a_worker_that_leaves_gives_its_tasks_back_and_rejoining_keeps_what_it_still_holds() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 2, 1));
+    let w1 = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let leases = farm.assigned(w1);
+    assert_eq!(leases.len(), 2);
+    assert_eq!(farm.leave(w1), 2, "both tasks go back to the queue");
+    // It rejoins naming one task under its lease and one under a lease this
+    // farm never handed out.
+    let forged = TaskRef {
+        epoch: 999,
+        ..leases[1].task
+    };
+    let w2 = farm.at(100).join(
+        "w1",
+        worker_info(2, Engine::Builtin, vec![leases[0].task, forged]),
+    );
+    assert_eq!(kinds(&farm.read(w2)), ["joined", "cancel 1/1"]);
+    farm.dispatch();
+    let again = farm.assigned(w2);
+    assert_eq!(
+        again.iter().map(|s| s.task.index).collect::<Vec<_>>(),
+        [1],
+        "the adopted task is not handed out again"
+    );
+    let mut db = BTreeSet::new();
+    farm.done(w2, leases[0].task);
+    farm.done(w2, again[0].task);
+    farm.commit_all(&mut db);
+    farm.stitch_all();
+    assert_eq!(farm.state(job), JobState::Done);
+    assert_eq!(db.len(), 2);
+}
+
+#[test]
+fn a_late_result_from_a_worker_that_left_is_refused() {
+    let mut farm = Farm::new(3);
+    farm.submit(spec("a", 1, 1));
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let lease = farm.assigned(w1)[0].task;
+    farm.leave(w1);
+    let w2 = farm.join("w2", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let again = farm.assigned(w2)[0].task;
+    assert!(again.epoch > lease.epoch);
+    // w1 comes back without naming the task, then sends its stale result.
+    let w1b = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.read(w1b);
+    farm.done(w1b, lease);
+    assert_eq!(kinds(&farm.read(w1b)), ["ack 1/0 false"]);
+    assert!(farm.commits.is_empty());
+}
+
+#[test]
+fn canceling_a_job_during_a_render_tells_its_worker_and_records_it() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 2, 1));
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let lease = farm.assigned(w)[0].task;
+    let now = farm.now();
+    let status = farm.core.cancel(job, now).expect("job");
+    farm.collect();
+    assert_eq!(status.state, JobState::Canceled);
+    assert_eq!(kinds(&farm.read(w)), ["cancel 1/0"]);
+    assert_eq!(farm.records, [(job, JobState::Canceled, None)]);
+    // The result that was on its way is refused; nothing more is handed out.
+    farm.done(w, lease);
+    assert_eq!(kinds(&farm.read(w)), ["ack 1/0 false"]);
+    farm.at(5 * LEASE).dispatch();
+    assert!(farm.read(w).is_empty());
+    // Canceling again changes nothing; an unknown job is `None`.
+    let now = farm.now();
+    assert_eq!(
+        farm.core.cancel(job, now).unwrap().state,
+        JobState::Canceled
+    );
+    assert!(farm.core.cancel(99, now).is_none());
+    farm.collect();
+    assert_eq!(farm.records.len(), 1);
+}
+
+#[test]
+fn a_paused_job_hands_out_nothing_until_resumed() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 2, 1));
+    assert!(farm.core.pause(job, true));
+    let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    farm.read(w);
+    farm.dispatch();
+    assert!(farm.assigned(w).is_empty());
+    assert!(farm.core.job_status(job, farm.now()).unwrap().paused);
+    let wakes = farm.wakes;
+    assert!(farm.core.pause(job, false));
+    farm.collect();
+    assert!(farm.wakes > wakes, "resuming wakes the dispatcher");
+    farm.dispatch();
+    assert_eq!(farm.assigned(w).len(), 2);
+    assert!(!farm.core.pause(99, true), "no such job");
+}
+
+#[test]
+fn a_task_that_fails_max_attempts_times_fails_its_job_with_the_errors() {
+    let mut farm = Farm::new(2);
+    let job = farm.submit(spec("a", 2, 1));
+    let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    let mut failures = 0;
+    for step in 0..10 {
+        farm.at(step * 10).dispatch();
+        let Some(lease) = farm.assigned(w).into_iter().find(|s| s.task.index == 0) else {
+            continue;
+        };
+        failures += 1;
+        let error = format!("boom {failures}");
+        farm.msg(
+            w,
+            WorkerMsg::Failed {
+                task: lease.task,
+                error,
+            },
+        );
+        if !farm.records.is_empty() {
+            break;
+        }
+    }
+    assert_eq!(failures, 2);
+    let (id, state, error) = farm.records[0].clone();
+    assert_eq!((id, state), (job, JobState::Failed));
+    let error = error.expect("an error");
+    assert!(error.starts_with("task 0 failed 2 times"), "{error}");
+    assert!(error.contains("boom 2"), "{error}");
+    assert!(farm.events.iter().any(|e| matches!(
+        e,
+        FarmEvent::JobChanged {
+            state: JobState::Failed,
+            ..
+        }
+    )));
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(
+        (status.state, status.error.as_deref()),
+        (JobState::Failed, Some(error.as_str()))
+    );
+}
+
+#[test]
+fn a_failed_commit_is_refused_to_the_worker_and_fails_the_job() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 1, 1));
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let lease = farm.assigned(w)[0].task;
+    farm.done(w, lease);
+    let batch = std::mem::take(&mut farm.commits);
+    let now = farm.now();
+    farm.core.committed(&batch, Err("disk full".into()), now);
+    farm.collect();
+    assert_eq!(kinds(&farm.read(w)), ["ack 1/0 false"]);
+    assert_eq!(farm.records[0].0, job);
+    assert_eq!(farm.records[0].1, JobState::Failed);
+    assert_eq!(
+        farm.records[0].2.as_deref(),
+        Some("the coordinator could not store a result: disk full")
+    );
+}
+
+fn check_blocked(workers: &[Engine], expected: Option<&str>) {
+    let mut farm = Farm::new(3);
+    let mut spec = spec("a", 1, 1);
+    spec.engine = Engine::Blender;
+    let job = farm.submit(spec);
+    for (i, &engine) in workers.iter().enumerate() {
+        farm.join(&format!("w{i}"), worker_info(1, engine, vec![]));
+    }
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(status.blocked.as_deref(), expected, "workers {workers:?}");
+}
+
+#[test]
+fn a_job_says_why_it_cannot_progress() {
+    check_blocked(&[], Some("no workers are connected"));
+    check_blocked(
+        &[Engine::Builtin],
+        Some("no connected worker offers the blender engine"),
+    );
+    check_blocked(&[Engine::Builtin, Engine::Blender], None);
+}
+
+#[test]
+fn a_lost_lease_is_canceled_and_costs_are_billed_per_lease() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 1, 1));
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    farm.assigned(w);
+    // No heartbeat: the lease expires and the worker is told.
+    farm.at(LEASE + 1).dispatch();
+    let msgs = kinds(&farm.read(w));
+    assert_eq!(
+        msgs.first().map(String::as_str),
+        Some("cancel 1/0"),
+        "{msgs:?}"
+    );
+    farm.msg(w, WorkerMsg::Heartbeat { telemetry: None });
+    farm.at(LEASE + 2).dispatch();
+    let cost = farm.core.job_status(job, farm.now()).unwrap().cost_usd;
+    assert!(cost > 0.0, "the expired lease was billed: {cost}");
+}
+
+#[test]
+fn tiles_show_rendering_with_progress_then_done() {
+    let mut farm = Farm::new(3);
+    let mut db = BTreeSet::new();
+    let job = farm.submit(spec("a", 1, 2));
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let lease = farm.assigned(w)[0].task;
+    let progress = WorkerMsg::Progress {
+        task: lease,
+        done: 2,
+        total: 4,
+    };
+    farm.msg(w, progress);
+    let states: Vec<_> = (farm.core.tiles(job, 1).unwrap().into_iter())
+        .map(|t| t.state)
+        .collect();
+    assert_eq!(
+        states,
+        [TileState::Rendering(Some((2, 4))), TileState::Queued]
+    );
+    farm.done(w, lease);
+    farm.commit_all(&mut db);
+    let states: Vec<_> = (farm.core.tiles(job, 1).unwrap().into_iter())
+        .map(|t| t.state)
+        .collect();
+    assert_eq!(states[0], TileState::Done);
+    assert_eq!(
+        farm.core.tiles(job, 7).unwrap_err(),
+        "job 1 does not render frame 7"
+    );
+}
+
+// ---- randomized simulation ----
+
+/// SplitMix64: a tiny deterministic PRNG, so a failing seed replays exactly.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+}
+
+/// A simulated worker machine: it keeps rendering while disconnected,
+/// names what it holds when it rejoins, and re-sends finished results.
+#[derive(Default)]
+struct Machine {
+    /// Its id on the current connection.
+    conn: Option<WorkerId>,
+    /// Leases it renders, with when each finishes.
+    rendering: BTreeMap<(u64, u32), (TaskRef, Millis)>,
+    /// Rendered, not yet acknowledged.
+    finished: BTreeMap<(u64, u32), TaskRef>,
+    /// Not heartbeating until then.
+    silent_until: Millis,
+}
+
+/// What one simulated run went through, to check the runs cover the cases.
+#[derive(Default)]
+struct Seen {
+    rejoins_holding: usize,
+    cancels: usize,
+    refused: usize,
+    failures: usize,
+}
+
+fn simulate(seed: u64) -> Seen {
+    let mut seen = Seen::default();
+    let mut rng = Rng(seed);
+    let mut farm = Farm::new(50);
+    let mut db: BTreeSet<(u64, u32)> = BTreeSet::new();
+    let jobs: Vec<u64> = (0..1 + rng.below(3))
+        .map(|j| {
+            let frames = 1 + rng.below(4) as u32;
+            let tiles = 1 + rng.below(3) as u32;
+            farm.submit(spec(&format!("job{j}"), frames, tiles))
+        })
+        .collect();
+    let mut machines: Vec<Machine> = (0..2 + rng.below(4)).map(|_| Machine::default()).collect();
+    let mut accepted_acks = 0usize;
+    let mut step = 0;
+    while farm.records.len() < jobs.len() {
+        step += 1;
+        assert!(step < 200_000, "seed {seed}: the farm never finished");
+        let now = farm.now + 1 + rng.below(200);
+        farm.at(now);
+        // Machines connect, disconnect and go silent.
+        for (i, m) in machines.iter_mut().enumerate() {
+            match m.conn {
+                None if rng.chance(20) => {
+                    let holding: Vec<TaskRef> = (m.rendering.values().map(|(t, _)| *t))
+                        .chain(m.finished.values().copied())
+                        .collect();
+                    seen.rejoins_holding += usize::from(!holding.is_empty());
+                    let id = farm.join(&format!("m{i}"), worker_info(2, Engine::Builtin, holding));
+                    m.conn = Some(id);
+                }
+                Some(id) if rng.chance(2) => {
+                    farm.leave(id);
+                    m.conn = None;
+                }
+                Some(_) if rng.chance(2) => m.silent_until = now + 2 * LEASE,
+                _ => {}
+            }
+        }
+        farm.dispatch();
+        for m in machines.iter_mut() {
+            let Some(id) = m.conn else { continue };
+            for msg in farm.read(id) {
+                match msg {
+                    CoordMsg::Assign(spec) => {
+                        let t = spec.task;
+                        let finish = now + 50 + rng.below(800);
+                        m.rendering.insert((t.job, t.index), (t, finish));
+                    }
+                    CoordMsg::Cancel(t) => {
+                        seen.cancels += 1;
+                        if m.rendering
+                            .get(&(t.job, t.index))
+                            .is_some_and(|(l, _)| *l == t)
+                        {
+                            m.rendering.remove(&(t.job, t.index));
+                        }
+                        if m.finished.get(&(t.job, t.index)) == Some(&t) {
+                            m.finished.remove(&(t.job, t.index));
+                        }
+                    }
+                    CoordMsg::Ack { task, accepted, .. } => {
+                        accepted_acks += usize::from(accepted);
+                        seen.refused += usize::from(!accepted);
+                        m.finished.remove(&(task.job, task.index));
+                    }
+                    CoordMsg::Joined { .. } => {
+                        // A rejoining machine sends its finished results again.
+                        for &t in m.finished.values() {
+                            farm.core.result_offered(
+                                id,
+                                t,
+                                Digest::of(&t.index.to_le_bytes()),
+                                10,
+                                farm.now(),
+                            );
+                        }
+                    }
+                    CoordMsg::Job(_) | CoordMsg::Drain => {}
+                }
+            }
+            farm.collect();
+            // Rendering goes on with or without a connection; results go
+            // out only on one.
+            let done: Vec<_> = (m.rendering.iter())
+                .filter(|(_, (_, at))| *at <= now)
+                .map(|(&k, &(t, _))| (k, t))
+                .collect();
+            for (k, t) in done {
+                m.rendering.remove(&k);
+                if rng.chance(1) {
+                    seen.failures += 1;
+                    let error = "device lost".to_string();
+                    farm.msg(id, WorkerMsg::Failed { task: t, error });
+                } else {
+                    m.finished.insert(k, t);
+                    farm.done(id, t);
+                }
+            }
+            if now >= m.silent_until {
+                farm.msg(id, WorkerMsg::Heartbeat { telemetry: None });
+            }
+        }
+        // Commits and stitches come late and in batches.
+        if rng.chance(40) {
+            let before = db.len();
+            let offered = farm.commits.len();
+            farm.commit_all(&mut db);
+            assert_eq!(
+                db.len() - before,
+                offered,
+                "seed {seed}: a task was accepted twice"
+            );
+        }
+        if rng.chance(30) {
+            farm.stitch_all();
+        }
+    }
+    for &job in &jobs {
+        let status = farm.core.job_status(job, farm.now()).unwrap();
+        let committed = db.iter().filter(|(j, _)| *j == job).count() as u32;
+        assert_eq!(status.state, JobState::Done, "seed {seed}: job {job}");
+        assert_eq!(
+            status.tasks_done, committed,
+            "seed {seed}: job {job} counters"
+        );
+        assert_eq!(
+            status.tasks_done, status.tasks_total,
+            "seed {seed}: job {job}"
+        );
+        assert_eq!(
+            status.frames_done, status.frames_total,
+            "seed {seed}: job {job}"
+        );
+    }
+    let records: BTreeSet<u64> = farm.records.iter().map(|r| r.0).collect();
+    assert_eq!(
+        records.len(),
+        jobs.len(),
+        "seed {seed}: each job recorded once"
+    );
+    // A result is acknowledged as accepted only once it is committed, and
+    // at most once (an acknowledgement lost with a connection is not sent
+    // again: the rejoining machine's copy is refused or adopted, never
+    // counted twice).
+    assert!(
+        accepted_acks <= db.len(),
+        "seed {seed}: {accepted_acks} acks for {} results",
+        db.len()
+    );
+    seen
+}
+
+#[test]
+fn random_farm_accepts_each_task_once_and_counts_only_committed_results() {
+    let mut total = Seen::default();
+    for seed in 1..=60 {
+        let seen = simulate(seed);
+        total.rejoins_holding += seen.rejoins_holding;
+        total.cancels += seen.cancels;
+        total.refused += seen.refused;
+        total.failures += seen.failures;
+    }
+    // The runs went through what they are meant to.
+    assert!(
+        total.rejoins_holding > 0,
+        "no machine rejoined holding tasks"
+    );
+    assert!(total.cancels > 0, "no lease was canceled");
+    assert!(total.refused > 0, "no result was refused");
+    assert!(total.failures > 0, "no task failed");
+}

@@ -1,0 +1,316 @@
+//! The farm core's worker events: joining (with adoption of the tasks a
+//! rejoining worker still holds), leaving, heartbeats, progress, results
+//! offered and tasks failed.
+
+use tessera_protocol::messages::{CoordMsg, FarmEvent, TaskRef, WorkerInfo, WorkerMsg};
+use tessera_protocol::Digest;
+
+use std::collections::{HashMap, HashSet};
+
+use super::{key, lease_ref, AcceptedResult, Effect, FarmCore, Now, WorkerEntry};
+use crate::scheduler::{self, Epoch, TaskKey, WorkerId};
+
+impl FarmCore {
+    /// A worker joined: registers it, says welcome, adopts the tasks it
+    /// still holds and cancels the ones it cannot keep.
+    pub fn worker_joined(&mut self, name: &str, info: WorkerInfo, now: Now) -> WorkerId {
+        let id = self.next_worker;
+        self.next_worker += 1;
+        let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
+        self.sched.add_worker(id, info.slots, engines, now.ms);
+        self.sched.worker_holds(id, &info.cached, &[]);
+        let holding = info.holding.clone();
+        self.workers.insert(
+            id,
+            WorkerEntry {
+                name: name.to_string(),
+                info,
+                jobs_sent: HashSet::new(),
+                tasks_done: 0,
+                progress: HashMap::new(),
+                joined_ms: now.ms,
+                telemetry: None,
+                draining: false,
+            },
+        );
+        self.emit(
+            now,
+            FarmEvent::WorkerJoined {
+                worker: id,
+                name: name.to_string(),
+            },
+        );
+        self.send(
+            id,
+            CoordMsg::Joined {
+                worker_id: id,
+                heartbeat_ms: self.config.heartbeat_ms,
+                lease_ms: self.config.lease_ms,
+            },
+        );
+        self.adopt_held_tasks(id, &holding, now);
+        self.effects.push(Effect::Wake);
+        id
+    }
+
+    /// Takes over the leases of the tasks a (re)joining worker still holds,
+    /// so that work still rendering when the coordinator restarted, or when
+    /// the worker's connection dropped, is not rendered again; tells it to
+    /// drop the rest.
+    fn adopt_held_tasks(&mut self, id: WorkerId, holding: &[TaskRef], now: Now) {
+        let name = self
+            .workers
+            .get(&id)
+            .map_or(String::new(), |w| w.name.clone());
+        for &task in holding {
+            match self.sched.adopt(id, key(task), Epoch(task.epoch), now.ms) {
+                Ok(()) => {
+                    tracing::info!(
+                        worker = id,
+                        name,
+                        job = task.job,
+                        task = task.index,
+                        epoch = task.epoch,
+                        "task re-adopted from the rejoining worker"
+                    );
+                    let price = self.workers.get(&id).map_or(0.0, |w| w.info.price_per_hour);
+                    self.ledger.lease_adopted(key(task), id, price, now.ms);
+                    if let Some(job) = self.jobs.get_mut(&task.job) {
+                        job.started.get_or_insert((now.ms, job.tasks_done));
+                    }
+                    if let Some(w) = self.workers.get_mut(&id) {
+                        w.jobs_sent.insert(task.job);
+                    }
+                    let event = FarmEvent::TaskStarted {
+                        job: task.job,
+                        index: task.index,
+                        worker: id,
+                    };
+                    self.emit(now, event);
+                }
+                Err(refused) => {
+                    tracing::info!(
+                        worker = id,
+                        name,
+                        job = task.job,
+                        task = task.index,
+                        "not re-adopted: {refused}"
+                    );
+                    self.send(id, CoordMsg::Cancel(task));
+                }
+            }
+        }
+    }
+
+    /// A worker's connection ended: its leases go back to the queue.
+    /// Returns how many tasks were requeued.
+    pub fn worker_left(&mut self, id: WorkerId, now: Now) -> usize {
+        let requeued = self.sched.remove_worker(id, now.ms);
+        for &task in &requeued {
+            self.lease_ended(task, id, false, now);
+        }
+        if let Some(w) = self.workers.remove(&id) {
+            self.emit(
+                now,
+                FarmEvent::WorkerLeft {
+                    worker: id,
+                    name: w.name,
+                },
+            );
+        }
+        self.effects.push(Effect::Wake);
+        requeued.len()
+    }
+
+    /// Bills and forgets a lease that ended.
+    pub(super) fn lease_ended(
+        &mut self,
+        task: TaskKey,
+        worker: WorkerId,
+        finished: bool,
+        now: Now,
+    ) {
+        self.ledger.lease_ended(task, worker, finished, now.ms);
+        let waiting = (self.sched.task_view(task)).is_some_and(|v| !v.done && v.lease.is_none());
+        if !finished && waiting {
+            self.requeued.insert(task);
+        }
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.progress
+                .retain(|t, _| (t.job, t.index) != (task.job, task.index));
+        }
+    }
+
+    /// Tells the holders of `leases` to stop working on them (the leases
+    /// have ended).
+    pub(super) fn send_cancels(&mut self, leases: &[scheduler::Assignment], now: Now) {
+        for lease in leases {
+            self.lease_ended(lease.task, lease.worker, false, now);
+            self.send(
+                lease.worker,
+                CoordMsg::Cancel(lease_ref(lease.task, lease.epoch)),
+            );
+        }
+    }
+
+    /// A message from worker `id`, except `Done`, whose output the shell
+    /// must check and store first (see [`FarmCore::result_offered`]).
+    pub fn worker_msg(&mut self, id: WorkerId, msg: WorkerMsg, now: Now) {
+        if let WorkerMsg::Done { task, .. } | WorkerMsg::Failed { task, .. } = &msg {
+            if let Some(w) = self.workers.get_mut(&id) {
+                w.progress.remove(task);
+            }
+        }
+        match msg {
+            WorkerMsg::Join(_) => {}
+            WorkerMsg::Cached { added, removed } => {
+                self.sched.worker_holds(id, &added, &removed);
+            }
+            WorkerMsg::Draining => {
+                self.sched.drain_worker(id);
+                if let Some(w) = self.workers.get_mut(&id) {
+                    w.draining = true;
+                    tracing::info!(
+                        worker = id,
+                        name = w.name.as_str(),
+                        "worker shutting down: no new work for it"
+                    );
+                }
+            }
+            WorkerMsg::Progress { task, done, total } => {
+                if let Some(w) = self.workers.get_mut(&id) {
+                    w.progress.insert(task, (done, total));
+                }
+            }
+            WorkerMsg::Heartbeat { telemetry } => {
+                if let (Some(t), Some(w)) = (telemetry, self.workers.get_mut(&id)) {
+                    w.telemetry = Some(t);
+                }
+                if self.sched.heartbeat(id, now.ms) {
+                    self.effects.push(Effect::Wake);
+                }
+            }
+            WorkerMsg::Done {
+                task,
+                output,
+                render_ms,
+                ..
+            } => self.result_offered(id, task, output, render_ms, now),
+            WorkerMsg::Failed { task, error } => self.task_failed(id, task, error, now),
+        }
+    }
+
+    /// Refuses a worker's result (its output was not stored, or its lease
+    /// is not current).
+    pub fn refuse(&mut self, id: WorkerId, task: TaskRef, reason: String) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.progress.remove(&task);
+        }
+        tracing::info!(
+            worker = id,
+            job = task.job,
+            task = task.index,
+            "result refused: {reason}"
+        );
+        self.send(
+            id,
+            CoordMsg::Ack {
+                task,
+                accepted: false,
+                reason: Some(reason),
+            },
+        );
+    }
+
+    /// A worker's finished task whose output is stored: accepted under its
+    /// lease (then committed, then acknowledged) or refused.
+    pub fn result_offered(
+        &mut self,
+        id: WorkerId,
+        task: TaskRef,
+        output: Digest,
+        render_ms: u64,
+        now: Now,
+    ) {
+        if let Some(w) = self.workers.get_mut(&id) {
+            w.progress.remove(&task);
+        }
+        match self
+            .sched
+            .complete(id, key(task), Epoch(task.epoch), now.ms)
+        {
+            Ok(_) => {
+                self.lease_ended(key(task), id, true, now);
+                // The other attempt of a straggler lost the race.
+                let lost = self.sched.take_superseded();
+                for l in &lost {
+                    tracing::info!(
+                        job = task.job,
+                        task = task.index,
+                        worker = l.worker,
+                        winner = id,
+                        "superseded: another attempt of the task finished first"
+                    );
+                }
+                self.send_cancels(&lost, now);
+                let worker_name = self
+                    .workers
+                    .get(&id)
+                    .map_or(String::new(), |w| w.name.clone());
+                self.effects.push(Effect::Commit(AcceptedResult {
+                    worker: id,
+                    worker_name,
+                    task,
+                    output,
+                    render_ms,
+                }));
+            }
+            Err(refused) => self.refuse(id, task, refused.to_string()),
+        }
+    }
+
+    fn task_failed(&mut self, id: WorkerId, task: TaskRef, error: String, now: Now) {
+        tracing::warn!(
+            worker = id,
+            job = task.job,
+            task = task.index,
+            "task failed: {error}"
+        );
+        let outcome = self
+            .sched
+            .fail(id, key(task), Epoch(task.epoch), error.clone(), now.ms);
+        match outcome {
+            Ok(outcome) => {
+                self.lease_ended(key(task), id, false, now);
+                let event = FarmEvent::TaskFailed {
+                    job: task.job,
+                    index: task.index,
+                    worker: id,
+                    error: error.clone(),
+                };
+                self.emit(now, event);
+                if outcome.job_failed {
+                    self.send_cancels(&outcome.cancel, now);
+                    let collected = match self.sched.job_state(task.job) {
+                        Some(scheduler::JobState::Failed(errors)) => errors,
+                        _ => error,
+                    };
+                    let error = format!(
+                        "task {} failed {} times: {collected}",
+                        task.index, outcome.attempts
+                    );
+                    self.fail_job(task.job, error, now);
+                } else if outcome.blocklisted {
+                    tracing::warn!(
+                        worker = id,
+                        job = task.job,
+                        "worker blocklisted for this job after {} failures",
+                        scheduler::BLOCKLIST_AFTER
+                    );
+                }
+            }
+            Err(refused) => self.refuse(id, task, refused.to_string()),
+        }
+        self.effects.push(Effect::Wake);
+    }
+}

@@ -1,0 +1,85 @@
+//! Stitching a finished frame: reads its tasks' outputs from the blob
+//! store, joins tiles and merges sample ranges (see [`crate::stitch`]),
+//! stores the frame, records it, and tells the farm core.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tessera_protocol::job::OutputFormat;
+use tessera_protocol::sums::SumTile;
+
+use crate::db::StoredFrame;
+use crate::server::Shared;
+use crate::{exr, stitch};
+
+/// Stitches `frame_pos` of `job` on a blocking thread; a failure fails the
+/// job.
+pub(crate) fn spawn(shared: &Arc<Shared>, job: u64, frame_pos: usize) {
+    let shared2 = shared.clone();
+    shared.runtime.spawn_blocking(move || {
+        if let Err(e) = stitch_frame(&shared2, job, frame_pos) {
+            let error = format!("stitching failed: {e:#}");
+            shared2.update(|core, now| core.fail_job(job, error, now));
+        }
+    });
+}
+
+fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::Result<()> {
+    let Some((spec, per_frame)) = shared.read(|core, _| core.stitch_plan(job_id, frame_pos)) else {
+        return Ok(());
+    };
+    let frame = spec.frames[frame_pos];
+    let first = frame_pos as u32 * per_frame;
+    let outputs = shared.db().result_range(job_id, first, per_frame)?;
+    if outputs.len() != per_frame as usize {
+        bail!(
+            "frame {frame}: {} of {per_frame} results are stored",
+            outputs.len()
+        );
+    }
+    let (w, h) = spec.resolution;
+    let ranges = spec.sample_ranges as usize;
+    // Outputs are in task order: tile after tile, each with its sample ranges.
+    let mut tiles = Vec::with_capacity(outputs.len() / ranges);
+    for (i, chunk) in outputs.chunks(ranges).enumerate() {
+        let parts = chunk
+            .iter()
+            .map(|d| shared.store.read(d))
+            .collect::<Result<Vec<_>, _>>()?;
+        tiles.push((spec.tiles.rect(i as u32, w, h), parts));
+    }
+    let float = tiles
+        .iter()
+        .all(|(_, parts)| parts.iter().all(|p| stitch::is_float_tile(p)));
+    let sums = (tiles.iter()).all(|(_, parts)| parts.iter().all(|p| SumTile::is_sums(p)));
+    let image = if sums {
+        stitch::stitch_sums(w, h, &tiles, spec.samples).with_context(|| format!("frame {frame}"))?
+    } else if float {
+        let rgba = stitch::stitch_float(w, h, &tiles).with_context(|| format!("frame {frame}"))?;
+        if spec.output != OutputFormat::Exr {
+            bail!("frame {frame}: float tiles need EXR output");
+        }
+        exr::encode_rgba_f32(w, h, &rgba)
+    } else {
+        if ranges != 1 {
+            bail!("frame {frame}: sample ranges must render float tiles");
+        }
+        let pngs: Vec<_> = tiles
+            .into_iter()
+            .map(|(rect, mut parts)| (rect, parts.remove(0)))
+            .collect();
+        stitch::stitch_png(w, h, &pngs).with_context(|| format!("frame {frame}"))?
+    };
+    let digest = shared.store.put_bytes(&image)?;
+    shared.db().insert_frame(
+        job_id,
+        &StoredFrame {
+            frame,
+            digest,
+            size: image.len() as u64,
+        },
+    )?;
+    tracing::info!(job = job_id, frame, "frame stitched");
+    let ((), recorded) = shared.act(|core, now| core.frame_stitched(job_id, frame_pos, now));
+    recorded
+}

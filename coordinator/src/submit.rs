@@ -1,0 +1,134 @@
+//! Submitting a job: idempotence by request id, the `--sample-ranges auto`
+//! policy, validation of everything a client sends, and recording the job
+//! durably before the client hears of it.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tessera_protocol::job::{
+    sanitize_manifest_path, Engine, JobSpec, OutputFormat, SAMPLE_RANGES_AUTO,
+};
+use tessera_protocol::messages::JobStatus;
+use tessera_protocol::Digest;
+
+use crate::server::{unix_ms, Shared};
+
+/// Sample ranges per tile that `--sample-ranges auto` asks for when some
+/// worker is interruptible.
+pub const CHECKPOINT_RANGES: u32 = 4;
+/// Most tasks one job may have.
+pub const MAX_TASKS: u64 = 10_000_000;
+/// Largest width or height of a frame.
+pub const MAX_RESOLUTION: u32 = 65536;
+
+/// Validates and records a job; it is durable before the client hears of it.
+pub(crate) fn submit(
+    shared: &Arc<Shared>,
+    spec: JobSpec,
+    uploaded: u64,
+) -> anyhow::Result<JobStatus> {
+    if let Some(rid) = &spec.request_id {
+        if let Some(id) = shared.db().job_by_request(rid)? {
+            return shared
+                .read(|core, now| core.job_status(id, now))
+                .context("job vanished");
+        }
+    }
+    let mut spec = spec;
+    if spec.sample_ranges == SAMPLE_RANGES_AUTO {
+        let interruptible = shared.read(|core, now| core.has_interruptible_worker(now));
+        spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
+    }
+    validate(&spec, |d| shared.store.size(d))?;
+    let total: u64 = spec.manifest.iter().map(|m| m.size).sum();
+    let dedup = total.saturating_sub(uploaded);
+    let submitted = unix_ms();
+    let id = shared.db().insert_job(&spec, submitted, uploaded, dedup)?;
+    let status = shared.update(|core, now| core.submit(id, spec, submitted, uploaded, dedup, now));
+    tracing::info!(job = id, name = %status.name, tasks = status.tasks_total, "job submitted");
+    Ok(status)
+}
+
+/// Sample ranges per tile for `--sample-ranges auto`: with an interruptible
+/// worker on the farm (one heard from within its lease), each tile is split
+/// into [`CHECKPOINT_RANGES`] sample ranges rendered as separate tasks, so a
+/// preempted worker loses at most the one range it was rendering; otherwise
+/// tiles stay whole. Blender merges ranges in float, so it splits only for
+/// EXR output.
+pub fn auto_sample_ranges(interruptible: bool, spec: &JobSpec) -> u32 {
+    let splittable = match spec.engine {
+        Engine::Builtin => true,
+        Engine::Blender => spec.output == OutputFormat::Exr,
+        _ => false,
+    };
+    let ranges = if interruptible && splittable {
+        CHECKPOINT_RANGES.min(spec.samples).max(1)
+    } else {
+        1
+    };
+    tracing::info!(
+        interruptible,
+        ranges,
+        "--sample-ranges auto: {} sample range(s) per tile",
+        ranges
+    );
+    ranges
+}
+
+/// Checks a job before it is recorded; `stored_size` gives the size of a
+/// stored blob, `None` when it is missing.
+pub fn validate(
+    spec: &JobSpec,
+    stored_size: impl Fn(&Digest) -> Option<u64>,
+) -> anyhow::Result<()> {
+    if spec.frames.is_empty() {
+        bail!("the job has no frames");
+    }
+    let (w, h) = spec.resolution;
+    if w == 0 || h == 0 || w > MAX_RESOLUTION || h > MAX_RESOLUTION {
+        bail!("resolution {w}x{h} is out of range");
+    }
+    if spec.tiles.cols == 0 || spec.tiles.rows == 0 || spec.tiles.cols > w || spec.tiles.rows > h {
+        bail!("tile grid {} does not fit a {w}x{h} frame", spec.tiles);
+    }
+    if spec.samples == 0 {
+        bail!("the sample count must be at least 1");
+    }
+    if spec.sample_ranges == 0 || spec.sample_ranges > spec.samples {
+        bail!(
+            "--sample-ranges {} must be between 1 and the sample count {}",
+            spec.sample_ranges,
+            spec.samples
+        );
+    }
+    if spec.sample_ranges > 1 && !matches!(spec.engine, Engine::Blender | Engine::Builtin) {
+        bail!(
+            "--sample-ranges needs the blender or builtin engine; the {} engine renders whole sample counts",
+            spec.engine
+        );
+    }
+    let tasks =
+        u64::from(spec.tiles.count()) * u64::from(spec.sample_ranges) * spec.frames.len() as u64;
+    if tasks > MAX_TASKS {
+        bail!("the job would have {tasks} tasks; the limit is 10,000,000");
+    }
+    let mut seen = HashSet::new();
+    for entry in &spec.manifest {
+        sanitize_manifest_path(&entry.path)?;
+        if !seen.insert(entry.path.as_str()) {
+            bail!("manifest path `{}` appears twice", entry.path);
+        }
+        if stored_size(&entry.digest) != Some(entry.size) {
+            bail!(
+                "`{}` ({}) was not uploaded; submit again to upload it",
+                entry.path,
+                entry.digest
+            );
+        }
+    }
+    if !seen.contains(spec.scene.as_str()) {
+        bail!("the scene `{}` is not in the manifest", spec.scene);
+    }
+    Ok(())
+}
