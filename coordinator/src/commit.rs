@@ -13,6 +13,13 @@ use crate::server::Shared;
 /// Most results written in one transaction.
 const MAX_BATCH: usize = 4096;
 
+/// The environment variable naming a failpoint, for tests that kill the
+/// coordinator at one exact moment.
+pub const FAILPOINT: &str = "TESSERA_FAILPOINT";
+/// Ends the process right after the first committed batch, before any of
+/// its results is acknowledged.
+pub const FAILPOINT_EXIT_AFTER_COMMIT: &str = "exit-after-commit";
+
 /// What the commit thread is given.
 pub(crate) enum CommitMsg {
     /// A result the scheduler accepted, to be made durable.
@@ -25,6 +32,8 @@ pub(crate) enum CommitMsg {
 /// the outcome to the farm core, which acknowledges and counts them and
 /// asks for the frames they complete.
 pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<CommitMsg>) {
+    let exit_after_commit =
+        std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_EXIT_AFTER_COMMIT);
     let mut stop = false;
     while !stop {
         let Some(CommitMsg::Result(first)) = rx.blocking_recv() else {
@@ -55,6 +64,15 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
         let jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
         let costs = shared.read(|core, _| core.closed_costs(&jobs));
         let outcome = (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string());
+        if exit_after_commit && outcome.is_ok() {
+            // The test of "durable before acknowledged": die like a killed
+            // process, with the batch committed and nothing acknowledged.
+            tracing::warn!(
+                results = batch.len(),
+                "failpoint: exiting after a commit, before its acknowledgements"
+            );
+            std::process::abort();
+        }
         shared.update(|core, now| core.committed(&batch, outcome, now));
     }
 }

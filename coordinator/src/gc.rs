@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::messages::Collected;
+use tessera_protocol::store::BlobStore;
 
 use crate::server::{unix_ms, Shared};
 
@@ -65,14 +66,14 @@ pub(crate) fn collect_garbage(shared: &Shared) -> anyhow::Result<Collected> {
         kept_blobs: 0,
         kept_bytes: 0,
     };
-    for (digest, size, written) in shared.store.list()? {
-        if keep.contains(&digest) || written > young {
+    for blob in shared.store.list()? {
+        if keep.contains(&blob.digest) || blob.written > young {
             c.kept_blobs += 1;
-            c.kept_bytes += size;
+            c.kept_bytes += blob.size;
         } else {
-            shared.store.remove(&digest)?;
+            shared.store.remove(&blob.digest)?;
             c.removed_blobs += 1;
-            c.removed_bytes += size;
+            c.removed_bytes += blob.size;
         }
     }
     tracing::info!(

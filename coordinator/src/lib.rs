@@ -6,7 +6,7 @@
 //! the rest: `conn` (one task per connection), `dispatch`, `commit`,
 //! `stitcher`, `gc`, `submit`, `data_dir`.
 
-mod commit;
+pub mod commit;
 pub mod config;
 mod conn;
 pub mod cost;

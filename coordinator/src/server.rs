@@ -16,6 +16,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::{bail, Context};
 use tessera_protocol::blob::BlobDir;
 use tessera_protocol::messages::{CoordMsg, FarmEvent, WorkerInfo};
+use tessera_protocol::store::Verified;
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Timing};
 use tokio::sync::{broadcast, mpsc, Notify};
@@ -39,7 +40,8 @@ pub(crate) struct Locked {
 pub(crate) struct Shared {
     state: Mutex<Locked>,
     db: Mutex<Db>,
-    pub store: BlobDir,
+    /// The asset store: every blob it is given or reads is hashed.
+    pub store: Verified<BlobDir>,
     pub wake: Notify,
     start: Instant,
     pub config: Config,
@@ -243,7 +245,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let mut db = Db::open(&dir.join("state.sqlite"))
         .with_context(|| format!("cannot open the database in {}", dir.display()))?;
     let generation = db.next_generation()?;
-    let store = BlobDir::open(dir.join("blobs"))?;
+    let store = Verified::new(BlobDir::open_durable(dir.join("blobs"))?);
     let core = FarmCore::new(FarmConfig {
         scheduler: scheduler::Config {
             lease_ms: config.lease_ms,

@@ -6,6 +6,7 @@ use std::sync::Arc;
 
 use anyhow::{bail, Context};
 use tessera_protocol::job::OutputFormat;
+use tessera_protocol::store::BlobStore;
 use tessera_protocol::sums::SumTile;
 
 use crate::db::StoredFrame;
@@ -44,7 +45,7 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
     for (i, chunk) in outputs.chunks(ranges).enumerate() {
         let parts = chunk
             .iter()
-            .map(|d| shared.store.read(d))
+            .map(|d| shared.store.get(d))
             .collect::<Result<Vec<_>, _>>()?;
         tiles.push((spec.tiles.rect(i as u32, w, h), parts));
     }

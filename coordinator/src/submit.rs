@@ -10,6 +10,7 @@ use tessera_protocol::job::{
     sanitize_manifest_path, Engine, JobSpec, OutputFormat, SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::JobStatus;
+use tessera_protocol::store::BlobStore;
 use tessera_protocol::Digest;
 
 use crate::server::{unix_ms, Shared};
@@ -40,7 +41,7 @@ pub(crate) fn submit(
         let interruptible = shared.read(|core, now| core.has_interruptible_worker(now));
         spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
     }
-    validate(&spec, |d| shared.store.size(d))?;
+    validate(&spec, |d| shared.store.has(d))?;
     let total: u64 = spec.manifest.iter().map(|m| m.size).sum();
     let dedup = total.saturating_sub(uploaded);
     let submitted = unix_ms();

@@ -32,6 +32,10 @@ pub enum BlobError {
     TooLarge { digest: Digest, len: u64 },
     #[error("blob {0} not found")]
     NotFound(Digest),
+    #[error(
+        "stored blob {0} is corrupt: its bytes no longer hash to its digest; it was not served"
+    )]
+    Corrupt(Digest),
     #[error("cannot assemble {file}: {reason}")]
     Recipe { file: Digest, reason: String },
     #[error("the receiver refused blob {digest}: {reason}")]
@@ -48,13 +52,29 @@ pub enum BlobError {
 #[derive(Debug, Clone)]
 pub struct BlobDir {
     root: PathBuf,
+    /// Each stored blob's file and folder are fsynced before the store
+    /// says it is stored (the coordinator's store; a worker's cache can
+    /// always fetch again and skips it).
+    durable: bool,
 }
 
 impl BlobDir {
+    /// A store whose writes are not fsynced (a cache).
     pub fn open(root: impl Into<PathBuf>) -> std::io::Result<BlobDir> {
         let root = root.into();
         std::fs::create_dir_all(root.join("tmp"))?;
-        Ok(BlobDir { root })
+        Ok(BlobDir {
+            root,
+            durable: false,
+        })
+    }
+
+    /// A store whose every write is durable before it returns: the file is
+    /// fsynced before it is renamed into place and its folder after.
+    pub fn open_durable(root: impl Into<PathBuf>) -> std::io::Result<BlobDir> {
+        let mut dir = BlobDir::open(root)?;
+        dir.durable = true;
+        Ok(dir)
     }
 
     pub fn root(&self) -> &Path {
@@ -97,21 +117,38 @@ impl BlobDir {
             .join(format!("{}.{tag:016x}", digest.to_hex()))
     }
 
+    /// Moves a complete temporary file into place; in a durable store the
+    /// file is synced first and its folder after.
     fn commit(&self, temp: &Path, digest: &Digest) -> std::io::Result<()> {
         let dest = self.path(digest);
-        std::fs::create_dir_all(dest.parent().expect("blob paths have a parent"))?;
-        std::fs::rename(temp, dest)
+        let parent = dest.parent().expect("blob paths have a parent");
+        std::fs::create_dir_all(parent)?;
+        if self.durable {
+            std::fs::File::open(temp)?.sync_all()?;
+        }
+        std::fs::rename(temp, &dest)?;
+        if self.durable {
+            std::fs::File::open(parent)?.sync_all()?;
+        }
+        Ok(())
     }
 
     /// Stores `bytes`, returning their digest.
     pub fn put_bytes(&self, bytes: &[u8]) -> std::io::Result<Digest> {
         let digest = Digest::of(bytes);
-        if !self.contains(&digest) {
-            let temp = self.temp_path(&digest);
-            std::fs::write(&temp, bytes)?;
-            self.commit(&temp, &digest)?;
-        }
+        self.put_as(&digest, bytes)?;
         Ok(digest)
+    }
+
+    /// Stores `bytes` under `digest` without hashing them: the caller
+    /// vouches for the digest (see [`crate::store::Verified`]).
+    pub fn put_as(&self, digest: &Digest, bytes: &[u8]) -> std::io::Result<()> {
+        if self.size(digest) != Some(bytes.len() as u64) {
+            let temp = self.temp_path(digest);
+            std::fs::write(&temp, bytes)?;
+            self.commit(&temp, digest)?;
+        }
+        Ok(())
     }
 
     pub fn read(&self, digest: &Digest) -> Result<Vec<u8>, BlobError> {

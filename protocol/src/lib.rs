@@ -9,6 +9,7 @@ pub mod codec;
 pub mod digest;
 pub mod job;
 pub mod messages;
+pub mod store;
 pub mod sums;
 pub mod telemetry;
 pub mod ticket;

@@ -519,3 +519,39 @@ fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_fra
     let s = farm.json(&["wait", &whole["id"].as_u64().unwrap().to_string(), "--json"]);
     assert_eq!(s["state"], "done");
 }
+
+#[test]
+fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_verified_blob() {
+    use tessera_coordinator::commit::{FAILPOINT, FAILPOINT_EXIT_AFTER_COMMIT};
+    use tessera_protocol::blob::BlobDir;
+    use tessera_protocol::store::{BlobStore, Verified};
+
+    let mut farm = Farm::start("commitkill", &[]);
+    farm.coordinator_env = vec![(FAILPOINT.into(), FAILPOINT_EXIT_AFTER_COMMIT.into())];
+    farm.kill_coordinator();
+    farm.start_coordinator();
+    farm.add_worker("w1");
+    let id = farm.submit_demo_frame("1x1");
+    // The first committed result ends the coordinator before its ack.
+    let status = farm.wait_coordinator_exit(Duration::from_secs(120));
+    assert!(!status.success(), "the failpoint ended it: {status}");
+    assert!(farm.accepted().is_empty(), "nothing was acknowledged");
+
+    // The result row is committed, and the blob it names is on disk, whole.
+    let db = tessera_coordinator::db::Db::open(&farm.data.join("state.sqlite")).unwrap();
+    let results = db.results(id).unwrap();
+    assert_eq!(results.len(), 1, "the committed result survived");
+    drop(db);
+    let store = Verified::new(BlobDir::open(farm.data.join("blobs")).unwrap());
+    let bytes = store.get(&results[0].output).expect("present and verified");
+    assert!(!bytes.is_empty());
+
+    // Restarted without the failpoint, the farm finishes the job from the
+    // stored result: the task is not rendered again.
+    farm.coordinator_env.clear();
+    farm.start_coordinator();
+    let out = farm.dir.join("out");
+    farm.wait_done(id, &out);
+    assert_frames_match_reference_samples(&out, &scenes().join("demo.scene.json"), &[1], 256);
+    assert_eq!(farm.renders(), [(id, 0)], "rendered once");
+}

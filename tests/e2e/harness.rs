@@ -45,6 +45,8 @@ pub struct Farm {
     pub data: PathBuf,
     coordinator: Option<Child>,
     coordinator_args: Vec<String>,
+    /// Environment variables for the next coordinator start.
+    pub coordinator_env: Vec<(String, String)>,
     coordinator_starts: u32,
     pub workers: Vec<Worker>,
     /// The network namespace the coordinator and client commands run in,
@@ -72,6 +74,7 @@ impl Farm {
             dir,
             coordinator: None,
             coordinator_args: args.iter().map(|s| s.to_string()).collect(),
+            coordinator_env: Vec::new(),
             coordinator_starts: 0,
             workers: Vec::new(),
             netns: netns.map(str::to_string),
@@ -96,6 +99,7 @@ impl Farm {
             .arg(&self.data)
             .args(&self.coordinator_args)
             .env("RUST_LOG", "info")
+            .envs(self.coordinator_env.iter().map(|(k, v)| (k, v)))
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
@@ -113,6 +117,23 @@ impl Farm {
             "coordinator said {line:?}"
         );
         self.coordinator = Some(child);
+    }
+
+    /// Waits for the coordinator to end by itself (a failpoint), at most
+    /// `limit`.
+    pub fn wait_coordinator_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let mut child = self.coordinator.take().expect("coordinator running");
+        let deadline = Instant::now() + limit;
+        loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the coordinator is still running after {limit:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// SIGKILL: no chance to flush or say goodbye.

@@ -10,4 +10,5 @@ mod harness;
 mod monitor;
 mod operate;
 mod partition;
+mod requires;
 mod tiles;

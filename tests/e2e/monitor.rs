@@ -3,13 +3,15 @@
 //! driven with `send-keys`. The monitor's model is checked through what it
 //! draws: workers, the job's progress, the tiles, the connection.
 //!
-//! Needs `tmux` on the PATH (`apt-get install tmux`).
+//! Needs `tmux` on the PATH (`apt-get install tmux`): each test is
+//! `#[ignore = "needs tmux"]` and fails if run without it.
 
 use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use crate::harness::{scenes, tessera, Farm};
+use crate::requires::{require, Need};
 
 /// A tmux server of its own (`-L`), with no user configuration, holding
 /// one session; killed on drop.
@@ -177,7 +179,9 @@ fn shows_workers(screen: &str, names: &[&str]) -> bool {
 }
 
 #[test]
+#[ignore = "needs tmux"]
 fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
+    require(Need::Tmux);
     let mut farm = Farm::start("monitor-farm", &[]);
     farm.add_worker_with("mon-w1", &["--price-per-hour", "0.90"]);
     farm.add_worker_with("mon-w2", &["--price-per-hour", "0.45"]);
@@ -352,7 +356,9 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
 }
 
 #[test]
+#[ignore = "needs tmux"]
 fn monitor_quits_on_q_and_leaves_the_terminal_usable() {
+    require(Need::Tmux);
     let mut farm = Farm::start("monitor-tty", &[]);
     farm.add_worker("tty-w1");
     farm.add_worker("tty-w2");
@@ -454,7 +460,9 @@ fn monitor_quits_on_q_and_leaves_the_terminal_usable() {
 }
 
 #[test]
+#[ignore = "needs tmux"]
 fn a_panic_in_the_monitor_restores_the_terminal() {
+    require(Need::Tmux);
     let farm = Farm::start("monitor-panic", &[]);
     let tmux = Tmux::start(
         "panic",
@@ -490,7 +498,9 @@ fn a_panic_in_the_monitor_restores_the_terminal() {
 }
 
 #[test]
+#[ignore = "needs tmux"]
 fn monitor_with_a_wrong_ticket_says_why_and_leaves_the_terminal_alone() {
+    require(Need::Tmux);
     let farm = Farm::start("monitor-ticket", &[]);
     let out = tessera()
         .args(["monitor", "--ticket"])

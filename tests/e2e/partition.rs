@@ -3,12 +3,13 @@
 //! carries loopback-range addresses only. The coordinator and one worker
 //! live in one namespace, the victim worker in the other; taking the
 //! victim's end of the link down cuts it off like a pulled cable, and
-//! bringing it up heals it. Needs root (the test machines and CI are).
+//! bringing it up heals it. Needs root (the test machines and CI are):
+//! `#[ignore = "needs root and iproute2"]`, failed if run without them.
 
 use std::process::Command;
-use std::time::Duration;
 
 use crate::harness::{assert_frames_match_reference_samples, field, scenes, Farm};
+use crate::requires::{require, Need};
 
 /// Two namespaces and the veth pair between them, removed on drop.
 struct Partition {
@@ -123,7 +124,9 @@ impl Drop for Partition {
 }
 
 #[test]
+#[ignore = "needs root and iproute2"]
 fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused() {
+    require(Need::RootNetns);
     let net = Partition::create();
     // Heartbeats every 300 ms, leases of 1 s; the QUIC idle timeout is 10 s.
     let mut farm = Farm::start_in(
@@ -144,26 +147,45 @@ fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_ref
     farm.wait_mid_render(id, victim, "victim");
     let rendered_before = farm.log_of(victim).matches("task rendered").count();
     net.cut();
-    // Longer than the lease and than the idle timeout: the coordinator
-    // gives its task to the survivor and drops its connection, while the
-    // victim finishes its render and cannot deliver it.
-    std::thread::sleep(Duration::from_secs(12));
-    let victim_log = farm.log_of(victim);
-    assert!(
-        victim_log.matches("task rendered").count() > rendered_before,
-        "the victim finished its tile during the partition: {victim_log}"
+    // The coordinator gives the victim's task to the survivor and, after
+    // the idle timeout, drops its connection (it leaves `status`), while
+    // the victim finishes its render and cannot deliver it.
+    let rendered = |farm: &Farm| -> Vec<u64> {
+        (farm.log_of(victim).lines())
+            .filter(|l| l.contains("task rendered"))
+            .filter_map(|l| field(l, "task"))
+            .collect()
+    };
+    farm.wait_for(
+        id,
+        "the victim to render during the partition and be dropped",
+        |_| {
+            let workers = farm.json(&["status", "--json"])["workers"].clone();
+            let gone = !(workers.as_array().unwrap().iter()).any(|w| w["name"] == "victim");
+            gone && rendered(&farm).len() > rendered_before
+        },
     );
+    // Follow the task the victim actually rendered during the partition.
+    // Its lease expired and the survivor took it over — unless its result
+    // got through just as the link was cut (only the acknowledgement was
+    // lost); then the lease that expired is one handed to the victim at
+    // the cut, which never reached it. Either way, every lease the victim
+    // lost went to the survivor.
+    let lost_task = rendered(&farm)[rendered_before];
     let log = farm.coordinator_log();
-    let expired = (log.lines())
-        .find(|l| l.contains("lease expired; task requeued") && l.contains("name=\"victim\""))
-        .unwrap_or_else(|| panic!("the victim's lease did not expire: {log}"));
-    let lost_task = field(expired, "task").unwrap();
-    assert!(
-        log.lines().any(|l| l.contains("requeued task restarted")
-            && l.contains("name=\"survivor\"")
-            && field(l, "task") == Some(lost_task)),
-        "task {lost_task} was not reassigned to the survivor: {log}"
-    );
+    let expired: Vec<u64> = (log.lines())
+        .filter(|l| l.contains("lease expired; task requeued") && l.contains("name=\"victim\""))
+        .filter_map(|l| field(l, "task"))
+        .collect();
+    assert!(!expired.is_empty(), "no lease of the victim expired: {log}");
+    for task in &expired {
+        assert!(
+            log.lines().any(|l| l.contains("requeued task restarted")
+                && l.contains("name=\"survivor\"")
+                && field(l, "task") == Some(*task)),
+            "task {task} was not reassigned to the survivor: {log}"
+        );
+    }
     net.heal();
 
     let out = farm.dir.join("out");
@@ -187,13 +209,15 @@ fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_ref
     let log = farm.coordinator_log();
     assert!(about_lost(&log, "not re-adopted"), "{log}");
     assert!(about_lost(&log, "result refused"), "{log}");
-    // No task was accepted twice.
+    // No task was accepted twice (the job counted 16 above; an
+    // acknowledgement lost at the cut is the one a worker may not have
+    // heard).
     let mut accepted = farm.accepted();
     let n = accepted.len();
     accepted.sort();
     accepted.dedup();
     assert_eq!(accepted.len(), n, "a task was accepted twice");
-    assert_eq!(n, 16);
+    assert!((15..=16).contains(&n), "{n} acknowledgements for 16 tasks");
 
     // And it takes new work again.
     let before = farm.log_of(victim).matches("result accepted").count();

@@ -5,4 +5,5 @@
 pub mod cache;
 pub mod engine;
 pub mod run;
+pub mod tasks;
 pub mod telemetry;

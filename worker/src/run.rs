@@ -1,8 +1,9 @@
 //! The worker's connection loop: join with the worker ticket, heartbeat,
 //! render what is assigned on as many slots as it offers, upload outputs,
 //! and reconnect with backoff and jitter whenever the coordinator goes away.
+//! What it holds across connections is the pure [`TaskTable`]; this module
+//! only connects, reconnects and moves messages.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,6 +22,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::cache::Cache;
 use crate::engine::Engine;
+use crate::tasks::{Outcome, Report, Stop, TaskTable};
 use crate::telemetry::Sampler;
 
 /// How often telemetry rides along with a heartbeat.
@@ -55,8 +57,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
     let config = Arc::new(config);
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let mut held = Held {
-        tasks: HashMap::new(),
-        jobs: HashMap::new(),
+        table: TaskTable::default(),
         finished_tx,
         finished_rx,
         link: Arc::new(Mutex::new(None)),
@@ -73,13 +74,13 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
                     }
                 }
                 tracing::warn!(
-                    held = held.tasks.len(),
+                    held = held.table.len(),
                     "disconnected from the coordinator: {e:#}"
                 );
             }
             Ok(SessionEnd::Drained) => return Ok(()),
             Ok(SessionEnd::Closed) => tracing::warn!(
-                held = held.tasks.len(),
+                held = held.table.len(),
                 "the coordinator closed the connection"
             ),
         }
@@ -89,7 +90,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = shutdown.wait_for(|&s| s) => {
-                held.abort_all();
+                held.table.stop_all();
                 return Ok(());
             }
         }
@@ -105,11 +106,10 @@ enum SessionEnd {
     Drained,
 }
 
-/// The tasks this worker holds, across connections.
+/// The tasks this worker holds, across connections, and the channels its
+/// renders report on.
 struct Held {
-    tasks: HashMap<(u64, u32), HeldTask>,
-    /// The jobs of tasks it was given, as the coordinator described them.
-    jobs: HashMap<u64, Arc<JobInfo>>,
+    table: TaskTable<Render>,
     /// Render tasks report here when they end.
     finished_tx: mpsc::UnboundedSender<(TaskRef, Outcome)>,
     finished_rx: mpsc::UnboundedReceiver<(TaskRef, Outcome)>,
@@ -120,77 +120,16 @@ struct Held {
 
 type Link = Arc<Mutex<Option<mpsc::UnboundedSender<WorkerMsg>>>>;
 
-struct HeldTask {
-    epoch: u64,
-    state: TaskState,
+/// A running render: its task, and the flag that stops the engine early.
+struct Render {
+    handle: tokio::task::AbortHandle,
+    canceled: Arc<AtomicBool>,
 }
 
-enum TaskState {
-    /// Its render task, and the flag that stops the engine early.
-    Rendering(tokio::task::AbortHandle, Arc<AtomicBool>),
-    /// Rendered or failed; sent until the coordinator acknowledges it.
-    Finished(Arc<Report>),
-}
-
-/// A finished task's report, with the output to upload first when it is
-/// too large to ride inline.
-struct Report {
-    msg: WorkerMsg,
-    upload: Option<Vec<u8>>,
-}
-
-/// What a render task came to.
-enum Outcome {
-    Report(Report),
-    /// The connection it fetched its files over went away before the
-    /// render could start: there is nothing to report.
-    Lost,
-}
-
-impl Held {
-    /// The tasks to name when joining.
-    fn refs(&self) -> Vec<TaskRef> {
-        let mut refs: Vec<TaskRef> = (self.tasks.iter())
-            .map(|(&(job, index), t)| TaskRef {
-                job,
-                index,
-                epoch: t.epoch,
-            })
-            .collect();
-        refs.sort_by_key(|t| (t.job, t.index));
-        refs
-    }
-
-    /// Removes the task if it is held under `epoch`; stops its render.
-    fn drop_task(&mut self, t: TaskRef) -> bool {
-        let key = (t.job, t.index);
-        if self.tasks.get(&key).is_none_or(|h| h.epoch != t.epoch) {
-            return false;
-        }
-        if let Some(HeldTask {
-            state: TaskState::Rendering(handle, canceled),
-            ..
-        }) = self.tasks.remove(&key)
-        {
-            canceled.store(true, Ordering::Relaxed);
-            handle.abort();
-        }
-        true
-    }
-
-    fn abort_all(&mut self) {
-        for (_, task) in self.tasks.drain() {
-            if let TaskState::Rendering(handle, canceled) = task.state {
-                canceled.store(true, Ordering::Relaxed);
-                handle.abort();
-            }
-        }
-    }
-
-    fn rendering(&self) -> usize {
-        (self.tasks.values())
-            .filter(|t| matches!(t.state, TaskState::Rendering(..)))
-            .count()
+impl Stop for Render {
+    fn stop(&self) {
+        self.canceled.store(true, Ordering::Relaxed);
+        self.handle.abort();
     }
 }
 
@@ -230,7 +169,7 @@ async fn session(
         s = transport::connect(&config.ticket, &config.name, Timing::default()) => s?,
         // While connecting there is nothing to hand back.
         _ = shutdown.wait_for(|&s| s) => {
-            held.abort_all();
+            held.table.stop_all();
             return Ok(SessionEnd::Drained);
         }
     };
@@ -253,7 +192,7 @@ async fn session(
         slots: config.slots,
         price_per_hour: config.price_per_hour,
         hostname,
-        holding: held.refs(),
+        holding: held.table.holding(),
         interruptible: config.interruptible,
         cached: cache.held_digests(),
     }))?;
@@ -267,7 +206,7 @@ async fn session(
                 worker_id,
                 heartbeat_ms,
                 lease_ms,
-                holding = held.tasks.len(),
+                holding = held.table.len(),
                 "joined the farm"
             );
             heartbeat_ms
@@ -278,10 +217,8 @@ async fn session(
     cache.reset_jobs();
     *held.link.lock().expect("link lock") = Some(tx.clone());
     // Results finished before this connection: send them again.
-    for task in held.tasks.values() {
-        if let TaskState::Finished(report) = &task.state {
-            send_report(&conn, &tx, report.clone());
-        }
+    for report in held.table.unacknowledged() {
+        send_report(&conn, &tx, report);
     }
     let heartbeat = {
         let tx = tx.clone();
@@ -312,36 +249,25 @@ async fn session(
         let next = tokio::select! {
             next = codec::read_frame::<CoordMsg, _>(&mut recv) => next,
             Some((t, outcome)) = held.finished_rx.recv() => {
-                let key = (t.job, t.index);
-                if held.tasks.get(&key).is_none_or(|h| h.epoch != t.epoch) {
-                    continue; // canceled meanwhile
-                }
-                match outcome {
-                    Outcome::Lost => {
-                        held.tasks.remove(&key);
-                    }
-                    Outcome::Report(report) => {
-                        let report = Arc::new(report);
-                        send_report(&conn, &tx, report.clone());
-                        held.tasks.insert(key, HeldTask { epoch: t.epoch, state: TaskState::Finished(report) });
-                    }
+                if let Some(report) = held.table.finished(t, outcome) {
+                    send_report(&conn, &tx, report);
                 }
                 continue;
             }
             _ = shutdown.wait_for(|&s| s), if leave_by.is_none() => {
-                tracing::info!(running = held.rendering(), grace_ms = config.drain_grace.as_millis() as u64, "shutting down: handing back leases");
+                tracing::info!(running = held.table.rendering(), grace_ms = config.drain_grace.as_millis() as u64, "shutting down: handing back leases");
                 let _ = tx.send(WorkerMsg::Draining);
                 draining = true;
                 leave_by = Some(Instant::now() + config.drain_grace);
                 continue;
             }
             _ = drain_check.tick(), if draining => {
-                if held.tasks.is_empty() {
+                if held.table.is_empty() {
                     tracing::info!("drained: every task finished and acknowledged; leaving");
                     break Ok(SessionEnd::Drained);
                 }
                 if leave_by.is_some_and(|t| Instant::now() >= t) {
-                    tracing::info!(handed_back = held.tasks.len(), "leaving with tasks unfinished; the coordinator requeues them");
+                    tracing::info!(handed_back = held.table.len(), "leaving with tasks unfinished; the coordinator requeues them");
                     break Ok(SessionEnd::Drained);
                 }
                 continue;
@@ -355,32 +281,25 @@ async fn session(
         match msg {
             CoordMsg::Drain => {
                 tracing::info!(
-                    running = held.rendering(),
+                    running = held.table.rendering(),
                     "asked to drain: finishing running tasks, then leaving"
                 );
                 draining = true;
             }
             CoordMsg::Joined { .. } => {}
-            CoordMsg::Job(info) => {
-                held.jobs.insert(info.job, Arc::new(info));
-            }
+            CoordMsg::Job(info) => held.table.job(info),
             CoordMsg::Assign(task) => {
-                let Some(job) = held.jobs.get(&task.task.job).cloned() else {
-                    let _ = tx.send(WorkerMsg::Failed {
-                        task: task.task,
-                        error: "assigned a task of a job this worker was never told about".into(),
-                    });
-                    continue;
+                let job = match held.table.assign(&task) {
+                    Ok(job) => job,
+                    Err(error) => {
+                        let _ = tx.send(WorkerMsg::Failed {
+                            task: task.task,
+                            error,
+                        });
+                        continue;
+                    }
                 };
                 let t = task.task;
-                // A task assigned again replaces the attempt it had here.
-                if let Some(old) = held.tasks.get(&(t.job, t.index)) {
-                    let old = TaskRef {
-                        epoch: old.epoch,
-                        ..t
-                    };
-                    held.drop_task(old);
-                }
                 let canceled = Arc::new(AtomicBool::new(false));
                 let env = TaskEnv {
                     config: config.clone(),
@@ -390,16 +309,14 @@ async fn session(
                     finished: held.finished_tx.clone(),
                 };
                 let handle = tokio::spawn(run_task(env, job, task, canceled.clone()));
-                held.tasks.insert(
-                    (t.job, t.index),
-                    HeldTask {
-                        epoch: t.epoch,
-                        state: TaskState::Rendering(handle.abort_handle(), canceled),
-                    },
-                );
+                let render = Render {
+                    handle: handle.abort_handle(),
+                    canceled,
+                };
+                held.table.started(t, render);
             }
             CoordMsg::Cancel(t) => {
-                if held.drop_task(t) {
+                if held.table.cancel(t) {
                     tracing::info!(
                         job = t.job,
                         task = t.index,
@@ -413,10 +330,7 @@ async fn session(
                 accepted,
                 reason,
             } => {
-                let key = (task.job, task.index);
-                if held.tasks.get(&key).is_some_and(|h| h.epoch == task.epoch) {
-                    held.tasks.remove(&key);
-                }
+                held.table.ack(task);
                 if accepted {
                     tracing::info!(
                         job = task.job,
@@ -439,7 +353,7 @@ async fn session(
     heartbeat.abort();
     *held.link.lock().expect("link lock") = None;
     if matches!(result, Ok(SessionEnd::Drained)) {
-        held.abort_all();
+        held.table.stop_all();
     }
     drop(tx);
     let _ = writer.await;

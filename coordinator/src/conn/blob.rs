@@ -38,7 +38,7 @@ async fn serve_blob(
         job: Some(job),
         sent,
         ..
-    } = blob::answer(&shared.store, ch, uploaded).await?
+    } = blob::answer(shared.store.inner(), ch, uploaded).await?
     {
         shared.update(|core, _| core.served_to_worker(job, sent));
     }

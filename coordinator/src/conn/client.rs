@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use tessera_protocol::messages::{ClientRequest, ClientResponse, FrameOutput};
+use tessera_protocol::store::BlobStore;
 use tessera_protocol::transport::Channel;
 
 use crate::gc::collect_garbage;

@@ -8,6 +8,7 @@ use std::sync::Arc;
 use anyhow::bail;
 use tessera_protocol::codec::{read_frame, write_frame};
 use tessera_protocol::messages::{WorkerMsg, MAX_INLINE_OUTPUT};
+use tessera_protocol::store::BlobStore;
 use tessera_protocol::transport::Channel;
 use tessera_protocol::Digest;
 use tokio::sync::mpsc;
@@ -80,7 +81,7 @@ fn store_output(shared: &Shared, output: Digest, inline: Option<Vec<u8>>) -> Res
         if let Err(e) = shared.store.put_bytes(&bytes) {
             return Err(format!("cannot store the output: {e}"));
         }
-    } else if !shared.store.contains(&output) {
+    } else if shared.store.has(&output).is_none() {
         return Err(format!("output blob {output} was not uploaded"));
     }
     Ok(())

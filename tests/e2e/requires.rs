@@ -1,0 +1,81 @@
+//! What some tests need beyond Rust: Blender, tmux, root with iproute2.
+//!
+//! Such a test is `#[ignore = "needs …"]`, so a plain `cargo test` lists it
+//! as ignored in its summary instead of passing it silently. CI runs
+//! `cargo test -- --include-ignored`; a test run that way whose requirement
+//! is missing fails, naming what to install. With `CI=true`,
+//! [`ci_has_every_requirement`] fails even a plain run on a machine that
+//! lacks one.
+
+use std::process::{Command, Stdio};
+
+/// One thing a test may need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Need {
+    /// `blender` (or `$TESSERA_BLENDER`) runs.
+    Blender,
+    /// `tmux` runs.
+    Tmux,
+    /// Root, with iproute2's `ip` (network namespaces).
+    RootNetns,
+}
+
+impl Need {
+    const ALL: [Need; 3] = [Need::Blender, Need::Tmux, Need::RootNetns];
+
+    fn what(self) -> &'static str {
+        match self {
+            Need::Blender => {
+                "Blender on the PATH (apt-get install blender, or set TESSERA_BLENDER)"
+            }
+            Need::Tmux => "tmux on the PATH (apt-get install tmux)",
+            Need::RootNetns => "root and iproute2's `ip` (network namespaces)",
+        }
+    }
+
+    fn present(self) -> bool {
+        let runs = |cmd: &mut Command| {
+            cmd.stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        match self {
+            Need::Blender => {
+                let exe = std::env::var_os("TESSERA_BLENDER").unwrap_or_else(|| "blender".into());
+                runs(Command::new(exe).arg("--version"))
+            }
+            Need::Tmux => runs(Command::new("tmux").arg("-V")),
+            Need::RootNetns => {
+                let root = (Command::new("id").arg("-u").output())
+                    .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");
+                root && runs(Command::new("ip").args(["netns", "list"]))
+            }
+        }
+    }
+}
+
+/// Fails the running test when `need` is missing: it was asked to run
+/// (`--include-ignored`), so skipping it would be a silent pass.
+pub fn require(need: Need) {
+    assert!(
+        need.present(),
+        "this test needs {}, which is missing here; install it, or run `cargo test` without --include-ignored to list the test as ignored",
+        need.what()
+    );
+}
+
+#[test]
+fn ci_has_every_requirement() {
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        let missing: Vec<&str> = (Need::ALL.into_iter())
+            .filter(|n| !n.present())
+            .map(Need::what)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "CI=true but missing: {}",
+            missing.join("; ")
+        );
+    }
+}
