@@ -44,6 +44,13 @@ impl Ledger {
         );
     }
 
+    /// Forgets a finished job (its cost is recorded with it) and any lease
+    /// of it still open.
+    pub fn forget_job(&mut self, job: JobId) {
+        self.jobs.remove(&job);
+        self.open.retain(|(task, _), _| task.job != job);
+    }
+
     pub fn lease_started(
         &mut self,
         task: TaskKey,

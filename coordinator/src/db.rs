@@ -6,7 +6,7 @@ use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::JobState;
+use tessera_protocol::messages::{JobState, JobStatus};
 use tessera_protocol::Digest;
 
 #[derive(Debug, thiserror::Error)]
@@ -15,6 +15,21 @@ pub enum DbError {
     Sqlite(#[from] rusqlite::Error),
     #[error("stored job {0} is unreadable: {1}")]
     Corrupt(u64, String),
+    #[error("the database was written by a newer Tessera (schema version {found}; this build reads up to {SCHEMA_VERSION}): run a newer tessera on this data dir")]
+    Newer { found: i64 },
+}
+
+/// The schema this build writes. Version 1 had no version row; version 2
+/// keeps a finished job's counters in its row, so it is read from there
+/// instead of held in memory.
+pub const SCHEMA_VERSION: i64 = 2;
+
+/// What a finished job counted, stored with its final state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FinalCounts {
+    pub tasks_done: u32,
+    pub frames_done: u32,
+    pub render_ms: u64,
 }
 
 /// A job as stored.
@@ -30,6 +45,41 @@ pub struct StoredJob {
     pub error: Option<String>,
     /// Cost of the job's ended leases, as last recorded.
     pub cost_usd: f64,
+    /// A finished job's counters (`None` while it runs).
+    pub counts: Option<FinalCounts>,
+}
+
+impl StoredJob {
+    /// The status of a finished job, from its row alone (a job still
+    /// running is the farm core's to describe).
+    pub fn status(&self) -> JobStatus {
+        let counts = self.counts.unwrap_or_default();
+        let tasks_per_frame = self.spec.tiles.count() * self.spec.sample_ranges;
+        JobStatus {
+            id: self.id,
+            name: self.spec.name.clone(),
+            engine: self.spec.engine,
+            state: self.state,
+            priority: self.spec.priority,
+            frames_total: self.spec.frames.len() as u32,
+            frames_done: counts.frames_done,
+            tasks_total: tasks_per_frame * self.spec.frames.len() as u32,
+            tasks_done: counts.tasks_done,
+            tasks_running: 0,
+            bytes_uploaded: self.bytes_uploaded,
+            bytes_deduplicated: self.bytes_deduplicated,
+            bytes_to_workers: 0,
+            render_ms: counts.render_ms,
+            submitted_unix_ms: self.submitted_ms,
+            finished_unix_ms: self.finished_ms,
+            error: self.error.clone(),
+            blocked: None,
+            cost_usd: self.cost_usd,
+            cost_to_finish_usd: None,
+            eta_secs: None,
+            paused: false,
+        }
+    }
 }
 
 /// A result to commit.
@@ -74,7 +124,10 @@ CREATE TABLE IF NOT EXISTS jobs (
     bytes_uploaded INTEGER NOT NULL,
     bytes_deduplicated INTEGER NOT NULL,
     error TEXT,
-    cost_usd REAL NOT NULL DEFAULT 0
+    cost_usd REAL NOT NULL DEFAULT 0,
+    tasks_done INTEGER,
+    frames_done INTEGER,
+    render_ms INTEGER
 );
 CREATE TABLE IF NOT EXISTS results (
     job INTEGER NOT NULL,
@@ -115,6 +168,117 @@ fn digest_col(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Digest> {
     })
 }
 
+/// Brings the schema to [`SCHEMA_VERSION`]: creates it in a new database,
+/// migrates an older one, and refuses a newer one.
+fn migrate(conn: &Connection) -> Result<(), DbError> {
+    let has_jobs: bool = conn
+        .query_row(
+            "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'jobs'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )
+        .map(|n| n > 0)?;
+    let version: i64 = if has_jobs {
+        conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+            r.get(0)
+        })
+        .optional()?
+        .unwrap_or(1)
+    } else {
+        0
+    };
+    if version > SCHEMA_VERSION {
+        return Err(DbError::Newer { found: version });
+    }
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    let tx = conn.unchecked_transaction()?;
+    if version == 0 {
+        tx.execute_batch(SCHEMA)?;
+    }
+    if version == 1 {
+        // Version 2: a finished job's counters live in its row.
+        tx.execute_batch(
+            "ALTER TABLE jobs ADD COLUMN tasks_done INTEGER;
+             ALTER TABLE jobs ADD COLUMN frames_done INTEGER;
+             ALTER TABLE jobs ADD COLUMN render_ms INTEGER;
+             UPDATE jobs SET
+                 tasks_done = (SELECT COUNT(*) FROM results WHERE results.job = jobs.id),
+                 frames_done = (SELECT COUNT(*) FROM frames WHERE frames.job = jobs.id),
+                 render_ms = (SELECT COALESCE(SUM(render_ms), 0) FROM results WHERE results.job = jobs.id)
+             WHERE state IN ('done', 'failed', 'canceled');",
+        )?;
+    }
+    tx.execute(
+        "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?1)",
+        [SCHEMA_VERSION],
+    )?;
+    tx.commit()?;
+    Ok(())
+}
+
+const JOB_COLUMNS: &str = "id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd, tasks_done, frames_done, render_ms";
+
+/// One `jobs` row, selected with [`JOB_COLUMNS`].
+fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, String, StoredJobRest)> {
+    let counts = match (
+        r.get::<_, Option<i64>>(9)?,
+        r.get::<_, Option<i64>>(10)?,
+        r.get::<_, Option<i64>>(11)?,
+    ) {
+        (Some(t), Some(f), Some(ms)) => Some(FinalCounts {
+            tasks_done: t as u32,
+            frames_done: f as u32,
+            render_ms: ms as u64,
+        }),
+        _ => None,
+    };
+    Ok((
+        r.get::<_, i64>(0)? as u64,
+        r.get::<_, String>(1)?,
+        StoredJobRest {
+            state: parse_state(&r.get::<_, String>(2)?),
+            submitted_ms: r.get::<_, i64>(3)? as u64,
+            finished_ms: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
+            bytes_uploaded: r.get::<_, i64>(5)? as u64,
+            bytes_deduplicated: r.get::<_, i64>(6)? as u64,
+            error: r.get(7)?,
+            cost_usd: r.get(8)?,
+            counts,
+        },
+    ))
+}
+
+/// A job row but its id and spec.
+struct StoredJobRest {
+    state: JobState,
+    submitted_ms: u64,
+    finished_ms: Option<u64>,
+    bytes_uploaded: u64,
+    bytes_deduplicated: u64,
+    error: Option<String>,
+    cost_usd: f64,
+    counts: Option<FinalCounts>,
+}
+
+fn stored_job((id, spec, rest): (u64, String, StoredJobRest)) -> Result<StoredJob, DbError> {
+    let spec: JobSpec =
+        serde_json::from_str(&spec).map_err(|e| DbError::Corrupt(id, e.to_string()))?;
+    Ok(StoredJob {
+        id,
+        spec,
+        state: rest.state,
+        submitted_ms: rest.submitted_ms,
+        finished_ms: rest.finished_ms,
+        bytes_uploaded: rest.bytes_uploaded,
+        bytes_deduplicated: rest.bytes_deduplicated,
+        error: rest.error,
+        cost_usd: rest.cost_usd,
+        counts: rest.counts,
+    })
+}
+
 impl Db {
     pub fn open(path: &Path) -> Result<Db, DbError> {
         let conn = Connection::open(path)?;
@@ -122,7 +286,7 @@ impl Db {
         // and of the machine.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
-        conn.execute_batch(SCHEMA)?;
+        migrate(&conn)?;
         Ok(Db { conn })
     }
 
@@ -192,42 +356,72 @@ impl Db {
         Ok(())
     }
 
+    /// Every job, oldest first.
     pub fn jobs(&self) -> Result<Vec<StoredJob>, DbError> {
-        let mut stmt = self.conn.prepare(
-            "SELECT id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd
-             FROM jobs ORDER BY id",
-        )?;
-        let rows = stmt.query_map([], |r| {
-            Ok((
-                r.get::<_, i64>(0)? as u64,
-                r.get::<_, String>(1)?,
-                r.get::<_, String>(2)?,
-                r.get::<_, i64>(3)? as u64,
-                r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
-                r.get::<_, i64>(5)? as u64,
-                r.get::<_, i64>(6)? as u64,
-                r.get::<_, Option<String>>(7)?,
-                r.get::<_, f64>(8)?,
-            ))
-        })?;
-        let mut jobs = Vec::new();
-        for row in rows {
-            let (id, spec, state, submitted_ms, finished_ms, up, dedup, error, cost_usd) = row?;
-            let spec: JobSpec =
-                serde_json::from_str(&spec).map_err(|e| DbError::Corrupt(id, e.to_string()))?;
-            jobs.push(StoredJob {
-                id,
-                spec,
-                state: parse_state(&state),
-                submitted_ms,
-                finished_ms,
-                bytes_uploaded: up,
-                bytes_deduplicated: dedup,
+        let mut stmt = self
+            .conn
+            .prepare(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY id"))?;
+        let rows = stmt.query_map([], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Jobs still queued or running (the ones a restart resumes).
+    pub fn unfinished_jobs(&self) -> Result<Vec<StoredJob>, DbError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state NOT IN ('done', 'failed', 'canceled') ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Finished jobs, newest first, at most `limit`.
+    pub fn finished_jobs(&self, limit: u32) -> Result<Vec<StoredJob>, DbError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('done', 'failed', 'canceled') ORDER BY id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// One job, if there is one with that id.
+    pub fn job(&self, id: u64) -> Result<Option<StoredJob>, DbError> {
+        let row = self
+            .conn
+            .query_row(
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+                [id as i64],
+                job_row,
+            )
+            .optional()?;
+        row.map(stored_job).transpose()
+    }
+
+    /// Records a job's final state with its cost and counters.
+    pub fn finish_job(
+        &mut self,
+        job: u64,
+        state: JobState,
+        finished_ms: u64,
+        error: Option<&str>,
+        cost_usd: f64,
+        counts: FinalCounts,
+    ) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE jobs SET state = ?2, finished_ms = ?3, error = ?4, cost_usd = ?5,
+                 tasks_done = ?6, frames_done = ?7, render_ms = ?8
+             WHERE id = ?1",
+            params![
+                job as i64,
+                state_name(state),
+                finished_ms as i64,
                 error,
                 cost_usd,
-            });
-        }
-        Ok(jobs)
+                counts.tasks_done,
+                counts.frames_done,
+                counts.render_ms as i64
+            ],
+        )?;
+        Ok(())
     }
 
     /// Commits one accepted result. Returns false if the task already had
@@ -400,6 +594,115 @@ mod tests {
         );
         assert_eq!(db.result_range(jobs[0].id, 0, 4).unwrap(), vec![out]);
         assert_eq!(db.frames(jobs[0].id).unwrap()[0].digest, out);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    fn temp_db(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
+        let dir = std::env::temp_dir().join(format!("tessera-db-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("state.sqlite");
+        (dir, path)
+    }
+
+    #[test]
+    fn a_newer_schema_is_refused_with_a_clear_message() {
+        let (dir, path) = temp_db("newer");
+        let db = Db::open(&path).unwrap();
+        db.conn
+            .execute("UPDATE meta SET value = 99 WHERE key = 'schema'", [])
+            .unwrap();
+        drop(db);
+        let err = Db::open(&path).err().expect("refused");
+        assert!(matches!(err, DbError::Newer { found: 99 }), "{err}");
+        assert!(
+            err.to_string().contains("written by a newer Tessera"),
+            "{err}"
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_version_one_database_is_migrated_with_its_finished_jobs_counted() {
+        let (dir, path) = temp_db("v1");
+        {
+            // The schema as version 1 wrote it: no version row, no counters.
+            let conn = Connection::open(&path).unwrap();
+            conn.execute_batch(
+                "CREATE TABLE meta (key TEXT PRIMARY KEY, value INTEGER NOT NULL);
+                 CREATE TABLE jobs (id INTEGER PRIMARY KEY, request_id TEXT UNIQUE, spec TEXT NOT NULL,
+                     state TEXT NOT NULL, submitted_ms INTEGER NOT NULL, finished_ms INTEGER,
+                     bytes_uploaded INTEGER NOT NULL, bytes_deduplicated INTEGER NOT NULL,
+                     error TEXT, cost_usd REAL NOT NULL DEFAULT 0);
+                 CREATE TABLE results (job INTEGER NOT NULL, idx INTEGER NOT NULL, output TEXT NOT NULL,
+                     render_ms INTEGER NOT NULL, worker TEXT NOT NULL, epoch INTEGER NOT NULL,
+                     PRIMARY KEY (job, idx));
+                 CREATE TABLE frames (job INTEGER NOT NULL, frame INTEGER NOT NULL, digest TEXT NOT NULL,
+                     size INTEGER NOT NULL, PRIMARY KEY (job, frame));
+                 INSERT INTO meta VALUES ('generation', 4);",
+            )
+            .unwrap();
+            let json = serde_json::to_string(&spec(None)).unwrap();
+            conn.execute(
+                "INSERT INTO jobs (id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated)
+                 VALUES (1, ?1, 'done', 10, 20, 0, 0)",
+                [json],
+            )
+            .unwrap();
+            let out = Digest::of(b"tile").to_hex();
+            for idx in 0..2 {
+                conn.execute(
+                    "INSERT INTO results VALUES (1, ?1, ?2, 30, 'w', 1)",
+                    params![idx, out],
+                )
+                .unwrap();
+            }
+        }
+        let mut db = Db::open(&path).unwrap();
+        assert_eq!(db.next_generation().unwrap(), 5, "earlier data kept");
+        let job = db.job(1).unwrap().expect("job 1");
+        let expected = FinalCounts {
+            tasks_done: 2,
+            frames_done: 0,
+            render_ms: 60,
+        };
+        assert_eq!(job.counts, Some(expected));
+        assert_eq!(job.status().tasks_done, 2);
+        drop(db);
+        // Opening it again finds it current.
+        assert!(Db::open(&path).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_finished_job_is_read_back_with_its_counters_and_cost() {
+        let (dir, path) = temp_db("finished");
+        let mut db = Db::open(&path).unwrap();
+        let id = db.insert_job(&spec(None), 1000, 0, 0).unwrap();
+        assert!(db.finished_jobs(10).unwrap().is_empty());
+        assert_eq!(db.unfinished_jobs().unwrap().len(), 1);
+        let counts = FinalCounts {
+            tasks_done: 8,
+            frames_done: 2,
+            render_ms: 900,
+        };
+        db.finish_job(id, JobState::Done, 2000, None, 0.25, counts)
+            .unwrap();
+        assert!(db.unfinished_jobs().unwrap().is_empty());
+        let status = db.finished_jobs(10).unwrap()[0].status();
+        assert_eq!(
+            (
+                status.state,
+                status.tasks_done,
+                status.tasks_total,
+                status.frames_done
+            ),
+            (JobState::Done, 8, 8, 2)
+        );
+        assert_eq!(
+            (status.cost_usd, status.finished_unix_ms),
+            (0.25, Some(2000))
+        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

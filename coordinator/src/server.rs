@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::BlobDir;
-use tessera_protocol::messages::{CoordMsg, FarmEvent, WorkerInfo};
+use tessera_protocol::messages::{CoordMsg, FarmEvent, JobStatus, Snapshot, WorkerInfo};
 use tessera_protocol::store::Verified;
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Timing};
@@ -24,7 +24,7 @@ use tokio::task::JoinSet;
 
 use crate::commit::{self, CommitMsg};
 pub use crate::config::Config;
-use crate::db::Db;
+use crate::db::{Db, StoredJob};
 use crate::farm::{Effect, FarmConfig, FarmCore, Now, RestoredJob};
 use crate::scheduler::{self, WorkerId};
 use crate::{conn, data_dir, dispatch, gc, stitcher};
@@ -159,6 +159,26 @@ impl Shared {
         (value, self.carry_out(later))
     }
 
+    /// A job's status: from the core while it is active, from the database
+    /// once it is finished. `None` when there is no such job.
+    pub fn job_status(&self, id: u64) -> anyhow::Result<Option<JobStatus>> {
+        if let Some(status) = self.read(|core, now| core.job_status(id, now)) {
+            return Ok(Some(status));
+        }
+        Ok(self.db().job(id)?.map(|j| j.status()))
+    }
+
+    /// Every active job, workers and farm figures, with at most
+    /// `finished` finished jobs (newest) read from the database.
+    pub fn snapshot(&self, finished: u32) -> anyhow::Result<Snapshot> {
+        let mut snapshot = self.read(|core, now| core.snapshot(now));
+        let done = self.db().finished_jobs(finished)?;
+        snapshot.jobs.extend(done.iter().map(StoredJob::status));
+        snapshot.jobs.sort_by_key(|j| j.id);
+        snapshot.jobs.dedup_by_key(|j| j.id);
+        Ok(snapshot)
+    }
+
     /// Forgets a worker's writer once it has left.
     pub fn forget_outbox(&self, id: WorkerId) {
         self.locked().outbox.remove(&id);
@@ -174,10 +194,12 @@ impl Shared {
                     state,
                     unix_ms,
                     error,
+                    cost_usd,
+                    counts,
                 } => {
                     let recorded = self
                         .db()
-                        .set_state(job, state, Some(unix_ms), error.as_deref())
+                        .finish_job(job, state, unix_ms, error.as_deref(), cost_usd, counts)
                         .with_context(|| format!("cannot record job {job} as {}", state.name()));
                     if let Err(e) = recorded {
                         if first_error.is_ok() {
@@ -316,13 +338,14 @@ impl Coordinator {
     }
 }
 
-/// Rebuilds the farm core from the database and asks for the frames whose
-/// tasks are all done but which were not stitched yet.
+/// Rebuilds the farm core from the database's unfinished jobs (finished
+/// ones stay in the database) and asks for the frames whose tasks are all
+/// done but which were not stitched yet.
 fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
     let mut restored = Vec::new();
     {
         let db = shared.db();
-        for stored in db.jobs()? {
+        for stored in db.unfinished_jobs()? {
             let results = db.results(stored.id)?;
             let frames = db.frames(stored.id)?;
             restored.push(RestoredJob {

@@ -31,9 +31,7 @@ pub(crate) fn submit(
 ) -> anyhow::Result<JobStatus> {
     if let Some(rid) = &spec.request_id {
         if let Some(id) = shared.db().job_by_request(rid)? {
-            return shared
-                .read(|core, now| core.job_status(id, now))
-                .context("job vanished");
+            return shared.job_status(id)?.context("job vanished");
         }
     }
     let mut spec = spec;

@@ -5,7 +5,11 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use tessera_protocol::messages::{ClientRequest, ClientResponse, FrameOutput};
+use std::collections::HashSet;
+
+use tessera_protocol::messages::{
+    ClientRequest, ClientResponse, FrameOutput, JobState, TileState, TileStatus,
+};
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::transport::Channel;
 
@@ -59,12 +63,7 @@ pub(super) async fn serve(
             ClientRequest::Status(job) => status(&shared, job),
             ClientRequest::Cancel(id) => cancel(&shared, id),
             ClientRequest::Frames(id) => frames(&shared, id),
-            ClientRequest::Tiles { job, frame } => {
-                match shared.read(|core, _| core.tiles(job, frame)) {
-                    Ok(tiles) => ClientResponse::Tiles(tiles),
-                    Err(e) => ClientResponse::Error(e),
-                }
-            }
+            ClientRequest::Tiles { job, frame } => tiles(&shared, job, frame),
             ClientRequest::Pause { job, paused } => {
                 if shared.update(|core, _| core.pause(job, paused)) {
                     ClientResponse::Done
@@ -87,39 +86,53 @@ pub(super) async fn serve(
 }
 
 fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
-    shared.read(|core, now| match job {
-        Some(id) => match core.job_status(id, now) {
-            Some(status) => ClientResponse::Status {
-                jobs: vec![status],
-                workers: core.worker_statuses(now),
+    let answer = || -> anyhow::Result<ClientResponse> {
+        Ok(match job {
+            Some(id) => match shared.job_status(id)? {
+                Some(status) => ClientResponse::Status {
+                    jobs: vec![status],
+                    workers: shared.read(|core, now| core.worker_statuses(now)),
+                },
+                None => ClientResponse::Error(format!("no job {id} on this coordinator")),
             },
-            None => ClientResponse::Error(format!("no job {id} on this coordinator")),
-        },
-        None => {
-            let snapshot = core.snapshot(now);
-            ClientResponse::Status {
-                jobs: snapshot.jobs,
-                workers: snapshot.workers,
+            None => {
+                let snapshot = shared.snapshot(u32::MAX)?;
+                ClientResponse::Status {
+                    jobs: snapshot.jobs,
+                    workers: snapshot.workers,
+                }
             }
-        }
-    })
+        })
+    };
+    answer().unwrap_or_else(|e| ClientResponse::Error(format!("{e:#}")))
 }
 
 fn cancel(shared: &Arc<Shared>, id: u64) -> ClientResponse {
     match shared.act(|core, now| core.cancel(id, now)) {
-        (None, _) => ClientResponse::Error(format!("no job {id} on this coordinator")),
         (Some(_), Err(e)) => ClientResponse::Error(format!("cannot record the cancel: {e:#}")),
         (Some(status), Ok(())) => ClientResponse::Canceled(status),
+        // Not active: finished already (it stays as it was), or unknown.
+        (None, _) => match shared.job_status(id) {
+            Ok(Some(status)) => ClientResponse::Canceled(status),
+            Ok(None) => ClientResponse::Error(format!("no job {id} on this coordinator")),
+            Err(e) => ClientResponse::Error(format!("{e:#}")),
+        },
     }
 }
 
 fn frames(shared: &Shared, id: u64) -> ClientResponse {
-    let Some(format) = shared.read(|core, _| core.output_format(id)) else {
-        return ClientResponse::Error(format!("no job {id} on this coordinator"));
-    };
-    let stored = shared.db().frames(id);
-    match stored {
-        Ok(frames) => ClientResponse::Frames(
+    let answer = || -> anyhow::Result<ClientResponse> {
+        let format = match shared.read(|core, _| core.output_format(id)) {
+            Some(format) => Some(format),
+            None => shared.db().job(id)?.map(|j| j.spec.output),
+        };
+        let Some(format) = format else {
+            return Ok(ClientResponse::Error(format!(
+                "no job {id} on this coordinator"
+            )));
+        };
+        let frames = shared.db().frames(id)?;
+        Ok(ClientResponse::Frames(
             frames
                 .into_iter()
                 .map(|f| FrameOutput {
@@ -129,7 +142,55 @@ fn frames(shared: &Shared, id: u64) -> ClientResponse {
                     format,
                 })
                 .collect(),
-        ),
-        Err(e) => ClientResponse::Error(e.to_string()),
+        ))
+    };
+    answer().unwrap_or_else(|e| ClientResponse::Error(format!("{e:#}")))
+}
+
+/// Every tile of one frame, for the mosaic: from the core while the job is
+/// active, from the database once it is finished.
+fn tiles(shared: &Shared, job: u64, frame: u32) -> ClientResponse {
+    if let Ok(tiles) = shared.read(|core, _| core.tiles(job, frame)) {
+        return ClientResponse::Tiles(tiles);
     }
+    let answer = || -> anyhow::Result<ClientResponse> {
+        let Some(stored) = shared.db().job(job)? else {
+            return Ok(ClientResponse::Error(format!(
+                "no job {job} on this coordinator"
+            )));
+        };
+        let spec = &stored.spec;
+        let Some(pos) = spec.frames.iter().position(|&f| f == frame) else {
+            return Ok(ClientResponse::Error(format!(
+                "job {job} does not render frame {frame}"
+            )));
+        };
+        let per_frame = spec.tiles.count() * spec.sample_ranges;
+        let first = pos as u32 * per_frame;
+        let done: HashSet<u32> = (shared.db().results(job)?.into_iter())
+            .map(|r| r.index)
+            .filter(|i| (first..first + per_frame).contains(i))
+            .collect();
+        let (w, h) = spec.resolution;
+        let tiles = (0..spec.tiles.count())
+            .map(|tile| {
+                let tasks =
+                    first + tile * spec.sample_ranges..first + (tile + 1) * spec.sample_ranges;
+                let state =
+                    if stored.state == JobState::Done || tasks.clone().all(|i| done.contains(&i)) {
+                        TileState::Done
+                    } else if stored.state == JobState::Failed {
+                        TileState::Failed
+                    } else {
+                        TileState::Queued
+                    };
+                TileStatus {
+                    tile: spec.tiles.rect(tile, w, h),
+                    state,
+                }
+            })
+            .collect();
+        Ok(ClientResponse::Tiles(tiles))
+    };
+    answer().unwrap_or_else(|e| ClientResponse::Error(format!("{e:#}")))
 }

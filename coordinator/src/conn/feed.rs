@@ -13,17 +13,19 @@ use crate::server::Shared;
 
 /// How often a fresh snapshot goes out.
 const SNAPSHOT_EVERY: Duration = Duration::from_millis(500);
+/// Finished jobs a snapshot shows (the newest), read from the database.
+pub const FEED_FINISHED_JOBS: u32 = 100;
 
 pub(super) async fn feed(shared: &Shared, mut control: Channel) -> anyhow::Result<()> {
     let mut events = shared.events();
     let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
     loop {
         let msg = tokio::select! {
-            _ = tick.tick() => ClientResponse::Snapshot(shared.read(|core, now| core.snapshot(now))),
+            _ = tick.tick() => ClientResponse::Snapshot(shared.snapshot(FEED_FINISHED_JOBS)?),
             event = events.recv() => match event {
                 Ok((unix_ms, event)) => ClientResponse::Event { unix_ms, event },
                 Err(broadcast::error::RecvError::Lagged(_)) => {
-                    ClientResponse::Snapshot(shared.read(|core, now| core.snapshot(now)))
+                    ClientResponse::Snapshot(shared.snapshot(FEED_FINISHED_JOBS)?)
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },

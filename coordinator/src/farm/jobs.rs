@@ -5,6 +5,7 @@ use tessera_protocol::job::{JobSpec, OutputFormat};
 use tessera_protocol::messages::{CoordMsg, FarmEvent, JobState, JobStatus};
 
 use super::{AcceptedResult, Effect, FarmCore, Now};
+use crate::db::FinalCounts;
 use crate::scheduler::WorkerId;
 
 impl FarmCore {
@@ -123,36 +124,59 @@ impl FarmCore {
         self.finish_job(job, JobState::Failed, Some(error), now);
     }
 
-    /// Cancels a job. `None` when there is no such job; a job already final
-    /// stays as it was.
+    /// Cancels a running or queued job and returns its final status.
+    /// `None` when the core does not hold it: no such job, or one that
+    /// finished already (the database has those).
     pub fn cancel(&mut self, id: u64, now: Now) -> Option<JobStatus> {
-        let state = self.job_status(id, now)?.state;
-        if !state.is_final() {
-            self.finish_job(id, JobState::Canceled, None, now);
+        let status = self.finish_job(id, JobState::Canceled, None, now);
+        if status.is_some() {
             tracing::info!(job = id, "job canceled");
         }
-        self.job_status(id, now)
+        status
     }
 
-    /// Marks a job final, tells workers to drop its leases, and asks for
-    /// the state to be recorded.
-    fn finish_job(&mut self, id: u64, state: JobState, error: Option<String>, now: Now) {
+    /// Marks a job final, tells workers to drop its leases, asks for the
+    /// state to be recorded with the job's cost and counters, and forgets
+    /// the job: memory follows active work, the database keeps the rest.
+    /// Returns its final status.
+    fn finish_job(
+        &mut self,
+        id: u64,
+        state: JobState,
+        error: Option<String>,
+        now: Now,
+    ) -> Option<JobStatus> {
+        if self.jobs.get(&id).is_none_or(|j| j.final_state.is_some()) {
+            return None;
+        }
         if state != JobState::Done {
             let leases = self.sched.cancel_job(id);
             self.send_cancels(&leases, now);
         }
         self.emit(now, FarmEvent::JobChanged { job: id, state });
-        if let Some(job) = self.jobs.get_mut(&id) {
-            job.final_state = Some(state);
-            job.error = error.clone();
-            job.finished_unix_ms = Some(now.unix_ms);
-        }
+        let job = self.jobs.get_mut(&id)?;
+        job.final_state = Some(state);
+        job.error = error.clone();
+        job.finished_unix_ms = Some(now.unix_ms);
+        let counts = FinalCounts {
+            tasks_done: job.tasks_done,
+            frames_done: job.frames_done,
+            render_ms: job.render_ms,
+        };
+        let status = self.job_status(id, now);
+        let cost_usd = self.ledger.job_cost(id, now.ms);
         self.effects.push(Effect::Record {
             job: id,
             state,
             unix_ms: now.unix_ms,
             error,
+            cost_usd,
+            counts,
         });
+        self.jobs.remove(&id);
+        self.sched.forget_job(id);
+        self.ledger.forget_job(id);
+        status
     }
 
     /// Pauses or resumes a job; false when it is not queued or running.

@@ -29,6 +29,7 @@ use tessera_protocol::Digest;
 pub(crate) use job::Job;
 
 use crate::cost::Ledger;
+use crate::db::FinalCounts;
 use crate::scheduler::{self, Epoch, Millis, NewJob, Scheduler, TaskKey, WorkerId};
 
 /// The time an event happens at, passed in by the caller: `ms` is the
@@ -71,12 +72,15 @@ pub enum Effect {
     /// Every task of this frame is committed: stitch it, then report with
     /// [`FarmCore::frame_stitched`] (or [`FarmCore::fail_job`]).
     Stitch { job: u64, frame_pos: usize },
-    /// Record a job's final state in the database.
+    /// Record a job's final state in the database, with its cost and
+    /// counters: the core has forgotten it.
     Record {
         job: u64,
         state: JobState,
         unix_ms: u64,
         error: Option<String>,
+        cost_usd: f64,
+        counts: FinalCounts,
     },
     /// Something changed that may let the dispatcher hand out work.
     Wake,

@@ -17,6 +17,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::Digest;
 
 use super::*;
+use crate::db::FinalCounts;
 
 const LEASE: Millis = 1_000;
 
@@ -83,6 +84,8 @@ struct Farm {
     commits: Vec<AcceptedResult>,
     stitches: Vec<(u64, usize)>,
     records: Vec<(u64, JobState, Option<String>)>,
+    /// Each recorded job's counters.
+    finals: HashMap<u64, FinalCounts>,
     wakes: usize,
     next_job: u64,
 }
@@ -97,6 +100,7 @@ impl Farm {
             commits: Vec::new(),
             stitches: Vec::new(),
             records: Vec::new(),
+            finals: HashMap::new(),
             wakes: 0,
             next_job: 1,
         }
@@ -123,8 +127,15 @@ impl Farm {
                 Effect::Commit(c) => self.commits.push(c),
                 Effect::Stitch { job, frame_pos } => self.stitches.push((job, frame_pos)),
                 Effect::Record {
-                    job, state, error, ..
-                } => self.records.push((job, state, error)),
+                    job,
+                    state,
+                    error,
+                    counts,
+                    ..
+                } => {
+                    self.records.push((job, state, error));
+                    self.finals.insert(job, counts);
+                }
                 Effect::Wake => self.wakes += 1,
             }
         }
@@ -277,16 +288,15 @@ fn a_job_completes_when_every_frame_is_committed_and_stitched() {
     );
     farm.stitch_all();
     assert_eq!(farm.records, [(job, JobState::Done, None)]);
-    let status = farm.core.job_status(job, farm.now()).unwrap();
-    assert_eq!(
-        (
-            status.state,
-            status.tasks_done,
-            status.frames_done,
-            status.render_ms
-        ),
-        (JobState::Done, 4, 2, 40)
-    );
+    let counts = FinalCounts {
+        tasks_done: 4,
+        frames_done: 2,
+        render_ms: 40,
+    };
+    assert_eq!(farm.finals[&job], counts, "recorded with the job");
+    // Finished, it is forgotten: the database describes it from now on.
+    assert!(farm.core.job_status(job, farm.now()).is_none());
+    assert!(farm.core.stitch_plan(job, 0).is_none());
     let statuses = farm.core.worker_statuses(farm.now());
     assert_eq!(
         (statuses[0].tasks_done, statuses[0].state),
@@ -326,7 +336,7 @@ fn a_worker_that_leaves_gives_its_tasks_back_and_rejoining_keeps_what_it_still_h
     farm.done(w2, again[0].task);
     farm.commit_all(&mut db);
     farm.stitch_all();
-    assert_eq!(farm.state(job), JobState::Done);
+    assert_eq!(farm.records, [(job, JobState::Done, None)]);
     assert_eq!(db.len(), 2);
 }
 
@@ -368,12 +378,9 @@ fn canceling_a_job_during_a_render_tells_its_worker_and_records_it() {
     assert_eq!(kinds(&farm.read(w)), ["ack 1/0 false"]);
     farm.at(5 * LEASE).dispatch();
     assert!(farm.read(w).is_empty());
-    // Canceling again changes nothing; an unknown job is `None`.
+    // Canceling again changes nothing: the core no longer holds it.
     let now = farm.now();
-    assert_eq!(
-        farm.core.cancel(job, now).unwrap().state,
-        JobState::Canceled
-    );
+    assert!(farm.core.cancel(job, now).is_none());
     assert!(farm.core.cancel(99, now).is_none());
     farm.collect();
     assert_eq!(farm.records.len(), 1);
@@ -435,11 +442,8 @@ fn a_task_that_fails_max_attempts_times_fails_its_job_with_the_errors() {
             ..
         }
     )));
-    let status = farm.core.job_status(job, farm.now()).unwrap();
-    assert_eq!(
-        (status.state, status.error.as_deref()),
-        (JobState::Failed, Some(error.as_str()))
-    );
+    assert_eq!(farm.finals[&job].tasks_done, 0);
+    assert!(farm.core.job_status(job, farm.now()).is_none(), "forgotten");
 }
 
 #[test]
@@ -590,12 +594,11 @@ fn simulate(seed: u64) -> Seen {
     let mut rng = Rng(seed);
     let mut farm = Farm::new(50);
     let mut db: BTreeSet<(u64, u32)> = BTreeSet::new();
-    let jobs: Vec<u64> = (0..1 + rng.below(3))
-        .map(|j| {
-            let frames = 1 + rng.below(4) as u32;
-            let tiles = 1 + rng.below(3) as u32;
-            farm.submit(spec(&format!("job{j}"), frames, tiles))
-        })
+    let shapes: Vec<(u32, u32)> = (0..1 + rng.below(3))
+        .map(|_| (1 + rng.below(4) as u32, 1 + rng.below(3) as u32))
+        .collect();
+    let jobs: Vec<u64> = (shapes.iter().enumerate())
+        .map(|(j, &(frames, tiles))| farm.submit(spec(&format!("job{j}"), frames, tiles)))
         .collect();
     let mut machines: Vec<Machine> = (0..2 + rng.below(4)).map(|_| Machine::default()).collect();
     let mut accepted_acks = 0usize;
@@ -703,21 +706,24 @@ fn simulate(seed: u64) -> Seen {
             farm.stitch_all();
         }
     }
-    for &job in &jobs {
-        let status = farm.core.job_status(job, farm.now()).unwrap();
+    for (&job, &(frames, tiles)) in jobs.iter().zip(&shapes) {
         let committed = db.iter().filter(|(j, _)| *j == job).count() as u32;
-        assert_eq!(status.state, JobState::Done, "seed {seed}: job {job}");
+        let record = farm.records.iter().find(|r| r.0 == job);
         assert_eq!(
-            status.tasks_done, committed,
+            record.map(|r| r.1),
+            Some(JobState::Done),
+            "seed {seed}: job {job}"
+        );
+        let counts = farm.finals[&job];
+        assert_eq!(
+            counts.tasks_done, committed,
             "seed {seed}: job {job} counters"
         );
-        assert_eq!(
-            status.tasks_done, status.tasks_total,
-            "seed {seed}: job {job}"
-        );
-        assert_eq!(
-            status.frames_done, status.frames_total,
-            "seed {seed}: job {job}"
+        assert_eq!(counts.tasks_done, frames * tiles, "seed {seed}: job {job}");
+        assert_eq!(counts.frames_done, frames, "seed {seed}: job {job}");
+        assert!(
+            farm.core.job_status(job, farm.now()).is_none(),
+            "seed {seed}: forgotten"
         );
     }
     let records: BTreeSet<u64> = farm.records.iter().map(|r| r.0).collect();

@@ -780,6 +780,19 @@ impl Scheduler {
         }
     }
 
+    /// Forgets a job that is over (done, failed or canceled), so memory
+    /// follows active work; it is then unknown, like one never added.
+    /// Returns false, changing nothing, for a live or unknown job.
+    pub fn forget_job(&mut self, job: JobId) -> bool {
+        if self.jobs.get(&job).is_none_or(|j| j.state.is_live()) {
+            return false;
+        }
+        self.jobs.remove(&job);
+        self.affinity.assets.remove(&job);
+        self.retries.retain(|(_, task)| task.job != job);
+        true
+    }
+
     pub fn job_state(&self, job: JobId) -> Option<JobState> {
         self.jobs.get(&job).map(|known| known.state.clone())
     }
