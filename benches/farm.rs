@@ -14,6 +14,10 @@
 //!     (the work left, on 3 workers). The workers run the no-op engine with
 //!     a fixed time per task, so that, like separate GPUs, they do not
 //!     share this machine's 2 cores.
+//! (e) memory: 10,000 one-task jobs through a coordinator; its resident
+//!     memory once they are done against its resident memory after a
+//!     restart on the same data dir (target: within 1.5x), and how long
+//!     `status` for one job takes (target: under 50 ms);
 
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
@@ -39,6 +43,164 @@ fn main() {
     if run("recovery") {
         recovery();
     }
+    if run("memory") {
+        memory();
+    }
+}
+
+/// Resident memory of a process, in MiB, from `/proc`.
+fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: f64 = (status.lines())
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib / 1024.0
+}
+
+/// Asks for each job's status over one connection until all are done;
+/// returns each request's latency in milliseconds.
+async fn statuses_until_done(
+    ch: &mut tessera_protocol::transport::Channel,
+    ids: &[u64],
+) -> Vec<f64> {
+    use tessera_protocol::messages::{ClientRequest, ClientResponse, JobState};
+    let deadline = Instant::now() + std::time::Duration::from_secs(1800);
+    let mut latencies = Vec::with_capacity(ids.len());
+    for &id in ids {
+        loop {
+            let asked = Instant::now();
+            ch.send(&ClientRequest::Status(Some(id))).await.unwrap();
+            let answer = ch.recv::<ClientResponse>().await.unwrap();
+            latencies.push(asked.elapsed().as_secs_f64() * 1000.0);
+            match answer {
+                Some(ClientResponse::Status { jobs, .. }) if jobs[0].state == JobState::Done => {
+                    break
+                }
+                Some(ClientResponse::Status { .. }) => {
+                    assert!(Instant::now() < deadline, "job {id} never finished");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                other => panic!("status of job {id}: {other:?}"),
+            }
+        }
+    }
+    latencies
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize]
+}
+
+fn memory() {
+    use tessera_protocol::blob::{self, BlobSource};
+    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+    use tessera_protocol::messages::{ClientRequest, ClientResponse};
+    use tessera_protocol::transport::{self, Timing};
+
+    let jobs: u32 = std::env::var("TESSERA_BENCH_JOBS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000);
+    let mut farm = Farm::start("bench-memory", &[]);
+    for i in 0..2 {
+        farm.add_worker_with(&format!("noop-{i}"), &["--engine", "noop", "--slots", "8"]);
+    }
+    farm.wait_workers(2);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ticket = std::fs::read_to_string(farm.data.join("client.ticket")).unwrap();
+    let ticket: tessera_protocol::ticket::Ticket = ticket.trim().parse().unwrap();
+    let started = Instant::now();
+    let ids: Vec<u64> = rt.block_on(async {
+        let session = transport::connect(&ticket, "bench", Timing::default())
+            .await
+            .unwrap();
+        let scene = b"{\"a one-task job for the memory benchmark\": true}".to_vec();
+        let digest = tessera_protocol::Digest::of(&scene);
+        blob::put(
+            &session.connection,
+            digest,
+            scene.len() as u64,
+            BlobSource::Bytes(&scene),
+        )
+        .await
+        .unwrap();
+        let mut ch = session.control;
+        let mut ids = Vec::new();
+        for i in 0..jobs {
+            let spec = JobSpec {
+                request_id: None,
+                name: format!("one-{i}"),
+                engine: Engine::Noop,
+                scene: "s.json".into(),
+                manifest: vec![ManifestEntry {
+                    path: "s.json".into(),
+                    digest,
+                    size: scene.len() as u64,
+                    origin: None,
+                }],
+                frames: vec![1],
+                tiles: TileGrid::WHOLE,
+                sample_ranges: 1,
+                samples: 1,
+                resolution: (16, 16),
+                priority: 0,
+                output: OutputFormat::Png,
+            };
+            ch.send(&ClientRequest::Submit(spec)).await.unwrap();
+            match ch.recv::<ClientResponse>().await.unwrap() {
+                Some(ClientResponse::Submitted(status)) => ids.push(status.id),
+                other => panic!("submit: {other:?}"),
+            }
+        }
+        statuses_until_done(&mut ch, &ids).await;
+        ids
+    });
+    let all_done = started.elapsed().as_secs_f64();
+    let pid = farm.coordinator_pid();
+    let rss_done = rss_mib(pid);
+    farm.kill_coordinator();
+    farm.start_coordinator();
+    // The same status pass on the restarted coordinator, timed.
+    let mut latencies = rt.block_on(async {
+        let session = transport::connect(&ticket, "bench", Timing::default())
+            .await
+            .unwrap();
+        let mut ch = session.control;
+        statuses_until_done(&mut ch, &ids).await
+    });
+    let rss_restarted = rss_mib(farm.coordinator_pid());
+    latencies.sort_by(|a, b| a.total_cmp(b));
+    // And as a script runs it: one `tessera status JOB --json` process.
+    let mut cli: Vec<f64> = (0..10)
+        .map(|i| {
+            let id = ids[i * ids.len() / 10];
+            let t = Instant::now();
+            let out = farm.run(&["status", &id.to_string(), "--json"]);
+            assert!(out.status.success());
+            t.elapsed().as_secs_f64() * 1000.0
+        })
+        .collect();
+    cli.sort_by(|a, b| a.total_cmp(b));
+    let ratio = rss_done / rss_restarted;
+    println!("memory: {jobs} one-task jobs (no-op engine, 2 workers x 8 slots), all done in {all_done:.1} s");
+    println!("  coordinator RSS, all done        {rss_done:8.1} MiB");
+    println!("  coordinator RSS, restarted       {rss_restarted:8.1} MiB");
+    println!(
+        "  done / restarted                 {ratio:8.2}x   target <= 1.5x  ({:.2}x target)",
+        ratio / 1.5
+    );
+    println!(
+        "  status JOB over a connection     median {:.2} ms, p99 {:.2} ms, max {:.2} ms  target < 50 ms",
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        percentile(&latencies, 1.0)
+    );
+    println!(
+        "  tessera status JOB --json        median {:.1} ms, max {:.1} ms (a whole process: start, QUIC handshake, answer)",
+        percentile(&cli, 0.5),
+        percentile(&cli, 1.0)
+    );
 }
 
 /// Makespan (seconds) of a 256-task job on 4 workers taking 100 ms a task;

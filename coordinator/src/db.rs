@@ -30,6 +30,8 @@ pub struct FinalCounts {
     pub tasks_done: u32,
     pub frames_done: u32,
     pub render_ms: u64,
+    /// Asset bytes served to workers for the job.
+    pub bytes_to_workers: u64,
 }
 
 /// A job as stored.
@@ -68,7 +70,7 @@ impl StoredJob {
             tasks_running: 0,
             bytes_uploaded: self.bytes_uploaded,
             bytes_deduplicated: self.bytes_deduplicated,
-            bytes_to_workers: 0,
+            bytes_to_workers: counts.bytes_to_workers,
             render_ms: counts.render_ms,
             submitted_unix_ms: self.submitted_ms,
             finished_unix_ms: self.finished_ms,
@@ -127,7 +129,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     cost_usd REAL NOT NULL DEFAULT 0,
     tasks_done INTEGER,
     frames_done INTEGER,
-    render_ms INTEGER
+    render_ms INTEGER,
+    bytes_to_workers INTEGER
 );
 CREATE TABLE IF NOT EXISTS results (
     job INTEGER NOT NULL,
@@ -203,7 +206,9 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
             "ALTER TABLE jobs ADD COLUMN tasks_done INTEGER;
              ALTER TABLE jobs ADD COLUMN frames_done INTEGER;
              ALTER TABLE jobs ADD COLUMN render_ms INTEGER;
+             ALTER TABLE jobs ADD COLUMN bytes_to_workers INTEGER;
              UPDATE jobs SET
+                 bytes_to_workers = 0,
                  tasks_done = (SELECT COUNT(*) FROM results WHERE results.job = jobs.id),
                  frames_done = (SELECT COUNT(*) FROM frames WHERE frames.job = jobs.id),
                  render_ms = (SELECT COALESCE(SUM(render_ms), 0) FROM results WHERE results.job = jobs.id)
@@ -218,7 +223,7 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
     Ok(())
 }
 
-const JOB_COLUMNS: &str = "id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd, tasks_done, frames_done, render_ms";
+const JOB_COLUMNS: &str = "id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd, tasks_done, frames_done, render_ms, bytes_to_workers";
 
 /// One `jobs` row, selected with [`JOB_COLUMNS`].
 fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, String, StoredJobRest)> {
@@ -226,11 +231,13 @@ fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, String, StoredJobRes
         r.get::<_, Option<i64>>(9)?,
         r.get::<_, Option<i64>>(10)?,
         r.get::<_, Option<i64>>(11)?,
+        r.get::<_, Option<i64>>(12)?,
     ) {
-        (Some(t), Some(f), Some(ms)) => Some(FinalCounts {
+        (Some(t), Some(f), Some(ms), sent) => Some(FinalCounts {
             tasks_done: t as u32,
             frames_done: f as u32,
             render_ms: ms as u64,
+            bytes_to_workers: sent.unwrap_or(0) as u64,
         }),
         _ => None,
     };
@@ -408,7 +415,7 @@ impl Db {
     ) -> Result<(), DbError> {
         self.conn.execute(
             "UPDATE jobs SET state = ?2, finished_ms = ?3, error = ?4, cost_usd = ?5,
-                 tasks_done = ?6, frames_done = ?7, render_ms = ?8
+                 tasks_done = ?6, frames_done = ?7, render_ms = ?8, bytes_to_workers = ?9
              WHERE id = ?1",
             params![
                 job as i64,
@@ -418,7 +425,8 @@ impl Db {
                 cost_usd,
                 counts.tasks_done,
                 counts.frames_done,
-                counts.render_ms as i64
+                counts.render_ms as i64,
+                counts.bytes_to_workers as i64
             ],
         )?;
         Ok(())
@@ -665,6 +673,7 @@ mod tests {
             tasks_done: 2,
             frames_done: 0,
             render_ms: 60,
+            bytes_to_workers: 0,
         };
         assert_eq!(job.counts, Some(expected));
         assert_eq!(job.status().tasks_done, 2);
@@ -685,6 +694,7 @@ mod tests {
             tasks_done: 8,
             frames_done: 2,
             render_ms: 900,
+            bytes_to_workers: 77,
         };
         db.finish_job(id, JobState::Done, 2000, None, 0.25, counts)
             .unwrap();

@@ -119,6 +119,12 @@ impl Farm {
         self.coordinator = Some(child);
     }
 
+    /// The running coordinator's process id (for the memory benchmark).
+    #[allow(dead_code)]
+    pub fn coordinator_pid(&self) -> u32 {
+        self.coordinator.as_ref().expect("coordinator running").id()
+    }
+
     /// Waits for the coordinator to end by itself (a failpoint), at most
     /// `limit`.
     pub fn wait_coordinator_exit(&mut self, limit: Duration) -> std::process::ExitStatus {

@@ -162,6 +162,7 @@ impl FarmCore {
             tasks_done: job.tasks_done,
             frames_done: job.frames_done,
             render_ms: job.render_ms,
+            bytes_to_workers: job.bytes_to_workers,
         };
         let status = self.job_status(id, now);
         let cost_usd = self.ledger.job_cost(id, now.ms);

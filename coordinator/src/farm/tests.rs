@@ -292,6 +292,7 @@ fn a_job_completes_when_every_frame_is_committed_and_stitched() {
         tasks_done: 4,
         frames_done: 2,
         render_ms: 40,
+        bytes_to_workers: 0,
     };
     assert_eq!(farm.finals[&job], counts, "recorded with the job");
     // Finished, it is forgotten: the database describes it from now on.
