@@ -115,16 +115,27 @@ fn memory() {
         let session = transport::connect(&ticket, "bench", Timing::default())
             .await
             .unwrap();
-        let scene = b"{\"a one-task job for the memory benchmark\": true}".to_vec();
-        let digest = tessera_protocol::Digest::of(&scene);
-        blob::put(
-            &session.connection,
-            digest,
-            scene.len() as u64,
-            BlobSource::Bytes(&scene),
-        )
-        .await
-        .unwrap();
+        // A scene and seven textures, as a small real job would name.
+        let mut manifest = Vec::new();
+        for f in 0..8u8 {
+            let bytes = vec![f; 4096 + usize::from(f) * 1000];
+            let digest = tessera_protocol::Digest::of(&bytes);
+            let len = bytes.len() as u64;
+            blob::put(&session.connection, digest, len, BlobSource::Bytes(&bytes))
+                .await
+                .unwrap();
+            let path = if f == 0 {
+                "shot/scene.json".to_string()
+            } else {
+                format!("shot/textures/texture_{f:02}.png")
+            };
+            manifest.push(ManifestEntry {
+                path,
+                digest,
+                size: len,
+                origin: Some(format!("/home/artist/projects/shot/file_{f}")),
+            });
+        }
         let mut ch = session.control;
         let mut ids = Vec::new();
         for i in 0..jobs {
@@ -132,18 +143,13 @@ fn memory() {
                 request_id: None,
                 name: format!("one-{i}"),
                 engine: Engine::Noop,
-                scene: "s.json".into(),
-                manifest: vec![ManifestEntry {
-                    path: "s.json".into(),
-                    digest,
-                    size: scene.len() as u64,
-                    origin: None,
-                }],
+                scene: "shot/scene.json".into(),
+                manifest: manifest.clone(),
                 frames: vec![1],
                 tiles: TileGrid::WHOLE,
                 sample_ranges: 1,
                 samples: 1,
-                resolution: (16, 16),
+                resolution: (320, 180),
                 priority: 0,
                 output: OutputFormat::Png,
             };
@@ -183,7 +189,7 @@ fn memory() {
         .collect();
     cli.sort_by(|a, b| a.total_cmp(b));
     let ratio = rss_done / rss_restarted;
-    println!("memory: {jobs} one-task jobs (no-op engine, 2 workers x 8 slots), all done in {all_done:.1} s");
+    println!("memory: {jobs} one-task jobs of 8 files, 320x180 (no-op engine, 2 workers x 8 slots), all done in {all_done:.1} s");
     println!("  coordinator RSS, all done        {rss_done:8.1} MiB");
     println!("  coordinator RSS, restarted       {rss_restarted:8.1} MiB");
     println!(

@@ -63,7 +63,13 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
             .collect();
         let jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
         let costs = shared.read(|core, _| core.closed_costs(&jobs));
-        let outcome = (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string());
+        // The outputs first: a result is durable, blob and row, before it
+        // is acknowledged.
+        let outputs: Vec<_> = batch.iter().map(|c| c.output).collect();
+        let outcome = match shared.store.inner().sync(&outputs) {
+            Ok(()) => (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string()),
+            Err(e) => Err(format!("cannot make the outputs durable: {e}")),
+        };
         if exit_after_commit && outcome.is_ok() {
             // The test of "durable before acknowledged": die like a killed
             // process, with the batch committed and nothing acknowledged.

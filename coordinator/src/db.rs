@@ -372,6 +372,35 @@ impl Db {
         rows.map(|row| stored_job(row?)).collect()
     }
 
+    /// Up to `limit` jobs with ids above `after`, in id order: a long scan
+    /// in pages, so that the lock on the database is held briefly.
+    pub fn jobs_page(&self, after: u64, limit: u32) -> Result<Vec<StoredJob>, DbError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE id > ?1 ORDER BY id LIMIT ?2"
+        ))?;
+        let rows = stmt.query_map(params![after as i64, limit], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Every task output and frame of the jobs that are not finished, or
+    /// finished after `finished_after` (unix ms): what garbage collection
+    /// keeps besides the jobs' files.
+    pub fn outputs_kept(&self, finished_after: u64) -> Result<Vec<Digest>, DbError> {
+        let kept = "SELECT id FROM jobs WHERE state NOT IN ('done', 'failed', 'canceled')
+                    OR finished_ms IS NULL OR finished_ms > ?1";
+        let mut out = Vec::new();
+        for table in ["SELECT output FROM results", "SELECT digest FROM frames"] {
+            let mut stmt = self
+                .conn
+                .prepare(&format!("{table} WHERE job IN ({kept})"))?;
+            let rows = stmt.query_map([finished_after as i64], |r| digest_col(r, 0))?;
+            for row in rows {
+                out.push(row?);
+            }
+        }
+        Ok(out)
+    }
+
     /// Jobs still queued or running (the ones a restart resumes).
     pub fn unfinished_jobs(&self) -> Result<Vec<StoredJob>, DbError> {
         let mut stmt = self.conn.prepare(&format!(

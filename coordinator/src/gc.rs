@@ -16,6 +16,8 @@ const GC_EVERY: Duration = Duration::from_secs(3600);
 /// collected: an upload whose submit has not arrived yet, a worker's output
 /// before its result is committed.
 const GC_GRACE: Duration = Duration::from_secs(3600);
+/// Jobs read per database lock while collecting.
+const GC_PAGE: u32 = 500;
 
 /// Collects garbage now and every [`GC_EVERY`] until its task is aborted.
 pub(crate) async fn every_hour(shared: Arc<Shared>) {
@@ -38,10 +40,20 @@ pub(crate) fn collect_garbage(shared: &Shared) -> anyhow::Result<Collected> {
     let _gc = shared.gc.lock().expect("gc lock");
     let now = unix_ms();
     let retention = shared.config.retention.as_millis() as u64;
-    let mut keep = HashSet::new();
-    {
-        let db = shared.db();
-        for job in db.jobs()? {
+    let finished_before = now.saturating_sub(retention);
+    let mut keep: HashSet<_> = shared
+        .db()
+        .outputs_kept(finished_before)?
+        .into_iter()
+        .collect();
+    // The jobs' files and their chunks, a page of jobs at a time: status
+    // requests read the database too, and must not wait for a whole scan.
+    let mut after = 0;
+    loop {
+        let page = shared.db().jobs_page(after, GC_PAGE)?;
+        let Some(last) = page.last() else { break };
+        after = last.id;
+        for job in &page {
             let expired = job.state.is_final()
                 && job
                     .finished_ms
@@ -55,8 +67,6 @@ pub(crate) fn collect_garbage(shared: &Shared) -> anyhow::Result<Collected> {
                     keep.extend(recipe.chunks.iter().map(|c| c.digest));
                 }
             }
-            keep.extend(db.results(job.id)?.into_iter().map(|r| r.output));
-            keep.extend(db.frames(job.id)?.into_iter().map(|f| f.digest));
         }
     }
     let young = std::time::SystemTime::now() - GC_GRACE;

@@ -40,6 +40,14 @@ pub(crate) fn submit(
         spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
     }
     validate(&spec, |d| shared.store.has(d))?;
+    // Uploads are stored unsynced; the job's files are durable before the
+    // job is.
+    let files: Vec<Digest> = spec.manifest.iter().map(|m| m.digest).collect();
+    shared
+        .store
+        .inner()
+        .sync(&files)
+        .context("cannot make the job's files durable")?;
     let total: u64 = spec.manifest.iter().map(|m| m.size).sum();
     let dedup = total.saturating_sub(uploaded);
     let submitted = unix_ms();

@@ -120,15 +120,53 @@ impl BlobDir {
     /// Moves a complete temporary file into place; in a durable store the
     /// file is synced first and its folder after.
     fn commit(&self, temp: &Path, digest: &Digest) -> std::io::Result<()> {
+        self.commit_synced(temp, digest, self.durable)
+    }
+
+    fn commit_synced(&self, temp: &Path, digest: &Digest, sync: bool) -> std::io::Result<()> {
         let dest = self.path(digest);
         let parent = dest.parent().expect("blob paths have a parent");
         std::fs::create_dir_all(parent)?;
-        if self.durable {
+        if sync {
             std::fs::File::open(temp)?.sync_all()?;
         }
         std::fs::rename(temp, &dest)?;
-        if self.durable {
+        if sync {
             std::fs::File::open(parent)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Makes stored blobs durable: each file is synced, then each folder
+    /// holding one, once. For blobs stored with [`BlobDir::put_unsynced`] or
+    /// [`BlobDir::receive`], before anything that relies on them is
+    /// acknowledged (a result's commit, a job's submit); many at once cost
+    /// one folder sync per folder.
+    pub fn sync(&self, digests: &[Digest]) -> std::io::Result<()> {
+        let mut folders = std::collections::BTreeSet::new();
+        for digest in digests {
+            let path = self.path(digest);
+            std::fs::File::open(&path)?.sync_all()?;
+            folders.insert(
+                path.parent()
+                    .expect("blob paths have a parent")
+                    .to_path_buf(),
+            );
+        }
+        for folder in folders {
+            std::fs::File::open(folder)?.sync_all()?;
+        }
+        Ok(())
+    }
+
+    /// Stores `bytes` under `digest` without hashing or syncing them: the
+    /// caller has checked the digest and calls [`BlobDir::sync`] before
+    /// relying on them.
+    pub fn put_unsynced(&self, digest: &Digest, bytes: &[u8]) -> std::io::Result<()> {
+        if self.size(digest) != Some(bytes.len() as u64) {
+            let temp = self.temp_path(digest);
+            std::fs::write(&temp, bytes)?;
+            self.commit_synced(&temp, digest, false)?;
         }
         Ok(())
     }
@@ -332,7 +370,8 @@ impl BlobDir {
     }
 
     /// Reads exactly `len` bytes from `src` into the store, hashing as it
-    /// writes. A mismatch leaves nothing behind.
+    /// writes. A mismatch leaves nothing behind. Not synced, even in a
+    /// durable store: whoever relies on the blob calls [`BlobDir::sync`].
     pub async fn receive<R: AsyncRead + Unpin>(
         &self,
         digest: Digest,
@@ -345,7 +384,7 @@ impl BlobDir {
         let temp = self.temp_path(&digest);
         let result = self.receive_into(&temp, digest, len, src).await;
         match result {
-            Ok(()) => Ok(self.commit(&temp, &digest)?),
+            Ok(()) => Ok(self.commit_synced(&temp, &digest, false)?),
             Err(e) => {
                 let _ = tokio::fs::remove_file(&temp).await;
                 Err(e)

@@ -295,6 +295,20 @@ mod tests {
     }
 
     #[test]
+    fn an_unsynced_blob_is_synced_later_and_a_missing_one_is_an_error() {
+        let (_d, dir) = dir();
+        let digest = Digest::of(b"a worker's inline output");
+        dir.put_unsynced(&digest, b"a worker's inline output")
+            .expect("put");
+        dir.sync(&[digest]).expect("sync");
+        assert_eq!(
+            Verified::new(dir.clone()).get(&digest).expect("get"),
+            b"a worker's inline output"
+        );
+        assert!(dir.sync(&[Digest::of(b"never stored")]).is_err());
+    }
+
+    #[test]
     fn a_durable_store_keeps_what_it_stored_across_reopening() {
         let (d, dir) = dir();
         let digest = Verified::new(dir).put_bytes(b"kept").expect("put");

@@ -78,7 +78,8 @@ fn store_output(shared: &Shared, output: Digest, inline: Option<Vec<u8>>) -> Res
         if bytes.len() > MAX_INLINE_OUTPUT || Digest::of(&bytes) != output {
             return Err(format!("inline output does not match its digest {output}"));
         }
-        if let Err(e) = shared.store.put_bytes(&bytes) {
+        // Synced with its commit, off this task (see `commit.rs`).
+        if let Err(e) = shared.store.inner().put_unsynced(&output, &bytes) {
             return Err(format!("cannot store the output: {e}"));
         }
     } else if shared.store.has(&output).is_none() {

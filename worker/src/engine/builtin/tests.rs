@@ -290,7 +290,7 @@ fn png_round_trip_is_lossless() {
 /// `$TESSERA_PREVIEW_DIR` (default `/tmp/tessera-preview`) and prints timings.
 /// `cargo test -p tessera-worker --lib builtin -- --ignored --nocapture`
 #[test]
-#[ignore]
+#[ignore = "a tool, not a check: writes preview frames"]
 fn write_preview_frames() {
     let out = std::env::var("TESSERA_PREVIEW_DIR");
     let out = out.unwrap_or_else(|_| "/tmp/tessera-preview".into());
