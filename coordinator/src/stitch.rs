@@ -3,6 +3,7 @@
 //! share one); the frame is written as a PNG of the same kind, so stitched
 //! pixels are exactly the rendered pixels.
 
+pub use tessera_protocol::float_tile::{is_float_tile, FloatTile};
 use tessera_protocol::job::TileRect;
 use tessera_protocol::sums::SumTile;
 
@@ -163,67 +164,6 @@ pub fn stitch_sums(
     )
 }
 
-/// A linear float tile as engines write it for float output or sample
-/// ranges: `TFLT`, then u32 LE width, height, channels (4) and the number of
-/// samples it averages, then width × height × 4 f32 LE, rows top to bottom.
-#[derive(Debug, Clone, PartialEq)]
-pub struct FloatTile {
-    pub width: u32,
-    pub height: u32,
-    pub samples: u32,
-    pub rgba: Vec<f32>,
-}
-
-pub const FLOAT_TILE_MAGIC: &[u8; 4] = b"TFLT";
-
-impl FloatTile {
-    pub fn parse(index: usize, bytes: &[u8]) -> Result<FloatTile, StitchError> {
-        let bad = |reason: &str| StitchError::BadTile {
-            index,
-            reason: reason.to_string(),
-        };
-        if bytes.get(..4) != Some(FLOAT_TILE_MAGIC) || bytes.len() < 20 {
-            return Err(bad("not a float tile"));
-        }
-        let word =
-            |i: usize| u32::from_le_bytes(bytes[4 + i * 4..8 + i * 4].try_into().expect("4 bytes"));
-        let (width, height, channels, samples) = (word(0), word(1), word(2), word(3));
-        if channels != 4 {
-            return Err(bad("float tiles must have 4 channels"));
-        }
-        let count = width as usize * height as usize * 4;
-        if bytes.len() != 20 + count * 4 {
-            return Err(bad("float tile length does not match its size"));
-        }
-        let rgba = bytes[20..]
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().expect("4 bytes")))
-            .collect();
-        Ok(FloatTile {
-            width,
-            height,
-            samples,
-            rgba,
-        })
-    }
-
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(20 + self.rgba.len() * 4);
-        out.extend_from_slice(FLOAT_TILE_MAGIC);
-        for v in [self.width, self.height, 4, self.samples] {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        for v in &self.rgba {
-            out.extend_from_slice(&v.to_le_bytes());
-        }
-        out
-    }
-}
-
-pub fn is_float_tile(bytes: &[u8]) -> bool {
-    bytes.get(..4) == Some(FLOAT_TILE_MAGIC)
-}
-
 /// Assembles a float RGBA frame from tiles, each given as the float tiles of
 /// its sample ranges. Ranges are merged by their sample-count-weighted mean,
 /// which equals the mean over all samples up to float rounding.
@@ -236,7 +176,12 @@ pub fn stitch_float(
     for (index, (rect, ranges)) in tiles.iter().enumerate() {
         let parts = ranges
             .iter()
-            .map(|b| FloatTile::parse(index, b))
+            .map(|b| {
+                FloatTile::parse(b).map_err(|e| StitchError::BadTile {
+                    index,
+                    reason: e.to_string(),
+                })
+            })
             .collect::<Result<Vec<_>, _>>()?;
         for p in &parts {
             if (p.width, p.height) != (rect.width, rect.height) {
@@ -329,7 +274,7 @@ mod tests {
         let frame = stitch_float(2, 1, &[(rect, vec![a.encode(), b.encode()])]).unwrap();
         assert_eq!(frame, vec![0.0, 0.0, 0.0, 0.0, 2.0, 2.0, 1.0, 1.0]);
         assert!(is_float_tile(&a.encode()) && !is_float_tile(b"\x89PNG"));
-        let err = FloatTile::parse(0, &a.encode()[..30]).unwrap_err();
+        let err = FloatTile::parse(&a.encode()[..30]).unwrap_err();
         assert!(err.to_string().contains("length does not match"), "{err}");
     }
 

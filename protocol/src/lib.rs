@@ -7,6 +7,7 @@ pub mod blob;
 pub mod chunk;
 pub mod codec;
 pub mod digest;
+pub mod float_tile;
 pub mod job;
 pub mod messages;
 pub mod store;

@@ -6,6 +6,7 @@ mod assets;
 mod bad_input;
 mod blender;
 mod faults;
+mod formats;
 mod harness;
 mod monitor;
 mod operate;

@@ -18,10 +18,12 @@ pub enum Need {
     Tmux,
     /// Root, with iproute2's `ip` (network namespaces).
     RootNetns,
+    /// `python3` runs.
+    Python3,
 }
 
 impl Need {
-    const ALL: [Need; 3] = [Need::Blender, Need::Tmux, Need::RootNetns];
+    const ALL: [Need; 4] = [Need::Blender, Need::Tmux, Need::RootNetns, Need::Python3];
 
     fn what(self) -> &'static str {
         match self {
@@ -30,6 +32,7 @@ impl Need {
             }
             Need::Tmux => "tmux on the PATH (apt-get install tmux)",
             Need::RootNetns => "root and iproute2's `ip` (network namespaces)",
+            Need::Python3 => "python3 on the PATH (apt-get install python3)",
         }
     }
 
@@ -46,6 +49,7 @@ impl Need {
                 runs(Command::new(exe).arg("--version"))
             }
             Need::Tmux => runs(Command::new("tmux").arg("-V")),
+            Need::Python3 => runs(Command::new("python3").arg("--version")),
             Need::RootNetns => {
                 let root = (Command::new("id").arg("-u").output())
                     .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");

@@ -28,9 +28,9 @@
 # Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123}
 # or {"ok":false,"error":"one line"}.
 #
-# raw:true output: b"TFLT" + u32 width + u32 height + u32 channels(4) + u32 samples
-# + width*height*4 float32, all little endian, rows top to bottom, premultiplied
-# scene-linear RGBA exactly as Blender writes it to a 32-bit float EXR.
+# raw:true output: a float tile (protocol/src/float_tile.rs; write_float_tile
+# below) of premultiplied scene-linear RGBA exactly as Blender writes it to a
+# 32-bit float EXR.
 #
 # Self-contained (stdlib + bpy): embedded in the worker binary.
 
@@ -434,14 +434,23 @@ def write_raw(exr_path, out, samples):
         row[2::4] = array.array("f", b)
         row[3::4] = array.array("f", a)
         buf.extend(row)
+    write_float_tile(out, w, h, samples, buf)
+    return w, h
+
+
+def write_float_tile(out, w, h, samples, rgba):
+    """Writes the float tile format of protocol/src/float_tile.rs: b"TFLT",
+    u32 width, height, channels (4) and samples, then w*h*4 float32 RGBA,
+    all little endian, rows top to bottom. `rgba` is an array.array("f")."""
+    import array
     if sys.byteorder != "little":
-        buf.byteswap()
+        rgba = array.array("f", rgba)
+        rgba.byteswap()
     tmp = out + ".part"
     with open(tmp, "wb") as f:
         f.write(b"TFLT" + struct.pack("<IIII", w, h, 4, samples))
-        f.write(buf.tobytes())
+        f.write(rgba.tobytes())
     os.replace(tmp, out)
-    return w, h
 
 
 # ---------------------------------------------------------------------------
