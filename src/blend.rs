@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
-use tessera_worker::engine::blender;
+use tessera_scan::blender;
 
 #[derive(Debug, Deserialize)]
 pub struct Scan {

@@ -20,7 +20,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
 use tessera_protocol::Digest;
-use tessera_worker::engine::builtin;
+use tessera_scan::builtin;
 
 use crate::blend;
 use crate::progress::{human_bytes, Progress};

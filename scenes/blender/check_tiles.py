@@ -29,6 +29,7 @@ import zlib
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 ENGINE = os.path.join(ROOT, "worker", "src", "engine", "blender")
+SCAN = os.path.join(ROOT, "scan", "src", "blender")
 BASE = ["-b", "--factory-startup", "--disable-autoexec"]
 PREFIX = "@@TESSERA@@ "
 
@@ -159,7 +160,7 @@ def blender(args, log=None, env=None, check=True):
 
 
 def scan(blend, out_json):
-    src = open(os.path.join(ENGINE, "scan.py")).read()
+    src = open(os.path.join(SCAN, "scan.py")).read()
     p, dt = blender(BASE + [blend, "--python-exit-code", "3", "--python-expr", src, "--", out_json])
     return json.load(open(out_json)), dt
 
@@ -535,7 +536,7 @@ def main():
     lines = []
     for g in (garbage, trunc):
         p, _ = blender(BASE + [g, "--python-exit-code", "3", "--python-expr",
-                               open(os.path.join(ENGINE, "scan.py")).read(), "--", work + "/g.json"], check=False)
+                               open(os.path.join(SCAN, "scan.py")).read(), "--", work + "/g.json"], check=False)
         lines.append("rc %d: %s" % (p.returncode, [l for l in p.stdout.splitlines() if l.startswith("Error")]))
     report("g') corrupt .blend", all(l.startswith("rc 1") for l in lines), " | ".join(lines))
 

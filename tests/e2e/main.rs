@@ -8,6 +8,7 @@ mod blender;
 mod faults;
 mod formats;
 mod harness;
+mod layering;
 mod monitor;
 mod operate;
 mod partition;

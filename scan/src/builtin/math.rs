@@ -7,7 +7,7 @@ use std::ops::{Add, AddAssign, Div, Mul, Neg, Sub};
 
 /// A point, direction or linear RGB colour.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
-pub(crate) struct Vec3 {
+pub struct Vec3 {
     pub x: f32,
     pub y: f32,
     pub z: f32,
@@ -99,7 +99,7 @@ fn mix64(mut z: u64) -> u64 {
 }
 
 /// A splitmix64 random stream owned by one sample of one pixel.
-pub(crate) struct Rng(u64);
+pub struct Rng(u64);
 
 const GOLDEN: u64 = 0x9e37_79b9_7f4a_7c15;
 

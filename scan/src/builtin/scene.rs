@@ -44,16 +44,16 @@ macro_rules! ensure {
 /// A parsed and validated builtin scene.
 #[derive(Debug, Clone)]
 pub struct Scene {
-    pub(crate) file: SceneFile,
+    pub file: SceneFile,
     /// `file.materials` in name order, indexed by [`Object::material_index`].
-    pub(crate) materials: Vec<Material>,
+    pub materials: Vec<Material>,
     texture_paths: Vec<String>,
 }
 
 /// The scene file as written; only [`SceneFile::validate`] turns it into a [`Scene`].
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct SceneFile {
+pub struct SceneFile {
     pub resolution: [u32; 2],
     samples: u32,
     #[serde(default = "default_max_bounces")]
@@ -90,7 +90,7 @@ struct Frames {
 /// What a ray that leaves the scene sees: a flat colour or a vertical gradient.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub(crate) enum Background {
+pub enum Background {
     Color([f32; 3]),
     Sky { horizon: [f32; 3], zenith: [f32; 3] },
 }
@@ -105,7 +105,7 @@ impl Default for Background {
 }
 
 impl Background {
-    pub(crate) fn radiance(&self, dir: Vec3) -> Vec3 {
+    pub fn radiance(&self, dir: Vec3) -> Vec3 {
         match *self {
             Background::Color(c) => c.into(),
             Background::Sky { horizon, zenith } => {
@@ -134,7 +134,7 @@ struct MotionKey {
 /// How a surface scatters or emits light. Colours are linear RGB.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
-pub(crate) enum Material {
+pub enum Material {
     /// `albedo` tints `texture` when there is one.
     Diffuse {
         #[serde(default = "white")]
@@ -164,7 +164,7 @@ pub(crate) enum Material {
 /// A texture path, checked while parsing so the error carries a line number.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(try_from = "String")]
-pub(crate) struct TexturePath(String);
+pub struct TexturePath(String);
 
 impl TryFrom<String> for TexturePath {
     type Error = String;
@@ -188,7 +188,7 @@ impl TryFrom<String> for TexturePath {
 /// One object: a shape, the name of its material and optional keyframed motion.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub(crate) struct Object {
+pub struct Object {
     pub shape: Shape,
     material: String,
     #[serde(default)]
@@ -199,7 +199,7 @@ pub(crate) struct Object {
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
-pub(crate) enum Shape {
+pub enum Shape {
     Sphere {
         center: [f32; 3],
         radius: f32,
@@ -217,7 +217,7 @@ pub(crate) enum Shape {
 
 impl Object {
     /// How far keyframed motion has moved the object at `frame`.
-    pub(crate) fn offset_at(&self, frame: u32) -> Vec3 {
+    pub fn offset_at(&self, frame: u32) -> Vec3 {
         if self.motion.is_empty() {
             return Vec3::ZERO;
         }
@@ -283,7 +283,7 @@ impl Scene {
     }
 
     /// Camera position, look-at point and vertical field of view at `frame`.
-    pub(crate) fn camera_at(&self, frame: u32) -> (Vec3, Vec3, f32) {
+    pub fn camera_at(&self, frame: u32) -> (Vec3, Vec3, f32) {
         let (a, b, t) = blend(&self.file.camera, frame, |k| k.frame);
         let position = Vec3::from(a.position).lerp(b.position.into(), t);
         let look_at = Vec3::from(a.look_at).lerp(b.look_at.into(), t);

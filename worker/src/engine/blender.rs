@@ -23,10 +23,7 @@ use super::Engine;
 
 /// The session script, passed with `--python-expr`.
 pub const SESSION_PY: &str = include_str!("blender/session.py");
-/// The dependency scan, run on the submitting machine.
-pub const SCAN_PY: &str = include_str!("blender/scan.py");
-/// What every Blender invocation starts with.
-pub const SAFE_ARGS: [&str; 3] = ["-b", "--factory-startup", "--disable-autoexec"];
+pub use tessera_scan::blender::{detect, SAFE_ARGS, SCAN_PY};
 const REPLY: &str = "@@TESSERA@@ ";
 const LOG_LINES: usize = 40;
 
@@ -72,25 +69,6 @@ impl Device {
             Device::Hip => Some(("HIP_VISIBLE_DEVICES", index.to_string())),
         }
     }
-}
-
-/// Finds Blender: `$TESSERA_BLENDER`, else `blender` on the PATH. Returns the
-/// executable and its version line, or `None` when it cannot run.
-pub fn detect() -> Option<(PathBuf, String)> {
-    let exe =
-        std::env::var_os("TESSERA_BLENDER").map_or_else(|| PathBuf::from("blender"), PathBuf::from);
-    let out = Command::new(&exe)
-        .arg("--version")
-        .stdin(Stdio::null())
-        .output()
-        .ok()?;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let version = text
-        .lines()
-        .find(|l| l.starts_with("Blender "))?
-        .trim()
-        .to_string();
-    out.status.success().then_some((exe, version))
 }
 
 /// What `session.py` is told when it starts.
