@@ -27,6 +27,7 @@ pub use crate::config::Config;
 use crate::db::{Db, StoredJob};
 use crate::farm::{Effect, FarmConfig, FarmCore, Now, RestoredJob};
 use crate::scheduler::{self, WorkerId};
+use crate::stitcher::StitchMsg;
 use crate::{conn, data_dir, dispatch, gc, stitcher};
 
 /// The core and the channels its effects go to, under one lock.
@@ -48,8 +49,8 @@ pub(crate) struct Shared {
     pub worker_secret: String,
     pub client_secret: String,
     commits: mpsc::UnboundedSender<CommitMsg>,
+    stitches: mpsc::UnboundedSender<StitchMsg>,
     events: broadcast::Sender<(u64, FarmEvent)>,
-    pub runtime: tokio::runtime::Handle,
     /// Held by garbage collection and by each submit: a job's blobs are
     /// either seen as referenced by a collection or submitted after it.
     pub gc: Mutex<()>,
@@ -188,7 +189,9 @@ impl Shared {
         let mut first_error = Ok(());
         for effect in effects {
             match effect {
-                Effect::Stitch { job, frame_pos } => stitcher::spawn(self, job, frame_pos),
+                Effect::Stitch { job, frame_pos } => {
+                    let _ = self.stitches.send(StitchMsg::Frame { job, frame_pos });
+                }
                 Effect::Record {
                     job,
                     state,
@@ -229,6 +232,7 @@ pub struct Coordinator {
     shared: Arc<Shared>,
     tasks: JoinSet<()>,
     committer: std::thread::JoinHandle<()>,
+    stitcher: std::thread::JoinHandle<()>,
 }
 
 /// Opens the data dir (creating it, the certificate and the tickets on first
@@ -281,6 +285,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         lease_ms: config.lease_ms,
     });
     let (commit_tx, commit_rx) = mpsc::unbounded_channel();
+    let (stitch_tx, stitch_rx) = mpsc::unbounded_channel();
     let shared = Arc::new(Shared {
         state: Mutex::new(Locked {
             core,
@@ -294,8 +299,8 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         worker_secret: worker_ticket.secret.clone(),
         client_secret: client_ticket.secret.clone(),
         commits: commit_tx,
+        stitches: stitch_tx,
         events: broadcast::channel(4096).0,
-        runtime: tokio::runtime::Handle::current(),
         gc: Mutex::new(()),
     });
     restore(&shared)?;
@@ -304,6 +309,12 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         std::thread::Builder::new()
             .name("commit".into())
             .spawn(move || commit::committer(shared, commit_rx))?
+    };
+    let stitcher = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("stitch".into())
+            .spawn(move || stitcher::stitcher(shared, stitch_rx))?
     };
     let mut tasks = JoinSet::new();
     tasks.spawn(dispatch::dispatcher(shared.clone()));
@@ -318,6 +329,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         shared,
         tasks,
         committer,
+        stitcher,
     })
 }
 
@@ -333,8 +345,9 @@ impl Coordinator {
         // Dropping the accept loop's set of connections aborts them too.
         self.tasks.shutdown().await;
         let _ = self.shared.commits.send(CommitMsg::Stop);
-        let committer = self.committer;
-        let _ = tokio::task::spawn_blocking(move || committer.join()).await;
+        let _ = self.shared.stitches.send(StitchMsg::Stop);
+        let (committer, stitcher) = (self.committer, self.stitcher);
+        let _ = tokio::task::spawn_blocking(move || (committer.join(), stitcher.join())).await;
     }
 }
 

@@ -1,8 +1,15 @@
 //! Stitching a finished frame: reads its tasks' outputs from the blob
 //! store, joins tiles and merges sample ranges (see [`crate::stitch`]),
 //! stores the frame, records it, and tells the farm core.
+//!
+//! Frames are stitched one at a time on one thread, like results are
+//! committed on one: a frame's buffers are reused from one frame to the
+//! next instead of being spread over the blocking pool's threads, whose
+//! allocator arenas would keep them (memory follows active work).
 
 use std::sync::Arc;
+
+use tokio::sync::mpsc;
 
 use anyhow::{bail, Context};
 use tessera_protocol::job::OutputFormat;
@@ -13,16 +20,23 @@ use crate::db::StoredFrame;
 use crate::server::Shared;
 use crate::{exr, stitch};
 
-/// Stitches `frame_pos` of `job` on a blocking thread; a failure fails the
-/// job.
-pub(crate) fn spawn(shared: &Arc<Shared>, job: u64, frame_pos: usize) {
-    let shared2 = shared.clone();
-    shared.runtime.spawn_blocking(move || {
-        if let Err(e) = stitch_frame(&shared2, job, frame_pos) {
+/// What the stitch thread is given.
+pub(crate) enum StitchMsg {
+    /// Stitch frame `frame_pos` of `job`.
+    Frame { job: u64, frame_pos: usize },
+    /// Finish what came before, then end.
+    Stop,
+}
+
+/// The stitch thread: stitches each frame it is given; a failure fails
+/// the job.
+pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<StitchMsg>) {
+    while let Some(StitchMsg::Frame { job, frame_pos }) = rx.blocking_recv() {
+        if let Err(e) = stitch_frame(&shared, job, frame_pos) {
             let error = format!("stitching failed: {e:#}");
-            shared2.update(|core, now| core.fail_job(job, error, now));
+            shared.update(|core, now| core.fail_job(job, error, now));
         }
-    });
+    }
 }
 
 fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::Result<()> {

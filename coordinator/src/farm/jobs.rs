@@ -175,6 +175,9 @@ impl FarmCore {
             counts,
         });
         self.jobs.remove(&id);
+        for w in self.workers.values_mut() {
+            w.jobs_sent.remove(&id);
+        }
         self.sched.forget_job(id);
         self.ledger.forget_job(id);
         status
