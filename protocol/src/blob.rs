@@ -143,6 +143,23 @@ impl BlobDir {
     /// acknowledged (a result's commit, a job's submit); many at once cost
     /// one folder sync per folder.
     pub fn sync(&self, digests: &[Digest]) -> std::io::Result<()> {
+        if digests.is_empty() {
+            return Ok(());
+        }
+        // Many at once: one `syncfs` of the store's file system writes
+        // them all (and their folders) in one journal commit, where a sync
+        // per file would commit once each. Each must exist, as with a sync
+        // per file.
+        #[cfg(target_os = "linux")]
+        if digests.len() >= SYNCFS_FROM {
+            if let Some(d) = digests.iter().find(|d| !self.contains(d)) {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("blob {d} is not stored"),
+                ));
+            }
+            return syncfs(&self.root);
+        }
         let files: Vec<PathBuf> = digests.iter().map(|d| self.path(d)).collect();
         let folders: std::collections::BTreeSet<PathBuf> = (files.iter())
             .map(|p| p.parent().expect("blob paths have a parent").to_path_buf())
@@ -424,6 +441,25 @@ impl BlobDir {
 /// Most threads [`BlobDir::sync`] syncs files on at once: a file system
 /// merges concurrent syncs into fewer journal commits.
 const SYNC_THREADS: usize = 16;
+
+/// From how many blobs [`BlobDir::sync`] syncs the whole file system once
+/// instead of each file.
+#[cfg(target_os = "linux")]
+const SYNCFS_FROM: usize = 8;
+
+/// Writes everything of the file system holding `path` to disk (`syncfs`).
+#[cfg(target_os = "linux")]
+fn syncfs(path: &Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let dir = std::fs::File::open(path)?;
+    // SAFETY: `syncfs` takes a file descriptor, valid while `dir` lives.
+    let rc = unsafe { libc::syncfs(dir.as_raw_fd()) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
+}
 
 /// Syncs every path (files or folders), on up to [`SYNC_THREADS`] threads.
 fn sync_paths(paths: &[PathBuf]) -> std::io::Result<()> {

@@ -306,6 +306,17 @@ mod tests {
             b"a worker's inline output"
         );
         assert!(dir.sync(&[Digest::of(b"never stored")]).is_err());
+        // Many at once (one file-system sync), and one missing among many.
+        let mut many: Vec<Digest> = (0..12u8)
+            .map(|i| {
+                let d = Digest::of(&[i; 100]);
+                dir.put_unsynced(&d, &[i; 100]).expect("put");
+                d
+            })
+            .collect();
+        dir.sync(&many).expect("sync many");
+        many.push(Digest::of(b"never stored"));
+        assert!(dir.sync(&many).is_err());
     }
 
     #[test]
