@@ -1,0 +1,298 @@
+//! Blob streams: one QUIC stream per blob, a `BlobRequest` header frame
+//! then raw bytes; every receiver re-hashes what it receives.
+
+use std::path::Path;
+
+use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use super::{BlobDir, BlobError, BLOCK};
+use crate::chunk::Recipe;
+use crate::messages::{BlobReply, BlobRequest};
+use crate::transport::Channel;
+use crate::Digest;
+
+/// Copies `len` bytes of the file at `path` to `dst`.
+pub async fn send_file<W: AsyncWrite + Unpin>(path: &Path, dst: &mut W) -> Result<u64, BlobError> {
+    let mut file = tokio::fs::File::open(path).await?;
+    let mut buf = vec![0u8; BLOCK];
+    let mut sent = 0u64;
+    loop {
+        let n = file.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(sent);
+        }
+        dst.write_all(&buf[..n])
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?;
+        sent += n as u64;
+    }
+}
+
+/// What a blob upload sends: a file on disk or bytes in memory.
+pub enum BlobSource<'a> {
+    File(&'a Path),
+    Bytes(&'a [u8]),
+}
+
+/// Uploads one blob on a new stream of `conn`; returns once the receiver
+/// verified and stored it.
+pub async fn put(
+    conn: &quinn::Connection,
+    digest: Digest,
+    len: u64,
+    source: BlobSource<'_>,
+) -> Result<(), BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    ch.send(&BlobRequest::Put { digest, len }).await?;
+    match source {
+        BlobSource::File(path) => {
+            send_file(path, &mut ch.send).await?;
+        }
+        BlobSource::Bytes(bytes) => {
+            ch.send
+                .write_all(bytes)
+                .await
+                .map_err(|e| BlobError::Lost(e.to_string()))?;
+        }
+    }
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    match ch.recv::<BlobReply>().await? {
+        Some(BlobReply::Stored) => Ok(()),
+        Some(BlobReply::Refused { reason }) => Err(BlobError::Refused { digest, reason }),
+        Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+        None => Err(BlobError::Lost(
+            "stream closed before the receiver answered".into(),
+        )),
+    }
+}
+
+/// Uploads one blob whose bytes `read` produces (a chunk of a file, read
+/// again for every try). When the receiver refuses the bytes (they do not
+/// hash to `digest`: flipped in memory, on disk or in flight), they are read
+/// and sent again, up to `tries` times in all. Returns the bytes sent,
+/// retries included.
+pub async fn put_retrying(
+    conn: &quinn::Connection,
+    digest: Digest,
+    tries: u32,
+    mut read: impl FnMut() -> std::io::Result<Vec<u8>>,
+) -> Result<u64, BlobError> {
+    let mut sent = 0u64;
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let bytes = read()?;
+        sent += bytes.len() as u64;
+        match put(conn, digest, bytes.len() as u64, BlobSource::Bytes(&bytes)).await {
+            Ok(()) => return Ok(sent),
+            Err(BlobError::Refused { reason, .. }) if attempt < tries => {
+                tracing::warn!(%digest, attempt, "blob refused, sending it again: {reason}");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// What [`answer`] did on one blob stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Answered {
+    /// A put: `stored` bytes were new and verified (0 when the store already
+    /// held the blob); `refused` when they did not match the digest.
+    Put {
+        digest: Digest,
+        stored: u64,
+        refused: bool,
+    },
+    /// A recipe was asked for.
+    Recipe { digest: Digest },
+    /// A get: `sent` bytes served (0 when not found), for `job`.
+    Get {
+        digest: Digest,
+        job: Option<u64>,
+        sent: u64,
+    },
+}
+
+/// Serves one blob stream against `dir`: stores a `Put` after verifying it,
+/// answers a `Get` with the blob's bytes. New bytes stored are added to
+/// `stored` before the sender hears `Stored`, so a submit that follows the
+/// upload counts them.
+pub async fn answer(
+    dir: &BlobDir,
+    ch: &mut Channel,
+    stored: &std::sync::atomic::AtomicU64,
+) -> Result<Answered, BlobError> {
+    let lost = |e: quinn::ClosedStream| BlobError::Lost(e.to_string());
+    let request = ch
+        .recv::<BlobRequest>()
+        .await?
+        .ok_or_else(|| BlobError::Lost("empty blob stream".into()))?;
+    let answered = match request {
+        BlobRequest::Put { digest, len } => {
+            let (reply, answered) = if dir.contains(&digest) {
+                // Drain and discard: the store already holds these bytes.
+                let mut rest = AsyncReadExt::take(&mut ch.recv, len);
+                tokio::io::copy(&mut rest, &mut tokio::io::sink()).await?;
+                let a = Answered::Put {
+                    digest,
+                    stored: 0,
+                    refused: false,
+                };
+                (BlobReply::Stored, a)
+            } else {
+                match dir.receive(digest, len, &mut ch.recv).await {
+                    Ok(()) => {
+                        stored.fetch_add(len, std::sync::atomic::Ordering::Relaxed);
+                        let a = Answered::Put {
+                            digest,
+                            stored: len,
+                            refused: false,
+                        };
+                        (BlobReply::Stored, a)
+                    }
+                    Err(e) => {
+                        tracing::warn!("upload refused: {e}");
+                        let a = Answered::Put {
+                            digest,
+                            stored: 0,
+                            refused: true,
+                        };
+                        let reply = BlobReply::Refused {
+                            reason: e.to_string(),
+                        };
+                        (reply, a)
+                    }
+                }
+            };
+            ch.send(&reply).await?;
+            ch.send.finish().map_err(lost)?;
+            answered
+        }
+        BlobRequest::Get { digest, job } => {
+            let sent = match dir.size(&digest) {
+                Some(len) => {
+                    ch.send(&BlobReply::Found { len }).await?;
+                    send_file(&dir.path(&digest), &mut ch.send).await?
+                }
+                None => {
+                    ch.send(&BlobReply::NotFound).await?;
+                    0
+                }
+            };
+            ch.send.finish().map_err(lost)?;
+            Answered::Get { digest, job, sent }
+        }
+        BlobRequest::Recipe { digest } => {
+            let reply = match dir.recipe(&digest) {
+                Some(r) => BlobReply::Recipe(r),
+                None => BlobReply::NotFound,
+            };
+            ch.send(&reply).await?;
+            ch.send.finish().map_err(lost)?;
+            Answered::Recipe { digest }
+        }
+    };
+    let _ = ch.send.stopped().await;
+    Ok(answered)
+}
+
+/// A bare blob server: accepts connections on `endpoint` whose `Hello`
+/// carries `secret` (either role) and answers their blob streams against
+/// `dir`. For tests and benchmarks of the transport; the coordinator serves
+/// blobs itself, with its job accounting.
+pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
+    use crate::messages::{Hello, Welcome, PROTOCOL_VERSION};
+    while let Some(incoming) = endpoint.accept().await {
+        let (dir, secret) = (dir.clone(), secret.clone());
+        tokio::spawn(async move {
+            let conn = incoming.await.ok()?;
+            let mut control = Channel::new(conn.accept_bi().await.ok()?);
+            let hello: Hello = control.recv().await.ok()??;
+            if let Err(reason) = crate::transport::check_hello(&hello, &secret, &secret) {
+                control.send(&Welcome::Refused { reason }).await.ok()?;
+                return None;
+            }
+            let welcome = Welcome::Accepted {
+                version: PROTOCOL_VERSION,
+            };
+            control.send(&welcome).await.ok()?;
+            let stored = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+            while let Ok(streams) = conn.accept_bi().await {
+                let (dir, stored) = (dir.clone(), stored.clone());
+                tokio::spawn(async move {
+                    if let Err(e) = answer(&dir, &mut Channel::new(streams), &stored).await {
+                        tracing::debug!("blob stream: {e}");
+                    }
+                });
+            }
+            Some(())
+        });
+    }
+}
+
+/// The chunks of the large file `digest`, if the sender stored it from
+/// chunks.
+pub async fn get_recipe(
+    conn: &quinn::Connection,
+    digest: Digest,
+) -> Result<Option<Recipe>, BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    ch.send(&BlobRequest::Recipe { digest }).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    match ch.recv::<BlobReply>().await? {
+        Some(BlobReply::Recipe(r)) if r.digest == digest => {
+            r.check().map_err(|reason| BlobError::Recipe {
+                file: digest,
+                reason,
+            })?;
+            Ok(Some(r))
+        }
+        Some(BlobReply::NotFound) => Ok(None),
+        Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+        None => Err(BlobError::Lost(
+            "stream closed before the sender answered".into(),
+        )),
+    }
+}
+
+/// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
+/// A worker names the `job` it fetches for.
+pub async fn get(
+    conn: &quinn::Connection,
+    digest: Digest,
+    job: Option<u64>,
+    dir: &BlobDir,
+) -> Result<u64, BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    ch.send(&BlobRequest::Get { digest, job }).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    match ch.recv::<BlobReply>().await? {
+        Some(BlobReply::Found { len }) => {
+            dir.receive(digest, len, &mut ch.recv).await?;
+            Ok(len)
+        }
+        Some(BlobReply::NotFound) => Err(BlobError::NotFound(digest)),
+        Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+        None => Err(BlobError::Lost(
+            "stream closed before the sender answered".into(),
+        )),
+    }
+}
