@@ -18,7 +18,7 @@ use tessera_protocol::blob::BlobDir;
 use tessera_protocol::messages::{CoordMsg, FarmEvent, JobStatus, Snapshot, WorkerInfo};
 use tessera_protocol::store::Verified;
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::{self, Timing};
+use tessera_protocol::transport::{self, Identity, Timing};
 use tokio::sync::{broadcast, mpsc, Notify};
 use tokio::task::JoinSet;
 
@@ -244,19 +244,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let identity = data_dir::load_identity(dir)?;
     let previous = data_dir::previous_worker_ticket(dir);
 
-    // Keep the port of the previous run when asked for any port, so workers
-    // holding the old ticket find the coordinator again after a restart.
-    let mut endpoint = None;
-    if config.listen.port() == 0 {
-        if let Some(prev) = &previous {
-            let addr = SocketAddr::new(config.listen.ip(), prev.addr.port());
-            endpoint = transport::server_endpoint(addr, &identity, Timing::default()).ok();
-        }
-    }
-    let endpoint = match endpoint {
-        Some(e) => e,
-        None => transport::server_endpoint(config.listen, &identity, Timing::default())?,
-    };
+    let endpoint = bind(&config, &identity, previous)?;
     let bound = endpoint.local_addr()?;
     let advertised = match config.advertise {
         Some(a) => a,
@@ -349,6 +337,29 @@ impl Coordinator {
         let (committer, stitcher) = (self.committer, self.stitcher);
         let _ = tokio::task::spawn_blocking(move || (committer.join(), stitcher.join())).await;
     }
+}
+
+/// The QUIC endpoint on `config.listen`. Asked for any port, it takes the
+/// previous run's port when it can, so workers holding the old ticket find
+/// the coordinator again after a restart.
+fn bind(
+    config: &Config,
+    identity: &Identity,
+    previous: Option<Ticket>,
+) -> anyhow::Result<quinn::Endpoint> {
+    if config.listen.port() == 0 {
+        if let Some(prev) = &previous {
+            let addr = SocketAddr::new(config.listen.ip(), prev.addr.port());
+            if let Ok(e) = transport::server_endpoint(addr, identity, Timing::default()) {
+                return Ok(e);
+            }
+        }
+    }
+    Ok(transport::server_endpoint(
+        config.listen,
+        identity,
+        Timing::default(),
+    )?)
 }
 
 /// Rebuilds the farm core from the database's unfinished jobs (finished

@@ -158,6 +158,11 @@ fn send_report(
 /// to `drain_grace` for running tasks, then closes the connection so the
 /// coordinator requeues what is left at once instead of waiting for leases to
 /// expire.
+///
+/// Longer than most functions on purpose: its select loop owns the
+/// connection's state (draining, the leave-by instant, the writer and the
+/// heartbeat it started) and stops all of it on every way out; joining,
+/// heartbeats and each message's handling are functions of their own.
 async fn session(
     config: &Arc<Config>,
     cache: &Arc<Cache>,
@@ -183,36 +188,7 @@ async fn session(
             }
         }
     });
-    let hostname = std::fs::read_to_string("/etc/hostname")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
-    tx.send(WorkerMsg::Join(WorkerInfo {
-        engines: config.engines.iter().map(|e| e.kind()).collect(),
-        slots: config.slots,
-        price_per_hour: config.price_per_hour,
-        hostname,
-        holding: held.table.holding(),
-        interruptible: config.interruptible,
-        cached: cache.held_digests(),
-    }))?;
-    let heartbeat_ms = match codec::read_frame::<CoordMsg, _>(&mut recv).await? {
-        Some(CoordMsg::Joined {
-            worker_id,
-            heartbeat_ms,
-            lease_ms,
-        }) => {
-            tracing::info!(
-                worker_id,
-                heartbeat_ms,
-                lease_ms,
-                holding = held.table.len(),
-                "joined the farm"
-            );
-            heartbeat_ms
-        }
-        other => anyhow::bail!("expected Joined, got {other:?}"),
-    };
+    let heartbeat_ms = join(config, cache, held, &tx, &mut recv).await?;
     *backoff = Duration::from_millis(200);
     cache.reset_jobs();
     *held.link.lock().expect("link lock") = Some(tx.clone());
@@ -220,27 +196,7 @@ async fn session(
     for report in held.table.unacknowledged() {
         send_report(&conn, &tx, report);
     }
-    let heartbeat = {
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(50)));
-            let mut sampler = Sampler::new();
-            let mut last_sample: Option<Instant> = None;
-            loop {
-                tick.tick().await;
-                // Telemetry rides along every few seconds, not every beat.
-                let telemetry = if last_sample.is_none_or(|t| t.elapsed() >= TELEMETRY_EVERY) {
-                    last_sample = Some(Instant::now());
-                    Some(sampler.sample())
-                } else {
-                    None
-                };
-                if tx.send(WorkerMsg::Heartbeat { telemetry }).is_err() {
-                    break;
-                }
-            }
-        })
-    };
+    let heartbeat = tokio::spawn(heartbeat(tx.clone(), heartbeat_ms));
     let mut draining = false;
     // Set on shutdown: leave when drained or at this instant, whichever is first.
     let mut leave_by: Option<Instant> = None;
@@ -278,76 +234,15 @@ async fn session(
             Ok(None) => break Ok(SessionEnd::Closed),
             Err(e) => break Err(anyhow::Error::from(e)),
         };
-        match msg {
-            CoordMsg::Drain => {
-                tracing::info!(
-                    running = held.table.rendering(),
-                    "asked to drain: finishing running tasks, then leaving"
-                );
-                draining = true;
-            }
-            CoordMsg::Joined { .. } => {}
-            CoordMsg::Job(info) => held.table.job(info),
-            CoordMsg::Assign(task) => {
-                let job = match held.table.assign(&task) {
-                    Ok(job) => job,
-                    Err(error) => {
-                        let _ = tx.send(WorkerMsg::Failed {
-                            task: task.task,
-                            error,
-                        });
-                        continue;
-                    }
-                };
-                let t = task.task;
-                let canceled = Arc::new(AtomicBool::new(false));
-                let env = TaskEnv {
-                    config: config.clone(),
-                    cache: cache.clone(),
-                    conn: conn.clone(),
-                    link: held.link.clone(),
-                    finished: held.finished_tx.clone(),
-                };
-                let handle = tokio::spawn(run_task(env, job, task, canceled.clone()));
-                let render = Render {
-                    handle: handle.abort_handle(),
-                    canceled,
-                };
-                held.table.started(t, render);
-            }
-            CoordMsg::Cancel(t) => {
-                if held.table.cancel(t) {
-                    tracing::info!(
-                        job = t.job,
-                        task = t.index,
-                        epoch = t.epoch,
-                        "task canceled by the coordinator"
-                    );
-                }
-            }
-            CoordMsg::Ack {
-                task,
-                accepted,
-                reason,
-            } => {
-                held.table.ack(task);
-                if accepted {
-                    tracing::info!(
-                        job = task.job,
-                        task = task.index,
-                        epoch = task.epoch,
-                        "result accepted"
-                    );
-                } else {
-                    tracing::warn!(
-                        job = task.job,
-                        task = task.index,
-                        epoch = task.epoch,
-                        "result refused: {}",
-                        reason.unwrap_or_default()
-                    );
-                }
-            }
+        let env = TaskEnv {
+            config: config.clone(),
+            cache: cache.clone(),
+            conn: conn.clone(),
+            link: held.link.clone(),
+            finished: held.finished_tx.clone(),
+        };
+        if on_message(held, env, &tx, msg) {
+            draining = true;
         }
     };
     heartbeat.abort();
@@ -363,6 +258,143 @@ async fn session(
         let _ = tokio::time::timeout(Duration::from_secs(2), session.endpoint.wait_idle()).await;
     }
     result
+}
+
+/// Says who this worker is and what it holds; returns the heartbeat
+/// interval the coordinator asks for.
+async fn join(
+    config: &Config,
+    cache: &Cache,
+    held: &Held,
+    tx: &mpsc::UnboundedSender<WorkerMsg>,
+    recv: &mut quinn::RecvStream,
+) -> anyhow::Result<u64> {
+    let hostname = std::fs::read_to_string("/etc/hostname")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    tx.send(WorkerMsg::Join(WorkerInfo {
+        engines: config.engines.iter().map(|e| e.kind()).collect(),
+        slots: config.slots,
+        price_per_hour: config.price_per_hour,
+        hostname,
+        holding: held.table.holding(),
+        interruptible: config.interruptible,
+        cached: cache.held_digests(),
+    }))?;
+    match codec::read_frame::<CoordMsg, _>(recv).await? {
+        Some(CoordMsg::Joined {
+            worker_id,
+            heartbeat_ms,
+            lease_ms,
+        }) => {
+            tracing::info!(
+                worker_id,
+                heartbeat_ms,
+                lease_ms,
+                holding = held.table.len(),
+                "joined the farm"
+            );
+            Ok(heartbeat_ms)
+        }
+        other => anyhow::bail!("expected Joined, got {other:?}"),
+    }
+}
+
+/// Heartbeats every `heartbeat_ms` until the connection's writer is gone;
+/// telemetry rides along every few seconds, not every beat.
+async fn heartbeat(tx: mpsc::UnboundedSender<WorkerMsg>, heartbeat_ms: u64) {
+    let mut tick = tokio::time::interval(Duration::from_millis(heartbeat_ms.max(50)));
+    let mut sampler = Sampler::new();
+    let mut last_sample: Option<Instant> = None;
+    loop {
+        tick.tick().await;
+        let telemetry = if last_sample.is_none_or(|t| t.elapsed() >= TELEMETRY_EVERY) {
+            last_sample = Some(Instant::now());
+            Some(sampler.sample())
+        } else {
+            None
+        };
+        if tx.send(WorkerMsg::Heartbeat { telemetry }).is_err() {
+            break;
+        }
+    }
+}
+
+/// One message from the coordinator, applied to the task table (a render
+/// started or stopped, a result acknowledged). Returns true when it asks
+/// the worker to drain.
+fn on_message(
+    held: &mut Held,
+    env: TaskEnv,
+    tx: &mpsc::UnboundedSender<WorkerMsg>,
+    msg: CoordMsg,
+) -> bool {
+    match msg {
+        CoordMsg::Drain => {
+            tracing::info!(
+                running = held.table.rendering(),
+                "asked to drain: finishing running tasks, then leaving"
+            );
+            return true;
+        }
+        CoordMsg::Joined { .. } => {}
+        CoordMsg::Job(info) => held.table.job(info),
+        CoordMsg::Assign(task) => {
+            let job = match held.table.assign(&task) {
+                Ok(job) => job,
+                Err(error) => {
+                    let _ = tx.send(WorkerMsg::Failed {
+                        task: task.task,
+                        error,
+                    });
+                    return false;
+                }
+            };
+            let t = task.task;
+            let canceled = Arc::new(AtomicBool::new(false));
+            let handle = tokio::spawn(run_task(env, job, task, canceled.clone()));
+            let render = Render {
+                handle: handle.abort_handle(),
+                canceled,
+            };
+            held.table.started(t, render);
+        }
+        CoordMsg::Cancel(t) => {
+            if held.table.cancel(t) {
+                tracing::info!(
+                    job = t.job,
+                    task = t.index,
+                    epoch = t.epoch,
+                    "task canceled by the coordinator"
+                );
+            }
+        }
+        CoordMsg::Ack {
+            task,
+            accepted,
+            reason,
+        } => {
+            held.table.ack(task);
+            if accepted {
+                tracing::info!(
+                    job = task.job,
+                    task = task.index,
+                    epoch = task.epoch,
+                    "result accepted"
+                );
+            } else {
+                tracing::warn!(
+                    job = task.job,
+                    task = task.index,
+                    epoch = task.epoch,
+                    "result refused: {}",
+                    reason.unwrap_or_default()
+                );
+            }
+        }
+    }
+    false
 }
 
 /// What a render task needs from the worker around it.
