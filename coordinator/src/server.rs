@@ -331,6 +331,7 @@ impl Core {
                     tasks,
                     telemetry: w.telemetry.clone(),
                     interruptible: w.info.interruptible,
+                    blenders: w.info.blenders.clone(),
                 }
             })
             .collect();
@@ -372,6 +373,9 @@ impl Core {
             .collect();
         if offering.is_empty() {
             return Some(format!("no connected worker offers the {engine} engine"));
+        }
+        if let Some(reason) = self.sched.blender_blocked(job) {
+            return Some(reason);
         }
         offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {
             format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it")
@@ -719,6 +723,9 @@ fn restore(farm: &Farm) -> anyhow::Result<Vec<(u64, usize)>> {
                 now,
             );
             core.sched.set_job_assets(id, job_assets(&job.spec));
+            if let Some(needs) = job.spec.blender {
+                core.sched.set_job_blender(id, needs);
+            }
             tracing::info!(
                 job = id,
                 done = job.tasks_done,
@@ -809,6 +816,7 @@ async fn dispatcher(farm: Arc<Farm>) {
                         manifest: spec.manifest.clone(),
                         resolution: spec.resolution,
                         output: spec.output,
+                        blender: spec.blender,
                     }));
                 }
                 let task = TaskRef {
@@ -1107,6 +1115,7 @@ async fn serve_worker(
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         core.sched.add_worker(id, info.slots, engines, farm.now());
         core.sched.worker_holds(id, &info.cached, &[]);
+        core.sched.set_worker_blenders(id, info.blenders.clone());
         core.workers.insert(
             id,
             WorkerConn {
@@ -1659,6 +1668,9 @@ fn submit(farm: &Farm, spec: JobSpec, uploaded: u64) -> anyhow::Result<JobStatus
         };
         core.sched.add_job(new, farm.now());
         core.sched.set_job_assets(id, job_assets(&job.spec));
+        if let Some(needs) = job.spec.blender {
+            core.sched.set_job_blender(id, needs);
+        }
         let status = job.status(id, 0, core.blocked(id, job.spec.engine));
         core.jobs.insert(id, job);
         status
@@ -1778,6 +1790,22 @@ fn validate(farm: &Farm, spec: &JobSpec) -> anyhow::Result<()> {
     }
     if spec.samples == 0 {
         bail!("the sample count must be at least 1");
+    }
+    if let Some(b) = spec.blender.filter(|_| spec.engine == Engine::Blender) {
+        if let Some(saved) = b.saved_by.filter(|s| !b.version.matches(*s)) {
+            if !matches!(
+                b.version,
+                tessera_protocol::blender::VersionReq::AtLeast(..)
+            ) && saved.series() > b.version.floor()
+            {
+                bail!(
+                    "the file was saved by Blender {}; Blender {} cannot read it (ask for `--blender {}` or newer)",
+                    saved.short(),
+                    b.version,
+                    saved.short()
+                );
+            }
+        }
     }
     if spec.sample_ranges == 0 || spec.sample_ranges > spec.samples {
         bail!(

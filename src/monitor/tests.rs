@@ -103,6 +103,7 @@ fn worker(id: u64, name: &str, telemetry: Telemetry) -> WorkerStatus {
         tasks: Vec::new(),
         telemetry: Some(telemetry),
         interruptible: false,
+        blenders: Vec::new(),
     }
 }
 

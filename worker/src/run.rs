@@ -256,6 +256,11 @@ async fn session(
         holding: held.refs(),
         interruptible: config.interruptible,
         cached: cache.held_digests(),
+        blenders: config
+            .engines
+            .iter()
+            .flat_map(|e| e.blender_offers())
+            .collect(),
     }))?;
     let heartbeat_ms = match codec::read_frame::<CoordMsg, _>(&mut recv).await? {
         Some(CoordMsg::Joined {

@@ -247,6 +247,9 @@ def settings(scan):
         out.update(samples=c.samples, use_adaptive_sampling=c.use_adaptive_sampling,
                    use_denoising=c.use_denoising, seed=c.seed,
                    use_animated_seed=c.use_animated_seed, device=c.device)
+        # What the renderer must have: OSL, and OpenImageDenoise unless OptiX denoises.
+        out["use_osl"] = bool(c.shading_system)
+        out["denoiser"] = getattr(c, "denoiser", "OPENIMAGEDENOISE")
         if c.use_adaptive_sampling:
             scan.warnings.append("adaptive sampling is on: sample ranges will not merge exactly")
         if c.use_denoising:
