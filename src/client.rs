@@ -306,8 +306,13 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
 fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::Result<Scan> {
     let blend = blend::absolute(path)?;
     let project = blend.parent().context("a .blend file lies in a folder")?;
-    let saved = blender_runtime::file_version(&blend)
-        .map_err(|e| anyhow::anyhow!("{e:#}; nothing was uploaded"))?;
+    let saved = blender_runtime::file_version(&blend).map_err(|e| {
+        anyhow::anyhow!(
+            "`{}` is not a readable .blend file: {}",
+            blend.display(),
+            e.root_cause()
+        )
+    })?;
     let version = opts
         .blender
         .unwrap_or(VersionReq::Series(saved.major, saved.minor));

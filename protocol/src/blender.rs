@@ -51,7 +51,7 @@ impl fmt::Display for BlenderVersion {
 /// Why a `.blend` header could not be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
-    #[error("not a .blend file (it does not start with BLENDER)")]
+    #[error("it does not start with BLENDER")]
     NotBlend,
     #[error("unreadable .blend header {0:?}")]
     Malformed(String),

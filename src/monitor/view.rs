@@ -10,6 +10,7 @@ use ratatui::style::{Color, Modifier, Style, Stylize};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, BorderType, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
+use tessera_protocol::job::Engine;
 use tessera_protocol::messages::{
     FarmEvent, JobState, JobStatus, TileState, TileStatus, WorkerState, WorkerStatus,
 };
@@ -196,7 +197,16 @@ fn render_workers(app: &App, frame: &mut Frame, area: Rect, width: Width) {
             Cell::from(w.state.name()).style(worker_state_style(w.state)),
         ];
         if width == Width::Wide {
-            let engines: Vec<_> = w.engines.iter().map(|e| e.name()).collect();
+            // Blender as `blender 4.5 OPTIX`: its version and the device
+            // its slots render on.
+            let engines: Vec<String> = (w.engines.iter())
+                .map(|e| match (e, w.blenders.as_slice()) {
+                    (Engine::Blender, [b, ..]) => {
+                        format!("blender {} {}", b.version.short(), b.render_device)
+                    }
+                    (e, _) => e.name().to_string(),
+                })
+                .collect();
             cells.push(Cell::from(engines.join(",")));
         }
         cells.push(gpu_cell(t, width));

@@ -123,6 +123,61 @@ mod tests {
     }
 
     #[test]
+    fn a_job_waits_for_a_worker_with_its_blender_while_others_run() {
+        use crate::scheduler::{Config, NewJob, Scheduler};
+        let mut s = Scheduler::new(Config {
+            lease_ms: 10_000,
+            max_attempts: 3,
+            first_epoch: 1,
+            retry_backoff_ms: 0,
+            straggler_percent: 0,
+        });
+        let job = |id, priority, tasks| NewJob {
+            id,
+            priority,
+            submit_seq: id,
+            engine: "blender".into(),
+            pending: (0..tasks).collect(),
+            total: tasks,
+        };
+        // Job 1 (a 4.5 file) outranks job 2 (a 3.4 file).
+        s.add_job(job(1, 5, 2), 0);
+        s.set_job_blender(1, needs((4, 5), VersionReq::Series(4, 5)));
+        s.add_job(job(2, 0, 1), 0);
+        s.set_job_blender(2, needs((3, 4), VersionReq::Series(3, 4)));
+        s.add_worker(10, 2, vec!["blender".into()], 0);
+        s.set_worker_blenders(10, vec![offer((3, 4, 1), "Debian's Blender 3.4.1", false)]);
+        let given: Vec<_> = (s.assign(0).iter())
+            .map(|a| (a.worker, a.task.job, a.task.index))
+            .collect();
+        assert_eq!(
+            given,
+            [(10, 2, 0)],
+            "the 3.4 worker never gets the 4.5 file"
+        );
+        assert_eq!(
+            s.blender_blocked(1).as_deref(),
+            Some("needs Blender 4.5; workers offer 3.4")
+        );
+        assert_eq!(s.blender_blocked(2), None);
+        s.add_worker(11, 2, vec!["blender".into()], 1);
+        s.set_worker_blenders(11, vec![offer((4, 5, 4), "Blender 4.5.4 LTS (bpy)", true)]);
+        assert_eq!(s.blender_blocked(1), None);
+        let mut given: Vec<_> = (s.assign(1).iter())
+            .map(|a| (a.worker, a.task.job, a.task.index))
+            .collect();
+        given.sort_unstable();
+        assert_eq!(given, [(11, 1, 0), (11, 1, 1)]);
+        // The 4.5 worker leaves: its tasks wait again, not on the 3.4 one.
+        s.remove_worker(11, 2);
+        assert!(s.assign(2).is_empty());
+        assert_eq!(
+            s.blender_blocked(1).as_deref(),
+            Some("needs Blender 4.5; workers offer 3.4")
+        );
+    }
+
+    #[test]
     fn a_feature_the_build_lacks_blocks_with_its_reason() {
         let debian = offer((3, 4, 1), "Debian's Blender 3.4.1", false);
         let mut job = needs((3, 4), VersionReq::Series(3, 4));

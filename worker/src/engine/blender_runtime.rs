@@ -209,7 +209,8 @@ fn offer_name(runtime: &Runtime, version_string: &str) -> String {
     match runtime {
         Runtime::Module(_) => format!("Blender {version_string} (bpy)"),
         Runtime::Executable(exe) => {
-            let real = std::fs::canonicalize(exe).unwrap_or_else(|_| exe.clone());
+            let real = on_path(exe);
+            let real = std::fs::canonicalize(&real).unwrap_or(real);
             let debian = std::fs::read_to_string("/var/lib/dpkg/info/blender.list")
                 .is_ok_and(|list| list.lines().any(|l| Path::new(l) == real));
             if debian {
@@ -261,6 +262,21 @@ pub fn probe_cache_dir() -> Option<PathBuf> {
 /// The version of the Blender `runtime` runs, without the slower checks.
 pub fn version(runtime: &Runtime) -> anyhow::Result<BlenderVersion> {
     probe_with(runtime, "CPU", None, false).map(|i| i.offer.version)
+}
+
+/// `exe` as the PATH resolves it, when it is a bare name.
+fn on_path(exe: &Path) -> PathBuf {
+    if exe.components().count() == 1 {
+        if let Some(path) = std::env::var_os("PATH") {
+            for dir in std::env::split_paths(&path) {
+                let candidate = dir.join(exe);
+                if candidate.is_file() {
+                    return candidate;
+                }
+            }
+        }
+    }
+    exe.to_path_buf()
 }
 
 /// Probes `runtime`: version and capabilities, and, for a GPU device, a
@@ -395,7 +411,10 @@ mod tests {
         assert_eq!(file_version(&tmp).unwrap(), BlenderVersion::new(4, 5, 0));
         std::fs::write(&tmp, b"PK\x03\x04 not a blend").unwrap();
         let err = file_version(&tmp).unwrap_err();
-        assert!(format!("{err:#}").contains("not a .blend file"), "{err:#}");
+        assert!(
+            format!("{err:#}").contains("does not start with BLENDER"),
+            "{err:#}"
+        );
         let _ = std::fs::remove_file(&tmp);
     }
 
