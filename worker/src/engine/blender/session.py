@@ -461,6 +461,15 @@ print('TESSERA_GPU_OK')
 _gpu_probe_result = None
 
 
+def _blender_command(script):
+    """argv running Python `script` in a fresh Blender like this one: the
+    executable, or this interpreter when Blender is the bpy module."""
+    if bpy.app.binary_path:
+        return [bpy.app.binary_path, "-b", "--factory-startup", "--disable-autoexec",
+                "--python-exit-code", "3", "--python-expr", script]
+    return [sys.executable, "-I", "-c", "import bpy\n" + script]
+
+
 def gpu_context_error():
     """None when Blender can get an OpenGL context here, else a one-line reason.
     Without one, Blender 3.4 aborts the whole process (SIGABRT in libepoxy) the
@@ -471,8 +480,7 @@ def gpu_context_error():
         import subprocess
         try:
             p = subprocess.run(
-                [bpy.app.binary_path, "-b", "--factory-startup", "--disable-autoexec",
-                 "--python-exit-code", "3", "--python-expr", _GPU_PROBE],
+                _blender_command(_GPU_PROBE),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 timeout=300)
             out = p.stdout.decode("utf-8", "replace")
