@@ -31,6 +31,8 @@ pub struct Scan {
     pub use_osl: bool,
     #[serde(default)]
     pub denoiser: Option<String>,
+    #[serde(default)]
+    pub sampling_pattern: Option<String>,
     pub compressed: Option<String>,
     pub files: Vec<Dependency>,
     #[serde(default)]

@@ -374,6 +374,23 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         if s.use_adaptive_sampling {
             eprintln!("warning: adaptive sampling is on; merged sample ranges may differ slightly from a single render");
         }
+        // Blender 4.5 renders a range as a subset of the full render's own
+        // sampling pattern; 4.2 to 4.4 only offset it, which adds up to the
+        // full render with the Tabulated Sobol pattern only.
+        let renderer_may_lack_subsets = match version {
+            VersionReq::Series(ma, mi) | VersionReq::AtLeast(ma, mi) => (ma, mi) < (4, 5),
+        };
+        let pattern = s.sampling_pattern.as_deref().unwrap_or("");
+        if saved.series() >= (4, 2)
+            && renderer_may_lack_subsets
+            && !pattern.is_empty()
+            && pattern != "TABULATED_SOBOL"
+        {
+            bail!(
+                "--sample-ranges on Blender {} merges exactly only with the Tabulated Sobol pattern (this scene uses {pattern}): set Render > Sampling > Advanced > Pattern to Tabulated Sobol, or render with Blender 4.5 or newer (--blender '>=4.5')",
+                version
+            );
+        }
     }
     let small = std::fs::metadata(&blend).map_or(true, |m| m.len() < CHUNK_THRESHOLD);
     if let (Some(kind), true) = (&s.compressed, small) {

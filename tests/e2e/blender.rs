@@ -490,6 +490,8 @@ fn a_worker_whose_blender_always_crashes_is_blocklisted_and_the_job_completes_on
     project.reference("shot.blend", &refs, &[4]);
     let wrapper = crashing_blender(&farm.dir);
     add_worker_with_blender(&mut farm, "crashy", &wrapper);
+    // The crashing worker joins first, so it is offered tasks.
+    farm.wait_workers(1);
     add_blender_worker(&mut farm, "good1");
     add_blender_worker(&mut farm, "good2");
     let out = farm.dir.join("out");

@@ -121,6 +121,8 @@ struct RenderCommand<'a> {
     frame: u32,
     tile: [u32; 4],
     samples: [u32; 2],
+    /// The full render's sample count, of which `samples` is a range.
+    total: u32,
     out: &'a Path,
     raw: bool,
 }
@@ -474,6 +476,7 @@ impl Engine for Blender {
             frame: task.frame,
             tile: [task.tile.x, task.tile.y, task.tile.width, task.tile.height],
             samples: [task.samples.0, task.samples.1],
+            total: task.total_samples,
             out: &out,
             raw,
         };

@@ -419,6 +419,51 @@ mod tests {
     }
 
     #[test]
+    fn both_kinds_of_blender_open_files_safely_with_arguments_as_a_vector() {
+        let blend = Path::new("/jobs/7/shot; rm -rf ~.blend");
+        let args = |cmd: &Command| -> Vec<String> {
+            cmd.get_args()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect()
+        };
+        let exe = Runtime::Executable("/opt/blender/blender".into());
+        let cmd = exe.command(Some(blend), "print(1)", &["cfg.json"], 4);
+        assert_eq!(cmd.get_program(), "/opt/blender/blender");
+        assert_eq!(
+            args(&cmd),
+            [
+                "-b",
+                "--factory-startup",
+                "--disable-autoexec",
+                "-t",
+                "4",
+                "/jobs/7/shot; rm -rf ~.blend",
+                "--python-exit-code",
+                "3",
+                "--python-expr",
+                "print(1)",
+                "--",
+                "cfg.json"
+            ]
+        );
+        let module = Runtime::Module("/venv/bin/python".into());
+        let cmd = module.command(Some(blend), "print(1)", &["cfg.json"], 4);
+        let a = args(&cmd);
+        assert_eq!((a[0].as_str(), a[1].as_str()), ("-I", "-c"));
+        let prelude = a[2].find("read_factory_settings").unwrap();
+        let open = a[2].find("open_mainfile(filepath=_blend, load_ui=False, use_scripts=False)");
+        assert!(
+            open.is_some_and(|o| o > prelude),
+            "factory settings, then open without scripts"
+        );
+        assert!(a[2].ends_with("print(1)"));
+        assert_eq!(
+            a[3..],
+            ["--", "/jobs/7/shot; rm -rf ~.blend", "4", "cfg.json"]
+        );
+    }
+
+    #[test]
     fn auto_device_prefers_optix_then_cuda_then_hip_then_oneapi() {
         let d = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(auto_device(&d(&[])), "CPU");

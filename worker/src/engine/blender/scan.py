@@ -250,6 +250,8 @@ def settings(scan):
         # What the renderer must have: OSL, and OpenImageDenoise unless OptiX denoises.
         out["use_osl"] = bool(c.shading_system)
         out["denoiser"] = getattr(c, "denoiser", "OPENIMAGEDENOISE")
+        # Blender 4.2+: blue-noise patterns depend on the total sample count.
+        out["sampling_pattern"] = getattr(c, "sampling_pattern", "")
         if c.use_adaptive_sampling:
             scan.warnings.append("adaptive sampling is on: sample ranges will not merge exactly")
         if c.use_denoising:
@@ -269,7 +271,10 @@ def settings(scan):
         scan.warnings.append("multiview/stereo output is not supported; only the default view is handled")
     if r.is_movie_format:
         scan.warnings.append("output format %s is a movie; frames are rendered as images" % im.file_format)
-    if r.use_compositing and scene.use_nodes and scene.node_tree and len(scene.node_tree.nodes) > 0:
+    # Blender 5 keeps the compositor's nodes in `compositing_node_group`.
+    comp = getattr(scene, "node_tree", None) if getattr(scene, "use_nodes", True) else None
+    comp = comp or getattr(scene, "compositing_node_group", None)
+    if r.use_compositing and comp and len(comp.nodes) > 0:
         scan.warnings.append("compositing nodes are in use: filters that read neighbouring pixels break tile stitching")
     if r.use_stamp:
         scan.warnings.append("metadata burn-in (render.use_stamp) is on: every tile gets its own stamp")

@@ -22,7 +22,7 @@
 #
 # Then one JSON command per stdin line, one reply line per command on stdout:
 #   {"op":"render","frame":3,"tile":[x,y,w,h]|null,"samples":[start,end]|null,
-#    "out":"/abs/path","raw":false}
+#    "total":N (the full render's sample count),"out":"/abs/path","raw":false}
 #   {"op":"ping"}   -> {"ok":true,"pong":true,"setup_ms":..,"blender_version":..,"warnings":[..]}
 #   {"op":"quit"}   -> exit 0 (so does EOF)
 # Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123}
@@ -500,6 +500,31 @@ def gpu_context_error():
 # rendering
 
 
+def set_sample_subset(c, samples, total):
+    """Render samples [start, end) of a `total`-sample render. Blender 4.5
+    and later render them as a subset of the full render's own sampling
+    pattern (its blue-noise and Sobol patterns depend on the total count, so
+    an offset alone would not add up to the full render); older ones render
+    `end - start` samples from `sample_offset`."""
+    has_subset = hasattr(c, "use_sample_subset")
+    if samples is None:
+        if has_subset:
+            c.use_sample_subset = False
+        return
+    start, end = samples
+    whole = isinstance(total, int) and not isinstance(total, bool) and [start, end] == [0, total]
+    if has_subset and isinstance(total, int) and not isinstance(total, bool) and end <= total and not whole:
+        c.samples = total
+        c.use_sample_subset = True
+        c.sample_offset = start
+        c.sample_subset_length = end - start
+    else:
+        if has_subset:
+            c.use_sample_subset = False
+        c.sample_offset = start
+        c.samples = end - start
+
+
 class Session:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -554,14 +579,14 @@ class Session:
             c = scene.cycles
             if samples is None:
                 c.samples, c.sample_offset = self.base_samples, self.base_offset
+                set_sample_subset(c, None, None)
             else:
                 if (not isinstance(samples, list) or len(samples) != 2
                         or not all(isinstance(v, int) and not isinstance(v, bool) for v in samples)
                         or not 0 <= samples[0] < samples[1]):
                     raise ValueError("samples must be [start, end] with 0 <= start < end")
-                c.sample_offset = samples[0]
-                c.samples = samples[1] - samples[0]
-            n_samples = c.samples
+                set_sample_subset(c, samples, cmd.get("total"))
+            n_samples = c.samples if samples is None else samples[1] - samples[0]
         elif samples is not None:
             raise ValueError("sample ranges need Cycles (engine is %s)" % r.engine)
         elif tile is not None and (w, h) != (W, H):
