@@ -33,15 +33,29 @@ pub const SAFE_ARGS: [&str; 3] = ["-b", "--factory-startup", "--disable-autoexec
 const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 const REPLY: &str = "@@TESSERA@@ ";
 
-/// Runs first in a `bpy` interpreter: takes the .blend path from after
-/// `--`, resets to factory settings and opens it with its scripts off, then
-/// leaves `sys.argv` as Blender's own would be (`... -- ARGS`). `-t N` has
-/// no module equivalent, so a load handler fixes each scene's thread count.
-const BPY_PRELUDE: &str = r#"
+/// What a `bpy` interpreter runs: takes the .blend path, the thread count
+/// and the script from after `--`, resets to factory settings and opens the
+/// file with its scripts off, leaves `sys.argv` as Blender's own would be
+/// (`... -- ARGS`), runs the script, and exits at once with its status: a
+/// module Blender can hang in Python's own shutdown, which an executable
+/// never reaches. `-t N` has no module equivalent, so a load handler fixes
+/// each scene's thread count.
+const BPY_RUNNER: &str = r#"
+import os as _os
 import sys as _sys
 _i = _sys.argv.index("--")
-_blend, _threads = _sys.argv[_i + 1], int(_sys.argv[_i + 2])
-del _sys.argv[_i + 1:_i + 3]
+_blend, _threads, _script = _sys.argv[_i + 1], int(_sys.argv[_i + 2]), _sys.argv[_i + 3]
+del _sys.argv[_i + 1:_i + 4]
+
+
+def _tessera_exit(code):
+    try:
+        _sys.stdout.flush()
+        _sys.stderr.flush()
+    finally:
+        _os._exit(code)
+
+
 import bpy
 if _threads > 0:
     @bpy.app.handlers.persistent
@@ -56,9 +70,17 @@ if _blend:
         bpy.ops.wm.open_mainfile(filepath=_blend, load_ui=False, use_scripts=False)
     except Exception as _e:
         print("Error: " + " ".join(str(_e).split()).replace("Error: ", "", 1))
-        _sys.stdout.flush()
-        _sys.exit(1)
-del _i, _blend, _threads
+        _tessera_exit(1)
+_code = 0
+try:
+    exec(compile(_script, "<tessera>", "exec"), {"__name__": "__main__"})
+except SystemExit as _e:
+    _code = _e.code if isinstance(_e.code, int) else (0 if _e.code is None else 1)
+except BaseException:
+    import traceback
+    traceback.print_exc()
+    _code = 3
+_tessera_exit(_code)
 "#;
 
 /// A Blender this machine can run.
@@ -116,10 +138,11 @@ impl Runtime {
                 // -I: no PYTHONPATH, no user site, no current folder on the path.
                 cmd.arg("-I")
                     .arg("-c")
-                    .arg(format!("{BPY_PRELUDE}\n{script}"))
+                    .arg(BPY_RUNNER)
                     .arg("--")
                     .arg(blend.map_or(OsStr::new(""), Path::as_os_str))
                     .arg(threads.to_string())
+                    .arg(script)
                     .args(args);
                 cmd
             }
@@ -226,17 +249,8 @@ fn offer_name(runtime: &Runtime, version_string: &str) -> String {
 /// (seconds to tens of seconds), so its answer is kept per Blender build
 /// (path, size, modification time) under `cache`.
 fn eevee_works(runtime: &Runtime, cache: Option<&Path>) -> bool {
-    let key = std::fs::metadata(runtime.path()).ok().map(|m| {
-        let mtime = m
-            .modified()
-            .ok()
-            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
-            .map_or(0, |d| d.as_nanos());
-        let id = format!("{}\0{}\0{mtime}", runtime.path().display(), m.len());
-        blake3::hash(id.as_bytes()).to_hex()[..32].to_string()
-    });
     let file = cache
-        .zip(key)
+        .zip(build_key(runtime))
         .map(|(dir, k)| dir.join(format!("eevee-{k}")));
     if let Some(known) = file.as_ref().and_then(|f| std::fs::read(f).ok()) {
         return known == b"yes";
@@ -249,6 +263,19 @@ fn eevee_works(runtime: &Runtime, cache: Option<&Path>) -> bool {
         let _ = std::fs::write(f, if works { "yes" } else { "no" });
     }
     works
+}
+
+/// Names one build of a Blender: its path, size and modification time (of
+/// the interpreter, for the module).
+fn build_key(runtime: &Runtime) -> Option<String> {
+    let m = std::fs::metadata(on_path(runtime.path())).ok()?;
+    let mtime = m
+        .modified()
+        .ok()
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map_or(0, |d| d.as_nanos());
+    let id = format!("{}\0{}\0{mtime}", runtime.path().display(), m.len());
+    Some(blake3::hash(id.as_bytes()).to_hex()[..32].to_string())
 }
 
 /// Where probe answers are kept between runs.
@@ -309,7 +336,27 @@ fn probe_with(
     let eevee = std::thread::spawn(move || {
         check_eevee && eevee_works(&eevee_runtime, probe_cache_dir().as_deref())
     });
-    let (_, out, err) = run_bounded(cmd, PROBE_TIMEOUT).with_context(|| format!("{what}"))?;
+    // An executable's capabilities are kept per build (a package upgrade
+    // changes the key); a module's are asked each time (its interpreter
+    // stays the same when `pip` replaces bpy), and so is every GPU probe
+    // render, which checks the device works now.
+    let cached = match (runtime, device, probe_cache_dir(), build_key(runtime)) {
+        (Runtime::Executable(_), "CPU", Some(dir), Some(k)) => Some(dir.join(format!("caps-{k}"))),
+        _ => None,
+    };
+    let known = cached.as_ref().and_then(|f| std::fs::read_to_string(f).ok());
+    let (out, err) = match known {
+        Some(line) => (format!("{REPLY}{line}"), String::new()),
+        None => {
+            let (_, out, err) =
+                run_bounded(cmd, PROBE_TIMEOUT).with_context(|| format!("{what}"))?;
+            if let (Some(f), Some(line)) = (&cached, out.lines().find_map(|l| l.strip_prefix(REPLY))) {
+                let _ = std::fs::create_dir_all(f.parent().expect("a folder"));
+                let _ = std::fs::write(f, line);
+            }
+            (out, err)
+        }
+    };
     let eevee = eevee.join().unwrap_or(false);
     let line = out
         .lines()
@@ -456,10 +503,9 @@ mod tests {
             open.is_some_and(|o| o > prelude),
             "factory settings, then open without scripts"
         );
-        assert!(a[2].ends_with("print(1)"));
         assert_eq!(
             a[3..],
-            ["--", "/jobs/7/shot; rm -rf ~.blend", "4", "cfg.json"]
+            ["--", "/jobs/7/shot; rm -rf ~.blend", "4", "print(1)", "cfg.json"]
         );
     }
 

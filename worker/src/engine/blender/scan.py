@@ -22,6 +22,12 @@ import sys
 import bpy
 
 
+def strips_of(editor):
+    """Every strip of a sequence editor (Blender 5 renamed them)."""
+    strips = getattr(editor, "strips_all", None)
+    return strips if strips is not None else editor.sequences_all
+
+
 def _fail(code, msg):
     sys.stderr.write("tessera-scan: error: %s\n" % msg)
     sys.stderr.flush()
@@ -132,7 +138,7 @@ class Scan:
             ed = scene.sequence_editor
             if ed is None:
                 continue
-            for s in ed.sequences_all:
+            for s in strips_of(ed):
                 user = "Strip '%s' (scene '%s')" % (s.name, scene.name_full)
                 if s.type == "IMAGE":
                     d = self.resolve(s.directory, scene)

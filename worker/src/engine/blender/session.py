@@ -77,6 +77,13 @@ def one_line(e):
     return " ".join(s.split())[:1000]
 
 
+
+def strips_of(editor):
+    """Every strip of a sequence editor (Blender 5 renamed them)."""
+    strips = getattr(editor, "strips_all", None)
+    return strips if strips is not None else editor.sequences_all
+
+
 # ---------------------------------------------------------------------------
 # path remapping
 
@@ -223,7 +230,7 @@ class Remapper:
         for scene in bpy.data.scenes:
             if not local(scene) or scene.sequence_editor is None:
                 continue
-            for s in scene.sequence_editor.sequences_all:
+            for s in strips_of(scene.sequence_editor):
                 what = "Strip '%s'" % s.name
                 if s.type == "IMAGE" and len(s.elements):
                     hit = self.lookup(os.path.join(s.directory, s.elements[0].filename), a_dir, j_dir)
