@@ -344,13 +344,16 @@ fn probe_with(
         (Runtime::Executable(_), "CPU", Some(dir), Some(k)) => Some(dir.join(format!("caps-{k}"))),
         _ => None,
     };
-    let known = cached.as_ref().and_then(|f| std::fs::read_to_string(f).ok());
+    let known = cached
+        .as_ref()
+        .and_then(|f| std::fs::read_to_string(f).ok());
     let (out, err) = match known {
         Some(line) => (format!("{REPLY}{line}"), String::new()),
         None => {
-            let (_, out, err) =
-                run_bounded(cmd, PROBE_TIMEOUT).with_context(|| format!("{what}"))?;
-            if let (Some(f), Some(line)) = (&cached, out.lines().find_map(|l| l.strip_prefix(REPLY))) {
+            let (_, out, err) = run_bounded(cmd, PROBE_TIMEOUT).with_context(|| what.clone())?;
+            if let (Some(f), Some(line)) =
+                (&cached, out.lines().find_map(|l| l.strip_prefix(REPLY)))
+            {
                 let _ = std::fs::create_dir_all(f.parent().expect("a folder"));
                 let _ = std::fs::write(f, line);
             }
@@ -505,7 +508,13 @@ mod tests {
         );
         assert_eq!(
             a[3..],
-            ["--", "/jobs/7/shot; rm -rf ~.blend", "4", "print(1)", "cfg.json"]
+            [
+                "--",
+                "/jobs/7/shot; rm -rf ~.blend",
+                "4",
+                "print(1)",
+                "cfg.json"
+            ]
         );
     }
 
