@@ -144,7 +144,7 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         let note = s
             .error
             .clone()
-            .or_else(|| s.blocked.clone())
+            .or_else(|| s.blocked.as_ref().map(|b| format!("blocked: {b}")))
             .unwrap_or_default();
         println!(
             "{:<5} {:<24} {:<9} {:>13} {:>13}  {}",

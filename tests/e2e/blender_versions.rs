@@ -169,6 +169,12 @@ fn a_45_file_waits_on_a_34_farm_and_completes_when_a_45_worker_joins() {
         "denoising needs OpenImageDenoise; Debian's Blender 3.4.1 is built without it",
         "{s}"
     );
+    let text = String::from_utf8_lossy(&farm.run(&["status"]).stdout).into_owned();
+    assert!(
+        text.contains("blocked: needs Blender 4.5; workers offer 3.4")
+            && text.contains("debian: Debian's Blender 3.4.1 renders on CPU"),
+        "{text}"
+    );
     let all = farm.json(&["status", "--json"]);
     let debian = &all["workers"][0];
     assert_eq!(
