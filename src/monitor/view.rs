@@ -10,7 +10,6 @@ use ratatui::style::{Color, Modifier, Style, Stylize};
 use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, BorderType, Cell, Clear, Paragraph, Row, Table, TableState, Wrap};
 use ratatui::Frame;
-use tessera_protocol::job::Engine;
 use tessera_protocol::messages::{
     FarmEvent, JobState, JobStatus, TileState, TileStatus, WorkerState, WorkerStatus,
 };
@@ -171,7 +170,7 @@ fn render_workers(app: &App, frame: &mut Frame, area: Rect, width: Width) {
         ("STATE", Constraint::Length(8)),
     ];
     if width == Width::Wide {
-        columns.push(("ENGINE", Constraint::Length(15)));
+        columns.push(("ENGINE", Constraint::Length(17)));
     }
     columns.push(("GPU", Constraint::Fill(1)));
     columns.push(("UTIL", Constraint::Length(4)));
@@ -198,15 +197,12 @@ fn render_workers(app: &App, frame: &mut Frame, area: Rect, width: Width) {
         ];
         if width == Width::Wide {
             // Blender as `blender 4.5 OPTIX`: its version and the device
-            // its slots render on.
-            let engines: Vec<String> = (w.engines.iter())
-                .map(|e| match (e, w.blenders.as_slice()) {
-                    (Engine::Blender, [b, ..]) => {
-                        format!("blender {} {}", b.version.short(), b.render_device)
-                    }
-                    (e, _) => e.name().to_string(),
-                })
-                .collect();
+            // its slots render on (the builtin engine beside it is left out
+            // for room).
+            let engines: Vec<String> = match w.blenders.as_slice() {
+                [b, ..] => vec![format!("blender {} {}", b.version.short(), b.render_device)],
+                [] => w.engines.iter().map(|e| e.name().to_string()).collect(),
+            };
             cells.push(Cell::from(engines.join(",")));
         }
         cells.push(gpu_cell(t, width));
