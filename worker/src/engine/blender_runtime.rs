@@ -519,6 +519,76 @@ mod tests {
     }
 
     #[test]
+    fn a_worker_never_opens_a_file_newer_than_its_blender() {
+        use crate::engine::blender::{Blender, Device};
+        use crate::engine::Engine;
+        use tessera_protocol::job::{Engine as Kind, OutputFormat, TileRect};
+        use tessera_protocol::messages::{JobInfo, TaskRef, TaskSpec};
+        let dir = std::env::temp_dir().join(format!("tessera-newer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("shot.blend"), b"BLENDER-v405REND\0\0\0\0").unwrap();
+        // A Blender that would record being started: it must never run.
+        let started = dir.join("started");
+        let exe = dir.join("blender");
+        std::fs::write(&exe, format!("#!/bin/sh\ntouch {}\n", started.display())).unwrap();
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let debian = Installed {
+            runtime: Runtime::Executable(exe),
+            offer: BlenderOffer {
+                version: BlenderVersion::new(3, 4, 1),
+                name: "Debian's Blender 3.4.1".into(),
+                device_types: vec![],
+                devices: vec![],
+                render_device: "CPU".into(),
+                oidn: false,
+                osl: false,
+                eevee: false,
+            },
+        };
+        let engine = Blender::new(vec![debian], Device::Cpu, 1, true, 1);
+        let job = JobInfo {
+            job: 1,
+            engine: Kind::Blender,
+            scene: "shot.blend".into(),
+            manifest: vec![],
+            resolution: (96, 64),
+            output: OutputFormat::Png,
+            // As an old coordinator would send it: no needs at all.
+            blender: None,
+        };
+        let tile = TileRect {
+            x: 0,
+            y: 0,
+            width: 96,
+            height: 64,
+        };
+        let task = TaskSpec {
+            task: TaskRef {
+                job: 1,
+                index: 0,
+                epoch: 1,
+            },
+            frame: 1,
+            tile,
+            samples: (0, 16),
+            total_samples: 16,
+        };
+        let err = engine
+            .render(&job, &dir, &task, &|_, _| {}, &Default::default())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "this worker has no Blender for this job: the file was saved by Blender 4.5; Debian's Blender 3.4.1 cannot read it"
+        );
+        assert!(
+            !started.exists(),
+            "an older Blender was started on the file"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
     fn auto_device_prefers_optix_then_cuda_then_hip_then_oneapi() {
         let d = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
         assert_eq!(auto_device(&d(&[])), "CPU");
