@@ -774,3 +774,34 @@ fn default_cache_dir(name: &str) -> PathBuf {
         .unwrap_or_else(std::env::temp_dir);
     base.join("tessera").join(name)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_and_devices_take_auto_or_a_bounded_value() {
+        assert!(matches!(parse_slots("auto"), Ok(Slots::Auto)));
+        assert!(matches!(parse_slots("4"), Ok(Slots::Count(4))));
+        for bad in ["0", "257", "-1", "many"] {
+            assert!(
+                parse_slots(bad)
+                    .unwrap_err()
+                    .contains("slot count from 1 to 256"),
+                "{bad}"
+            );
+        }
+        assert!(parse_device("auto").unwrap().0.is_none());
+        assert_eq!(
+            parse_device("optix").unwrap().0,
+            Some(blender::Device::Optix)
+        );
+        assert_eq!(
+            parse_device("ONEAPI").unwrap().0,
+            Some(blender::Device::Oneapi)
+        );
+        assert!(parse_device("metal")
+            .unwrap_err()
+            .contains("expected auto, CPU"));
+    }
+}
