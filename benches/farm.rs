@@ -9,6 +9,9 @@
 //! (c) Blender sessions: 16 tiles of one frame with a persistent Blender
 //!     session vs one Blender process per task, both against a single
 //!     full-frame render (needs `blender`);
+//! (c2) Blender 4.5 sessions: the same on the official 4.5 LTS as the `bpy`
+//!     module (`TESSERA_TEST_BPY`, default the CI venv), with the sample
+//!     count raised until the full frame takes at least 5 s;
 //! (d) recovery: the makespan of a job on 4 workers when one is SIGKILLed
 //!     at half way, against the same job undisturbed and against the ideal
 //!     (the work left, on 3 workers). The workers run the no-op engine with
@@ -39,6 +42,9 @@ fn main() {
     }
     if run("blender") {
         blender_sessions();
+    }
+    if run("blender45") {
+        blender45_sessions();
     }
     if run("recovery") {
         recovery();
@@ -152,6 +158,7 @@ fn memory() {
                 resolution: (320, 180),
                 priority: 0,
                 output: OutputFormat::Png,
+                blender: None,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {
@@ -354,6 +361,84 @@ fn job_seconds(farm: &Farm, args: &[&str]) -> f64 {
     let job = farm.json(args);
     assert_eq!(job["state"], "done", "{job}");
     job["render_ms"].as_u64().unwrap() as f64 / 1000.0
+}
+
+/// Σ of 16 tile tasks ÷ one full-frame task, persistent sessions on Blender
+/// 4.5 (`bpy`), on a frame that takes at least 5 s whole.
+fn blender45_sessions() {
+    let py = std::env::var_os("TESSERA_TEST_BPY")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("HOME")
+                .map(|h| Path::new(&h).join(".cache/tessera-ci/bpy-4.5.4/bin/python"))
+        })
+        .filter(|p| p.exists());
+    let Some(py) = py else {
+        println!("blender 4.5 sessions: skipped (set TESSERA_TEST_BPY to a Python with bpy 4.5)");
+        return;
+    };
+    let py = py.to_str().unwrap();
+    let mut farm = Farm::start("bench-blender45", &[]);
+    let project = farm.dir.join("project");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/make_scenes.py");
+    let out = std::process::Command::new(py)
+        .arg("-I")
+        .arg("-c")
+        .arg(format!(
+            "import bpy\nP = {:?}\nexec(compile(open(P).read(), P, 'exec'))",
+            script.to_str().unwrap()
+        ))
+        .args(["--", "--project"])
+        .arg(&project)
+        .arg("--external")
+        .arg(farm.dir.join("external"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    farm.add_worker_with("b1", &["--engine", "blender", "--blender-python", py]);
+    let blend = project.join("shot.blend");
+    let blend = blend.to_str().unwrap();
+    let job = |samples: &str, tiles: &str| {
+        job_seconds(
+            &farm,
+            &[
+                "submit",
+                blend,
+                "--frames",
+                "1",
+                "--tiles",
+                tiles,
+                "--samples",
+                samples,
+                "--blender-python",
+                py,
+                "--wait",
+                "--json",
+            ],
+        )
+    };
+    // Warm the worker's cache and the file's session first.
+    job("16", "1x1");
+    let mut samples = 1024u32;
+    let mut whole = job(&samples.to_string(), "1x1");
+    while whole < 5.0 && samples < 1 << 20 {
+        samples = (f64::from(samples) * (5.5 / whole.max(0.05)))
+            .ceil()
+            .min(f64::from(1u32 << 20)) as u32;
+        whole = job(&samples.to_string(), "1x1");
+    }
+    let tiles = job(&samples.to_string(), "4x4");
+    println!("blender 4.5 sessions (bpy 4.5, persistent): shot.blend frame 1, {samples} samples, 16 tiles (4x4) vs one full frame, 1 worker");
+    println!("  full frame (one task)                           {whole:6.2} s");
+    println!("  sum of 16 tile tasks                            {tiles:6.2} s");
+    println!(
+        "  sum of tiles / full frame                       {:6.3}  target <= 1.10",
+        tiles / whole
+    );
 }
 
 fn blender_sessions() {

@@ -6,11 +6,13 @@
 //! remap the references from the artist's paths to those.
 
 use std::path::{Component, Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 
 use anyhow::{bail, Context};
 use serde::Deserialize;
+use tessera_protocol::blender::BlenderVersion;
 use tessera_scan::blender;
+use tessera_scan::blender_runtime::{self, Runtime};
 
 #[derive(Debug, Deserialize)]
 pub struct Scan {
@@ -25,6 +27,12 @@ pub struct Scan {
     pub use_denoising: bool,
     #[serde(default)]
     pub use_adaptive_sampling: bool,
+    #[serde(default)]
+    pub use_osl: bool,
+    #[serde(default)]
+    pub denoiser: Option<String>,
+    #[serde(default)]
+    pub sampling_pattern: Option<String>,
     pub compressed: Option<String>,
     pub files: Vec<Dependency>,
     #[serde(default)]
@@ -39,29 +47,64 @@ pub struct Dependency {
     pub exists: bool,
 }
 
-/// Runs the dependency scan on `blend`.
-pub fn scan(blend: &Path) -> anyhow::Result<Scan> {
-    let (exe, _) = blender::detect().context(
-        "submitting a .blend needs Blender on this machine to list the files it uses; install it or set TESSERA_BLENDER",
-    )?;
+/// The Blender that lists a file's dependencies: one that can read it, never
+/// one older than the file. This machine's own Blender when its version is
+/// the file's; else the `bpy` interpreter named by `--blender-python` or
+/// `TESSERA_BLENDER_PYTHON` (when it is not older than the file); else this
+/// machine's Blender when it is newer than the file.
+pub fn scanner(
+    blend: &Path,
+    saved: BlenderVersion,
+    python: Option<&Path>,
+) -> anyhow::Result<Runtime> {
+    let version_of = blender_runtime::version;
+    let local = blender::detect().map(|(exe, _)| Runtime::Executable(exe));
+    let local_version = local.as_ref().and_then(|r| version_of(r).ok());
+    let name = |v: Option<BlenderVersion>| v.map_or("none".to_string(), |v| v.to_string());
+    if let (Some(r), Some(v)) = (&local, local_version) {
+        if v.series() == saved.series() {
+            return Ok(r.clone());
+        }
+    }
+    if let Some(py) = python {
+        let r = Runtime::Module(py.to_path_buf());
+        let v = version_of(&r)
+            .with_context(|| format!("--blender-python {}: not a Python with bpy", py.display()))?;
+        if v.series() < saved.series() {
+            bail!(
+                "`{}` was saved by Blender {}; the bpy at {} is Blender {v}, which cannot read it",
+                blend.display(),
+                saved.short(),
+                py.display()
+            );
+        }
+        return Ok(r);
+    }
+    if let (Some(r), Some(v)) = (local, local_version) {
+        if v.series() > saved.series() {
+            return Ok(r);
+        }
+    }
+    bail!(
+        "`{}` was saved by Blender {}; this machine's Blender is {}, which cannot read it: pass --blender-python PATH (or set TESSERA_BLENDER_PYTHON) to a Python where `import bpy` is Blender {} or newer",
+        blend.display(),
+        saved.short(),
+        name(local_version),
+        saved.short()
+    )
+}
+
+/// Runs the dependency scan on `blend` in `runtime`.
+pub fn scan(blend: &Path, runtime: &Runtime) -> anyhow::Result<Scan> {
     let out_dir = std::env::temp_dir().join(format!("tessera-scan-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir)?;
     let out_json = out_dir.join("scan.json");
     let _ = std::fs::remove_file(&out_json);
-    let output = Command::new(&exe)
-        .args(blender::SAFE_ARGS)
-        .arg(blend)
-        .args([
-            "--python-exit-code",
-            "3",
-            "--python-expr",
-            blender::SCAN_PY,
-            "--",
-        ])
-        .arg(&out_json)
+    let output = runtime
+        .command(Some(blend), blender::SCAN_PY, &[&out_json], 0)
         .stdin(Stdio::null())
         .output()
-        .with_context(|| format!("cannot run {}", exe.display()))?;
+        .with_context(|| format!("cannot run {}", runtime.path().display()))?;
     let result = std::fs::read(&out_json);
     let _ = std::fs::remove_dir_all(&out_dir);
     match result {

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use tessera_protocol::blender::{BlenderNeeds, VersionReq};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::chunk::{self, ChunkList, CHUNK_THRESHOLD};
 use tessera_protocol::job::{
@@ -20,7 +21,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
 use tessera_protocol::Digest;
-use tessera_scan::builtin;
+use tessera_scan::{blender_runtime, builtin};
 
 use crate::blend;
 use crate::progress::{human_bytes, Progress};
@@ -200,6 +201,13 @@ pub struct SubmitOptions {
     pub engine: Option<Engine>,
     pub allow_missing: bool,
     pub progress: bool,
+    /// `--blender`: which Blender versions may render it (default: the
+    /// major.minor that saved the file).
+    pub blender: Option<VersionReq>,
+    /// `--blender-python` / `TESSERA_BLENDER_PYTHON`: a `bpy` interpreter
+    /// for the dependency scan when this machine's Blender cannot read
+    /// the file.
+    pub blender_python: Option<PathBuf>,
 }
 
 /// A scene file and everything it references, ready to hash.
@@ -213,6 +221,7 @@ struct Scan {
     sample_ranges: u32,
     /// The scene file first, then everything it references.
     files: Vec<SceneFile>,
+    blender: Option<BlenderNeeds>,
 }
 
 struct SceneFile {
@@ -286,6 +295,7 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 output: OutputFormat::Png,
                 sample_ranges: opts.sample_ranges,
                 files,
+                blender: None,
             })
         }
         Engine::Blender => scan_blend(opts, path, file_name),
@@ -296,7 +306,28 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
 fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::Result<Scan> {
     let blend = blend::absolute(path)?;
     let project = blend.parent().context("a .blend file lies in a folder")?;
-    let s = blend::scan(&blend)?;
+    let saved = blender_runtime::file_version(&blend).map_err(|e| {
+        anyhow::anyhow!(
+            "`{}` is not a readable .blend file: {}",
+            blend.display(),
+            e.root_cause()
+        )
+    })?;
+    let version = opts
+        .blender
+        .unwrap_or(VersionReq::Series(saved.major, saved.minor));
+    if let VersionReq::Series(ma, mi) = version {
+        if (ma, mi) < saved.series() {
+            bail!(
+                "`{}` was saved by Blender {}; Blender {version} cannot read it (ask for --blender {} or newer)",
+                blend.display(),
+                saved.short(),
+                saved.short()
+            );
+        }
+    }
+    let runtime = blend::scanner(&blend, saved, opts.blender_python.as_deref())?;
+    let s = blend::scan(&blend, &runtime)?;
     for w in &s.warnings {
         eprintln!("warning: {w}");
     }
@@ -343,6 +374,23 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         if s.use_adaptive_sampling {
             eprintln!("warning: adaptive sampling is on; merged sample ranges may differ slightly from a single render");
         }
+        // Blender 4.5 renders a range as a subset of the full render's own
+        // sampling pattern; 4.2 to 4.4 only offset it, which adds up to the
+        // full render with the Tabulated Sobol pattern only.
+        let renderer_may_lack_subsets = match version {
+            VersionReq::Series(ma, mi) | VersionReq::AtLeast(ma, mi) => (ma, mi) < (4, 5),
+        };
+        let pattern = s.sampling_pattern.as_deref().unwrap_or("");
+        if saved.series() >= (4, 2)
+            && renderer_may_lack_subsets
+            && !pattern.is_empty()
+            && pattern != "TABULATED_SOBOL"
+        {
+            bail!(
+                "--sample-ranges on Blender {} merges exactly only with the Tabulated Sobol pattern (this scene uses {pattern}): set Render > Sampling > Advanced > Pattern to Tabulated Sobol, or render with Blender 4.5 or newer (--blender '>=4.5')",
+                version
+            );
+        }
     }
     let small = std::fs::metadata(&blend).map_or(true, |m| m.len() < CHUNK_THRESHOLD);
     if let (Some(kind), true) = (&s.compressed, small) {
@@ -363,6 +411,16 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         });
     }
     tracing::info!(blender = %s.blender_version, files = files.len(), "scanned {}", blend.display());
+    let needs = BlenderNeeds {
+        saved_by: Some(saved),
+        version,
+        denoise: cycles && s.use_denoising && s.denoiser.as_deref() != Some("OPTIX"),
+        osl: cycles && s.use_osl,
+        eevee: matches!(
+            s.render_engine.as_str(),
+            "BLENDER_EEVEE" | "BLENDER_EEVEE_NEXT" | "BLENDER_WORKBENCH"
+        ),
+    };
     Ok(Scan {
         engine: Engine::Blender,
         frames,
@@ -371,6 +429,7 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         output,
         sample_ranges,
         files,
+        blender: Some(needs),
     })
 }
 
@@ -407,6 +466,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         resolution: scan.resolution,
         priority: opts.priority,
         output: scan.output,
+        blender: scan.blender,
     };
     match client.call(&ClientRequest::Submit(spec)).await? {
         ClientResponse::Submitted(status) => Ok(status),

@@ -174,6 +174,8 @@ pub async fn run(
         engine: None,
         allow_missing: false,
         progress: true,
+        blender: None,
+        blender_python: None,
     };
     let started = Instant::now();
     let submitted = client::submit(&mut client, &opts).await?;

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tessera_protocol::job::{Engine, TileGrid};
-use tessera_worker::engine::{self, blender};
+use tessera_worker::engine::{self, blender, blender_runtime};
 
 use crate::client::{Client, SubmitOptions};
 
@@ -88,18 +88,31 @@ enum Command {
         /// Engine to offer: auto (every engine available here), builtin, blender, unreal.
         #[arg(long, default_value = "auto")]
         engine: String,
-        /// Concurrent tasks (one per GPU for GPU engines).
-        #[arg(long, default_value_t = 1)]
-        slots: u32,
+        /// Concurrent tasks: a count, or `auto` (one per GPU that NVML
+        /// finds, else one per CPU core).
+        #[arg(long, default_value = "1", value_parser = parse_slots)]
+        slots: Slots,
         /// Render threads per slot for CPU engines (default: cores ÷ slots).
         #[arg(long)]
         threads: Option<usize>,
         /// What this node costs, for cost accounting.
         #[arg(long, default_value_t = 0.0)]
         price_per_hour: f64,
-        /// Cycles device: CPU, CUDA, OPTIX or HIP (one slot per GPU).
-        #[arg(long, default_value = "CPU")]
-        blender_device: blender::Device,
+        /// Cycles device: CPU, CUDA, OPTIX, HIP, ONEAPI (one slot per GPU),
+        /// or `auto`: the first of OPTIX, CUDA, HIP, ONEAPI that Cycles
+        /// finds here, else CPU. A GPU that fails its probe render at start
+        /// is an error, never a silent fall-back to the CPU.
+        #[arg(long, default_value = "CPU", value_parser = parse_device)]
+        blender_device: DeviceArg,
+        /// A Blender executable to offer (or an unpacked official build's
+        /// folder); repeat for several. Default: $TESSERA_BLENDER, else
+        /// `blender` on the PATH.
+        #[arg(long = "blender")]
+        blenders: Vec<PathBuf>,
+        /// A Python interpreter in which `import bpy` works (PyPI's `bpy`,
+        /// the official Blender as a module) to offer; repeat for several.
+        #[arg(long)]
+        blender_python: Vec<PathBuf>,
         /// On SIGTERM, seconds running tasks may take to finish before their
         /// leases are handed back (0: hand them back at once).
         #[arg(long, default_value_t = 0.0)]
@@ -158,6 +171,15 @@ enum Command {
         /// Force an engine instead of choosing by file type.
         #[arg(long, hide = true)]
         engine: Option<Engine>,
+        /// Blender versions that may render it: `4.5`, or `'>=4.2'`
+        /// (default: the major.minor of the Blender that saved the file).
+        /// A Blender older than the file never gets it.
+        #[arg(long)]
+        blender: Option<tessera_protocol::blender::VersionReq>,
+        /// A Python where `import bpy` works, for listing the file's
+        /// dependencies when this machine's Blender cannot read it.
+        #[arg(long, env = "TESSERA_BLENDER_PYTHON")]
+        blender_python: Option<PathBuf>,
         #[command(flatten)]
         ticket: TicketArg,
     },
@@ -323,6 +345,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             threads,
             price_per_hour,
             blender_device,
+            blenders,
+            blender_python,
             blender_cold,
             drain_grace,
             noop_ms,
@@ -334,14 +358,26 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     "this is a client ticket; a worker joins with DATA_DIR/worker.ticket"
                 );
             }
-            let slots = slots.max(1);
             let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+            let slots = match slots {
+                Slots::Count(n) => n.max(1),
+                Slots::Auto => match tessera_worker::telemetry::gpu_count() {
+                    Ok(n) if n > 0 => n.min(MAX_SLOTS),
+                    found => {
+                        let why = found.err().unwrap_or_else(|| "NVML finds no GPU".into());
+                        tracing::info!("--slots auto: {why}; one slot per CPU core");
+                        (cores as u32).clamp(1, MAX_SLOTS)
+                    }
+                },
+            };
             let threads = threads.unwrap_or((cores / slots as usize).max(1));
             let engines = worker_engines(EngineChoice {
                 choice: &engine,
                 threads,
                 slots,
-                blender_device,
+                blender_device: blender_device.0,
+                blenders: &blenders,
+                blender_python: &blender_python,
                 blender_cold,
                 noop_ms,
             })?;
@@ -384,6 +420,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             request_id,
             allow_missing,
             engine,
+            blender,
+            blender_python,
             ticket,
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -399,6 +437,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 engine,
                 allow_missing,
                 progress: !json,
+                blender,
+                blender_python,
             };
             let mut client = Client::connect(&ticket).await?;
             let status = client::submit(&mut client, &opts).await?;
@@ -559,20 +599,136 @@ struct EngineChoice<'a> {
     choice: &'a str,
     threads: usize,
     slots: u32,
-    blender_device: blender::Device,
+    /// `None`: auto.
+    blender_device: Option<blender::Device>,
+    blenders: &'a [PathBuf],
+    blender_python: &'a [PathBuf],
     blender_cold: bool,
     noop_ms: u64,
 }
 
+/// The most slots a worker takes (`--slots`).
+const MAX_SLOTS: u32 = 256;
+
+#[derive(Debug, Clone, Copy)]
+enum Slots {
+    Count(u32),
+    Auto,
+}
+
+fn parse_slots(s: &str) -> Result<Slots, String> {
+    match s {
+        "auto" => Ok(Slots::Auto),
+        n => match n.parse::<u32>() {
+            Ok(k) if (1..=MAX_SLOTS).contains(&k) => Ok(Slots::Count(k)),
+            _ => Err(format!(
+                "`{n}` is not `auto` or a slot count from 1 to {MAX_SLOTS}"
+            )),
+        },
+    }
+}
+
+/// `--blender-device`: `auto` or a device.
+#[derive(Debug, Clone, Copy)]
+struct DeviceArg(Option<blender::Device>);
+
+fn parse_device(s: &str) -> Result<DeviceArg, String> {
+    if s.eq_ignore_ascii_case("auto") {
+        return Ok(DeviceArg(None));
+    }
+    s.parse().map(|d| DeviceArg(Some(d)))
+}
+
+/// Probes every Blender the worker was told about (or finds one), in
+/// parallel. Blenders named on the command line must work; one found on the
+/// PATH is skipped with a note when it does not.
+fn blender_installs(c: &EngineChoice<'_>) -> anyhow::Result<Vec<blender_runtime::Installed>> {
+    use blender_runtime::Runtime;
+    let mut named: Vec<Runtime> = c.blenders.iter().map(|p| Runtime::executable(p)).collect();
+    named.extend(c.blender_python.iter().cloned().map(Runtime::Module));
+    let found = named.is_empty();
+    if found {
+        match blender::detect() {
+            Some((exe, _)) => named.push(Runtime::Executable(exe)),
+            None => return Ok(Vec::new()),
+        }
+    }
+    let probe_all = |device: Option<blender::Device>| {
+        std::thread::scope(|s| {
+            let handles: Vec<_> = named
+                .iter()
+                .map(|r| {
+                    s.spawn(move || {
+                        let dev = device.map_or("CPU", blender::Device::name);
+                        blender_runtime::probe(r, dev, None)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("probe thread"))
+                .collect::<Vec<_>>()
+        })
+    };
+    // `auto` asks Cycles what it finds first, then probes that device.
+    let device = match c.blender_device {
+        Some(d) => Some(d),
+        None => {
+            let first = probe_all(None);
+            let devices: Vec<String> = first
+                .iter()
+                .flatten()
+                .flat_map(|i| i.offer.devices.clone())
+                .collect();
+            let pick = blender_runtime::auto_device(&devices);
+            tracing::info!(device = pick, "--blender-device auto");
+            Some(pick.parse().expect("a known device"))
+        }
+    };
+    let mut installs = Vec::new();
+    for (runtime, result) in named.iter().zip(probe_all(device)) {
+        match result {
+            Ok(i) => {
+                tracing::info!(
+                    blender = %i.offer.name,
+                    path = %runtime.path().display(),
+                    device = %i.offer.render_device,
+                    oidn = i.offer.oidn,
+                    osl = i.offer.osl,
+                    eevee = i.offer.eevee,
+                    "blender found"
+                );
+                installs.push(i);
+            }
+            Err(e) if found => {
+                tracing::info!("{e:#}; not offering the blender engine");
+            }
+            Err(e) => return Err(e.context("a Blender named on the command line does not work")),
+        }
+    }
+    Ok(installs)
+}
+
 fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Engine>>> {
     let builtin = || Arc::new(engine::Builtin::new(c.threads)) as Arc<dyn engine::Engine>;
+    let needs_blender = matches!(c.choice, "auto" | "blender");
+    let installs = if needs_blender {
+        blender_installs(&c)?
+    } else {
+        Vec::new()
+    };
+    let device = match (c.blender_device, installs.first()) {
+        (Some(d), _) => d,
+        (None, Some(i)) => blender_runtime::auto_device(&i.offer.devices)
+            .parse()
+            .expect("a known device"),
+        (None, None) => blender::Device::Cpu,
+    };
     let blender = || {
-        blender::detect().map(|(exe, version)| {
-            tracing::info!(%version, exe = %exe.display(), "blender found");
+        (!installs.is_empty()).then(|| {
             Arc::new(blender::Blender::new(
-                exe,
-                version,
-                c.blender_device,
+                installs.clone(),
+                device,
                 c.slots,
                 !c.blender_cold,
                 c.threads,
@@ -617,4 +773,35 @@ fn default_cache_dir(name: &str) -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("tessera").join(name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_and_devices_take_auto_or_a_bounded_value() {
+        assert!(matches!(parse_slots("auto"), Ok(Slots::Auto)));
+        assert!(matches!(parse_slots("4"), Ok(Slots::Count(4))));
+        for bad in ["0", "257", "-1", "many"] {
+            assert!(
+                parse_slots(bad)
+                    .unwrap_err()
+                    .contains("slot count from 1 to 256"),
+                "{bad}"
+            );
+        }
+        assert!(parse_device("auto").unwrap().0.is_none());
+        assert_eq!(
+            parse_device("optix").unwrap().0,
+            Some(blender::Device::Optix)
+        );
+        assert_eq!(
+            parse_device("ONEAPI").unwrap().0,
+            Some(blender::Device::Oneapi)
+        );
+        assert!(parse_device("metal")
+            .unwrap_err()
+            .contains("expected auto, CPU"));
+    }
 }

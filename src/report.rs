@@ -47,6 +47,12 @@ fn worker_json(w: &WorkerStatus) -> serde_json::Value {
         "state": w.state.name(),
         "interruptible": w.interruptible,
         "hostname": w.hostname,
+        "blenders": w.blenders.iter().map(|b| json!({
+            "name": b.name, "version": b.version.to_string(),
+            "device": b.render_device, "devices": b.devices,
+            "device_types": b.device_types,
+            "oidn": b.oidn, "osl": b.osl, "eevee": b.eevee,
+        })).collect::<Vec<_>>(),
         "connected_secs": w.connected_secs,
         "tasks": w.tasks.iter().map(|t| json!({
             "job": t.job, "task": t.index, "frame": t.frame,
@@ -138,7 +144,7 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         let note = s
             .error
             .clone()
-            .or_else(|| s.blocked.clone())
+            .or_else(|| s.blocked.as_ref().map(|b| format!("blocked: {b}")))
             .unwrap_or_default();
         println!(
             "{:<5} {:<24} {:<9} {:>13} {:>13}  {}",
@@ -180,6 +186,34 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         if workers.is_empty() {
             println!("(no workers connected)");
         }
+        for w in workers.iter().filter(|w| !w.blenders.is_empty()) {
+            for b in &w.blenders {
+                println!(
+                    "      {}: {} renders on {}{}",
+                    w.name,
+                    b.name,
+                    b.render_device,
+                    blender_features(b)
+                );
+            }
+        }
+    }
+}
+
+/// `; OpenImageDenoise, OSL, Eevee` for what a Blender has.
+pub fn blender_features(b: &tessera_protocol::blender::BlenderOffer) -> String {
+    let has: Vec<&str> = [
+        (b.oidn, "OpenImageDenoise"),
+        (b.osl, "OSL"),
+        (b.eevee, "Eevee"),
+    ]
+    .into_iter()
+    .filter_map(|(on, name)| on.then_some(name))
+    .collect();
+    if has.is_empty() {
+        String::new()
+    } else {
+        format!("; {}", has.join(", "))
     }
 }
 

@@ -576,6 +576,7 @@ mod tests {
             resolution: (64, 32),
             priority: 0,
             output: OutputFormat::Png,
+            blender: None,
         }
     }
 

@@ -102,6 +102,22 @@ pub fn validate(
     if spec.samples == 0 {
         bail!("the sample count must be at least 1");
     }
+    if let Some(b) = spec.blender.filter(|_| spec.engine == Engine::Blender) {
+        if let Some(saved) = b.saved_by.filter(|s| !b.version.matches(*s)) {
+            if !matches!(
+                b.version,
+                tessera_protocol::blender::VersionReq::AtLeast(..)
+            ) && saved.series() > b.version.floor()
+            {
+                bail!(
+                    "the file was saved by Blender {}; Blender {} cannot read it (ask for `--blender {}` or newer)",
+                    saved.short(),
+                    b.version,
+                    saved.short()
+                );
+            }
+        }
+    }
     if spec.sample_ranges == 0 || spec.sample_ranges > spec.samples {
         bail!(
             "--sample-ranges {} must be between 1 and the sample count {}",

@@ -193,6 +193,11 @@ pub struct JobSpec {
     pub resolution: (u32, u32),
     pub priority: i32,
     pub output: OutputFormat,
+    /// For Blender jobs: the Blender that saved the file and what the job
+    /// needs of the one that renders it. `None` for other engines (and for
+    /// jobs stored before this existed).
+    #[serde(default)]
+    pub blender: Option<crate::blender::BlenderNeeds>,
 }
 
 /// Why a manifest path was refused.

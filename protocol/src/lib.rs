@@ -3,6 +3,7 @@
 //! description types, join tickets, and the QUIC transport with its version
 //! handshake. Everything else converts to and from these types.
 
+pub mod blender;
 pub mod blob;
 pub mod chunk;
 pub mod codec;

@@ -7,6 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::blender::{BlenderNeeds, BlenderOffer};
 use crate::chunk::{ChunkList, Recipe};
 use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
 use crate::telemetry::Telemetry;
@@ -16,7 +17,7 @@ use crate::Digest;
 pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -61,6 +62,9 @@ pub struct WorkerInfo {
     pub interruptible: bool,
     /// Every file its asset cache holds, for cache-affinity scheduling.
     pub cached: Vec<Digest>,
+    /// Every Blender it offers (one worker may offer several), and what
+    /// each can do; empty when it offers no Blender.
+    pub blenders: Vec<BlenderOffer>,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -108,6 +112,8 @@ pub struct JobInfo {
     pub manifest: Vec<ManifestEntry>,
     pub resolution: (u32, u32),
     pub output: OutputFormat,
+    /// For Blender jobs: which Blender may render it.
+    pub blender: Option<BlenderNeeds>,
 }
 
 /// One task under one lease.
@@ -219,6 +225,8 @@ pub struct WorkerStatus {
     pub tasks: Vec<RunningTask>,
     pub telemetry: Option<Telemetry>,
     pub interruptible: bool,
+    /// The Blenders it offers, each with the device its slots render on.
+    pub blenders: Vec<BlenderOffer>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

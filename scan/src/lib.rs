@@ -4,4 +4,5 @@
 //! upload, the worker to render; neither reaches into the other.
 
 pub mod blender;
+pub mod blender_runtime;
 pub mod builtin;

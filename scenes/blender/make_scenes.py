@@ -153,6 +153,11 @@ def cycles_settings(scene, exr):
     c.volume_bounces = 0
     c.transparent_max_bounces = 4
     c.time_limit = 0.0
+    # Blender 4.2-4.4 split sample ranges by offset alone, which adds up to
+    # the full render only with the Tabulated Sobol pattern (4.5+ renders
+    # subsets of any pattern; 3.x's patterns add up with offsets).
+    if (4, 2) <= tuple(bpy.app.version[:2]) < (4, 5):
+        c.sampling_pattern = "TABULATED_SOBOL"
     im = r.image_settings
     if exr:
         im.file_format = "OPEN_EXR"

@@ -103,6 +103,7 @@ fn worker(id: u64, name: &str, telemetry: Telemetry) -> WorkerStatus {
         tasks: Vec::new(),
         telemetry: Some(telemetry),
         interruptible: false,
+        blenders: Vec::new(),
     }
 }
 
@@ -115,6 +116,16 @@ fn farm() -> Snapshot {
     gpu.tasks_done = 41;
     gpu.price_per_hour = 0.45;
     gpu.connected_secs = 7384;
+    gpu.blenders = vec![tessera_protocol::blender::BlenderOffer {
+        version: tessera_protocol::blender::BlenderVersion::new(4, 5, 4),
+        name: "Blender 4.5.4 LTS (bpy)".into(),
+        device_types: vec!["CUDA".into(), "OPTIX".into()],
+        devices: vec!["OPTIX: NVIDIA GeForce RTX 4090".into()],
+        render_device: "OPTIX".into(),
+        oidn: true,
+        osl: true,
+        eevee: true,
+    }];
     gpu.tasks = vec![RunningTask {
         job: 7,
         index: 101,
@@ -424,6 +435,17 @@ fn populated_farm_at_80x24() {
 }
 
 #[test]
+fn the_wide_monitor_shows_each_workers_blender_and_device() {
+    let buf = draw(&populated(), 160, 48);
+    assert_eq!(
+        find(&buf, "blender 4.5 OPTIX").len(),
+        1,
+        "{}",
+        screen_text(&buf)
+    );
+}
+
+#[test]
 fn populated_farm_at_160x48() {
     let app = populated();
     let buf = draw(&app, 160, 48);
@@ -434,7 +456,7 @@ fn populated_farm_at_160x48() {
     let text = screen_text(&buf);
     for want in [
         "ENGINE",
-        "blender,builtin",
+        "blender 4.5 OPTIX",
         "NVIDIA GeForce RTX 4090",
         "18.4/24G",
         "71°C",

@@ -170,7 +170,7 @@ fn render_workers(app: &App, frame: &mut Frame, area: Rect, width: Width) {
         ("STATE", Constraint::Length(8)),
     ];
     if width == Width::Wide {
-        columns.push(("ENGINE", Constraint::Length(15)));
+        columns.push(("ENGINE", Constraint::Length(17)));
     }
     columns.push(("GPU", Constraint::Fill(1)));
     columns.push(("UTIL", Constraint::Length(4)));
@@ -196,7 +196,13 @@ fn render_workers(app: &App, frame: &mut Frame, area: Rect, width: Width) {
             Cell::from(w.state.name()).style(worker_state_style(w.state)),
         ];
         if width == Width::Wide {
-            let engines: Vec<_> = w.engines.iter().map(|e| e.name()).collect();
+            // Blender as `blender 4.5 OPTIX`: its version and the device
+            // its slots render on (the builtin engine beside it is left out
+            // for room).
+            let engines: Vec<String> = match w.blenders.as_slice() {
+                [b, ..] => vec![format!("blender {} {}", b.version.short(), b.render_device)],
+                [] => w.engines.iter().map(|e| e.name().to_string()).collect(),
+            };
             cells.push(Cell::from(engines.join(",")));
         }
         cells.push(gpu_cell(t, width));

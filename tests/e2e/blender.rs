@@ -2,7 +2,14 @@
 //! made by `scenes/blender/make_scenes.py`. Each test is
 //! `#[ignore = "needs blender"]`: listed as ignored by a plain `cargo test`,
 //! run by CI's `--include-ignored`, and failed there if Blender is missing.
+//!
+//! With `TESSERA_TEST_BLENDER_RUNTIME=bpy` the same tests run on the `bpy`
+//! module in the Python named by `TESSERA_BLENDER_PYTHON` instead: the
+//! scenes are made and saved by that Blender, its own renders are the
+//! references, workers offer it with `--blender-python`, and `submit`
+//! (which reads `TESSERA_BLENDER_PYTHON` too) scans with it.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -16,9 +23,78 @@ fn enabled() -> bool {
     true
 }
 
-fn blender() -> Command {
-    let exe = std::env::var_os("TESSERA_BLENDER").unwrap_or_else(|| "blender".into());
-    Command::new(exe)
+/// The `bpy` interpreter the tests run on, when they run on the module.
+fn bpy_python() -> Option<PathBuf> {
+    if std::env::var("TESSERA_TEST_BLENDER_RUNTIME").is_ok_and(|v| v == "bpy") {
+        let py = std::env::var_os("TESSERA_BLENDER_PYTHON")
+            .expect("TESSERA_TEST_BLENDER_RUNTIME=bpy needs TESSERA_BLENDER_PYTHON");
+        return Some(PathBuf::from(py));
+    }
+    None
+}
+
+/// Runs Python `src` in the tests' Blender, with `blend` opened first
+/// (scripts off) and `args` after `--`.
+fn blender_script<S: AsRef<OsStr>>(blend: Option<&Path>, src: &str, args: &[S]) -> Command {
+    match bpy_python() {
+        Some(py) => {
+            let open = blend.map_or(String::new(), |b| {
+                format!(
+                    "bpy.ops.wm.open_mainfile(filepath={:?}, use_scripts=False)\n",
+                    b.to_str().unwrap()
+                )
+            });
+            let mut cmd = Command::new(py);
+            cmd.arg("-I")
+                .arg("-c")
+                .arg(format!("import bpy\n{open}{src}"))
+                .arg("--")
+                .args(args);
+            cmd
+        }
+        None => {
+            let exe = std::env::var_os("TESSERA_BLENDER").unwrap_or_else(|| "blender".into());
+            let mut cmd = Command::new(exe);
+            cmd.args(["-b", "--factory-startup", "--disable-autoexec"]);
+            if let Some(b) = blend {
+                cmd.arg(b);
+            }
+            let src = format!("import bpy\n{src}");
+            cmd.args(["--python-exit-code", "3", "--python-expr", &src, "--"])
+                .args(args);
+            cmd
+        }
+    }
+}
+
+/// `--engine blender`, and the tests' Blender when it is the module.
+fn blender_worker() -> Vec<String> {
+    let mut args = vec!["--engine".to_string(), "blender".to_string()];
+    if let Some(py) = bpy_python() {
+        args.push("--blender-python".into());
+        args.push(py.to_str().unwrap().into());
+    }
+    args
+}
+
+/// A worker offering `blender` (the tests' kind of Blender) instead.
+fn add_worker_with_blender(farm: &mut Farm, name: &str, blender: &Path) -> usize {
+    let flag = if bpy_python().is_some() {
+        "--blender-python"
+    } else {
+        "--blender"
+    };
+    farm.add_worker_with(
+        name,
+        &["--engine", "blender", flag, blender.to_str().unwrap()],
+    )
+}
+
+/// Starts a worker offering the tests' Blender.
+fn add_blender_worker(farm: &mut Farm, name: &str) -> usize {
+    let args = blender_worker();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    farm.add_worker_with(name, &args)
 }
 
 fn run_ok(cmd: &mut Command) {
@@ -44,16 +120,18 @@ impl Project {
         let dir = root.join("project");
         let external = root.join("external");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/make_scenes.py");
-        run_ok(
-            blender()
-                .args(["-b", "--factory-startup", "--python"])
-                .arg(&script)
-                .args(["--", "--project"])
-                .arg(&dir)
-                .arg("--external")
-                .arg(&external)
-                .args(extra),
+        let src = format!(
+            "P = {:?}\nexec(compile(open(P).read(), P, 'exec'))",
+            script.to_str().unwrap()
         );
+        let mut args = vec![
+            OsStr::new("--project"),
+            dir.as_os_str(),
+            OsStr::new("--external"),
+            external.as_os_str(),
+        ];
+        args.extend(extra.iter().map(OsStr::new));
+        run_ok(&mut blender_script(None, &src, &args));
         Project { dir, external }
     }
 
@@ -61,17 +139,19 @@ impl Project {
         self.dir.join(name).to_str().unwrap().to_string()
     }
 
-    /// Blender's own render of the untouched file: `blender -b FILE -o … -f N`.
+    /// Blender's own render of the untouched file, as `blender -b FILE -o
+    /// OUT/ref_#### -f N` writes it.
     fn reference(&self, blend: &str, out: &Path, frames: &[u32]) {
         for f in frames {
-            run_ok(
-                blender()
-                    .args(["-b", "--factory-startup", "--disable-autoexec"])
-                    .arg(self.dir.join(blend))
-                    .arg("-o")
-                    .arg(out.join("ref_####"))
-                    .args(["-f", &f.to_string()]),
+            let src = format!(
+                "s = bpy.context.scene\ns.frame_set({f})\ns.render.filepath = {:?}\nbpy.ops.render.render(write_still=True)\n",
+                out.join(format!("ref_{f:04}")).to_str().unwrap()
             );
+            run_ok(&mut blender_script(
+                Some(&self.dir.join(blend)),
+                &src,
+                &[] as &[&str],
+            ));
         }
     }
 }
@@ -105,15 +185,7 @@ fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
         image.to_str().unwrap(),
         out.to_str().unwrap()
     );
-    run_ok(blender().args([
-        "-b",
-        "--factory-startup",
-        "--disable-autoexec",
-        "--python-exit-code",
-        "3",
-        "--python-expr",
-        &expr,
-    ]));
+    run_ok(&mut blender_script(None, &expr, &[] as &[&str]));
     std::fs::read(&out)
         .unwrap()
         .chunks_exact(4)
@@ -175,7 +247,7 @@ fn tiled_blend_with_relative_absolute_and_linked_files_matches_blenders_own_rend
     let blocked = farm.status(job["id"].as_u64().unwrap());
     assert_eq!(blocked["blocked"], "no workers are connected");
     for name in ["b1", "b2", "b3"] {
-        farm.add_worker_with(name, &["--engine", "blender"]);
+        add_blender_worker(&mut farm, name);
     }
     let out = farm.dir.join("out");
     let id = job["id"].as_u64().unwrap().to_string();
@@ -231,8 +303,8 @@ fn sample_ranges_merge_to_the_full_render_within_float_precision() {
     let project = Project::make(&farm.dir, &["--exr"]);
     let refs = farm.dir.join("refs");
     project.reference("shot.blend", &refs, &[3]);
-    farm.add_worker_with("b1", &["--engine", "blender"]);
-    farm.add_worker_with("b2", &["--engine", "blender"]);
+    add_blender_worker(&mut farm, "b1");
+    add_blender_worker(&mut farm, "b2");
     let out = farm.dir.join("out");
     let job = farm.json(&[
         "submit",
@@ -275,7 +347,7 @@ fn a_text_block_in_a_submitted_file_never_runs() {
     let mut farm = Farm::start("blender-trap", &[]);
     let marker = farm.dir.join("MARKER");
     let project = Project::make(&farm.dir, &["--trap", marker.to_str().unwrap()]);
-    farm.add_worker_with("b1", &["--engine", "blender"]);
+    add_blender_worker(&mut farm, "b1");
     let job = farm.json(&[
         "submit",
         &project.blend("trap.blend"),
@@ -358,12 +430,18 @@ fn bad_blend_files_are_refused_before_upload_with_one_line() {
     assert_eq!(s["state"], "queued");
 }
 
-/// A Blender that starts, prints, and dies like a crashed GPU driver.
+/// A Blender that passes the worker's start-up probes (version and
+/// capabilities), then dies like a crashed GPU driver whenever it is asked
+/// to render: the tests' executable, or their `bpy` interpreter.
 fn crashing_blender(dir: &Path) -> PathBuf {
     let wrapper = dir.join("crashing-blender");
+    let real = bpy_python().map_or_else(
+        || std::env::var("TESSERA_BLENDER").unwrap_or_else(|_| "blender".into()),
+        |p| p.to_str().unwrap().to_string(),
+    );
     std::fs::write(
         &wrapper,
-        "#!/bin/sh\nif [ \"$1\" = --version ]; then exec blender --version; fi\necho 'CUDA error: an illegal memory access was encountered (simulated)' >&2\nkill -SEGV $$\n",
+        format!("#!/bin/sh\nif [ \"$1\" = --version ]; then exec {real} --version; fi\ncase \"$*\" in *'Tessera capability probe'*|*TESSERA_EEVEE_OK*) exec {real} \"$@\";; esac\necho 'CUDA error: an illegal memory access was encountered (simulated)' >&2\nkill -SEGV $$\n"),
     )
     .unwrap();
     std::process::Command::new("chmod")
@@ -383,12 +461,7 @@ fn a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job() {
     let mut farm = Farm::start("blender-crash", &[]);
     let project = Project::make(&farm.dir, &[]);
     let wrapper = crashing_blender(&farm.dir);
-    let crashing = wrapper.to_str().unwrap();
-    farm.add_worker_env(
-        "crashy",
-        &["--engine", "blender"],
-        &[("TESSERA_BLENDER", crashing)],
-    );
+    add_worker_with_blender(&mut farm, "crashy", &wrapper);
     let job = farm.json(&[
         "submit",
         &project.blend("shot.blend"),
@@ -419,13 +492,11 @@ fn a_worker_whose_blender_always_crashes_is_blocklisted_and_the_job_completes_on
     let refs = farm.dir.join("refs");
     project.reference("shot.blend", &refs, &[4]);
     let wrapper = crashing_blender(&farm.dir);
-    farm.add_worker_env(
-        "crashy",
-        &["--engine", "blender"],
-        &[("TESSERA_BLENDER", wrapper.to_str().unwrap())],
-    );
-    farm.add_worker_with("good1", &["--engine", "blender"]);
-    farm.add_worker_with("good2", &["--engine", "blender"]);
+    add_worker_with_blender(&mut farm, "crashy", &wrapper);
+    // The crashing worker joins first, so it is offered tasks.
+    farm.wait_workers(1);
+    add_blender_worker(&mut farm, "good1");
+    add_blender_worker(&mut farm, "good2");
     let out = farm.dir.join("out");
     let job = farm.json(&[
         "submit",

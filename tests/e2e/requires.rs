@@ -20,10 +20,19 @@ pub enum Need {
     RootNetns,
     /// `python3` runs.
     Python3,
+    /// `$TESSERA_TEST_BPY` names a Python where `import bpy` works (the
+    /// official Blender 4.5 LTS as a module; `.ci/run` installs it).
+    Bpy,
 }
 
 impl Need {
-    const ALL: [Need; 4] = [Need::Blender, Need::Tmux, Need::RootNetns, Need::Python3];
+    const ALL: [Need; 5] = [
+        Need::Blender,
+        Need::Tmux,
+        Need::RootNetns,
+        Need::Python3,
+        Need::Bpy,
+    ];
 
     fn what(self) -> &'static str {
         match self {
@@ -33,6 +42,9 @@ impl Need {
             Need::Tmux => "tmux on the PATH (apt-get install tmux)",
             Need::RootNetns => "root and iproute2's `ip` (network namespaces)",
             Need::Python3 => "python3 on the PATH (apt-get install python3)",
+            Need::Bpy => {
+                "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
+            }
         }
     }
 
@@ -50,6 +62,8 @@ impl Need {
             }
             Need::Tmux => runs(Command::new("tmux").arg("-V")),
             Need::Python3 => runs(Command::new("python3").arg("--version")),
+            Need::Bpy => std::env::var_os("TESSERA_TEST_BPY")
+                .is_some_and(|py| runs(Command::new(py).args(["-c", "import bpy"]))),
             Need::RootNetns => {
                 let root = (Command::new("id").arg("-u").output())
                     .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");

@@ -281,6 +281,11 @@ async fn join(
         holding: held.table.holding(),
         interruptible: config.interruptible,
         cached: cache.held_digests(),
+        blenders: config
+            .engines
+            .iter()
+            .flat_map(|e| e.blender_offers())
+            .collect(),
     }))?;
     match codec::read_frame::<CoordMsg, _>(recv).await? {
         Some(CoordMsg::Joined {

@@ -235,6 +235,7 @@ mod tests {
             manifest: Vec::new(),
             resolution: (8, 8),
             output: OutputFormat::Png,
+            blender: None,
         }
     }
 

@@ -55,6 +55,12 @@ impl Default for Sampler {
     }
 }
 
+/// How many GPUs NVML finds, or why none (`--slots auto`).
+pub fn gpu_count() -> Result<u32, String> {
+    let nvml = init_nvml(NVML_LIBS)?;
+    nvml.device_count().map_err(|e| format!("NVML failed: {e}"))
+}
+
 /// Loads NVML, or says why not: "no NVIDIA driver" when no library loads,
 /// "NVML failed: …" when one loads but will not initialise.
 fn init_nvml(libs: &[&str]) -> Result<Nvml, String> {

@@ -275,6 +275,9 @@ impl FarmCore {
             now.ms,
         );
         self.sched.set_job_assets(id, job_assets(&job.spec));
+        if let Some(needs) = job.spec.blender {
+            self.sched.set_job_blender(id, needs);
+        }
     }
 
     /// Adds a validated job the database has just recorded under `id`.
@@ -380,6 +383,7 @@ impl FarmCore {
                 manifest: spec.manifest.clone(),
                 resolution: spec.resolution,
                 output: spec.output,
+                blender: spec.blender,
             });
             self.effects.push(Effect::Send {
                 worker: a.worker,
@@ -410,6 +414,9 @@ impl FarmCore {
             .collect();
         if offering.is_empty() {
             return Some(format!("no connected worker offers the {engine} engine"));
+        }
+        if let Some(reason) = self.sched.blender_blocked(job) {
+            return Some(reason);
         }
         offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {
             format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it")

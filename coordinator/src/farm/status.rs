@@ -103,6 +103,7 @@ impl FarmCore {
                     tasks,
                     telemetry: w.telemetry.clone(),
                     interruptible: w.info.interruptible,
+                    blenders: w.info.blenders.clone(),
                 }
             })
             .collect();

@@ -59,6 +59,7 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         resolution: (64, 16),
         priority: 0,
         output: OutputFormat::Png,
+        blender: None,
     }
 }
 
@@ -71,6 +72,7 @@ fn worker_info(slots: u32, engine: Engine, holding: Vec<TaskRef>) -> WorkerInfo 
         holding,
         interruptible: false,
         cached: Vec::new(),
+        blenders: Vec::new(),
     }
 }
 

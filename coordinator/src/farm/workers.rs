@@ -19,6 +19,7 @@ impl FarmCore {
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         self.sched.add_worker(id, info.slots, engines, now.ms);
         self.sched.worker_holds(id, &info.cached, &[]);
+        self.sched.set_worker_blenders(id, info.blenders.clone());
         let holding = info.holding.clone();
         self.workers.insert(
             id,

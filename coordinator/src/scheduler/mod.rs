@@ -23,7 +23,10 @@ use std::cmp::Reverse;
 use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 use std::fmt;
 
+use tessera_protocol::blender::{BlenderNeeds, BlenderOffer};
 use tessera_protocol::Digest;
+
+pub mod blender;
 
 #[cfg(test)]
 mod affinity_tests;
@@ -338,6 +341,11 @@ pub struct Scheduler {
     /// worker's cache holds. A task goes to the free worker that lacks the
     /// fewest of its job's bytes.
     affinity: Affinity,
+    /// What each Blender job needs of its Blender, and the Blenders each
+    /// worker offers: a Blender job goes only to a worker with a Blender
+    /// that can render it (see [`blender`]).
+    blender_needs: HashMap<JobId, BlenderNeeds>,
+    blender_offers: HashMap<WorkerId, Vec<BlenderOffer>>,
 }
 
 #[derive(Default)]
@@ -377,7 +385,44 @@ impl Scheduler {
             retries: BTreeSet::new(),
             last_served: None,
             affinity: Affinity::default(),
+            blender_needs: HashMap::new(),
+            blender_offers: HashMap::new(),
         }
+    }
+
+    /// What Blender `job` needs; a Blender job without this runs on any
+    /// worker offering the engine (jobs stored before versions were known).
+    pub fn set_job_blender(&mut self, job: JobId, needs: BlenderNeeds) {
+        self.blender_needs.insert(job, needs);
+    }
+
+    /// The Blenders `worker` offers.
+    pub fn set_worker_blenders(&mut self, worker: WorkerId, offers: Vec<BlenderOffer>) {
+        self.blender_offers.insert(worker, offers);
+    }
+
+    /// Whether one of `worker`'s Blenders can render `job` (true for jobs
+    /// with no Blender needs).
+    fn blender_fits(&self, worker: WorkerId, job: JobId) -> bool {
+        let Some(needs) = self.blender_needs.get(&job) else {
+            return true;
+        };
+        let offers = self
+            .blender_offers
+            .get(&worker)
+            .map_or(&[][..], Vec::as_slice);
+        blender::pick(needs, offers).is_some()
+    }
+
+    /// Why no connected worker can render Blender job `job`, if none can:
+    /// `needs Blender 4.5; workers offer 3.4, 4.2`.
+    pub fn blender_blocked(&self, job: JobId) -> Option<String> {
+        let needs = self.blender_needs.get(&job)?;
+        let offers: Vec<&BlenderOffer> = (self.workers.keys())
+            .filter_map(|w| self.blender_offers.get(w))
+            .flatten()
+            .collect();
+        blender::blocked_reason(needs, &offers)
     }
 
     /// Turns cache affinity off (for comparisons); it is on by default.
@@ -417,6 +462,7 @@ impl Scheduler {
             wk.has_free_slot()
                 && !wk.is_silent(now, self.config.lease_ms)
                 && wk.engines.contains(&j.engine)
+                && self.blender_fits(*w, job)
                 && !j.blocklist.contains(w)
         };
         let mut best = (self.affinity.missing(job, worker), worker);
@@ -497,6 +543,7 @@ impl Scheduler {
     /// queues; returns those tasks in order.
     pub fn remove_worker(&mut self, worker: WorkerId, _now: Millis) -> Vec<TaskKey> {
         self.affinity.held.remove(&worker);
+        self.blender_offers.remove(&worker);
         let Some(removed) = self.workers.remove(&worker) else {
             return Vec::new();
         };
@@ -624,6 +671,7 @@ impl Scheduler {
                     && job.backoff.is_empty()
                     && job.done_ms_count >= STRAGGLER_MIN_SAMPLES
                     && engines.contains(&job.engine)
+                    && self.blender_fits(worker, task.job)
                     && !job.blocklist.contains(&worker)
                     && running >= STRAGGLER_MIN_MS
                     && running * 100 * u64::from(job.done_ms_count) >= percent * job.done_ms_sum
@@ -941,10 +989,9 @@ impl Scheduler {
         engines
             .iter()
             .filter_map(|engine| {
-                self.ready
-                    .get(engine)?
-                    .iter()
-                    .find(|&&(_, _, job)| !self.jobs[&job].blocklist.contains(&worker))
+                self.ready.get(engine)?.iter().find(|&&(_, _, job)| {
+                    !self.jobs[&job].blocklist.contains(&worker) && self.blender_fits(worker, job)
+                })
             })
             .min()
             .map(|&(_, _, job)| job)

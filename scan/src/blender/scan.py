@@ -22,6 +22,12 @@ import sys
 import bpy
 
 
+def strips_of(editor):
+    """Every strip of a sequence editor (Blender 5 renamed them)."""
+    strips = getattr(editor, "strips_all", None)
+    return strips if strips is not None else editor.sequences_all
+
+
 def _fail(code, msg):
     sys.stderr.write("tessera-scan: error: %s\n" % msg)
     sys.stderr.flush()
@@ -132,7 +138,7 @@ class Scan:
             ed = scene.sequence_editor
             if ed is None:
                 continue
-            for s in ed.sequences_all:
+            for s in strips_of(ed):
                 user = "Strip '%s' (scene '%s')" % (s.name, scene.name_full)
                 if s.type == "IMAGE":
                     d = self.resolve(s.directory, scene)
@@ -247,6 +253,11 @@ def settings(scan):
         out.update(samples=c.samples, use_adaptive_sampling=c.use_adaptive_sampling,
                    use_denoising=c.use_denoising, seed=c.seed,
                    use_animated_seed=c.use_animated_seed, device=c.device)
+        # What the renderer must have: OSL, and OpenImageDenoise unless OptiX denoises.
+        out["use_osl"] = bool(c.shading_system)
+        out["denoiser"] = getattr(c, "denoiser", "OPENIMAGEDENOISE")
+        # Blender 4.2+: blue-noise patterns depend on the total sample count.
+        out["sampling_pattern"] = getattr(c, "sampling_pattern", "")
         if c.use_adaptive_sampling:
             scan.warnings.append("adaptive sampling is on: sample ranges will not merge exactly")
         if c.use_denoising:
@@ -266,7 +277,10 @@ def settings(scan):
         scan.warnings.append("multiview/stereo output is not supported; only the default view is handled")
     if r.is_movie_format:
         scan.warnings.append("output format %s is a movie; frames are rendered as images" % im.file_format)
-    if r.use_compositing and scene.use_nodes and scene.node_tree and len(scene.node_tree.nodes) > 0:
+    # Blender 5 keeps the compositor's nodes in `compositing_node_group`.
+    comp = getattr(scene, "node_tree", None) if getattr(scene, "use_nodes", True) else None
+    comp = comp or getattr(scene, "compositing_node_group", None)
+    if r.use_compositing and comp and len(comp.nodes) > 0:
         scan.warnings.append("compositing nodes are in use: filters that read neighbouring pixels break tile stitching")
     if r.use_stamp:
         scan.warnings.append("metadata burn-in (render.use_stamp) is on: every tile gets its own stamp")

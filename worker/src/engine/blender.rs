@@ -6,11 +6,16 @@
 //! that dies is replaced by a fresh process for the task at hand. Blender
 //! always runs with `--factory-startup --disable-autoexec`: a submitted file's
 //! Python never runs. Arguments are an argument vector, never a shell line.
+//!
+//! A worker may offer several Blenders (executables and `bpy` modules, see
+//! [`super::blender_runtime`]); each job renders in the one that fits it
+//! (the version that saved the file, the features it needs), and a file
+//! saved by a newer Blender is never opened by an older one.
 
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
-use std::path::{Path, PathBuf};
-use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::path::Path;
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -19,7 +24,9 @@ use serde::{Deserialize, Serialize};
 use tessera_protocol::job::{Engine as EngineKind, OutputFormat};
 use tessera_protocol::messages::{JobInfo, TaskSpec};
 
+use super::blender_runtime::{file_version, Installed};
 use super::Engine;
+use tessera_protocol::blender::{BlenderNeeds, BlenderOffer, VersionReq};
 
 /// The session script, passed with `--python-expr`.
 pub const SESSION_PY: &str = include_str!("blender/session.py");
@@ -34,6 +41,7 @@ pub enum Device {
     Cuda,
     Optix,
     Hip,
+    Oneapi,
 }
 
 impl std::str::FromStr for Device {
@@ -44,20 +52,22 @@ impl std::str::FromStr for Device {
             "CUDA" => Ok(Device::Cuda),
             "OPTIX" => Ok(Device::Optix),
             "HIP" => Ok(Device::Hip),
+            "ONEAPI" => Ok(Device::Oneapi),
             _ => Err(format!(
-                "unknown Blender device `{s}` (expected CPU, CUDA, OPTIX or HIP)"
+                "unknown Blender device `{s}` (expected auto, CPU, CUDA, OPTIX, HIP or ONEAPI)"
             )),
         }
     }
 }
 
 impl Device {
-    fn name(self) -> &'static str {
+    pub fn name(self) -> &'static str {
         match self {
             Device::Cpu => "CPU",
             Device::Cuda => "CUDA",
             Device::Optix => "OPTIX",
             Device::Hip => "HIP",
+            Device::Oneapi => "ONEAPI",
         }
     }
 
@@ -67,6 +77,7 @@ impl Device {
             Device::Cpu => None,
             Device::Cuda | Device::Optix => Some(("CUDA_VISIBLE_DEVICES", index.to_string())),
             Device::Hip => Some(("HIP_VISIBLE_DEVICES", index.to_string())),
+            Device::Oneapi => Some(("ONEAPI_DEVICE_SELECTOR", format!("level_zero:{index}"))),
         }
     }
 }
@@ -88,6 +99,8 @@ struct RenderCommand<'a> {
     frame: u32,
     tile: [u32; 4],
     samples: [u32; 2],
+    /// The full render's sample count, of which `samples` is a range.
+    total: u32,
     out: &'a Path,
     raw: bool,
 }
@@ -126,6 +139,8 @@ fn excerpt(log: &Log) -> String {
 /// One Blender process with a job's scene loaded.
 struct Session {
     job: u64,
+    /// Which of the engine's Blenders runs it.
+    install: usize,
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -136,10 +151,12 @@ struct Session {
 impl Session {
     fn start(
         blender: &Blender,
+        install: usize,
         slot: usize,
         job: &JobInfo,
         job_dir: &Path,
     ) -> anyhow::Result<Session> {
+        let runtime = &blender.installs[install].runtime;
         let files = job
             .manifest
             .iter()
@@ -159,13 +176,9 @@ impl Session {
         };
         let config_path = job_dir.with_extension(format!("session-{slot}.json"));
         std::fs::write(&config_path, serde_json::to_vec(&config)?)?;
-        let mut cmd = Command::new(&blender.exe);
-        cmd.args(SAFE_ARGS)
-            .args(["-t", &blender.threads.to_string()])
-            .arg(job_dir.join(&job.scene))
-            .args(["--python-exit-code", "3", "--python-expr", SESSION_PY, "--"])
-            .arg(&config_path)
-            .stdin(Stdio::piped())
+        let blend = job_dir.join(&job.scene);
+        let mut cmd = runtime.command(Some(&blend), SESSION_PY, &[&config_path], blender.threads);
+        cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         if let Some((key, value)) = blender.device.pin_env(slot) {
@@ -174,7 +187,7 @@ impl Session {
         }
         let mut child = cmd
             .spawn()
-            .with_context(|| format!("cannot start {}", blender.exe.display()))?;
+            .with_context(|| format!("cannot start {}", runtime.path().display()))?;
         let log: Log = Arc::default();
         let stderr = child.stderr.take().expect("piped");
         let err_log = log.clone();
@@ -186,6 +199,7 @@ impl Session {
         tracing::info!(job = job.job, slot, "blender session started");
         Ok(Session {
             job: job.job,
+            install,
             stdin: child.stdin.take().expect("piped"),
             stdout: BufReader::new(child.stdout.take().expect("piped")),
             child,
@@ -287,8 +301,8 @@ struct Slot {
 }
 
 pub struct Blender {
-    exe: PathBuf,
-    pub version: String,
+    /// The Blenders this worker offers, each probed.
+    installs: Vec<Installed>,
     device: Device,
     /// Keep a session per slot between tasks (false: one process per task).
     persistent: bool,
@@ -300,8 +314,7 @@ pub struct Blender {
 
 impl Blender {
     pub fn new(
-        exe: PathBuf,
-        version: String,
+        installs: Vec<Installed>,
         device: Device,
         slots: u32,
         persistent: bool,
@@ -314,8 +327,7 @@ impl Blender {
             })
             .collect();
         Blender {
-            exe,
-            version,
+            installs,
             device,
             persistent,
             threads: threads.max(1),
@@ -337,6 +349,32 @@ impl Blender {
         }
     }
 
+    /// Which Blender renders `job`: the first that fits what it needs. The
+    /// file's own header is checked too, so a file saved by a newer Blender
+    /// is never opened by an older one, whatever the coordinator said.
+    fn install_for(&self, job: &JobInfo, job_dir: &Path) -> anyhow::Result<usize> {
+        let saved = file_version(&job_dir.join(&job.scene))?;
+        let needs = job.blender.unwrap_or(BlenderNeeds {
+            saved_by: None,
+            version: VersionReq::AtLeast(saved.major, saved.minor),
+            denoise: false,
+            osl: false,
+            eevee: false,
+        });
+        let needs = BlenderNeeds {
+            saved_by: Some(needs.saved_by.map_or(saved, |s| s.max(saved))),
+            ..needs
+        };
+        let offers: Vec<BlenderOffer> = self.installs.iter().map(|i| i.offer.clone()).collect();
+        needs.pick(&offers).ok_or_else(|| {
+            let why: Vec<String> = offers.iter().filter_map(|o| needs.unmet(o)).collect();
+            anyhow::anyhow!(
+                "this worker has no Blender for this job: {}",
+                why.join("; ")
+            )
+        })
+    }
+
     fn checkin(&self, i: usize, session: Option<Session>) {
         let mut slots = self.slots.lock().expect("slots lock");
         slots[i].busy = false;
@@ -353,11 +391,15 @@ impl Blender {
         command: &RenderCommand<'_>,
         progress: &(dyn Fn(u32, u32) + Sync),
     ) -> anyhow::Result<()> {
-        if session.as_ref().is_some_and(|s| s.job != job.job) {
+        let install = self.install_for(job, job_dir)?;
+        if session
+            .as_ref()
+            .is_some_and(|s| s.job != job.job || s.install != install)
+        {
             session.take().expect("checked").quit();
         }
         if session.is_none() {
-            *session = Some(Session::start(self, slot, job, job_dir)?);
+            *session = Some(Session::start(self, install, slot, job, job_dir)?);
         }
         match session.as_mut().expect("started").render(command, progress) {
             Ok(()) => Ok(()),
@@ -369,7 +411,7 @@ impl Blender {
                     "blender session died: {e}; retrying in a fresh process"
                 );
                 *session = None;
-                let mut fresh = Session::start(self, slot, job, job_dir)?;
+                let mut fresh = Session::start(self, install, slot, job, job_dir)?;
                 let result = fresh.render(command, progress);
                 fresh.quit();
                 match result {
@@ -384,6 +426,10 @@ impl Blender {
 impl Engine for Blender {
     fn kind(&self) -> EngineKind {
         EngineKind::Blender
+    }
+
+    fn blender_offers(&self) -> Vec<BlenderOffer> {
+        self.installs.iter().map(|i| i.offer.clone()).collect()
     }
 
     fn render(
@@ -408,6 +454,7 @@ impl Engine for Blender {
             frame: task.frame,
             tile: [task.tile.x, task.tile.y, task.tile.width, task.tile.height],
             samples: [task.samples.0, task.samples.1],
+            total: task.total_samples,
             out: &out,
             raw,
         };
@@ -472,6 +519,81 @@ mod tests {
         assert!("metal"
             .parse::<Device>()
             .unwrap_err()
-            .contains("expected CPU, CUDA, OPTIX or HIP"));
+            .contains("expected auto, CPU, CUDA, OPTIX, HIP or ONEAPI"));
+    }
+}
+
+#[cfg(test)]
+mod runtime_tests {
+    #[test]
+    fn a_worker_never_opens_a_file_newer_than_its_blender() {
+        use crate::engine::blender::{Blender, Device};
+        use crate::engine::Engine;
+        use tessera_protocol::blender::{BlenderOffer, BlenderVersion};
+        use tessera_protocol::job::{Engine as Kind, OutputFormat, TileRect};
+        use tessera_protocol::messages::{JobInfo, TaskRef, TaskSpec};
+        use tessera_scan::blender_runtime::{Installed, Runtime};
+        let dir = std::env::temp_dir().join(format!("tessera-newer-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("shot.blend"), b"BLENDER-v405REND\0\0\0\0").unwrap();
+        // A Blender that would record being started: it must never run.
+        let started = dir.join("started");
+        let exe = dir.join("blender");
+        std::fs::write(&exe, format!("#!/bin/sh\ntouch {}\n", started.display())).unwrap();
+        std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
+        let debian = Installed {
+            runtime: Runtime::Executable(exe),
+            offer: BlenderOffer {
+                version: BlenderVersion::new(3, 4, 1),
+                name: "Debian's Blender 3.4.1".into(),
+                device_types: vec![],
+                devices: vec![],
+                render_device: "CPU".into(),
+                oidn: false,
+                osl: false,
+                eevee: false,
+            },
+        };
+        let engine = Blender::new(vec![debian], Device::Cpu, 1, true, 1);
+        let job = JobInfo {
+            job: 1,
+            engine: Kind::Blender,
+            scene: "shot.blend".into(),
+            manifest: vec![],
+            resolution: (96, 64),
+            output: OutputFormat::Png,
+            // As an old coordinator would send it: no needs at all.
+            blender: None,
+        };
+        let tile = TileRect {
+            x: 0,
+            y: 0,
+            width: 96,
+            height: 64,
+        };
+        let task = TaskSpec {
+            task: TaskRef {
+                job: 1,
+                index: 0,
+                epoch: 1,
+            },
+            frame: 1,
+            tile,
+            samples: (0, 16),
+            total_samples: 16,
+        };
+        let err = engine
+            .render(&job, &dir, &task, &|_, _| {}, &Default::default())
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "this worker has no Blender for this job: the file was saved by Blender 4.5; Debian's Blender 3.4.1 cannot read it"
+        );
+        assert!(
+            !started.exists(),
+            "an older Blender was started on the file"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

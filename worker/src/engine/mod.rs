@@ -4,6 +4,7 @@
 //! blocking threads.
 
 pub mod blender;
+pub use tessera_scan::blender_runtime;
 pub mod builtin;
 
 use std::collections::HashMap;
@@ -34,6 +35,11 @@ pub trait Engine: Send + Sync {
         progress: &(dyn Fn(u32, u32) + Sync),
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>>;
+
+    /// The Blenders this engine offers (none for other engines).
+    fn blender_offers(&self) -> Vec<tessera_protocol::blender::BlenderOffer> {
+        Vec::new()
+    }
 }
 
 /// The embedded path tracer. Keeps the last few parsed scenes so successive

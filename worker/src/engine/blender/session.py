@@ -22,7 +22,7 @@
 #
 # Then one JSON command per stdin line, one reply line per command on stdout:
 #   {"op":"render","frame":3,"tile":[x,y,w,h]|null,"samples":[start,end]|null,
-#    "out":"/abs/path","raw":false}
+#    "total":N (the full render's sample count),"out":"/abs/path","raw":false}
 #   {"op":"ping"}   -> {"ok":true,"pong":true,"setup_ms":..,"blender_version":..,"warnings":[..]}
 #   {"op":"quit"}   -> exit 0 (so does EOF)
 # Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123}
@@ -75,6 +75,13 @@ def reply(obj):
 def one_line(e):
     s = "%s: %s" % (type(e).__name__, e) if not isinstance(e, str) else e
     return " ".join(s.split())[:1000]
+
+
+
+def strips_of(editor):
+    """Every strip of a sequence editor (Blender 5 renamed them)."""
+    strips = getattr(editor, "strips_all", None)
+    return strips if strips is not None else editor.sequences_all
 
 
 # ---------------------------------------------------------------------------
@@ -223,7 +230,7 @@ class Remapper:
         for scene in bpy.data.scenes:
             if not local(scene) or scene.sequence_editor is None:
                 continue
-            for s in scene.sequence_editor.sequences_all:
+            for s in strips_of(scene.sequence_editor):
                 what = "Strip '%s'" % s.name
                 if s.type == "IMAGE" and len(s.elements):
                     hit = self.lookup(os.path.join(s.directory, s.elements[0].filename), a_dir, j_dir)
@@ -470,6 +477,15 @@ print('TESSERA_GPU_OK')
 _gpu_probe_result = None
 
 
+def _blender_command(script):
+    """argv running Python `script` in a fresh Blender like this one: the
+    executable, or this interpreter when Blender is the bpy module."""
+    if bpy.app.binary_path:
+        return [bpy.app.binary_path, "-b", "--factory-startup", "--disable-autoexec",
+                "--python-exit-code", "3", "--python-expr", script]
+    return [sys.executable, "-I", "-c", "import bpy\n" + script]
+
+
 def gpu_context_error():
     """None when Blender can get an OpenGL context here, else a one-line reason.
     Without one, Blender 3.4 aborts the whole process (SIGABRT in libepoxy) the
@@ -480,8 +496,7 @@ def gpu_context_error():
         import subprocess
         try:
             p = subprocess.run(
-                [bpy.app.binary_path, "-b", "--factory-startup", "--disable-autoexec",
-                 "--python-exit-code", "3", "--python-expr", _GPU_PROBE],
+                _blender_command(_GPU_PROBE),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                 timeout=300)
             out = p.stdout.decode("utf-8", "replace")
@@ -499,6 +514,31 @@ def gpu_context_error():
 
 # ---------------------------------------------------------------------------
 # rendering
+
+
+def set_sample_subset(c, samples, total):
+    """Render samples [start, end) of a `total`-sample render. Blender 4.5
+    and later render them as a subset of the full render's own sampling
+    pattern (its blue-noise and Sobol patterns depend on the total count, so
+    an offset alone would not add up to the full render); older ones render
+    `end - start` samples from `sample_offset`."""
+    has_subset = hasattr(c, "use_sample_subset")
+    if samples is None:
+        if has_subset:
+            c.use_sample_subset = False
+        return
+    start, end = samples
+    whole = isinstance(total, int) and not isinstance(total, bool) and [start, end] == [0, total]
+    if has_subset and isinstance(total, int) and not isinstance(total, bool) and end <= total and not whole:
+        c.samples = total
+        c.use_sample_subset = True
+        c.sample_offset = start
+        c.sample_subset_length = end - start
+    else:
+        if has_subset:
+            c.use_sample_subset = False
+        c.sample_offset = start
+        c.samples = end - start
 
 
 class Session:
@@ -555,14 +595,14 @@ class Session:
             c = scene.cycles
             if samples is None:
                 c.samples, c.sample_offset = self.base_samples, self.base_offset
+                set_sample_subset(c, None, None)
             else:
                 if (not isinstance(samples, list) or len(samples) != 2
                         or not all(isinstance(v, int) and not isinstance(v, bool) for v in samples)
                         or not 0 <= samples[0] < samples[1]):
                     raise ValueError("samples must be [start, end] with 0 <= start < end")
-                c.sample_offset = samples[0]
-                c.samples = samples[1] - samples[0]
-            n_samples = c.samples
+                set_sample_subset(c, samples, cmd.get("total"))
+            n_samples = c.samples if samples is None else samples[1] - samples[0]
         elif samples is not None:
             raise ValueError("sample ranges need Cycles (engine is %s)" % r.engine)
         elif tile is not None and (w, h) != (W, H):
