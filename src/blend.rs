@@ -25,6 +25,16 @@ pub struct Scan {
     pub use_denoising: bool,
     #[serde(default)]
     pub use_adaptive_sampling: bool,
+    #[serde(default)]
+    pub time_limit: bool,
+    #[serde(default)]
+    pub layer_sample_overrides: Vec<String>,
+    #[serde(default)]
+    pub compositing: bool,
+    #[serde(default)]
+    pub stamp_burn_in: bool,
+    #[serde(default)]
+    pub is_movie: bool,
     pub compressed: Option<String>,
     pub files: Vec<Dependency>,
     #[serde(default)]

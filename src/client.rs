@@ -213,6 +213,8 @@ struct Scan {
     sample_ranges: u32,
     /// The scene file first, then everything it references.
     files: Vec<SceneFile>,
+    /// What the user should know about this job, each said once.
+    warnings: Vec<String>,
 }
 
 struct SceneFile {
@@ -286,6 +288,7 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 output: OutputFormat::Png,
                 sample_ranges: opts.sample_ranges,
                 files,
+                warnings: Vec::new(),
             })
         }
         Engine::Blender => scan_blend(opts, path, file_name),
@@ -297,9 +300,6 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     let blend = blend::absolute(path)?;
     let project = blend.parent().context("a .blend file lies in a folder")?;
     let s = blend::scan(&blend)?;
-    for w in &s.warnings {
-        eprintln!("warning: {w}");
-    }
     let missing: Vec<String> = s
         .files
         .iter()
@@ -340,10 +340,14 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         if s.use_denoising {
             bail!("--sample-ranges cannot merge denoised renders exactly: turn denoising off in the scene");
         }
-        if s.use_adaptive_sampling {
-            eprintln!("warning: adaptive sampling is on; merged sample ranges may differ slightly from a single render");
-        }
     }
+    if s.is_movie {
+        bail!(
+            "the scene's output format {} is a movie, which the farm does not encode: set the output to an image format (PNG, or OpenEXR) and encode the frames afterwards, e.g. with ffmpeg",
+            s.file_format
+        );
+    }
+    let warnings = blend_warnings(&s, opts.tiles.count() > 1, sample_ranges > 1);
     let small = std::fs::metadata(&blend).map_or(true, |m| m.len() < CHUNK_THRESHOLD);
     if let (Some(kind), true) = (&s.compressed, small) {
         // Large files get the note about chunking when they are hashed.
@@ -371,12 +375,55 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         output,
         sample_ranges,
         files,
+        warnings,
     })
 }
 
-/// Scans, hashes, uploads what is missing, and submits. Returns the job's status.
-pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<JobStatus> {
+/// The warnings that apply to a `.blend` job split into tiles (`tiled`)
+/// and/or sample ranges (`ranged`): general ones from the scan, then those
+/// of settings that only matter for the split the job uses.
+fn blend_warnings(s: &blend::Scan, tiled: bool, ranged: bool) -> Vec<String> {
+    let mut w = s.warnings.clone();
+    let split = tiled || ranged;
+    if ranged && s.use_adaptive_sampling {
+        w.push("adaptive sampling is on: merged sample ranges differ slightly from a single render (float precision no longer holds)".into());
+    }
+    if tiled && s.use_denoising {
+        w.push("denoising is on: each tile is denoised on its own, so tile edges may show".into());
+    }
+    if tiled && s.compositing {
+        w.push("compositing nodes are in use: filters that read neighbouring pixels (blur, glare, lens distortion) show seams between tiles".into());
+    }
+    if tiled && s.stamp_burn_in {
+        w.push("metadata burn-in (render.use_stamp) is on: every tile gets its own stamp".into());
+    }
+    if split && s.time_limit {
+        w.push("a render time limit is set: split renders are not deterministic".into());
+    }
+    if ranged && !s.layer_sample_overrides.is_empty() {
+        w.push(format!(
+            "view layers override the sample count ({}): sample ranges and --samples do not apply to them",
+            s.layer_sample_overrides.join(", ")
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    w.retain(|x| seen.insert(x.clone()));
+    w
+}
+
+/// A submitted job and the warnings that apply to it.
+pub struct Submitted {
+    pub status: JobStatus,
+    pub warnings: Vec<String>,
+}
+
+/// Scans, hashes, uploads what is missing, and submits. Returns the job's
+/// status; warnings are printed once on stderr and returned.
+pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Submitted> {
     let scan = scan(opts)?;
+    for w in &scan.warnings {
+        eprintln!("warning: {w}");
+    }
     if scan.samples == 0 {
         bail!("--samples must be at least 1");
     }
@@ -409,7 +456,10 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         output: scan.output,
     };
     match client.call(&ClientRequest::Submit(spec)).await? {
-        ClientResponse::Submitted(status) => Ok(status),
+        ClientResponse::Submitted(status) => Ok(Submitted {
+            status,
+            warnings: scan.warnings,
+        }),
         other => bail!("unexpected reply {other:?}"),
     }
 }

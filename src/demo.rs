@@ -176,7 +176,7 @@ pub async fn run(
         progress: true,
     };
     let started = Instant::now();
-    let submitted = client::submit(&mut client, &opts).await?;
+    let submitted = client::submit(&mut client, &opts).await?.status;
     eprintln!(
         "job {} submitted: {} frames in {} tiles each",
         submitted.id, submitted.frames_total, tiles

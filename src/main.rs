@@ -401,9 +401,9 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 progress: !json,
             };
             let mut client = Client::connect(&ticket).await?;
-            let status = client::submit(&mut client, &opts).await?;
+            let client::Submitted { status, warnings } = client::submit(&mut client, &opts).await?;
             if !wait {
-                report::print_submitted(&status, json);
+                report::print_submitted(&status, &warnings, json);
                 return Ok(0);
             }
             if !json {
@@ -413,7 +413,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     report::summary_line(&status)
                 );
             }
-            finish_wait(&mut client, status.id, output, json).await
+            finish_wait(&mut client, status.id, output, json, Some(&warnings)).await
         }
         Command::Status { job, json, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -430,7 +430,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
-            finish_wait(&mut client, job, output, json).await
+            finish_wait(&mut client, job, output, json, None).await
         }
         Command::Pause { job, ticket } => pause(job, ticket, true).await,
         Command::Resume { job, ticket } => pause(job, ticket, false).await,
@@ -500,13 +500,14 @@ async fn finish_wait(
     job: u64,
     output: Option<PathBuf>,
     json: bool,
+    warnings: Option<&[String]>,
 ) -> anyhow::Result<i32> {
     let status = client.wait(job, !json).await?;
     let mut files = Vec::new();
     if let (Some(dir), tessera_protocol::messages::JobState::Done) = (&output, status.state) {
         files = client.download_frames(job, dir).await?;
     }
-    report::print_final(&status, &files, json);
+    report::print_final(&status, &files, warnings, json);
     Ok(client::job_exit_code(&status))
 }
 

@@ -76,17 +76,24 @@ pub fn summary_line(s: &JobStatus) -> String {
     )
 }
 
-pub fn print_submitted(s: &JobStatus, json: bool) {
+/// A submit's answer; with `--json` its warnings are a list under `warnings`.
+pub fn print_submitted(s: &JobStatus, warnings: &[String], json: bool) {
     if json {
-        println!("{}", job_json(s));
+        let mut v = job_json(s);
+        v["warnings"] = json!(warnings);
+        println!("{v}");
     } else {
         println!("job {} submitted: {}", s.id, summary_line(s));
     }
 }
 
-pub fn print_final(s: &JobStatus, files: &[PathBuf], json: bool) {
+/// A finished job; `warnings` are those of the submit that waited for it.
+pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>, json: bool) {
     if json {
         let mut v = job_json(s);
+        if let Some(w) = warnings {
+            v["warnings"] = json!(w);
+        }
         v["files"] = json!(files
             .iter()
             .map(|f| f.display().to_string())

@@ -9,7 +9,7 @@ use crate::harness::Farm;
 
 /// True when the Blender tests must run; they then fail loudly if Blender
 /// is missing instead of skipping.
-fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     let on = std::env::var("TESSERA_BLENDER_TESTS").is_ok_and(|v| v == "1");
     if !on {
         eprintln!(
@@ -19,12 +19,12 @@ fn enabled() -> bool {
     on
 }
 
-fn blender() -> Command {
+pub(crate) fn blender() -> Command {
     let exe = std::env::var_os("TESSERA_BLENDER").unwrap_or_else(|| "blender".into());
     Command::new(exe)
 }
 
-fn run_ok(cmd: &mut Command) {
+pub(crate) fn run_ok(cmd: &mut Command) {
     let out = cmd.output().expect("run blender");
     assert!(
         out.status.success(),
@@ -37,13 +37,13 @@ fn run_ok(cmd: &mut Command) {
 /// A test project made by the generator: `project/shot.blend` with a
 /// relative texture, a linked library, and an absolute-path texture in
 /// `external/`.
-struct Project {
-    dir: PathBuf,
+pub(crate) struct Project {
+    pub(crate) dir: PathBuf,
     external: PathBuf,
 }
 
 impl Project {
-    fn make(root: &Path, extra: &[&str]) -> Project {
+    pub(crate) fn make(root: &Path, extra: &[&str]) -> Project {
         let dir = root.join("project");
         let external = root.join("external");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/make_scenes.py");
@@ -60,12 +60,12 @@ impl Project {
         Project { dir, external }
     }
 
-    fn blend(&self, name: &str) -> String {
+    pub(crate) fn blend(&self, name: &str) -> String {
         self.dir.join(name).to_str().unwrap().to_string()
     }
 
     /// Blender's own render of the untouched file: `blender -b FILE -o … -f N`.
-    fn reference(&self, blend: &str, out: &Path, frames: &[u32]) {
+    pub(crate) fn reference(&self, blend: &str, out: &Path, frames: &[u32]) {
         for f in frames {
             run_ok(
                 blender()
@@ -80,7 +80,7 @@ impl Project {
 }
 
 /// Decoded PNG: (width, height, colour type, bit depth, raw samples).
-fn png_raw(path: &Path) -> (u32, u32, png::ColorType, png::BitDepth, Vec<u8>) {
+pub(crate) fn png_raw(path: &Path) -> (u32, u32, png::ColorType, png::BitDepth, Vec<u8>) {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut reader = png::Decoder::new(std::io::BufReader::new(file))
         .read_info()
@@ -124,7 +124,7 @@ fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
         .collect()
 }
 
-fn assert_same_pixels(got: &Path, want: &Path) {
+pub(crate) fn assert_same_pixels(got: &Path, want: &Path) {
     let (g, w) = (png_raw(got), png_raw(want));
     assert_eq!(
         (g.0, g.1, g.2, g.3),

@@ -5,6 +5,7 @@
 mod assets;
 mod bad_input;
 mod blender;
+mod faithful;
 mod faults;
 mod harness;
 mod monitor;

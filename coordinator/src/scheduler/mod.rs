@@ -251,6 +251,8 @@ struct Job {
     paused: bool,
     /// The error and worker of each failed attempt, per task index.
     errors: HashMap<u32, Vec<(WorkerId, String)>>,
+    /// The most recent attempt's error, for saying why a job is blocked.
+    last_error: Option<String>,
     /// Failed attempts per worker.
     worker_failures: HashMap<WorkerId, u32>,
     /// The workers each failed task failed on, so a retry goes elsewhere.
@@ -459,6 +461,7 @@ impl Scheduler {
             failures: HashMap::new(),
             paused: false,
             errors: HashMap::new(),
+            last_error: None,
             worker_failures: HashMap::new(),
             failed_on: HashMap::new(),
             blocklist: HashSet::new(),
@@ -706,6 +709,7 @@ impl Scheduler {
             *attempts += 1;
         }
         let attempts = *attempts;
+        job.last_error = Some(error.clone());
         let errors = job.errors.entry(task.index).or_default();
         errors.push((worker, error));
         job.failed_on.entry(task.index).or_default().push(worker);
@@ -935,6 +939,12 @@ impl Scheduler {
             })
             .min()
             .map(|&(_, _, job)| job)
+    }
+
+    /// The error of `job`'s most recent failed attempt, if any.
+    pub fn last_error(&self, job: JobId) -> Option<&str> {
+        let j = self.jobs.get(&job)?;
+        j.last_error.as_deref()
     }
 
     /// Whether `worker` failed too often to get more of `job`'s tasks.

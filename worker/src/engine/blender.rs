@@ -118,13 +118,44 @@ struct RenderCommand<'a> {
 struct Reply {
     ok: bool,
     error: Option<String>,
+    /// The failure would repeat on this worker (a feature its Blender lacks).
+    #[serde(default)]
+    unsupported: bool,
+    #[serde(flatten)]
+    rendered: Option<Rendered>,
+}
+
+/// A successful render reply: what was asked, and what Blender's output
+/// file says it holds.
+#[derive(Debug, Deserialize)]
+struct Rendered {
+    width: u32,
+    height: u32,
+    samples: u32,
+    engine: String,
+    /// `[x, y, w, h]`: the output is the whole frame; cut this tile out.
+    crop: Option<[u32; 4]>,
+    evidence: Evidence,
+}
+
+/// Read back from the written image: its size and channels, and the stamp
+/// Blender writes into every file (frame, Cycles' samples per view layer).
+#[derive(Debug, Deserialize)]
+struct Evidence {
+    width: u32,
+    height: u32,
+    channels: u32,
+    frame: Option<i64>,
+    #[serde(default)]
+    samples: std::collections::BTreeMap<String, u32>,
 }
 
 /// Why a session could not render a task.
 enum SessionError {
     /// The process died or stopped answering: start a new one.
     Died(String),
-    /// Blender answered with an error: the task failed.
+    /// Blender answered with an error: the task failed, and the session is
+    /// not used again (Blender 3.4 renders empty images after some errors).
     Failed(String),
 }
 
@@ -220,7 +251,7 @@ impl Session {
         &mut self,
         command: &RenderCommand<'_>,
         progress: &(dyn Fn(u32, u32) + Sync),
-    ) -> Result<(), SessionError> {
+    ) -> Result<Rendered, SessionError> {
         let died = |s: &mut Session, what: &str| {
             let status = s
                 .wait_exit()
@@ -249,14 +280,18 @@ impl Session {
                 let reply: Reply = serde_json::from_str(json).map_err(|e| {
                     SessionError::Failed(format!("unreadable reply from blender: {e}"))
                 })?;
-                return if reply.ok {
-                    Ok(())
-                } else {
-                    Err(SessionError::Failed(format!(
-                        "blender could not render: {}; last output: {}",
-                        reply.error.unwrap_or_default(),
-                        excerpt(&self.log)
-                    )))
+                let error = reply.error.unwrap_or_default();
+                return match (reply.ok, reply.rendered) {
+                    (true, Some(rendered)) => Ok(rendered),
+                    (true, None) => Err(SessionError::Failed(
+                        "blender's reply lacks what it rendered".into(),
+                    )),
+                    (false, _) if reply.unsupported => Err(SessionError::Failed(format!(
+                        "this worker cannot render the scene: {error}"
+                    ))),
+                    (false, _) => Err(SessionError::Failed(format!(
+                        "blender could not render: {error}"
+                    ))),
                 };
             }
             remember(&self.log, text);
@@ -374,7 +409,7 @@ impl Blender {
         job_dir: &Path,
         command: &RenderCommand<'_>,
         progress: &(dyn Fn(u32, u32) + Sync),
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Rendered> {
         if session.as_ref().is_some_and(|s| s.job != job.job) {
             session.take().expect("checked").quit();
         }
@@ -382,8 +417,18 @@ impl Blender {
             *session = Some(Session::start(self, slot, job, job_dir)?);
         }
         match session.as_mut().expect("started").render(command, progress) {
-            Ok(()) => Ok(()),
-            Err(SessionError::Failed(e)) => bail!(e),
+            Ok(rendered) => Ok(rendered),
+            Err(SessionError::Failed(e)) => {
+                // Never render in a session that reported an error: the
+                // next task (a retry, maybe) gets a fresh process.
+                tracing::info!(
+                    job = job.job,
+                    slot,
+                    "ending the blender session after an error"
+                );
+                session.take().expect("started").quit();
+                bail!(e)
+            }
             Err(SessionError::Died(e)) => {
                 tracing::warn!(
                     job = job.job,
@@ -395,7 +440,7 @@ impl Blender {
                 let result = fresh.render(command, progress);
                 fresh.quit();
                 match result {
-                    Ok(()) => Ok(()),
+                    Ok(rendered) => Ok(rendered),
                     Err(SessionError::Failed(e) | SessionError::Died(e)) => bail!(e),
                 }
             }
@@ -441,12 +486,98 @@ impl Engine for Blender {
             }
         }
         self.checkin(slot, session);
-        result?;
+        let rendered = result?;
         let bytes = std::fs::read(&out)
-            .with_context(|| format!("blender wrote no output at {}", out.display()))?;
+            .with_context(|| format!("blender wrote no output at {}", out.display()));
         let _ = std::fs::remove_file(&out);
-        Ok(bytes)
+        let bytes = bytes?;
+        check_evidence(&rendered, task, job.resolution)?;
+        match rendered.crop {
+            Some([x, y, w, h]) => crop_png(&bytes, x, y, w, h),
+            None => Ok(bytes),
+        }
     }
+}
+
+/// Accepts a render only on Blender's own evidence that it rendered what
+/// was asked: the frame, the size, and (Cycles) the samples it stamped into
+/// the file. An error here is what a canceled or empty render looks like.
+fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::Result<()> {
+    let e = &r.evidence;
+    let tile = (task.tile.width, task.tile.height);
+    anyhow::ensure!(
+        (r.width, r.height) == tile,
+        "blender rendered a {}x{} tile, the task is {}x{}",
+        r.width,
+        r.height,
+        tile.0,
+        tile.1
+    );
+    let written = if r.crop.is_some() { frame } else { tile };
+    anyhow::ensure!(
+        (e.width, e.height) == written,
+        "blender's output is {}x{} pixels, expected {}x{}",
+        e.width,
+        e.height,
+        written.0,
+        written.1
+    );
+    anyhow::ensure!(e.channels >= 1, "blender's output has no colour channels");
+    anyhow::ensure!(
+        e.frame == Some(i64::from(task.frame)),
+        "blender's output is stamped frame {}, the task is frame {}",
+        e.frame.map_or("(none)".into(), |f| f.to_string()),
+        task.frame
+    );
+    if r.engine == "CYCLES" {
+        let want = task.samples.1 - task.samples.0;
+        anyhow::ensure!(
+            r.samples == want,
+            "blender was set to {} samples, the task asks for {want}",
+            r.samples
+        );
+        anyhow::ensure!(
+            e.samples.values().any(|&n| n == want) && e.samples.values().all(|&n| n <= want),
+            "Cycles reports {:?} samples per view layer, the task asks for {want}",
+            e.samples
+        );
+    }
+    Ok(())
+}
+
+/// Cuts the `w` x `h` rectangle at (x, y) out of a PNG, keeping its colour
+/// type and bit depth, so the tile's pixels are exactly the frame's.
+fn crop_png(bytes: &[u8], x: u32, y: u32, w: u32, h: u32) -> anyhow::Result<Vec<u8>> {
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    decoder.set_transformations(png::Transformations::IDENTITY);
+    let mut reader = decoder
+        .read_info()
+        .context("blender's output is not a PNG")?;
+    let mut data = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut data)?;
+    anyhow::ensure!(
+        x + w <= info.width && y + h <= info.height,
+        "tile {w}x{h} at {x},{y} lies outside blender's {}x{} output",
+        info.width,
+        info.height
+    );
+    let bits = info.color_type.samples() * info.bit_depth as usize;
+    anyhow::ensure!(bits % 8 == 0, "sub-byte PNG pixels are not supported");
+    let bpp = bits / 8;
+    let mut tile = Vec::with_capacity(w as usize * h as usize * bpp);
+    for row in y..y + h {
+        let start = row as usize * info.line_size + x as usize * bpp;
+        tile.extend_from_slice(&data[start..start + w as usize * bpp]);
+    }
+    let mut out = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut out, w, h);
+        encoder.set_color(info.color_type);
+        encoder.set_depth(info.bit_depth);
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(&tile)?;
+    }
+    Ok(out)
 }
 
 impl Drop for Blender {

@@ -25,8 +25,12 @@
 #    "out":"/abs/path","raw":false}
 #   {"op":"ping"}   -> {"ok":true,"pong":true,"setup_ms":..,"blender_version":..,"warnings":[..]}
 #   {"op":"quit"}   -> exit 0 (so does EOF)
-# Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123}
-# or {"ok":false,"error":"one line"}.
+# Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123,
+# "samples":n,"engine":"CYCLES","crop":[x,y,w,h]|null,"evidence":{"width":..,"height":..,
+# "channels":..,"frame":3,"samples":{"ViewLayer":64}}} (evidence: read back from the
+# written file; crop: the output is the whole frame, the tile is that rectangle of it)
+# or {"ok":false,"error":"one line","unsupported":bool}. A render counts only when Blender's
+# render_complete handler fired and render_cancel did not.
 #
 # raw:true output: b"TFLT" + u32 width + u32 height + u32 channels(4) + u32 samples
 # + width*height*4 float32, all little endian, rows top to bottom, premultiplied
@@ -405,23 +409,8 @@ def read_exr_none(path):
     return w, h, rows
 
 
-def image_size(path):
-    """(w, h) from a PNG or EXR header; None for other formats."""
-    with open(path, "rb") as f:
-        head = f.read(65536)
-    if head[:8] == b"\x89PNG\r\n\x1a\n":
-        return struct.unpack(">II", head[16:24])
-    if head[:4] == b"\x76\x2f\x31\x01":
-        i = head.find(b"dataWindow\0box2i\0")
-        if i >= 0:
-            x0, y0, x1, y1 = struct.unpack_from("<iiii", head, i + 21)
-            return x1 - x0 + 1, y1 - y0 + 1
-    return None
-
-
-def write_raw(exr_path, out, samples):
+def write_raw_rows(w, h, rows, out, samples):
     import array
-    w, h, rows = read_exr_none(exr_path)
     one = (1.0,) * w
     zero = (0.0,) * w
     pick = lambda c, y, dflt: rows[c][y] if c in rows else dflt
@@ -492,6 +481,174 @@ def gpu_context_error():
 # rendering
 
 
+class Unsupported(Exception):
+    """The scene needs something this Blender lacks: every attempt on this
+    worker would fail the same way."""
+
+
+def adaptive_margin(scene, samples):
+    """Pixels a border must grow by so that Cycles' adaptive sampling gives
+    its inner pixels exactly the samples of a full-frame render.
+
+    Cycles checks convergence at fixed sample numbers (every `adaptive_step`
+    = 16 samples once past `min_samples`; `AdaptiveSampling::align_samples`
+    makes every render stop at those, whatever its speed). Each check is per
+    pixel, then `film_adaptive_sampling_filter_x`/`_y` mark the neighbours of
+    every unconverged pixel unconverged too. At a border's edge the pixels
+    outside are missing, so an edge pixel may stop early where the full render
+    kept sampling it; that difference can move inward by at most one pixel per
+    check. A margin of one pixel per check (plus one) keeps the tile exact."""
+    c = scene.cycles
+    if not c.use_adaptive_sampling:
+        return 0
+    threshold = c.adaptive_threshold
+    if threshold <= 0.0:
+        threshold = max(0.001, 1.0 / max(1, samples))
+    if c.adaptive_min_samples == 0:
+        min_samples = max(4, int(-(-16.0 // (threshold ** 0.3))))
+    else:
+        min_samples = max(4, c.adaptive_min_samples)
+    step = 16
+    # Checks followed by more samples (one after the last sample changes nothing).
+    checks = sum(1 for s in range(samples - 1) if s > min_samples and s % step == step - 1)
+    return checks + 1 if checks else 0
+
+
+def set_border(scene, W, H, x, y, w, h):
+    """Border-render the rectangle (x, y, w, h) of a W x H frame (y from the
+    top) without cropping: Blender writes the whole frame with only the
+    border rendered. Dither is a function of a pixel's position in the image
+    written, so only an uncropped border gives the full render's pixels."""
+    r = scene.render
+    # Blender truncates border*size to pixels and measures y from the
+    # bottom: put each edge half a pixel in so truncation is exact.
+    yb = H - (y + h)
+    r.border_min_x = (x + 0.5) / W
+    r.border_max_x = min(1.0, (x + w + 0.5) / W)
+    r.border_min_y = (yb + 0.5) / H
+    r.border_max_y = min(1.0, (yb + h + 0.5) / H)
+    r.use_border = (w, h) != (W, H)
+    r.use_crop_to_border = False
+
+
+def missing_feature(scene):
+    """A one-line reason when the scene needs a feature this Blender was
+    built without, else None. Checked before every render: Blender 3.4 fails
+    the first render with "Build without OpenImageDenoiser" and then returns
+    an empty image on the next one."""
+    r = scene.render
+    version = bpy.app.version_string
+    if r.engine == "CYCLES":
+        import _cycles
+        c = scene.cycles
+        if c.use_denoising:
+            denoiser = getattr(c, "denoiser", "") or ""
+            if denoiser in ("", "OPENIMAGEDENOISE") and not getattr(_cycles, "with_openimagedenoise", False):
+                return ("the scene denoises with OpenImageDenoise (Render Properties > Sampling > "
+                        "Denoise), but this worker's Blender %s is built without it: turn "
+                        "denoising off, or render on workers whose Blender has OpenImageDenoise"
+                        % version)
+        if getattr(c, "shading_system", False) and not getattr(_cycles, "with_osl", True):
+            return ("the scene uses Open Shading Language (Render Properties > Open Shading "
+                    "Language), but this worker's Blender %s is built without it" % version)
+    return None
+
+
+# -- evidence: what the written file says Blender rendered ----------------------
+
+
+def png_info(data):
+    """(width, height, channels, {tEXt key: value}) of a PNG."""
+    import zlib
+    w, h = struct.unpack(">II", data[16:24])
+    ctype = data[25]
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}.get(ctype, 0)
+    meta = {}
+    pos = 8
+    while pos + 8 <= len(data):
+        n = struct.unpack(">I", data[pos:pos + 4])[0]
+        tag = data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + n]
+        if tag == b"tEXt" and b"\0" in body:
+            k, v = body.split(b"\0", 1)
+            meta[k.decode("latin-1")] = v.decode("latin-1")
+        elif tag == b"zTXt" and b"\0" in body:
+            k, v = body.split(b"\0", 1)
+            try:
+                meta[k.decode("latin-1")] = zlib.decompress(v[1:]).decode("latin-1")
+            except Exception:
+                pass
+        elif tag == b"IEND":
+            break
+        pos += 12 + n
+    return w, h, channels, meta
+
+
+def exr_info(data):
+    """(width, height, channel names, {string attribute: value}) of a
+    single-part EXR header."""
+    pos = 8
+    meta, chans, size = {}, [], (0, 0)
+    while pos < len(data) and data[pos] != 0:
+        e = data.index(b"\0", pos)
+        name = data[pos:e].decode("latin-1")
+        e2 = data.index(b"\0", e + 1)
+        kind = data[e + 1:e2].decode("latin-1")
+        n = struct.unpack_from("<i", data, e2 + 1)[0]
+        val = data[e2 + 5:e2 + 5 + n]
+        if kind == "string":
+            meta[name] = val.decode("utf-8", "replace")
+        elif name == "dataWindow":
+            x0, y0, x1, y1 = struct.unpack("<iiii", val)
+            size = (x1 - x0 + 1, y1 - y0 + 1)
+        elif name == "channels":
+            p = 0
+            while p < len(val) and val[p] != 0:
+                q = val.index(b"\0", p)
+                chans.append(val[p:q].decode("latin-1"))
+                p = q + 1 + 16
+        pos = e2 + 5 + n
+    return size[0], size[1], chans, meta
+
+
+def evidence(path):
+    """What the image at `path` says about its render: size, channels, and
+    the stamp Blender writes into every file (frame; Cycles' samples per
+    view layer). None for formats we cannot read."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        with open(path, "rb") as f:
+            w, h, nch, meta = png_info(f.read())
+        channels = nch
+    elif head[:4] == b"\x76\x2f\x31\x01":
+        w, h, chans, meta = exr_info(head)
+        channels = len(chans)
+    else:
+        return None
+    samples = {}
+    for k, v in meta.items():
+        if k.startswith("cycles.") and k.endswith(".samples"):
+            try:
+                samples[k[len("cycles."):-len(".samples")]] = int(v)
+            except ValueError:
+                pass
+    frame = meta.get("Frame")
+    try:
+        frame = int(frame) if frame is not None else None
+    except ValueError:
+        frame = None
+    return {"width": w, "height": h, "channels": channels, "frame": frame, "samples": samples}
+
+
+def crop_raw(exr_path, x, y, w, h):
+    """Rows of the (x, y, w, h) rectangle of an uncropped float EXR."""
+    W, H, rows = read_exr_none(exr_path)
+    if x + w > W or y + h > H:
+        raise RuntimeError("Blender wrote a %dx%d image, expected the %dx%d frame" % (W, H, W, H))
+    return w, h, {c: [rows[c][yy][x:x + w] for yy in range(y, y + h)] for c in rows}
+
+
 class Session:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -500,10 +657,29 @@ class Session:
         c = scene.cycles if scene.render.engine == "CYCLES" else None
         self.base_samples = c.samples if c else None
         self.base_offset = c.sample_offset if c else 0
+        self.base_eevee = scene.eevee.taa_render_samples
         im = scene.render.image_settings
         self.base_image = (im.file_format, im.color_depth, im.color_mode, im.exr_codec)
         self.base_filepath = scene.render.filepath
         self.base_ext = scene.render.use_file_extension
+        # Blender's own word on how each render ended.
+        self.events = []
+        ev = self.events
+
+        @bpy.app.handlers.persistent
+        def on_complete(*_a):
+            ev.append("complete")
+
+        @bpy.app.handlers.persistent
+        def on_cancel(*_a):
+            ev.append("cancel")
+
+        bpy.app.handlers.render_complete.append(on_complete)
+        bpy.app.handlers.render_cancel.append(on_cancel)
+        # Test hook: the first render of the farm (marker file absent) fails.
+        fail = os.environ.get("TESSERA_TEST_FAIL_FIRST_RENDER", "")
+        self.fail_marker = fail if os.path.isabs(fail) else None
+        self.poisoned = False
 
     def render(self, cmd):
         scene = bpy.context.scene
@@ -521,8 +697,6 @@ class Session:
         tile = cmd.get("tile")
         if tile is None:
             x, y, w, h = 0, 0, W, H
-            r.use_border = False
-            r.use_crop_to_border = False
         else:
             if (not isinstance(tile, list) or len(tile) != 4
                     or not all(isinstance(v, int) and not isinstance(v, bool) for v in tile)):
@@ -530,40 +704,50 @@ class Session:
             x, y, w, h = tile
             if w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > W or y + h > H:
                 raise ValueError("tile %s outside the %dx%d frame" % (tile, W, H))
-            # Blender truncates border*size to pixels and measures y from the
-            # bottom: put each edge half a pixel in so truncation is exact.
-            yb = H - (y + h)
-            r.border_min_x = (x + 0.5) / W
-            r.border_max_x = min(1.0, (x + w + 0.5) / W)
-            r.border_min_y = (yb + 0.5) / H
-            r.border_max_y = min(1.0, (yb + h + 0.5) / H)
-            r.use_border = (w, h) != (W, H)
-            r.use_crop_to_border = True
+        whole = (x, y, w, h) == (0, 0, W, H)
 
         samples = cmd.get("samples")
-        n_samples = self.base_samples or 0
+        if samples is not None and (
+                not isinstance(samples, list) or len(samples) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in samples)
+                or not 0 <= samples[0] < samples[1]):
+            raise ValueError("samples must be [start, end] with 0 <= start < end")
+        n_samples = 0
+        margin = 0
         if r.engine == "CYCLES":
             c = scene.cycles
             if samples is None:
                 c.samples, c.sample_offset = self.base_samples, self.base_offset
             else:
-                if (not isinstance(samples, list) or len(samples) != 2
-                        or not all(isinstance(v, int) and not isinstance(v, bool) for v in samples)
-                        or not 0 <= samples[0] < samples[1]):
-                    raise ValueError("samples must be [start, end] with 0 <= start < end")
                 c.sample_offset = samples[0]
                 c.samples = samples[1] - samples[0]
             n_samples = c.samples
-        elif samples is not None:
-            raise ValueError("sample ranges need Cycles (engine is %s)" % r.engine)
-        elif tile is not None and (w, h) != (W, H):
-            raise ValueError("tiles need Cycles (engine is %s)" % r.engine)
+            if not whole:
+                margin = adaptive_margin(scene, c.samples)
         else:
+            # Eevee and Workbench render whole frames; a sample count
+            # [0, N] (the job's) is Eevee's render samples, Workbench has none.
+            if samples is not None and samples[0] != 0:
+                raise ValueError("sample ranges need Cycles (engine is %s)" % r.engine)
+            if not whole:
+                raise ValueError("tiles need Cycles (engine is %s)" % r.engine)
             if r.engine in {"BLENDER_EEVEE", "BLENDER_EEVEE_NEXT"}:
+                scene.eevee.taa_render_samples = samples[1] if samples else self.base_eevee
                 n_samples = scene.eevee.taa_render_samples
             err = gpu_context_error()
             if err:
                 raise RuntimeError(err)
+        if whole:
+            r.use_border = False
+            r.use_crop_to_border = False
+        else:
+            bx, by = max(0, x - margin), max(0, y - margin)
+            bw, bh = min(W, x + w + margin) - bx, min(H, y + h + margin) - by
+            set_border(scene, W, H, bx, by, bw, bh)
+
+        missing = missing_feature(scene)
+        if missing:
+            raise Unsupported(missing)
 
         parent = os.path.dirname(out)
         if parent:
@@ -571,9 +755,18 @@ class Session:
         scene.frame_set(frame)
         im = r.image_settings
         t0 = time.monotonic()
+        if self.poisoned:
+            raise RuntimeError("this session already failed a render (test hook)")
+        if self.fail_marker and not os.path.exists(self.fail_marker):
+            # Test hook: fail the first render, and refuse every later one in
+            # the same process, so a worker that reuses a failed session
+            # never finishes its job.
+            open(self.fail_marker, "w").close()
+            self.poisoned = True
+            raise RuntimeError("injected first-render failure (test hook)")
+        if self.scratch is None:
+            self.scratch = tempfile.mkdtemp(prefix="tessera-out-")
         if raw:
-            if self.scratch is None:
-                self.scratch = tempfile.mkdtemp(prefix="tessera-raw-")
             exr = os.path.join(self.scratch, "tile.exr")
             result = self._render(scene, write_still=False)
             im.file_format, im.color_depth, im.color_mode, im.exr_codec = "OPEN_EXR", "32", "RGBA", "NONE"
@@ -581,10 +774,17 @@ class Session:
                 result.save_render(exr, scene=scene)
             finally:
                 im.file_format, im.color_depth, im.color_mode, im.exr_codec = self.base_image
-            ow, oh = write_raw(exr, out, n_samples)
+            ev = evidence(exr)
+            cw, ch, rows = crop_raw(exr, x, y, w, h)
+            write_raw_rows(cw, ch, rows, out, n_samples)
             os.unlink(exr)
+            ev.update(width=cw, height=ch)
+            crop = None
         else:
-            r.filepath = out
+            # Blender writes the whole frame (borders are not cropped); the
+            # worker cuts the tile out of it.
+            full = os.path.join(self.scratch, "frame")
+            r.filepath = full
             r.use_file_extension = False
             if r.is_movie_format:
                 im.file_format = "PNG"   # a movie cannot be written per tile: PNG frames
@@ -593,19 +793,25 @@ class Session:
             finally:
                 r.filepath, r.use_file_extension = self.base_filepath, self.base_ext
                 im.file_format = self.base_image[0]
-            if not os.path.isfile(out):
-                raise RuntimeError("Blender wrote no image to %s" % out)
-            ow, oh = image_size(out) or (w, h)
+            if not os.path.isfile(full):
+                raise RuntimeError("Blender wrote no image")
+            ev = evidence(full)
+            os.replace(full, out)
+            crop = [x, y, w, h]
         ms = int((time.monotonic() - t0) * 1000)
-        if (ow, oh) != (w, h):
-            raise RuntimeError("rendered %dx%d, expected %dx%d" % (ow, oh, w, h))
-        return {"ok": True, "out": out, "width": w, "height": h, "ms": ms, "samples": n_samples}
+        if ev is None:
+            raise RuntimeError("Blender wrote an image this worker cannot read back")
+        return {"ok": True, "out": out, "width": w, "height": h, "ms": ms, "samples": n_samples,
+                "engine": r.engine, "crop": crop, "evidence": ev}
 
-    @staticmethod
-    def _render(scene, write_still):
+    def _render(self, scene, write_still):
+        self.events.clear()
         res = bpy.ops.render.render(write_still=write_still, scene=scene.name)
         if "FINISHED" not in res:
             raise RuntimeError("render did not finish: %s" % ",".join(sorted(res)))
+        if "cancel" in self.events or "complete" not in self.events:
+            raise RuntimeError("Blender did not complete the render (%s)" % (
+                ", ".join(self.events) or "no render events"))
         result = bpy.data.images.get("Render Result")
         if result is None:
             raise RuntimeError("no render result")
@@ -665,7 +871,9 @@ def main():
                 else:
                     raise ValueError("unknown op %r" % (op,))
             except Exception as e:
-                reply({"ok": False, "error": one_line(e)})
+                unsupported = isinstance(e, Unsupported)
+                reply({"ok": False, "error": one_line(str(e) if unsupported else e),
+                       "unsupported": unsupported})
     finally:
         if sess:
             sess.cleanup()
