@@ -562,7 +562,10 @@ fn crop_png(bytes: &[u8], x: u32, y: u32, w: u32, h: u32) -> anyhow::Result<Vec<
         info.height
     );
     let bits = info.color_type.samples() * info.bit_depth as usize;
-    anyhow::ensure!(bits % 8 == 0, "sub-byte PNG pixels are not supported");
+    anyhow::ensure!(
+        bits.is_multiple_of(8),
+        "sub-byte PNG pixels are not supported"
+    );
     let bpp = bits / 8;
     let mut tile = Vec::with_capacity(w as usize * h as usize * bpp);
     for row in y..y + h {
