@@ -93,6 +93,19 @@ impl Client {
         }
     }
 
+    /// The failed attempts of a job (or of one of its tasks), with the
+    /// renderer's log of each.
+    pub async fn logs(
+        &mut self,
+        job: u64,
+        task: Option<u32>,
+    ) -> anyhow::Result<Vec<tessera_protocol::messages::TaskLog>> {
+        match self.call(&ClientRequest::Logs { job, task }).await? {
+            ClientResponse::Logs(l) => Ok(l),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
     /// Every tile of one frame of a job, for the mosaic.
     pub async fn tiles(&mut self, job: u64, frame: u32) -> anyhow::Result<Vec<TileStatus>> {
         match self.call(&ClientRequest::Tiles { job, frame }).await? {

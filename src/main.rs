@@ -180,6 +180,16 @@ enum Command {
         #[command(flatten)]
         ticket: TicketArg,
     },
+    /// Show the failed attempts of a job (or of one task): each error and
+    /// the renderer's log around it.
+    Logs {
+        job: u64,
+        task: Option<u32>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
     /// Cancel a job.
     Cancel {
         job: u64,
@@ -439,6 +449,18 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let mut client = Client::connect(&ticket).await?;
             client.drain(worker).await?;
             println!("worker {worker} is draining: it finishes its tasks, then leaves");
+            Ok(0)
+        }
+        Command::Logs {
+            job,
+            task,
+            json,
+            ticket,
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let logs = client.logs(job, task).await?;
+            report::print_logs(job, &logs, json);
             Ok(0)
         }
         Command::Cancel { job, ticket } => {

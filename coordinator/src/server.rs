@@ -20,9 +20,9 @@ use tessera_protocol::job::{
 };
 use tessera_protocol::messages::{
     ClientRequest, ClientResponse, Collected, CoordMsg, FarmEvent, FarmStatus, FrameOutput, Hello,
-    JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskRef, TaskSpec, TileState,
-    TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus, MAX_INLINE_OUTPUT,
-    PROTOCOL_VERSION,
+    JobInfo, JobState, JobStatus, Role, RunningTask, Snapshot, TaskLog, TaskRef, TaskSpec,
+    TileState, TileStatus, Welcome, WorkerInfo, WorkerMsg, WorkerState, WorkerStatus,
+    MAX_INLINE_OUTPUT, PROTOCOL_VERSION,
 };
 use tessera_protocol::sums::SumTile;
 use tessera_protocol::telemetry::Telemetry;
@@ -1340,7 +1340,17 @@ fn handle_worker_msg(
                 Err(refused) => refuse(task, refused.to_string()),
             }
         }
-        WorkerMsg::Failed { task, error } => {
+        WorkerMsg::Failed { task, error, log } => {
+            let entry = TaskLog {
+                task: task.index,
+                worker: id,
+                unix_ms: unix_ms(),
+                error: error.clone(),
+                log,
+            };
+            if let Err(e) = farm.db().insert_task_log(task.job, &entry) {
+                tracing::warn!(job = task.job, "cannot keep a failed task's log: {e}");
+            }
             tracing::warn!(
                 worker = id,
                 job = task.job,
@@ -1470,6 +1480,14 @@ async fn serve_client(
             }
             ClientRequest::Cancel(id) => cancel(&farm, id),
             ClientRequest::Frames(id) => frames(&farm, id),
+            ClientRequest::Logs { job, task } if !farm.core().jobs.contains_key(&job) => {
+                let _ = task;
+                ClientResponse::Error(format!("no job {job} on this coordinator"))
+            }
+            ClientRequest::Logs { job, task } => match farm.db().task_logs(job, task) {
+                Ok(logs) => ClientResponse::Logs(logs),
+                Err(e) => ClientResponse::Error(e.to_string()),
+            },
             ClientRequest::Tiles { job, frame } => tiles(&farm, job, frame),
             ClientRequest::Pause { job, paused } => {
                 let mut core = farm.core();

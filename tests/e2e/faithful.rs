@@ -91,6 +91,29 @@ fn a_scene_whose_denoiser_the_workers_blender_lacks_fails_with_one_readable_erro
         3,
         "every attempt ran in a fresh Blender"
     );
+    // The log stays with the job: `tessera logs JOB [TASK]`.
+    let id = job["id"].as_u64().unwrap().to_string();
+    let logs = farm.json(&["logs", &id, "--json"]);
+    let attempts = logs["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3, "{logs}");
+    for a in attempts {
+        assert!(a["error"].as_str().unwrap().contains("OpenImageDenoise"));
+        // Blender's own output, e.g. the session's start-up line.
+        assert!(
+            a["log"]
+                .as_str()
+                .unwrap()
+                .contains("tessera-session: ready"),
+            "{a}"
+        );
+    }
+    let text = farm.run(&["logs", &id, "0"]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(text.matches("== job").count(), 3, "{text}");
+    let none = farm.run(&["logs", "999"]);
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no job 999"));
 
     // Three frames, as in the report: nothing is accepted; once the worker
     // has failed 3 of the job's tasks the job is blocked, saying why.

@@ -369,6 +369,7 @@ async fn session(
                     let _ = tx.send(WorkerMsg::Failed {
                         task: task.task,
                         error: "assigned a task of a job this worker was never told about".into(),
+                        log: String::new(),
                     });
                     continue;
                 };
@@ -481,12 +482,19 @@ async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc
             Outcome::Lost
         }
         Err(e) => {
+            let log = match &e {
+                RenderError::Render(e) => e
+                    .downcast_ref::<crate::engine::Failure>()
+                    .map(|f| tessera_protocol::messages::log_tail(&f.log).to_string()),
+                RenderError::Fetch(_) => None,
+            };
             let e = anyhow::Error::from(e);
             tracing::warn!(job = t.job, task = t.index, "task failed: {e:#}");
             Outcome::Report(Report {
                 msg: WorkerMsg::Failed {
                     task: t,
                     error: format!("{e:#}"),
+                    log: log.unwrap_or_default(),
                 },
                 upload: None,
             })

@@ -14,7 +14,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tessera_protocol::job::{Engine as EngineKind, OutputFormat};
 use tessera_protocol::messages::{JobInfo, TaskSpec};
@@ -28,7 +28,8 @@ pub const SCAN_PY: &str = include_str!("blender/scan.py");
 /// What every Blender invocation starts with.
 pub const SAFE_ARGS: [&str; 3] = ["-b", "--factory-startup", "--disable-autoexec"];
 const REPLY: &str = "@@TESSERA@@ ";
-const LOG_LINES: usize = 40;
+/// Lines of Blender's output kept per session (for errors and `tessera logs`).
+const LOG_LINES: usize = 400;
 
 /// Cycles compute device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -172,8 +173,31 @@ fn remember(log: &Log, line: &str) {
 
 fn excerpt(log: &Log) -> String {
     let log = log.lock().expect("log lock");
-    let tail: Vec<&str> = log.iter().rev().take(8).map(String::as_str).collect();
+    let tail: Vec<&str> = log.iter().rev().take(3).map(String::as_str).collect();
     tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// Everything kept of a session's output, one line each.
+fn full_log(log: &Log) -> String {
+    let log = log.lock().expect("log lock");
+    let mut text = String::new();
+    for line in log.iter() {
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
+}
+
+/// A failed render of `session`'s, ending the session (it is never used
+/// again): the error line, and its log for `tessera logs`.
+fn failure(session: Session, message: String) -> anyhow::Error {
+    let log = session.log.clone();
+    session.quit();
+    super::Failure {
+        message,
+        log: full_log(&log),
+    }
+    .into()
 }
 
 /// One Blender process with a job's scene loaded.
@@ -426,8 +450,7 @@ impl Blender {
                     slot,
                     "ending the blender session after an error"
                 );
-                session.take().expect("started").quit();
-                bail!(e)
+                Err(failure(session.take().expect("started"), e))
             }
             Err(SessionError::Died(e)) => {
                 tracing::warn!(
@@ -437,11 +460,12 @@ impl Blender {
                 );
                 *session = None;
                 let mut fresh = Session::start(self, slot, job, job_dir)?;
-                let result = fresh.render(command, progress);
-                fresh.quit();
-                match result {
-                    Ok(rendered) => Ok(rendered),
-                    Err(SessionError::Failed(e) | SessionError::Died(e)) => bail!(e),
+                match fresh.render(command, progress) {
+                    Ok(rendered) => {
+                        fresh.quit();
+                        Ok(rendered)
+                    }
+                    Err(SessionError::Failed(e) | SessionError::Died(e)) => Err(failure(fresh, e)),
                 }
             }
         }
