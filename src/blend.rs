@@ -21,6 +21,9 @@ pub struct Scan {
     pub resolution: (u32, u32),
     pub samples: u32,
     pub file_format: String,
+    /// The frame-name template (`sh010_####.exr`).
+    #[serde(default)]
+    pub output_name: Option<String>,
     #[serde(default)]
     pub use_denoising: bool,
     #[serde(default)]

@@ -177,7 +177,18 @@ impl Client {
             blob::get(&self.session.connection, f.digest, None, &staging)
                 .await
                 .with_context(|| format!("downloading frame {}", f.frame))?;
-            let dest = dir.join(format!("frame_{:04}.{}", f.frame, f.format.extension()));
+            // The scene's own name for the frame (checked to be a plain
+            // file name), else frame_NNNN.EXT.
+            let name = f.name.filter(|n| {
+                std::path::Path::new(n).components().count() == 1
+                    && matches!(
+                        std::path::Path::new(n).components().next(),
+                        Some(std::path::Component::Normal(_))
+                    )
+            });
+            let name =
+                name.unwrap_or_else(|| format!("frame_{:04}.{}", f.frame, f.format.extension()));
+            let dest = dir.join(name);
             std::fs::rename(staging.path(&f.digest), &dest)
                 .with_context(|| format!("writing {}", dest.display()))?;
             written.push(dest);
@@ -211,6 +222,8 @@ pub struct SubmitOptions {
     pub priority: i32,
     pub request_id: Option<String>,
     pub engine: Option<Engine>,
+    /// `--frame-names frame`: name frames `frame_NNNN.EXT`, not as the scene does.
+    pub builtin_frame_names: bool,
     pub allow_missing: bool,
     pub progress: bool,
 }
@@ -228,6 +241,8 @@ struct Scan {
     files: Vec<SceneFile>,
     /// What the user should know about this job, each said once.
     warnings: Vec<String>,
+    /// The scene's frame-name template, if it names its frames.
+    output_name: Option<String>,
 }
 
 struct SceneFile {
@@ -302,6 +317,7 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 sample_ranges: opts.sample_ranges,
                 files,
                 warnings: Vec::new(),
+                output_name: None,
             })
         }
         Engine::Blender => scan_blend(opts, path, file_name),
@@ -328,11 +344,14 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     }
     let frames = frames_in_range(opts.frames.as_deref(), s.frame_start, s.frame_end)?;
     let cycles = s.render_engine == "CYCLES";
+    let whole = opts.tiles.count() == 1 && opts.sample_ranges <= 1;
     let output = match s.file_format.as_str() {
         "PNG" => OutputFormat::Png,
         "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => OutputFormat::Exr,
+        _ if s.is_movie => OutputFormat::Image, // refused below, with the reason
+        _ if whole => OutputFormat::Image,
         other => {
-            bail!("the scene's output format {other} cannot be stitched: set it to PNG or OpenEXR")
+            bail!("the scene's output format {other} can only be rendered as whole frames: submit without --tiles and --sample-ranges, or set it to PNG or OpenEXR")
         }
     };
     // `auto` splits only what merges exactly: Cycles to EXR, not denoised.
@@ -389,6 +408,7 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         sample_ranges,
         files,
         warnings,
+        output_name: s.output_name.clone(),
     })
 }
 
@@ -467,6 +487,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         resolution: scan.resolution,
         priority: opts.priority,
         output: scan.output,
+        output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
     };
     match client.call(&ClientRequest::Submit(spec)).await? {
         ClientResponse::Submitted(status) => Ok(Submitted {

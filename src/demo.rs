@@ -173,6 +173,7 @@ pub async fn run(
         request_id: None,
         engine: None,
         allow_missing: false,
+        builtin_frame_names: true,
         progress: true,
     };
     let started = Instant::now();

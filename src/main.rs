@@ -158,6 +158,10 @@ enum Command {
         /// Force an engine instead of choosing by file type.
         #[arg(long, hide = true)]
         engine: Option<Engine>,
+        /// How downloaded frames are named: `scene` (as the scene's output
+        /// path names them, e.g. sh010_0001.exr) or `frame` (frame_0001.EXT).
+        #[arg(long, default_value = "scene", value_parser = ["scene", "frame"])]
+        frame_names: String,
         #[command(flatten)]
         ticket: TicketArg,
     },
@@ -394,6 +398,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             request_id,
             allow_missing,
             engine,
+            frame_names,
             ticket,
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -408,6 +413,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 request_id,
                 engine,
                 allow_missing,
+                builtin_frame_names: frame_names == "frame",
                 progress: !json,
             };
             let mut client = Client::connect(&ticket).await?;

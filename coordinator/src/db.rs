@@ -389,6 +389,7 @@ mod tests {
             resolution: (64, 32),
             priority: 0,
             output: OutputFormat::Png,
+            output_name: None,
         }
     }
 

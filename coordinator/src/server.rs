@@ -982,7 +982,14 @@ fn stitch_frame(farm: &Farm, job_id: u64, frame_pos: usize) -> anyhow::Result<()
         .iter()
         .all(|(_, parts)| parts.iter().all(|p| stitch::is_float_tile(p)));
     let sums = (tiles.iter()).all(|(_, parts)| parts.iter().all(|p| SumTile::is_sums(p)));
-    let image = if sums {
+    let whole = tiles.len() == 1
+        && tiles[0].1.len() == 1
+        && (tiles[0].0.width, tiles[0].0.height) == (w, h);
+    let image = if whole && !sums && !float {
+        // One task rendered the whole frame: the renderer's file is the
+        // frame, untouched (its format, passes, codec and metadata).
+        tiles.remove(0).1.remove(0)
+    } else if sums {
         stitch::stitch_sums(w, h, &tiles, spec.samples).with_context(|| format!("frame {frame}"))?
     } else if float {
         let rgba = stitch::stitch_float(w, h, &tiles).with_context(|| format!("frame {frame}"))?;
@@ -1549,7 +1556,12 @@ async fn feed(farm: &Farm, mut control: Channel) -> anyhow::Result<()> {
 }
 
 fn frames(farm: &Farm, id: u64) -> ClientResponse {
-    let Some(format) = farm.core().jobs.get(&id).map(|j| j.spec.output) else {
+    let Some((format, template)) = farm
+        .core()
+        .jobs
+        .get(&id)
+        .map(|j| (j.spec.output, j.spec.output_name.clone()))
+    else {
         return ClientResponse::Error(format!("no job {id} on this coordinator"));
     };
     let stored = farm.db().frames(id);
@@ -1562,6 +1574,9 @@ fn frames(farm: &Farm, id: u64) -> ClientResponse {
                     digest: f.digest,
                     size: f.size,
                     format,
+                    name: template
+                        .as_deref()
+                        .and_then(|t| tessera_protocol::job::frame_file_name(t, f.frame)),
                 })
                 .collect(),
         ),

@@ -353,6 +353,8 @@ pub struct FrameOutput {
     pub digest: Digest,
     pub size: u64,
     pub format: OutputFormat,
+    /// The file name the scene gives this frame, when it names its frames.
+    pub name: Option<String>,
 }
 
 /// Client → coordinator, on the control stream; each gets one response.

@@ -202,6 +202,7 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 resolution: (8, 8),
                 priority: 0,
                 output: OutputFormat::Png,
+                output_name: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

@@ -98,7 +98,7 @@ pub(crate) fn png_raw(path: &Path) -> (u32, u32, png::ColorType, png::BitDepth, 
 }
 
 /// The float pixels of any image Blender can read (EXR of any codec).
-fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
+pub(crate) fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
     let out = scratch.join(format!(
         "{}.f32",
         image.file_name().unwrap().to_string_lossy()

@@ -3,7 +3,7 @@
 //! derived from `scenes/blender/make_scenes.py`'s `shot.blend`; gated like
 //! the other Blender tests by TESSERA_BLENDER_TESTS=1.
 
-use crate::blender::{assert_same_pixels, blender, enabled, run_ok, Project};
+use crate::blender::{assert_same_pixels, blender, blender_pixels, enabled, run_ok, Project};
 use crate::harness::Farm;
 
 /// Saves a copy of `project`'s `shot.blend` as `name` with `settings`
@@ -301,4 +301,184 @@ fn submit_warns_once_about_what_the_job_uses_and_lists_it_in_json() {
     assert!(warnings[0].as_str().unwrap().contains("compositing"));
     assert_eq!(stderr.matches("warning:").count(), 1, "{stderr}");
     assert!(!stderr.contains("adaptive"), "{stderr}");
+}
+
+/// An EXR's header as (channel names, compression byte, attribute names),
+/// and each chunk's bytes (the offset table followed), for comparing two
+/// files' pixels exactly whatever their headers' lengths.
+fn exr_parts(path: &std::path::Path) -> (Vec<String>, u8, Vec<String>, Vec<Vec<u8>>) {
+    let d = std::fs::read(path).unwrap();
+    assert_eq!(
+        &d[..4],
+        &[0x76, 0x2f, 0x31, 0x01],
+        "{} is not EXR",
+        path.display()
+    );
+    let mut pos = 8;
+    let (mut chans, mut comp, mut names, mut height) = (Vec::new(), 0, Vec::new(), 0usize);
+    let cstr = |p: usize| {
+        let e = p + d[p..].iter().position(|&b| b == 0).unwrap();
+        (String::from_utf8_lossy(&d[p..e]).into_owned(), e + 1)
+    };
+    while d[pos] != 0 {
+        let (name, p) = cstr(pos);
+        let (_kind, p) = cstr(p);
+        let n = i32::from_le_bytes(d[p..p + 4].try_into().unwrap()) as usize;
+        let v = &d[p + 4..p + 4 + n];
+        match name.as_str() {
+            "channels" => {
+                let mut q = 0;
+                while v[q] != 0 {
+                    let e = q + v[q..].iter().position(|&b| b == 0).unwrap();
+                    chans.push(String::from_utf8_lossy(&v[q..e]).into_owned());
+                    q = e + 1 + 16;
+                }
+            }
+            "compression" => comp = v[0],
+            "dataWindow" => {
+                let y0 = i32::from_le_bytes(v[4..8].try_into().unwrap());
+                let y1 = i32::from_le_bytes(v[12..16].try_into().unwrap());
+                height = (y1 - y0 + 1) as usize;
+            }
+            _ => {}
+        }
+        names.push(name);
+        pos = p + 4 + n;
+    }
+    pos += 1;
+    let lines_per_chunk = match comp {
+        0..=2 => 1,
+        3 | 5 => 16,
+        4 | 6 | 7 => 32,
+        _ => 256,
+    };
+    let chunks = height.div_ceil(lines_per_chunk);
+    let mut data = Vec::new();
+    for i in 0..chunks {
+        let off = u64::from_le_bytes(d[pos + i * 8..pos + i * 8 + 8].try_into().unwrap()) as usize;
+        let size = i32::from_le_bytes(d[off + 4..off + 8].try_into().unwrap()) as usize;
+        data.push(d[off..off + 8 + size].to_vec());
+    }
+    names.sort();
+    (chans, comp, names, data)
+}
+
+#[test]
+fn whole_frames_arrive_in_the_scenes_own_format_and_name_with_every_pass() {
+    if !enabled() {
+        return;
+    }
+    let mut farm = Farm::start("blender-formats", &[]);
+    let project = Project::make(&farm.dir, &[]);
+    farm.add_worker_with("b1", &["--engine", "blender"]);
+    let multilayer = [
+        "im = s.render.image_settings",
+        "im.file_format = 'OPEN_EXR_MULTILAYER'",
+        "im.color_depth = '32'",
+        "im.exr_codec = 'ZIP'",
+        "s.render.filepath = '//render/sh010_####'",
+        "second = s.view_layers.new('Second')",
+        "for vl in s.view_layers:\n    vl.use_pass_z = True\n    vl.use_pass_normal = True\n    vl.use_pass_cryptomatte_object = True",
+    ];
+    // (file, settings, the name Blender gives frame 2, magic bytes)
+    let cases: [(&str, Vec<&str>, &str, &[u8]); 5] = [
+        (
+            "ml.blend",
+            multilayer.to_vec(),
+            "sh010_0002.exr",
+            &[0x76, 0x2f, 0x31, 0x01],
+        ),
+        (
+            "png16.blend",
+            vec![
+                "s.render.image_settings.color_depth = '16'",
+                "s.render.filepath = '//out/beauty_##'",
+            ],
+            "beauty_02.png",
+            b"\x89PNG",
+        ),
+        (
+            "jpeg.blend",
+            vec![
+                "s.render.image_settings.file_format = 'JPEG'",
+                "s.render.image_settings.quality = 83",
+                "s.render.filepath = '/tmp/'",
+            ],
+            "0002.jpg",
+            &[0xff, 0xd8],
+        ),
+        (
+            "tiff.blend",
+            vec![
+                "s.render.image_settings.file_format = 'TIFF'",
+                "s.render.filepath = '//r/t_'",
+            ],
+            "t_0002.tif",
+            b"II*\0",
+        ),
+        (
+            "exr.blend",
+            vec![
+                "s.render.image_settings.file_format = 'OPEN_EXR'",
+                "s.render.image_settings.exr_codec = 'PIZ'",
+                "s.render.image_settings.color_depth = '16'",
+            ],
+            "frame_0002.exr",
+            &[0x76, 0x2f, 0x31, 0x01],
+        ),
+    ];
+    for (file, settings, name, magic) in cases {
+        derive(&project, file, &settings);
+        let refs = farm.dir.join(format!("refs-{file}"));
+        project.reference(file, &refs, &[2]);
+        let reference = std::fs::read_dir(&refs)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .find(|p| {
+                p.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with("ref_0002")
+            })
+            .expect("Blender's own render");
+        let out = farm.dir.join(format!("out-{file}"));
+        let job = farm.json(&[
+            "submit",
+            &project.blend(file),
+            "--frames",
+            "2",
+            "--wait",
+            "--json",
+            "--output",
+            out.to_str().unwrap(),
+        ]);
+        assert_eq!(job["state"], "done", "{file}: {job}");
+        let got = out.join(name);
+        assert!(
+            got.is_file(),
+            "{file}: no {name} in {:?}",
+            std::fs::read_dir(&out).unwrap().collect::<Vec<_>>()
+        );
+        let bytes = std::fs::read(&got).unwrap();
+        assert!(bytes.starts_with(magic), "{file}: not the scene's format");
+        if magic[0] == 0x76 {
+            let (gc, gz, gn, gd) = exr_parts(&got);
+            let (wc, wz, wn, wd) = exr_parts(&reference);
+            assert_eq!(gc, wc, "{file}: channels");
+            assert_eq!(gz, wz, "{file}: codec");
+            assert_eq!(gn, wn, "{file}: header attributes (metadata keys)");
+            assert_eq!(gd, wd, "{file}: pixel data of every channel");
+            if file == "ml.blend" {
+                assert!(gc.len() >= 20, "{gc:?}");
+                assert!(gc.iter().any(|c| c.starts_with("Second.")), "{gc:?}");
+                assert!(gc.iter().any(|c| c.contains("Crypto")), "{gc:?}");
+            }
+        } else {
+            assert_eq!(
+                blender_pixels(&got, &farm.dir),
+                blender_pixels(&reference, &farm.dir),
+                "{file}: pixels"
+            );
+        }
+    }
 }

@@ -149,6 +149,10 @@ struct Evidence {
     frame: Option<i64>,
     #[serde(default)]
     samples: std::collections::BTreeMap<String, u32>,
+    /// False for formats without Blender's stamp (TIFF, …): frame and
+    /// samples then come from the session, not the file.
+    #[serde(default)]
+    stamped: bool,
 }
 
 /// Why a session could not render a task.
@@ -487,7 +491,12 @@ impl Engine for Blender {
         // the result of a canceled one.
         _canceled: &std::sync::atomic::AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
-        let raw = job.output == OutputFormat::Exr || task.samples != (0, task.total_samples);
+        // Float tiles where they are merged or stitched in float: sample
+        // ranges, and tiles of an EXR frame. A whole frame is Blender's own
+        // file, in the scene's format with everything in it.
+        let whole = (task.tile.width, task.tile.height) == job.resolution;
+        let raw =
+            task.samples != (0, task.total_samples) || (job.output == OutputFormat::Exr && !whole);
         let out = job_dir.with_extension(format!(
             "out-{}-{}.{}",
             task.task.index,
@@ -555,6 +564,14 @@ fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::R
     );
     if r.engine == "CYCLES" {
         let want = task.samples.1 - task.samples.0;
+        if !e.stamped {
+            anyhow::ensure!(
+                r.samples == want,
+                "blender was set to {} samples, the task asks for {want}",
+                r.samples
+            );
+            return Ok(());
+        }
         anyhow::ensure!(
             r.samples == want,
             "blender was set to {} samples, the task asks for {want}",

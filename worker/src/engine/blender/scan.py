@@ -220,6 +220,21 @@ def compression(path):
     return None
 
 
+def output_name(r):
+    """The file-name template Blender names frames by: the file-name part of
+    the output path, with a #### frame number appended where it has no #
+    (Blender's default "/tmp/" gives "####.png"), and the format's
+    extension when "File Extensions" is on."""
+    base = os.path.basename(r.filepath.replace("\\", "/"))
+    if "#" not in base:
+        base += "####"
+    if r.use_file_extension:
+        ext = r.file_extension
+        if not base.lower().endswith(ext.lower()):
+            base += ext
+    return base
+
+
 def settings(scan):
     scene = bpy.context.scene
     r = scene.render
@@ -241,6 +256,7 @@ def settings(scan):
         "dither": r.dither_intensity,
         "film_transparent": r.film_transparent,
         "compressed": compression(bpy.data.filepath),
+        "output_name": output_name(r),
     }
     # Settings whose effect depends on how the job is split: the submitting
     # client turns them into warnings only when they apply.

@@ -611,12 +611,36 @@ def exr_info(data):
     return size[0], size[1], chans, meta
 
 
+def jpeg_info(data):
+    """(width, height, channels, metadata) of a JPEG; Blender writes its
+    stamp as "Blender:Key:Value" comment markers."""
+    pos, w, h, nch, meta = 2, 0, 0, 0, {}
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        n = struct.unpack(">H", data[pos + 2:pos + 4])[0]
+        body = data[pos + 4:pos + 2 + n]
+        if marker in (0xC0, 0xC1, 0xC2) and len(body) >= 6:
+            h, w = struct.unpack(">HH", body[1:5])
+            nch = body[5]
+        elif marker == 0xFE:
+            text = body.rstrip(b"\0").decode("latin-1")
+            if text.startswith("Blender:") and ":" in text[8:]:
+                k, v = text[8:].split(":", 1)
+                meta[k] = v
+        elif marker == 0xDA:
+            break
+        pos += 2 + n
+    return w, h, nch, meta
+
+
 def evidence(path):
     """What the image at `path` says about its render: size, channels, and
-    the stamp Blender writes into every file (frame; Cycles' samples per
-    view layer). None for formats we cannot read."""
+    the stamp Blender writes into PNG, JPEG and EXR files (frame; Cycles'
+    samples per view layer). Other formats carry no stamp: Blender reads
+    their size back, and `stamped` is false."""
     with open(path, "rb") as f:
         head = f.read(1 << 20)
+    stamped = True
     if head[:8] == b"\x89PNG\r\n\x1a\n":
         with open(path, "rb") as f:
             w, h, nch, meta = png_info(f.read())
@@ -624,8 +648,17 @@ def evidence(path):
     elif head[:4] == b"\x76\x2f\x31\x01":
         w, h, chans, meta = exr_info(head)
         channels = len(chans)
+    elif head[:2] == b"\xff\xd8":
+        with open(path, "rb") as f:
+            w, h, channels, meta = jpeg_info(f.read())
     else:
-        return None
+        img = bpy.data.images.load(path, check_existing=False)
+        try:
+            w, h = img.size[:]
+            channels = img.channels
+        finally:
+            bpy.data.images.remove(img)
+        meta, stamped = {"Frame": str(bpy.context.scene.frame_current)}, False
     samples = {}
     for k, v in meta.items():
         if k.startswith("cycles.") and k.endswith(".samples"):
@@ -638,7 +671,8 @@ def evidence(path):
         frame = int(frame) if frame is not None else None
     except ValueError:
         frame = None
-    return {"width": w, "height": h, "channels": channels, "frame": frame, "samples": samples}
+    return {"width": w, "height": h, "channels": channels, "frame": frame, "samples": samples,
+            "stamped": stamped}
 
 
 def crop_raw(exr_path, x, y, w, h):
@@ -797,7 +831,7 @@ class Session:
                 raise RuntimeError("Blender wrote no image")
             ev = evidence(full)
             os.replace(full, out)
-            crop = [x, y, w, h]
+            crop = None if whole else [x, y, w, h]
         ms = int((time.monotonic() - t0) * 1000)
         if ev is None:
             raise RuntimeError("Blender wrote an image this worker cannot read back")
