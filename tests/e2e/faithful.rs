@@ -301,6 +301,22 @@ fn submit_warns_once_about_what_the_job_uses_and_lists_it_in_json() {
     assert!(warnings[0].as_str().unwrap().contains("compositing"));
     assert_eq!(stderr.matches("warning:").count(), 1, "{stderr}");
     assert!(!stderr.contains("adaptive"), "{stderr}");
+
+    // A movie output is refused before anything is uploaded, naming the
+    // alternative.
+    let movie = derive(
+        &project,
+        "movie.blend",
+        &["s.render.image_settings.file_format = 'FFMPEG'"],
+    );
+    let out = farm.run(&["submit", &movie, "--frames", "1"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("is a movie") && err.contains("image format") && err.contains("ffmpeg"),
+        "{err}"
+    );
 }
 
 /// An EXR's header as (channel names, compression byte, attribute names),
