@@ -143,3 +143,140 @@ mod tests {
         assert_eq!(decode_rgba_f32(&bytes), Some((w, h, rgba)));
     }
 }
+
+/// The header attribute in which a worker names the codec the scene's
+/// OpenEXR output uses (its float tiles travel uncompressed).
+pub const CODEC_ATTRIBUTE: &str = "tessera.compression";
+
+/// Whether `bytes` start like an OpenEXR file.
+pub fn is_exr(bytes: &[u8]) -> bool {
+    bytes.get(..4) == Some(&[0x76, 0x2f, 0x31, 0x01][..])
+}
+
+/// Blender's codec name as the `exr` crate's compression; codecs that crate
+/// cannot write (DWAA, DWAB) fall back to lossless ZIP.
+fn compression(name: &str) -> exr::compression::Compression {
+    use exr::compression::Compression as C;
+    match name {
+        "NONE" => C::Uncompressed,
+        "RLE" => C::RLE,
+        "ZIPS" => C::ZIP1,
+        "PIZ" => C::PIZ,
+        "PXR24" => C::PXR24,
+        "B44" => C::B44,
+        "B44A" => C::B44A,
+        _ => C::ZIP16,
+    }
+}
+
+/// Stitches OpenEXR tiles carrying every channel (every view layer, pass
+/// and Cryptomatte layer, each in its own precision) into one frame, sample
+/// for sample, and writes it with the codec the tiles name and the first
+/// tile's metadata (Blender's stamp).
+pub fn stitch_layers(
+    width: u32,
+    height: u32,
+    tiles: &[(tessera_protocol::job::TileRect, Vec<u8>)],
+) -> Result<Vec<u8>, crate::stitch::StitchError> {
+    use crate::stitch::StitchError;
+    use exr::prelude::*;
+    let (w, h) = (width as usize, height as usize);
+    let mut frame: Option<(LayerAttributes, Vec<AnyChannel<FlatSamples>>, String)> = None;
+    for (index, (rect, bytes)) in tiles.iter().enumerate() {
+        let bad = |reason: String| StitchError::BadTile { index, reason };
+        let image = read()
+            .no_deep_data()
+            .largest_resolution_level()
+            .all_channels()
+            .first_valid_layer()
+            .all_attributes()
+            .from_buffered(std::io::Cursor::new(bytes))
+            .map_err(|e| bad(e.to_string()))?;
+        let layer = image.layer_data;
+        let (tw, th) = (layer.size.0, layer.size.1);
+        if (tw, th) != (rect.width as usize, rect.height as usize) {
+            return Err(StitchError::WrongSize {
+                index,
+                got_w: tw as u32,
+                got_h: th as u32,
+                want_w: rect.width,
+                want_h: rect.height,
+            });
+        }
+        let (_, channels, _) = frame.get_or_insert_with(|| {
+            let mut attributes = layer.attributes.clone();
+            let codec = attributes
+                .other
+                .remove(&Text::from(CODEC_ATTRIBUTE))
+                .and_then(|v| match v {
+                    exr::meta::attribute::AttributeValue::Text(t) => Some(t.to_string()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| "ZIP".into());
+            attributes.layer_position = Vec2(0, 0);
+            let channels = layer
+                .channel_data
+                .list
+                .iter()
+                .map(|c| {
+                    let samples = match &c.sample_data {
+                        FlatSamples::F16(_) => FlatSamples::F16(vec![f16::ZERO; w * h]),
+                        FlatSamples::F32(_) => FlatSamples::F32(vec![0.0; w * h]),
+                        FlatSamples::U32(_) => FlatSamples::U32(vec![0; w * h]),
+                    };
+                    let mut channel = c.clone();
+                    channel.sample_data = samples;
+                    channel
+                })
+                .collect();
+            (attributes, channels, codec)
+        });
+        let list = &layer.channel_data.list;
+        if list.len() != channels.len()
+            || list
+                .iter()
+                .zip(channels.iter())
+                .any(|(a, b)| a.name != b.name)
+        {
+            return Err(StitchError::MixedFormats { index });
+        }
+        for (src, dst) in list.iter().zip(channels.iter_mut()) {
+            for row in 0..th {
+                let from = row * tw;
+                let to = (rect.y as usize + row) * w + rect.x as usize;
+                match (&src.sample_data, &mut dst.sample_data) {
+                    (FlatSamples::F16(s), FlatSamples::F16(d)) => {
+                        d[to..to + tw].copy_from_slice(&s[from..from + tw])
+                    }
+                    (FlatSamples::F32(s), FlatSamples::F32(d)) => {
+                        d[to..to + tw].copy_from_slice(&s[from..from + tw])
+                    }
+                    (FlatSamples::U32(s), FlatSamples::U32(d)) => {
+                        d[to..to + tw].copy_from_slice(&s[from..from + tw])
+                    }
+                    _ => return Err(StitchError::MixedFormats { index }),
+                }
+            }
+        }
+    }
+    let (attributes, channels, codec) =
+        frame.ok_or_else(|| StitchError::Encode("a frame needs at least one tile".into()))?;
+    let encoding = Encoding {
+        compression: compression(&codec),
+        blocks: Blocks::ScanLines,
+        line_order: LineOrder::Increasing,
+    };
+    let layer = Layer::new(
+        (w, h),
+        attributes,
+        encoding,
+        AnyChannels::sort(channels.into_iter().collect()),
+    );
+    let image = Image::from_layer(layer);
+    let mut out = std::io::Cursor::new(Vec::new());
+    image
+        .write()
+        .to_buffered(&mut out)
+        .map_err(|e| StitchError::Encode(e.to_string()))?;
+    Ok(out.into_inner())
+}

@@ -498,3 +498,97 @@ fn whole_frames_arrive_in_the_scenes_own_format_and_name_with_every_pass() {
         }
     }
 }
+
+/// An OpenEXR read with the `exr` crate: (channel name, sample bits) of
+/// every channel, the codec, and the names of its other (metadata)
+/// attributes.
+type ExrContent = (Vec<(String, Vec<u32>)>, String, Vec<String>);
+
+fn exr_content(path: &std::path::Path) -> ExrContent {
+    use exr::prelude::*;
+    let image = read()
+        .no_deep_data()
+        .largest_resolution_level()
+        .all_channels()
+        .first_valid_layer()
+        .all_attributes()
+        .from_file(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let layer = &image.layer_data;
+    let channels = layer
+        .channel_data
+        .list
+        .iter()
+        .map(|c| {
+            let bits = match &c.sample_data {
+                FlatSamples::F16(v) => v.iter().map(|x| u32::from(x.to_bits())).collect(),
+                FlatSamples::F32(v) => v.iter().map(|x| x.to_bits()).collect(),
+                FlatSamples::U32(v) => v.clone(),
+            };
+            (c.name.to_string(), bits)
+        })
+        .collect();
+    let mut keys: Vec<String> = (image.attributes.other.keys())
+        .chain(layer.attributes.other.keys())
+        .map(|k| k.to_string())
+        .collect();
+    keys.sort();
+    (channels, format!("{:?}", layer.encoding.compression), keys)
+}
+
+#[test]
+fn a_tiled_multilayer_exr_frame_has_every_channel_of_blenders_own_float_exact() {
+    if !enabled() {
+        return;
+    }
+    let mut farm = Farm::start("blender-multilayer", &[]);
+    let project = Project::make(&farm.dir, &[]);
+    let name = "ml.blend";
+    derive(
+        &project,
+        name,
+        &[
+            "im = s.render.image_settings",
+            "im.file_format = 'OPEN_EXR_MULTILAYER'",
+            "im.color_depth = '32'",
+            "im.exr_codec = 'ZIP'",
+            "s.render.filepath = '//render/sh010_####'",
+            "second = s.view_layers.new('Second')",
+            "for vl in s.view_layers:\n    vl.use_pass_z = True\n    vl.use_pass_normal = True\n    vl.use_pass_cryptomatte_object = True",
+        ],
+    );
+    let refs = farm.dir.join("refs");
+    project.reference(name, &refs, &[2]);
+    farm.add_worker_with("b1", &["--engine", "blender"]);
+    farm.add_worker_with("b2", &["--engine", "blender"]);
+    let out = farm.dir.join("out");
+    let job = farm.json(&[
+        "submit",
+        &project.blend(name),
+        "--frames",
+        "2",
+        "--tiles",
+        "3x3",
+        "--wait",
+        "--json",
+        "--output",
+        out.to_str().unwrap(),
+    ]);
+    assert_eq!(job["state"], "done", "{job}");
+    let (got_ch, got_codec, got_keys) = exr_content(&out.join("sh010_0002.exr"));
+    let (want_ch, want_codec, want_keys) = exr_content(&refs.join("ref_0002.exr"));
+    let names = |c: &[(String, Vec<u32>)]| c.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&got_ch), names(&want_ch), "channels");
+    assert!(want_ch.len() >= 20, "{:?}", names(&want_ch));
+    assert!(names(&want_ch).iter().any(|n| n.starts_with("Second.")));
+    assert_eq!(got_codec, want_codec, "codec");
+    assert_eq!(got_keys, want_keys, "metadata keys");
+    for ((n, g), (_, w)) in got_ch.iter().zip(&want_ch) {
+        let differing = g.iter().zip(w).filter(|(a, b)| a != b).count();
+        assert_eq!(differing, 0, "channel {n}: {differing} samples differ");
+    }
+    eprintln!(
+        "multilayer 3x3: {} channels float-exact, codec {got_codec}",
+        got_ch.len()
+    );
+}

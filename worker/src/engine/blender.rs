@@ -113,6 +113,9 @@ struct RenderCommand<'a> {
     samples: [u32; 2],
     out: &'a Path,
     raw: bool,
+    /// A tile of an OpenEXR frame rendered with all its samples: travel as
+    /// an uncompressed OpenEXR of every layer and pass (not 4-channel float).
+    layers: bool,
 }
 
 #[derive(Deserialize)]
@@ -495,8 +498,9 @@ impl Engine for Blender {
         // ranges, and tiles of an EXR frame. A whole frame is Blender's own
         // file, in the scene's format with everything in it.
         let whole = (task.tile.width, task.tile.height) == job.resolution;
-        let raw =
-            task.samples != (0, task.total_samples) || (job.output == OutputFormat::Exr && !whole);
+        let ranged = task.samples != (0, task.total_samples);
+        let raw = ranged || (job.output == OutputFormat::Exr && !whole);
+        let layers = raw && !ranged;
         let out = job_dir.with_extension(format!(
             "out-{}-{}.{}",
             task.task.index,
@@ -510,6 +514,7 @@ impl Engine for Blender {
             samples: [task.samples.0, task.samples.1],
             out: &out,
             raw,
+            layers,
         };
         let (slot, mut session) = self.checkout()?;
         let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, progress);

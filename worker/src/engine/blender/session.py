@@ -675,6 +675,64 @@ def evidence(path):
             "stamped": stamped}
 
 
+def crop_exr(src, out, x, y, w, h, extra):
+    """Writes the (x, y, w, h) rectangle of the uncompressed scanline EXR
+    `src` to `out`: every channel in its own pixel type, every header
+    attribute kept (windows made the tile's), plus the string attributes in
+    `extra`. Lossless: the samples are copied, not converted."""
+    with open(src, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x76\x2f\x31\x01" or data[5] & 0x1A:
+        raise ValueError("not a single-part scanline EXR")
+    pos, attrs = 8, []
+    while data[pos] != 0:
+        e = data.index(b"\0", pos)
+        e2 = data.index(b"\0", e + 1)
+        n = struct.unpack_from("<i", data, e2 + 1)[0]
+        attrs.append((data[pos:e], data[e + 1:e2], data[e2 + 5:e2 + 5 + n]))
+        pos = e2 + 5 + n
+    pos += 1
+    a = {k: v for k, _t, v in attrs}
+    if a[b"compression"] != b"\0":
+        raise ValueError("EXR is compressed")
+    sizes, cl, p = [], a[b"channels"], 0
+    while cl[p] != 0:
+        q = cl.index(b"\0", p)
+        ptype = struct.unpack_from("<i", cl, q + 1)[0]
+        sizes.append(2 if ptype == 1 else 4)
+        p = q + 1 + 16
+    x0, y0, x1, y1 = struct.unpack("<iiii", a[b"dataWindow"])
+    W, H = x1 - x0 + 1, y1 - y0 + 1
+    if x + w > W or y + h > H:
+        raise RuntimeError("Blender wrote a %dx%d image, expected the whole frame" % (W, H))
+    offsets = struct.unpack_from("<%dQ" % H, data, pos)
+    window = struct.pack("<iiii", 0, 0, w - 1, h - 1)
+    head = bytearray(data[:8])
+    for k, t, v in attrs:
+        if k in (b"dataWindow", b"displayWindow"):
+            v = window
+        head += k + b"\0" + t + b"\0" + struct.pack("<i", len(v)) + v
+    for k, v in sorted(extra.items()):
+        v = v.encode()
+        head += k.encode() + b"\0string\0" + struct.pack("<i", len(v)) + v
+    head += b"\0"
+    line = sum(s * w for s in sizes)
+    table = len(head) + 8 * h
+    body = bytearray()
+    for row in range(h):
+        off = offsets[y + row]
+        q = off + 8
+        body += struct.pack("<ii", row, line)
+        for s in sizes:
+            body += data[q + x * s:q + (x + w) * s]
+            q += W * s
+    offs = b"".join(struct.pack("<Q", table + row * (8 + line)) for row in range(h))
+    tmp = out + ".part"
+    with open(tmp, "wb") as f:
+        f.write(bytes(head) + offs + bytes(body))
+    os.replace(tmp, out)
+
+
 def crop_raw(exr_path, x, y, w, h):
     """Rows of the (x, y, w, h) rectangle of an uncropped float EXR."""
     W, H, rows = read_exr_none(exr_path)
@@ -800,7 +858,24 @@ class Session:
             raise RuntimeError("injected first-render failure (test hook)")
         if self.scratch is None:
             self.scratch = tempfile.mkdtemp(prefix="tessera-out-")
-        if raw:
+        if raw and cmd.get("layers") and im.file_format in {"OPEN_EXR", "OPEN_EXR_MULTILAYER"}:
+            # A tile of an OpenEXR frame: the scene's own EXR (every layer,
+            # pass and Cryptomatte layer, its precision) uncompressed, cut
+            # to the tile; the stitched frame gets the scene's codec.
+            exr = os.path.join(self.scratch, "tile.exr")
+            result = self._render(scene, write_still=False)
+            codec = im.exr_codec
+            im.exr_codec = "NONE"
+            try:
+                result.save_render(exr, scene=scene)
+            finally:
+                im.exr_codec = codec
+            ev = evidence(exr)
+            crop_exr(exr, out, x, y, w, h, {"tessera.compression": codec})
+            os.unlink(exr)
+            ev.update(width=w, height=h)
+            crop = None
+        elif raw:
             exr = os.path.join(self.scratch, "tile.exr")
             result = self._render(scene, write_still=False)
             im.file_format, im.color_depth, im.color_mode, im.exr_codec = "OPEN_EXR", "32", "RGBA", "NONE"
