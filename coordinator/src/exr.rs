@@ -1,6 +1,8 @@
-//! A minimal OpenEXR writer: single-part scanline images, 32-bit float RGBA,
-//! no compression. Enough to hand merged float frames to any EXR reader
-//! (Blender, Nuke, OpenImageIO) without a dependency.
+//! OpenEXR frames. `encode_rgba_f32` writes merged sample ranges (32-bit
+//! float RGBA, uncompressed); `stitch_layers` stitches tiles that carry
+//! every channel of the scene's OpenEXR output (all view layers, passes and
+//! Cryptomatte layers, each in its own precision) with the `exr` crate,
+//! losslessly, and writes the scene's codec and metadata.
 
 /// Encodes `rgba` (width × height × 4 floats, rows top to bottom) as EXR.
 pub fn encode_rgba_f32(width: u32, height: u32, rgba: &[f32]) -> Vec<u8> {
@@ -128,20 +130,6 @@ pub fn decode_rgba_f32(bytes: &[u8]) -> Option<(u32, u32, Vec<f32>)> {
         }
     }
     Some((w, h, rgba))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn round_trip_keeps_every_float() {
-        let (w, h) = (7, 3);
-        let rgba: Vec<f32> = (0..w * h * 4).map(|i| i as f32 * 0.37 - 3.0).collect();
-        let bytes = encode_rgba_f32(w, h, &rgba);
-        assert_eq!(&bytes[..4], &[0x76, 0x2f, 0x31, 0x01]);
-        assert_eq!(decode_rgba_f32(&bytes), Some((w, h, rgba)));
-    }
 }
 
 /// The header attribute in which a worker names the codec the scene's
@@ -279,4 +267,102 @@ pub fn stitch_layers(
         .to_buffered(&mut out)
         .map_err(|e| StitchError::Encode(e.to_string()))?;
     Ok(out.into_inner())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_keeps_every_float() {
+        let (w, h) = (7, 3);
+        let rgba: Vec<f32> = (0..w * h * 4).map(|i| i as f32 * 0.37 - 3.0).collect();
+        let bytes = encode_rgba_f32(w, h, &rgba);
+        assert_eq!(&bytes[..4], &[0x76, 0x2f, 0x31, 0x01]);
+        assert_eq!(decode_rgba_f32(&bytes), Some((w, h, rgba)));
+    }
+
+    #[test]
+    fn layer_tiles_stitch_every_channel_exactly_with_the_named_codec() {
+        use ::exr::prelude::*;
+        use tessera_protocol::job::{TileGrid, TileRect};
+        let (w, h) = (7usize, 5usize);
+        let half = |x: usize, y: usize| f16::from_f32((x * 10 + y) as f32 * 0.125);
+        let full = |x: usize, y: usize| (x * 100 + y) as f32 * 1.000_1;
+        let tile = |r: TileRect| {
+            let (tw, th) = (r.width as usize, r.height as usize);
+            let at = |i: usize| (r.x as usize + i % tw, r.y as usize + i / tw);
+            let z: Vec<f32> = (0..tw * th).map(|i| full(at(i).0, at(i).1)).collect();
+            let c: Vec<f16> = (0..tw * th).map(|i| half(at(i).0, at(i).1)).collect();
+            let mut attributes = LayerAttributes::default();
+            attributes.other.insert(
+                Text::from(CODEC_ATTRIBUTE),
+                ::exr::meta::attribute::AttributeValue::Text(Text::from("PIZ")),
+            );
+            attributes.other.insert(
+                Text::from("Frame"),
+                ::exr::meta::attribute::AttributeValue::Text(Text::from("3")),
+            );
+            let layer = Layer::new(
+                (tw, th),
+                attributes,
+                Encoding::UNCOMPRESSED,
+                AnyChannels::sort(
+                    vec![
+                        AnyChannel::new("View.Depth.Z", FlatSamples::F32(z)),
+                        AnyChannel::new("View.Combined.R", FlatSamples::F16(c)),
+                    ]
+                    .into_iter()
+                    .collect(),
+                ),
+            );
+            let mut out = std::io::Cursor::new(Vec::new());
+            Image::from_layer(layer)
+                .write()
+                .to_buffered(&mut out)
+                .unwrap();
+            out.into_inner()
+        };
+        let grid = TileGrid { cols: 2, rows: 2 };
+        let tiles: Vec<_> = (0..grid.count())
+            .map(|i| {
+                let r = grid.rect(i, w as u32, h as u32);
+                (r, tile(r))
+            })
+            .collect();
+        let frame = stitch_layers(w as u32, h as u32, &tiles).unwrap();
+        assert!(is_exr(&frame));
+        let image = read()
+            .no_deep_data()
+            .largest_resolution_level()
+            .all_channels()
+            .first_valid_layer()
+            .all_attributes()
+            .from_buffered(std::io::Cursor::new(frame))
+            .unwrap();
+        let layer = image.layer_data;
+        assert_eq!(
+            layer.encoding.compression,
+            ::exr::compression::Compression::PIZ
+        );
+        assert!(layer.attributes.other.contains_key(&Text::from("Frame")));
+        assert!(!layer
+            .attributes
+            .other
+            .contains_key(&Text::from(CODEC_ATTRIBUTE)));
+        for c in &layer.channel_data.list {
+            match &c.sample_data {
+                FlatSamples::F16(v) => {
+                    assert_eq!(c.name.to_string(), "View.Combined.R");
+                    let want: Vec<f16> = (0..w * h).map(|i| half(i % w, i / w)).collect();
+                    assert_eq!(v, &want);
+                }
+                FlatSamples::F32(v) => {
+                    let want: Vec<f32> = (0..w * h).map(|i| full(i % w, i / w)).collect();
+                    assert_eq!(v, &want);
+                }
+                FlatSamples::U32(_) => unreachable!(),
+            }
+        }
+    }
 }
