@@ -1357,7 +1357,12 @@ fn handle_worker_msg(
                 Err(refused) => refuse(task, refused.to_string()),
             }
         }
-        WorkerMsg::Failed { task, error, log } => {
+        WorkerMsg::Failed {
+            task,
+            error,
+            log,
+            unsupported,
+        } => {
             let entry = TaskLog {
                 task: task.index,
                 worker: id,
@@ -1385,6 +1390,10 @@ fn handle_worker_msg(
                     .sched
                     .fail(id, key, Epoch(task.epoch), error.clone(), now);
                 if outcome.is_ok() {
+                    if unsupported {
+                        // It would fail every task of the job the same way.
+                        core.sched.blocklist(task.job, id);
+                    }
                     core.lease_ended(key, id, false, now);
                     core.emit(FarmEvent::TaskFailed {
                         job: task.job,

@@ -89,6 +89,9 @@ pub enum WorkerMsg {
         /// The renderer's own output around the failure (at most
         /// [`MAX_TASK_LOG`] bytes), for `tessera logs`.
         log: String,
+        /// The worker cannot render this job at all (its renderer lacks a
+        /// feature the scene needs): give it no more of the job.
+        unsupported: bool,
     },
     /// Shutting down: give me no new work (running tasks may still finish).
     Draining,

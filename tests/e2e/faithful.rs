@@ -33,7 +33,8 @@ fn id_of(job: &serde_json::Value) -> String {
 }
 
 #[test]
-fn a_scene_whose_denoiser_the_workers_blender_lacks_fails_with_one_readable_error_and_no_frame() {
+fn a_scene_whose_denoiser_the_workers_blender_lacks_is_blocked_with_one_readable_reason_and_no_frame(
+) {
     // Exactly as it happened on Debian's Blender 3.4.1 (no OpenImageDenoise):
     // the first render failed with "Build without OpenImageDenoiser", the
     // retry in the same Blender "rendered" an empty image in milliseconds,
@@ -61,62 +62,9 @@ fn a_scene_whose_denoiser_the_workers_blender_lacks_fails_with_one_readable_erro
     );
     farm.add_worker_with("b1", &["--engine", "blender"]);
     let out_dir = farm.dir.join("out");
-    // One frame: each of its 3 attempts fails the same way, in a fresh
-    // Blender each time, and the job fails with the reason said once.
-    let out = farm.run(&[
-        "submit",
-        &blend,
-        "--frames",
-        "1",
-        "--wait",
-        "--json",
-        "--output",
-        out_dir.to_str().unwrap(),
-    ]);
-    assert!(!out.status.success(), "a failed job exits non-zero");
-    let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(job["state"], "failed", "{job}");
-    assert_eq!(job["tasks_done"], 0, "no render was accepted: {job}");
-    let error = job["error"].as_str().unwrap();
-    assert_eq!(
-        error.matches("built without it").count(),
-        1,
-        "the reason is said once: {error}"
-    );
-    assert!(error.contains("OpenImageDenoise"), "{error}");
-    assert!(error.len() < 600, "{} bytes: {error}", error.len());
-    assert!(!out_dir.exists(), "no frame was written");
-    assert_eq!(
-        farm.log_of(0).matches("blender session started").count(),
-        3,
-        "every attempt ran in a fresh Blender"
-    );
-    // The log stays with the job: `tessera logs JOB [TASK]`.
-    let id = job["id"].as_u64().unwrap().to_string();
-    let logs = farm.json(&["logs", &id, "--json"]);
-    let attempts = logs["attempts"].as_array().unwrap();
-    assert_eq!(attempts.len(), 3, "{logs}");
-    for a in attempts {
-        assert!(a["error"].as_str().unwrap().contains("OpenImageDenoise"));
-        // Blender's own output, e.g. the session's start-up line.
-        assert!(
-            a["log"]
-                .as_str()
-                .unwrap()
-                .contains("tessera-session: ready"),
-            "{a}"
-        );
-    }
-    let text = farm.run(&["logs", &id, "0"]);
-    assert!(text.status.success());
-    let text = String::from_utf8_lossy(&text.stdout);
-    assert_eq!(text.matches("== job").count(), 3, "{text}");
-    let none = farm.run(&["logs", "999"]);
-    assert!(!none.status.success());
-    assert!(String::from_utf8_lossy(&none.stderr).contains("no job 999"));
-
-    // Three frames, as in the report: nothing is accepted; once the worker
-    // has failed 3 of the job's tasks the job is blocked, saying why.
+    // Three frames, as in the report. The first attempt fails before
+    // rendering, saying why; the worker gets no more of the job, which is
+    // blocked with that reason. Nothing is accepted, no frame is written.
     let job = farm.json(&["submit", &blend, "--frames", "1-3", "--json"]);
     let id = job["id"].as_u64().unwrap();
     let s = farm.wait_for(id, "the job to be blocked", |s| {
@@ -126,10 +74,46 @@ fn a_scene_whose_denoiser_the_workers_blender_lacks_fails_with_one_readable_erro
     });
     assert_eq!(s["tasks_done"], 0, "{s}");
     assert_eq!(s["frames_done"], 0, "{s}");
-    assert!(
-        s["blocked"].as_str().unwrap().contains("OpenImageDenoise"),
-        "{s}"
+    let blocked = s["blocked"].as_str().unwrap();
+    assert_eq!(
+        blocked.matches("built without it").count(),
+        1,
+        "the reason is said once: {blocked}"
     );
+    assert!(blocked.contains("OpenImageDenoise"), "{blocked}");
+    assert!(blocked.len() < 600, "{} bytes: {blocked}", blocked.len());
+    let log = farm.log_of(0);
+    assert_eq!(log.matches("task failed").count(), 1, "one attempt: {log}");
+
+    // The log stays with the job: `tessera logs JOB [TASK]`.
+    let id = id.to_string();
+    let logs = farm.json(&["logs", &id, "--json"]);
+    let attempts = logs["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 1, "{logs}");
+    let a = &attempts[0];
+    assert!(a["error"].as_str().unwrap().contains("OpenImageDenoise"));
+    // Blender's own output, e.g. the session's start-up line.
+    assert!(
+        a["log"]
+            .as_str()
+            .unwrap()
+            .contains("tessera-session: ready"),
+        "{a}"
+    );
+    let task = a["task"].as_u64().unwrap().to_string();
+    let text = farm.run(&["logs", &id, &task]);
+    assert!(text.status.success());
+    let text = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(text.matches("== job").count(), 1, "{text}");
+    assert!(text.contains("tessera-session: ready"), "{text}");
+    let none = farm.run(&["logs", "999"]);
+    assert!(!none.status.success());
+    assert!(String::from_utf8_lossy(&none.stderr).contains("no job 999"));
+
+    farm.run(&["cancel", &id]);
+    let out = farm.run(&["wait", &id, "--json", "--output", out_dir.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(!out_dir.exists(), "no frame was written");
 }
 
 #[test]

@@ -370,6 +370,7 @@ async fn session(
                         task: task.task,
                         error: "assigned a task of a job this worker was never told about".into(),
                         log: String::new(),
+                        unsupported: false,
                     });
                     continue;
                 };
@@ -482,12 +483,12 @@ async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc
             Outcome::Lost
         }
         Err(e) => {
-            let log = match &e {
-                RenderError::Render(e) => e
-                    .downcast_ref::<crate::engine::Failure>()
-                    .map(|f| tessera_protocol::messages::log_tail(&f.log).to_string()),
+            let failure = match &e {
+                RenderError::Render(e) => e.downcast_ref::<crate::engine::Failure>(),
                 RenderError::Fetch(_) => None,
             };
+            let log = failure.map(|f| tessera_protocol::messages::log_tail(&f.log).to_string());
+            let unsupported = failure.is_some_and(|f| f.unsupported);
             let e = anyhow::Error::from(e);
             tracing::warn!(job = t.job, task = t.index, "task failed: {e:#}");
             Outcome::Report(Report {
@@ -495,6 +496,7 @@ async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc
                     task: t,
                     error: format!("{e:#}"),
                     log: log.unwrap_or_default(),
+                    unsupported,
                 },
                 upload: None,
             })

@@ -947,6 +947,13 @@ impl Scheduler {
         j.last_error.as_deref()
     }
 
+    /// Gives `worker` no more of `job`'s tasks (it cannot render them).
+    pub fn blocklist(&mut self, job: JobId, worker: WorkerId) {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.blocklist.insert(worker);
+        }
+    }
+
     /// Whether `worker` failed too often to get more of `job`'s tasks.
     pub fn is_blocklisted(&self, job: JobId, worker: WorkerId) -> bool {
         self.jobs

@@ -165,6 +165,9 @@ enum SessionError {
     /// Blender answered with an error: the task failed, and the session is
     /// not used again (Blender 3.4 renders empty images after some errors).
     Failed(String),
+    /// The scene needs a feature this worker's Blender lacks: every task of
+    /// the job would fail the same way here.
+    Unsupported(String),
 }
 
 /// The last lines Blender printed, for error reports.
@@ -197,12 +200,13 @@ fn full_log(log: &Log) -> String {
 
 /// A failed render of `session`'s, ending the session (it is never used
 /// again): the error line, and its log for `tessera logs`.
-fn failure(session: Session, message: String) -> anyhow::Error {
+fn failure(session: Session, message: String, unsupported: bool) -> anyhow::Error {
     let log = session.log.clone();
     session.quit();
     super::Failure {
         message,
         log: full_log(&log),
+        unsupported,
     }
     .into()
 }
@@ -317,7 +321,7 @@ impl Session {
                     (true, None) => Err(SessionError::Failed(
                         "blender's reply lacks what it rendered".into(),
                     )),
-                    (false, _) if reply.unsupported => Err(SessionError::Failed(format!(
+                    (false, _) if reply.unsupported => Err(SessionError::Unsupported(format!(
                         "this worker cannot render the scene: {error}"
                     ))),
                     (false, _) => Err(SessionError::Failed(format!(
@@ -449,7 +453,7 @@ impl Blender {
         }
         match session.as_mut().expect("started").render(command, progress) {
             Ok(rendered) => Ok(rendered),
-            Err(SessionError::Failed(e)) => {
+            Err(e @ (SessionError::Failed(_) | SessionError::Unsupported(_))) => {
                 // Never render in a session that reported an error: the
                 // next task (a retry, maybe) gets a fresh process.
                 tracing::info!(
@@ -457,7 +461,11 @@ impl Blender {
                     slot,
                     "ending the blender session after an error"
                 );
-                Err(failure(session.take().expect("started"), e))
+                let unsupported = matches!(e, SessionError::Unsupported(_));
+                let (SessionError::Failed(e)
+                | SessionError::Unsupported(e)
+                | SessionError::Died(e)) = e;
+                Err(failure(session.take().expect("started"), e, unsupported))
             }
             Err(SessionError::Died(e)) => {
                 tracing::warn!(
@@ -472,7 +480,10 @@ impl Blender {
                         fresh.quit();
                         Ok(rendered)
                     }
-                    Err(SessionError::Failed(e) | SessionError::Died(e)) => Err(failure(fresh, e)),
+                    Err(SessionError::Unsupported(e)) => Err(failure(fresh, e, true)),
+                    Err(SessionError::Failed(e) | SessionError::Died(e)) => {
+                        Err(failure(fresh, e, false))
+                    }
                 }
             }
         }

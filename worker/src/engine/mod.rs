@@ -24,6 +24,9 @@ pub const CANCELED: &str = "canceled by the coordinator";
 pub struct Failure {
     pub message: String,
     pub log: String,
+    /// This worker cannot render the job at all (a feature its renderer
+    /// lacks): the coordinator gives it no more of the job.
+    pub unsupported: bool,
 }
 
 impl std::fmt::Display for Failure {
