@@ -36,6 +36,10 @@
 # + width*height*4 float32, all little endian, rows top to bottom, premultiplied
 # scene-linear RGBA exactly as Blender writes it to a 32-bit float EXR.
 #
+# Test hook: with TESSERA_TEST_FAIL_FIRST_RENDER=/abs/marker in the environment, the
+# first render anywhere (marker absent) fails, and that session refuses every later
+# render, so a worker that kept a failed session could never finish its job.
+#
 # Self-contained (stdlib + bpy): embedded in the worker binary.
 
 import json
