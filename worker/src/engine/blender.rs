@@ -666,6 +666,110 @@ mod tests {
         );
     }
 
+    fn task(frame: u32, tile: [u32; 4], samples: (u32, u32)) -> TaskSpec {
+        TaskSpec {
+            task: tessera_protocol::messages::TaskRef {
+                job: 1,
+                index: 0,
+                epoch: 1,
+            },
+            frame,
+            tile: tessera_protocol::job::TileRect {
+                x: tile[0],
+                y: tile[1],
+                width: tile[2],
+                height: tile[3],
+            },
+            samples,
+            total_samples: samples.1,
+        }
+    }
+
+    fn reply(json: &str) -> Rendered {
+        let r: Reply = serde_json::from_str(json).unwrap();
+        assert!(r.ok);
+        r.rendered.unwrap()
+    }
+
+    #[test]
+    fn a_render_is_accepted_only_on_blenders_evidence() {
+        let t = task(3, [8, 4, 40, 30], (0, 16));
+        let good = r#"{"ok":true,"width":40,"height":30,"samples":16,"engine":"CYCLES","crop":[8,4,40,30],
+            "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{"ViewLayer":16},"stamped":true}}"#;
+        check_evidence(&reply(good), &t, (96, 64)).unwrap();
+        let cases = [
+            // The stamp names another frame, or none (an empty render).
+            (
+                good.replace(r#""frame":3"#, r#""frame":2"#),
+                "stamped frame 2",
+            ),
+            (
+                good.replace(r#""frame":3"#, r#""frame":null"#),
+                "stamped frame (none)",
+            ),
+            // Cycles reports fewer samples than asked, or none at all.
+            (
+                good.replace(r#"{"ViewLayer":16}"#, r#"{"ViewLayer":4}"#),
+                "samples per view layer",
+            ),
+            (
+                good.replace(r#"{"ViewLayer":16}"#, "{}"),
+                "samples per view layer",
+            ),
+            // The written file is not the frame's size.
+            (
+                good.replace(r#""width":96"#, r#""width":40"#),
+                "output is 40x64",
+            ),
+            (
+                good.replace(r#""channels":4"#, r#""channels":0"#),
+                "no colour channels",
+            ),
+        ];
+        for (json, want) in cases {
+            let err = check_evidence(&reply(&json), &t, (96, 64)).unwrap_err();
+            assert!(err.to_string().contains(want), "{err} / {want}");
+        }
+        // Eevee and Workbench stamp no samples; the frame still counts.
+        let eevee = r#"{"ok":true,"width":96,"height":64,"samples":8,"engine":"BLENDER_EEVEE","crop":null,
+            "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{},"stamped":true}}"#;
+        check_evidence(&reply(eevee), &task(3, [0, 0, 96, 64], (0, 8)), (96, 64)).unwrap();
+        let failed: Reply =
+            serde_json::from_str(r#"{"ok":false,"error":"x","unsupported":true}"#).unwrap();
+        assert!(failed.rendered.is_none() && failed.unsupported);
+    }
+
+    #[test]
+    fn tiles_are_cut_out_of_the_frame_exactly() {
+        let (w, h) = (9u32, 5u32);
+        let px: Vec<u8> = (0..w * h * 2).map(|i| (i * 7 % 251) as u8).collect();
+        let mut frame = Vec::new();
+        {
+            let mut e = png::Encoder::new(&mut frame, w, h);
+            e.set_color(png::ColorType::GrayscaleAlpha);
+            e.set_depth(png::BitDepth::Eight);
+            e.write_header().unwrap().write_image_data(&px).unwrap();
+        }
+        let tile = crop_png(&frame, 2, 1, 4, 3).unwrap();
+        let mut reader = png::Decoder::new(std::io::Cursor::new(tile))
+            .read_info()
+            .unwrap();
+        let mut out = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut out).unwrap();
+        assert_eq!(
+            (info.width, info.height, info.color_type),
+            (4, 3, png::ColorType::GrayscaleAlpha)
+        );
+        for row in 0..3usize {
+            let src = ((1 + row) * w as usize + 2) * 2;
+            assert_eq!(&out[row * 8..row * 8 + 8], &px[src..src + 8]);
+        }
+        assert!(crop_png(&frame, 6, 0, 4, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("outside"));
+    }
+
     #[test]
     fn gpu_slots_are_pinned_one_gpu_each() {
         assert_eq!(Device::Cpu.pin_env(1), None);
