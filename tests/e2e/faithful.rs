@@ -47,8 +47,9 @@ fn a_scene_whose_denoiser_the_workers_blender_lacks_is_blocked_with_one_readable
     let has_oidn = blender()
         .args(["-b", "--factory-startup", "--python-expr"])
         .arg("import _cycles, sys; sys.exit(7 if _cycles.with_openimagedenoise else 0)")
-        .status()
+        .output()
         .unwrap()
+        .status
         .code();
     assert_eq!(
         has_oidn,
