@@ -159,6 +159,7 @@ fn memory() {
                 priority: 0,
                 output: OutputFormat::Png,
                 blender: None,
+                output_name: None,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

@@ -23,6 +23,9 @@ pub struct Scan {
     pub resolution: (u32, u32),
     pub samples: u32,
     pub file_format: String,
+    /// The frame-name template (`sh010_####.exr`).
+    #[serde(default)]
+    pub output_name: Option<String>,
     #[serde(default)]
     pub use_denoising: bool,
     #[serde(default)]
@@ -33,6 +36,15 @@ pub struct Scan {
     pub denoiser: Option<String>,
     #[serde(default)]
     pub sampling_pattern: Option<String>,
+    pub time_limit: bool,
+    #[serde(default)]
+    pub layer_sample_overrides: Vec<String>,
+    #[serde(default)]
+    pub compositing: bool,
+    #[serde(default)]
+    pub stamp_burn_in: bool,
+    #[serde(default)]
+    pub is_movie: bool,
     pub compressed: Option<String>,
     pub files: Vec<Dependency>,
     #[serde(default)]

@@ -173,12 +173,13 @@ pub async fn run(
         request_id: None,
         engine: None,
         allow_missing: false,
+        builtin_frame_names: true,
         progress: true,
         blender: None,
         blender_python: None,
     };
     let started = Instant::now();
-    let submitted = client::submit(&mut client, &opts).await?;
+    let submitted = client::submit(&mut client, &opts).await?.status;
     eprintln!(
         "job {} submitted: {} frames in {} tiles each",
         submitted.id, submitted.frames_total, tiles

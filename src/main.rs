@@ -180,6 +180,10 @@ enum Command {
         /// dependencies when this machine's Blender cannot read it.
         #[arg(long, env = "TESSERA_BLENDER_PYTHON")]
         blender_python: Option<PathBuf>,
+        /// How downloaded frames are named: `scene` (as the scene's output
+        /// path names them, e.g. sh010_0001.exr) or `frame` (frame_0001.EXT).
+        #[arg(long, default_value = "scene", value_parser = ["scene", "frame"])]
+        frame_names: String,
         #[command(flatten)]
         ticket: TicketArg,
     },
@@ -197,6 +201,16 @@ enum Command {
         /// Download the frames here.
         #[arg(long)]
         output: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Show the failed attempts of a job (or of one task): each error and
+    /// the renderer's log around it.
+    Logs {
+        job: u64,
+        task: Option<u32>,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -422,6 +436,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             engine,
             blender,
             blender_python,
+            frame_names,
             ticket,
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -436,14 +451,15 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 request_id,
                 engine,
                 allow_missing,
+                builtin_frame_names: frame_names == "frame",
                 progress: !json,
                 blender,
                 blender_python,
             };
             let mut client = Client::connect(&ticket).await?;
-            let status = client::submit(&mut client, &opts).await?;
+            let client::Submitted { status, warnings } = client::submit(&mut client, &opts).await?;
             if !wait {
-                report::print_submitted(&status, json);
+                report::print_submitted(&status, &warnings, json);
                 return Ok(0);
             }
             if !json {
@@ -453,7 +469,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     report::summary_line(&status)
                 );
             }
-            finish_wait(&mut client, status.id, output, json).await
+            finish_wait(&mut client, status.id, output, json, Some(&warnings)).await
         }
         Command::Status { job, json, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -470,7 +486,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
-            finish_wait(&mut client, job, output, json).await
+            finish_wait(&mut client, job, output, json, None).await
         }
         Command::Pause { job, ticket } => pause(job, ticket, true).await,
         Command::Resume { job, ticket } => pause(job, ticket, false).await,
@@ -479,6 +495,18 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let mut client = Client::connect(&ticket).await?;
             client.drain(worker).await?;
             println!("worker {worker} is draining: it finishes its tasks, then leaves");
+            Ok(0)
+        }
+        Command::Logs {
+            job,
+            task,
+            json,
+            ticket,
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let logs = client.logs(job, task).await?;
+            report::print_logs(job, &logs, json);
             Ok(0)
         }
         Command::Cancel { job, ticket } => {
@@ -540,13 +568,14 @@ async fn finish_wait(
     job: u64,
     output: Option<PathBuf>,
     json: bool,
+    warnings: Option<&[String]>,
 ) -> anyhow::Result<i32> {
     let status = client.wait(job, !json).await?;
     let mut files = Vec::new();
     if let (Some(dir), tessera_protocol::messages::JobState::Done) = (&output, status.state) {
         files = client.download_frames(job, dir).await?;
     }
-    report::print_final(&status, &files, json);
+    report::print_final(&status, &files, warnings, json);
     Ok(client::job_exit_code(&status))
 }
 

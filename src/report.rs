@@ -82,17 +82,52 @@ pub fn summary_line(s: &JobStatus) -> String {
     )
 }
 
-pub fn print_submitted(s: &JobStatus, json: bool) {
+/// `tessera logs`: each failed attempt's error line, then its log.
+pub fn print_logs(job: u64, logs: &[tessera_protocol::messages::TaskLog], json: bool) {
     if json {
-        println!("{}", job_json(s));
+        let list: Vec<_> = logs
+            .iter()
+            .map(|l| {
+                json!({"task": l.task, "worker": l.worker, "unix_ms": l.unix_ms,
+                       "error": l.error, "log": l.log})
+            })
+            .collect();
+        println!("{}", json!({ "job": job, "attempts": list }));
+        return;
+    }
+    if logs.is_empty() {
+        println!("job {job}: no failed attempts");
+    }
+    for l in logs {
+        println!(
+            "== job {job} task {} on worker {}: {}",
+            l.task, l.worker, l.error
+        );
+        print!("{}", l.log);
+        if !l.log.is_empty() && !l.log.ends_with('\n') {
+            println!();
+        }
+    }
+}
+
+/// A submit's answer; with `--json` its warnings are a list under `warnings`.
+pub fn print_submitted(s: &JobStatus, warnings: &[String], json: bool) {
+    if json {
+        let mut v = job_json(s);
+        v["warnings"] = json!(warnings);
+        println!("{v}");
     } else {
         println!("job {} submitted: {}", s.id, summary_line(s));
     }
 }
 
-pub fn print_final(s: &JobStatus, files: &[PathBuf], json: bool) {
+/// A finished job; `warnings` are those of the submit that waited for it.
+pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>, json: bool) {
     if json {
         let mut v = job_json(s);
+        if let Some(w) = warnings {
+            v["warnings"] = json!(w);
+        }
         v["files"] = json!(files
             .iter()
             .map(|f| f.display().to_string())

@@ -6,7 +6,7 @@ use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::{JobState, JobStatus};
+use tessera_protocol::messages::{log_tail, JobState, JobStatus, TaskLog};
 use tessera_protocol::Digest;
 
 #[derive(Debug, thiserror::Error)]
@@ -148,6 +148,15 @@ CREATE TABLE IF NOT EXISTS frames (
     size INTEGER NOT NULL,
     PRIMARY KEY (job, frame)
 );
+CREATE TABLE IF NOT EXISTS task_logs (
+    job INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    worker INTEGER NOT NULL,
+    unix_ms INTEGER NOT NULL,
+    error TEXT NOT NULL,
+    log TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS task_logs_job ON task_logs (job, idx);
 ";
 
 fn state_name(s: JobState) -> &'static str {
@@ -542,6 +551,41 @@ impl Db {
         Ok(())
     }
 
+    /// Keeps a failed attempt's error and renderer log (cut to
+    /// `MAX_TASK_LOG` bytes) for `tessera logs`.
+    pub fn insert_task_log(&mut self, job: u64, entry: &TaskLog) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT INTO task_logs (job, idx, worker, unix_ms, error, log) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![
+                job as i64,
+                entry.task,
+                entry.worker as i64,
+                entry.unix_ms as i64,
+                entry.error,
+                log_tail(&entry.log)
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// The failed attempts of `job` (of task `task` only, if given), oldest first.
+    pub fn task_logs(&self, job: u64, task: Option<u32>) -> Result<Vec<TaskLog>, DbError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT idx, worker, unix_ms, error, log FROM task_logs
+             WHERE job = ?1 AND (?2 IS NULL OR idx = ?2) ORDER BY rowid",
+        )?;
+        let rows = stmt.query_map(params![job as i64, task], |r| {
+            Ok(TaskLog {
+                task: r.get(0)?,
+                worker: r.get::<_, i64>(1)? as u64,
+                unix_ms: r.get::<_, i64>(2)? as u64,
+                error: r.get(3)?,
+                log: r.get(4)?,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     pub fn frames(&self, job: u64) -> Result<Vec<StoredFrame>, DbError> {
         let mut stmt = self
             .conn
@@ -577,6 +621,7 @@ mod tests {
             priority: 0,
             output: OutputFormat::Png,
             blender: None,
+            output_name: None,
         }
     }
 

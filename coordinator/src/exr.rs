@@ -1,6 +1,8 @@
-//! A minimal OpenEXR writer: single-part scanline images, 32-bit float RGBA,
-//! no compression. Enough to hand merged float frames to any EXR reader
-//! (Blender, Nuke, OpenImageIO) without a dependency.
+//! OpenEXR frames. `encode_rgba_f32` writes merged sample ranges (32-bit
+//! float RGBA, uncompressed); `stitch_layers` stitches tiles that carry
+//! every channel of the scene's OpenEXR output (all view layers, passes and
+//! Cryptomatte layers, each in its own precision) with the `exr` crate,
+//! losslessly, and writes the scene's codec and metadata.
 
 /// Encodes `rgba` (width × height × 4 floats, rows top to bottom) as EXR.
 pub fn encode_rgba_f32(width: u32, height: u32, rgba: &[f32]) -> Vec<u8> {
@@ -130,6 +132,143 @@ pub fn decode_rgba_f32(bytes: &[u8]) -> Option<(u32, u32, Vec<f32>)> {
     Some((w, h, rgba))
 }
 
+/// The header attribute in which a worker names the codec the scene's
+/// OpenEXR output uses (its float tiles travel uncompressed).
+pub const CODEC_ATTRIBUTE: &str = "tessera.compression";
+
+/// Whether `bytes` start like an OpenEXR file.
+pub fn is_exr(bytes: &[u8]) -> bool {
+    bytes.get(..4) == Some(&[0x76, 0x2f, 0x31, 0x01][..])
+}
+
+/// Blender's codec name as the `exr` crate's compression; codecs that crate
+/// cannot write (DWAA, DWAB) fall back to lossless ZIP.
+fn compression(name: &str) -> exr::compression::Compression {
+    use exr::compression::Compression as C;
+    match name {
+        "NONE" => C::Uncompressed,
+        "RLE" => C::RLE,
+        "ZIPS" => C::ZIP1,
+        "PIZ" => C::PIZ,
+        "PXR24" => C::PXR24,
+        "B44" => C::B44,
+        "B44A" => C::B44A,
+        _ => C::ZIP16,
+    }
+}
+
+/// Stitches OpenEXR tiles carrying every channel (every view layer, pass
+/// and Cryptomatte layer, each in its own precision) into one frame, sample
+/// for sample, and writes it with the codec the tiles name and the first
+/// tile's metadata (Blender's stamp).
+pub fn stitch_layers(
+    width: u32,
+    height: u32,
+    tiles: &[(tessera_protocol::job::TileRect, Vec<u8>)],
+) -> Result<Vec<u8>, crate::stitch::StitchError> {
+    use crate::stitch::StitchError;
+    use exr::prelude::*;
+    let (w, h) = (width as usize, height as usize);
+    let mut frame: Option<(LayerAttributes, Vec<AnyChannel<FlatSamples>>, String)> = None;
+    for (index, (rect, bytes)) in tiles.iter().enumerate() {
+        let bad = |reason: String| StitchError::BadTile { index, reason };
+        let image = read()
+            .no_deep_data()
+            .largest_resolution_level()
+            .all_channels()
+            .first_valid_layer()
+            .all_attributes()
+            .from_buffered(std::io::Cursor::new(bytes))
+            .map_err(|e| bad(e.to_string()))?;
+        let layer = image.layer_data;
+        let (tw, th) = (layer.size.0, layer.size.1);
+        if (tw, th) != (rect.width as usize, rect.height as usize) {
+            return Err(StitchError::WrongSize {
+                index,
+                got_w: tw as u32,
+                got_h: th as u32,
+                want_w: rect.width,
+                want_h: rect.height,
+            });
+        }
+        let (_, channels, _) = frame.get_or_insert_with(|| {
+            let mut attributes = layer.attributes.clone();
+            let codec = attributes
+                .other
+                .remove(&Text::from(CODEC_ATTRIBUTE))
+                .and_then(|v| match v {
+                    exr::meta::attribute::AttributeValue::Text(t) => Some(t.to_string()),
+                    _ => None,
+                })
+                .unwrap_or_else(|| "ZIP".into());
+            attributes.layer_position = Vec2(0, 0);
+            let channels = layer
+                .channel_data
+                .list
+                .iter()
+                .map(|c| {
+                    let samples = match &c.sample_data {
+                        FlatSamples::F16(_) => FlatSamples::F16(vec![f16::ZERO; w * h]),
+                        FlatSamples::F32(_) => FlatSamples::F32(vec![0.0; w * h]),
+                        FlatSamples::U32(_) => FlatSamples::U32(vec![0; w * h]),
+                    };
+                    let mut channel = c.clone();
+                    channel.sample_data = samples;
+                    channel
+                })
+                .collect();
+            (attributes, channels, codec)
+        });
+        let list = &layer.channel_data.list;
+        if list.len() != channels.len()
+            || list
+                .iter()
+                .zip(channels.iter())
+                .any(|(a, b)| a.name != b.name)
+        {
+            return Err(StitchError::MixedFormats { index });
+        }
+        for (src, dst) in list.iter().zip(channels.iter_mut()) {
+            for row in 0..th {
+                let from = row * tw;
+                let to = (rect.y as usize + row) * w + rect.x as usize;
+                match (&src.sample_data, &mut dst.sample_data) {
+                    (FlatSamples::F16(s), FlatSamples::F16(d)) => {
+                        d[to..to + tw].copy_from_slice(&s[from..from + tw])
+                    }
+                    (FlatSamples::F32(s), FlatSamples::F32(d)) => {
+                        d[to..to + tw].copy_from_slice(&s[from..from + tw])
+                    }
+                    (FlatSamples::U32(s), FlatSamples::U32(d)) => {
+                        d[to..to + tw].copy_from_slice(&s[from..from + tw])
+                    }
+                    _ => return Err(StitchError::MixedFormats { index }),
+                }
+            }
+        }
+    }
+    let (attributes, channels, codec) =
+        frame.ok_or_else(|| StitchError::Encode("a frame needs at least one tile".into()))?;
+    let encoding = Encoding {
+        compression: compression(&codec),
+        blocks: Blocks::ScanLines,
+        line_order: LineOrder::Increasing,
+    };
+    let layer = Layer::new(
+        (w, h),
+        attributes,
+        encoding,
+        AnyChannels::sort(channels.into_iter().collect()),
+    );
+    let image = Image::from_layer(layer);
+    let mut out = std::io::Cursor::new(Vec::new());
+    image
+        .write()
+        .to_buffered(&mut out)
+        .map_err(|e| StitchError::Encode(e.to_string()))?;
+    Ok(out.into_inner())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -141,5 +280,89 @@ mod tests {
         let bytes = encode_rgba_f32(w, h, &rgba);
         assert_eq!(&bytes[..4], &[0x76, 0x2f, 0x31, 0x01]);
         assert_eq!(decode_rgba_f32(&bytes), Some((w, h, rgba)));
+    }
+
+    #[test]
+    fn layer_tiles_stitch_every_channel_exactly_with_the_named_codec() {
+        use ::exr::prelude::*;
+        use tessera_protocol::job::{TileGrid, TileRect};
+        let (w, h) = (7usize, 5usize);
+        let half = |x: usize, y: usize| f16::from_f32((x * 10 + y) as f32 * 0.125);
+        let full = |x: usize, y: usize| (x * 100 + y) as f32 * 1.000_1;
+        let tile = |r: TileRect| {
+            let (tw, th) = (r.width as usize, r.height as usize);
+            let at = |i: usize| (r.x as usize + i % tw, r.y as usize + i / tw);
+            let z: Vec<f32> = (0..tw * th).map(|i| full(at(i).0, at(i).1)).collect();
+            let c: Vec<f16> = (0..tw * th).map(|i| half(at(i).0, at(i).1)).collect();
+            let mut attributes = LayerAttributes::default();
+            attributes.other.insert(
+                Text::from(CODEC_ATTRIBUTE),
+                ::exr::meta::attribute::AttributeValue::Text(Text::from("PIZ")),
+            );
+            attributes.other.insert(
+                Text::from("Frame"),
+                ::exr::meta::attribute::AttributeValue::Text(Text::from("3")),
+            );
+            let layer = Layer::new(
+                (tw, th),
+                attributes,
+                Encoding::UNCOMPRESSED,
+                AnyChannels::sort(
+                    vec![
+                        AnyChannel::new("View.Depth.Z", FlatSamples::F32(z)),
+                        AnyChannel::new("View.Combined.R", FlatSamples::F16(c)),
+                    ]
+                    .into_iter()
+                    .collect(),
+                ),
+            );
+            let mut out = std::io::Cursor::new(Vec::new());
+            Image::from_layer(layer)
+                .write()
+                .to_buffered(&mut out)
+                .unwrap();
+            out.into_inner()
+        };
+        let grid = TileGrid { cols: 2, rows: 2 };
+        let tiles: Vec<_> = (0..grid.count())
+            .map(|i| {
+                let r = grid.rect(i, w as u32, h as u32);
+                (r, tile(r))
+            })
+            .collect();
+        let frame = stitch_layers(w as u32, h as u32, &tiles).unwrap();
+        assert!(is_exr(&frame));
+        let image = read()
+            .no_deep_data()
+            .largest_resolution_level()
+            .all_channels()
+            .first_valid_layer()
+            .all_attributes()
+            .from_buffered(std::io::Cursor::new(frame))
+            .unwrap();
+        let layer = image.layer_data;
+        assert_eq!(
+            layer.encoding.compression,
+            ::exr::compression::Compression::PIZ
+        );
+        assert!(layer.attributes.other.contains_key(&Text::from("Frame")));
+        assert!(!layer
+            .attributes
+            .other
+            .contains_key(&Text::from(CODEC_ATTRIBUTE)));
+        for c in &layer.channel_data.list {
+            match &c.sample_data {
+                FlatSamples::F16(v) => {
+                    assert_eq!(c.name.to_string(), "View.Combined.R");
+                    let want: Vec<f16> = (0..w * h).map(|i| half(i % w, i / w)).collect();
+                    assert_eq!(v, &want);
+                }
+                FlatSamples::F32(v) => {
+                    let want: Vec<f32> = (0..w * h).map(|i| full(i % w, i / w)).collect();
+                    assert_eq!(v, &want);
+                }
+                FlatSamples::U32(_) => unreachable!(),
+            }
+        }
     }
 }

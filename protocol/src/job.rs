@@ -148,6 +148,9 @@ pub fn parse_frames(s: &str) -> Result<Vec<u32>, String> {
 pub enum OutputFormat {
     Png,
     Exr,
+    /// Any other still format the renderer writes (JPEG, TIFF, …): whole
+    /// frames only, delivered as the renderer wrote them.
+    Image,
 }
 
 impl OutputFormat {
@@ -155,8 +158,32 @@ impl OutputFormat {
         match self {
             OutputFormat::Png => "png",
             OutputFormat::Exr => "exr",
+            OutputFormat::Image => "img",
         }
     }
+}
+
+/// Longest frame-name template a job may carry.
+pub const MAX_OUTPUT_NAME: usize = 255;
+
+/// The file name of `frame` from a scene's output name template, as
+/// Blender names it: the last run of `#` becomes the frame number,
+/// zero-padded to the run's length (`sh010_####.exr`, 7 → `sh010_0007.exr`).
+/// `None` when the template is not a plain file name.
+pub fn frame_file_name(template: &str, frame: u32) -> Option<String> {
+    if template.is_empty()
+        || template.len() > MAX_OUTPUT_NAME
+        || template.contains(['/', '\\', '\0'])
+        || template == "."
+        || template == ".."
+    {
+        return None;
+    }
+    let end = template.rfind('#')? + 1;
+    let start = template[..end].trim_end_matches('#').len();
+    let digits = end - start;
+    let name = format!("{}{frame:0digits$}{}", &template[..start], &template[end..]);
+    (name != "." && name != "..").then_some(name)
 }
 
 /// One file of a job: where it goes in the job's folder, and its content.
@@ -198,6 +225,10 @@ pub struct JobSpec {
     /// jobs stored before this existed).
     #[serde(default)]
     pub blender: Option<crate::blender::BlenderNeeds>,
+    /// The scene's own frame-name template (`sh010_####.exr`), if it has
+    /// one; frames are then named by [`frame_file_name`].
+    #[serde(default)]
+    pub output_name: Option<String>,
 }
 
 /// Why a manifest path was refused.
@@ -242,6 +273,26 @@ pub fn sanitize_manifest_path(path: &str) -> Result<Vec<&str>, PathError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frames_are_named_as_blender_names_them() {
+        assert_eq!(
+            frame_file_name("sh010_####.exr", 1).as_deref(),
+            Some("sh010_0001.exr")
+        );
+        assert_eq!(
+            frame_file_name("####.png", 12345).as_deref(),
+            Some("12345.png")
+        );
+        assert_eq!(
+            frame_file_name("a#b##.jpg", 7).as_deref(),
+            Some("a#b07.jpg")
+        );
+        assert_eq!(frame_file_name("render", 7), None, "no frame number");
+        for bad in ["../####.png", "a/####", "", "x\0####"] {
+            assert_eq!(frame_file_name(bad, 1), None, "{bad:?}");
+        }
+    }
 
     #[test]
     fn frames() {

@@ -16,6 +16,9 @@ use crate::Digest;
 /// Outputs up to this size travel inside `WorkerMsg::Done`.
 pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 
+/// The longest renderer log a failed attempt carries (its tail is kept).
+pub const MAX_TASK_LOG: usize = 64 * 1024;
+
 /// Bumped whenever a message changes shape.
 pub const PROTOCOL_VERSION: u32 = 6;
 
@@ -85,7 +88,14 @@ pub enum WorkerMsg {
     },
     Failed {
         task: TaskRef,
+        /// One line a person can read.
         error: String,
+        /// The renderer's own output around the failure (at most
+        /// [`MAX_TASK_LOG`] bytes), for `tessera logs`.
+        log: String,
+        /// The worker cannot render this job at all (its renderer lacks a
+        /// feature the scene needs): give it no more of the job.
+        unsupported: bool,
     },
     /// Shutting down: give me no new work (running tasks may still finish).
     Draining,
@@ -329,12 +339,33 @@ pub struct Snapshot {
     pub farm: FarmStatus,
 }
 
+/// One failed attempt of a task, as `tessera logs` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskLog {
+    pub task: u32,
+    pub worker: u64,
+    pub unix_ms: u64,
+    pub error: String,
+    pub log: String,
+}
+
+/// The last `MAX_TASK_LOG` bytes of `log`, cut at a character boundary.
+pub fn log_tail(log: &str) -> &str {
+    let mut start = log.len().saturating_sub(MAX_TASK_LOG);
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    &log[start..]
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct FrameOutput {
     pub frame: u32,
     pub digest: Digest,
     pub size: u64,
     pub format: OutputFormat,
+    /// The file name the scene gives this frame, when it names its frames.
+    pub name: Option<String>,
 }
 
 /// Client → coordinator, on the control stream; each gets one response.
@@ -355,6 +386,11 @@ pub enum ClientRequest {
     Cancel(u64),
     /// The stitched frames of a job so far.
     Frames(u64),
+    /// The failed attempts of a job (of one task), with the renderer's log.
+    Logs {
+        job: u64,
+        task: Option<u32>,
+    },
     /// Turn this connection into a feed: a `Snapshot` now and regularly,
     /// and every `Event` as it happens. No further requests are read.
     Subscribe,
@@ -391,6 +427,7 @@ pub enum ClientResponse {
     },
     Canceled(JobStatus),
     Frames(Vec<FrameOutput>),
+    Logs(Vec<TaskLog>),
     Snapshot(Snapshot),
     Event {
         unix_ms: u64,

@@ -204,12 +204,32 @@ class Session:
         return self.p.returncode
 
 
+def crop_png_file(path, x, y, w, h):
+    """Cuts (x, y, w, h) out of the PNG at `path` in place, as the worker
+    does with the whole frame a tile render writes (borders are uncropped)."""
+    data = open(path, "rb").read()
+    _W, _H, depth, ctype = struct.unpack(">IIBB", data[16:26])
+    _w, _h, ch, rows = decode_png(path)
+    bpp = ch * depth // 8
+    raw = b"".join(b"\0" + bytes(rows[y + j][x * bpp:(x + w) * bpp]) for j in range(h))
+
+    def chunk(tag, body):
+        return (struct.pack(">I", len(body)) + tag + body
+                + struct.pack(">I", zlib.crc32(tag + body) & 0xFFFFFFFF))
+    ihdr = struct.pack(">IIBBBBB", w, h, depth, ctype, 0, 0, 0)
+    with open(path, "wb") as f:
+        f.write(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr)
+                + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
 def render(sess, **kw):
     c = {"op": "render", "tile": None, "samples": None, "raw": False}
     c.update(kw)
     r = sess.cmd(c)
     if not r.get("ok"):
         raise RuntimeError("render failed: %s" % r)
+    if r.get("crop"):
+        crop_png_file(r["out"], *r["crop"])
     return r
 
 

@@ -203,6 +203,7 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 priority: 0,
                 output: OutputFormat::Png,
                 blender: None,
+                output_name: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

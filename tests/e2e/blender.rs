@@ -18,7 +18,7 @@ use crate::requires::{require, Need};
 
 /// A Blender test runs only when asked to (`--include-ignored`), and then
 /// fails loudly if Blender is missing instead of passing.
-fn enabled() -> bool {
+pub(crate) fn enabled() -> bool {
     require(Need::Blender);
     true
 }
@@ -97,7 +97,13 @@ fn add_blender_worker(farm: &mut Farm, name: &str) -> usize {
     farm.add_worker_with(name, &args)
 }
 
-fn run_ok(cmd: &mut Command) {
+/// Debian's Blender executable (or `$TESSERA_BLENDER`).
+pub(crate) fn blender() -> Command {
+    let exe = std::env::var_os("TESSERA_BLENDER").unwrap_or_else(|| "blender".into());
+    Command::new(exe)
+}
+
+pub(crate) fn run_ok(cmd: &mut Command) {
     let out = cmd.output().expect("run blender");
     assert!(
         out.status.success(),
@@ -110,13 +116,13 @@ fn run_ok(cmd: &mut Command) {
 /// A test project made by the generator: `project/shot.blend` with a
 /// relative texture, a linked library, and an absolute-path texture in
 /// `external/`.
-struct Project {
-    dir: PathBuf,
+pub(crate) struct Project {
+    pub(crate) dir: PathBuf,
     external: PathBuf,
 }
 
 impl Project {
-    fn make(root: &Path, extra: &[&str]) -> Project {
+    pub(crate) fn make(root: &Path, extra: &[&str]) -> Project {
         let dir = root.join("project");
         let external = root.join("external");
         let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/make_scenes.py");
@@ -135,13 +141,13 @@ impl Project {
         Project { dir, external }
     }
 
-    fn blend(&self, name: &str) -> String {
+    pub(crate) fn blend(&self, name: &str) -> String {
         self.dir.join(name).to_str().unwrap().to_string()
     }
 
     /// Blender's own render of the untouched file, as `blender -b FILE -o
     /// OUT/ref_#### -f N` writes it.
-    fn reference(&self, blend: &str, out: &Path, frames: &[u32]) {
+    pub(crate) fn reference(&self, blend: &str, out: &Path, frames: &[u32]) {
         for f in frames {
             let src = format!(
                 "s = bpy.context.scene\ns.frame_set({f})\ns.render.filepath = {:?}\nbpy.ops.render.render(write_still=True)\n",
@@ -157,7 +163,7 @@ impl Project {
 }
 
 /// Decoded PNG: (width, height, colour type, bit depth, raw samples).
-fn png_raw(path: &Path) -> (u32, u32, png::ColorType, png::BitDepth, Vec<u8>) {
+pub(crate) fn png_raw(path: &Path) -> (u32, u32, png::ColorType, png::BitDepth, Vec<u8>) {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut reader = png::Decoder::new(std::io::BufReader::new(file))
         .read_info()
@@ -175,7 +181,7 @@ fn png_raw(path: &Path) -> (u32, u32, png::ColorType, png::BitDepth, Vec<u8>) {
 }
 
 /// The float pixels of any image Blender can read (EXR of any codec).
-fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
+pub(crate) fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
     let out = scratch.join(format!(
         "{}.f32",
         image.file_name().unwrap().to_string_lossy()
@@ -193,7 +199,7 @@ fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
         .collect()
 }
 
-fn assert_same_pixels(got: &Path, want: &Path) {
+pub(crate) fn assert_same_pixels(got: &Path, want: &Path) {
     let (g, w) = (png_raw(got), png_raw(want));
     assert_eq!(
         (g.0, g.1, g.2, g.3),

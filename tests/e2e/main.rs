@@ -6,6 +6,7 @@ mod assets;
 mod bad_input;
 mod blender;
 mod blender_versions;
+mod faithful;
 mod faults;
 mod formats;
 mod harness;

@@ -352,6 +352,8 @@ fn on_message(
                     let _ = tx.send(WorkerMsg::Failed {
                         task: task.task,
                         error,
+                        log: String::new(),
+                        unsupported: false,
                     });
                     return false;
                 }
@@ -432,12 +434,20 @@ async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc
             Outcome::Lost
         }
         Err(e) => {
+            let failure = match &e {
+                RenderError::Render(e) => e.downcast_ref::<crate::engine::Failure>(),
+                RenderError::Fetch(_) => None,
+            };
+            let log = failure.map(|f| tessera_protocol::messages::log_tail(&f.log).to_string());
+            let unsupported = failure.is_some_and(|f| f.unsupported);
             let e = anyhow::Error::from(e);
             tracing::warn!(job = t.job, task = t.index, "task failed: {e:#}");
             Outcome::Report(Report {
                 msg: WorkerMsg::Failed {
                     task: t,
                     error: format!("{e:#}"),
+                    log: log.unwrap_or_default(),
+                    unsupported,
                 },
                 upload: None,
             })

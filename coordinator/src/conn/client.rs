@@ -63,6 +63,7 @@ pub(super) async fn serve(
             ClientRequest::Status(job) => status(&shared, job),
             ClientRequest::Cancel(id) => cancel(&shared, id),
             ClientRequest::Frames(id) => frames(&shared, id),
+            ClientRequest::Logs { job, task } => logs(&shared, job, task),
             ClientRequest::Tiles { job, frame } => tiles(&shared, job, frame),
             ClientRequest::Pause { job, paused } => {
                 if shared.update(|core, _| core.pause(job, paused)) {
@@ -120,13 +121,24 @@ fn cancel(shared: &Arc<Shared>, id: u64) -> ClientResponse {
     }
 }
 
+/// The logs of a job's failed attempts (of one task, or all).
+fn logs(shared: &Shared, job: u64, task: Option<u32>) -> ClientResponse {
+    let answer = || -> anyhow::Result<ClientResponse> {
+        if shared.db().job(job)?.is_none() {
+            return Ok(ClientResponse::Error(format!(
+                "no job {job} on this coordinator"
+            )));
+        }
+        Ok(ClientResponse::Logs(shared.db().task_logs(job, task)?))
+    };
+    answer().unwrap_or_else(|e| ClientResponse::Error(format!("{e:#}")))
+}
+
 fn frames(shared: &Shared, id: u64) -> ClientResponse {
     let answer = || -> anyhow::Result<ClientResponse> {
-        let format = match shared.read(|core, _| core.output_format(id)) {
-            Some(format) => Some(format),
-            None => shared.db().job(id)?.map(|j| j.spec.output),
-        };
-        let Some(format) = format else {
+        // The database holds every job's spec, running or finished.
+        let spec = shared.db().job(id)?.map(|j| j.spec);
+        let Some((format, template)) = spec.map(|s| (s.output, s.output_name)) else {
             return Ok(ClientResponse::Error(format!(
                 "no job {id} on this coordinator"
             )));
@@ -140,6 +152,9 @@ fn frames(shared: &Shared, id: u64) -> ClientResponse {
                     digest: f.digest,
                     size: f.size,
                     format,
+                    name: template
+                        .as_deref()
+                        .and_then(|t| tessera_protocol::job::frame_file_name(t, f.frame)),
                 })
                 .collect(),
         ))

@@ -7,14 +7,14 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use tessera_protocol::codec::{read_frame, write_frame};
-use tessera_protocol::messages::{WorkerMsg, MAX_INLINE_OUTPUT};
+use tessera_protocol::messages::{TaskLog, WorkerMsg, MAX_INLINE_OUTPUT};
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::transport::Channel;
 use tessera_protocol::Digest;
 use tokio::sync::mpsc;
 
 use crate::scheduler::WorkerId;
-use crate::server::Shared;
+use crate::server::{unix_ms, Shared};
 
 pub(super) async fn serve(
     shared: Arc<Shared>,
@@ -66,6 +66,30 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
                 Ok(()) => core.result_offered(id, task, output, render_ms, now),
                 Err(reason) => core.refuse(id, task, reason),
             });
+        }
+        WorkerMsg::Failed {
+            task,
+            error,
+            log,
+            unsupported,
+        } => {
+            let entry = TaskLog {
+                task: task.index,
+                worker: id,
+                unix_ms: unix_ms(),
+                error: error.clone(),
+                log,
+            };
+            if let Err(e) = shared.db().insert_task_log(task.job, &entry) {
+                tracing::warn!(job = task.job, "cannot keep a failed task's log: {e}");
+            }
+            let msg = WorkerMsg::Failed {
+                task,
+                error,
+                log: String::new(),
+                unsupported,
+            };
+            shared.update(|core, now| core.worker_msg(id, msg, now));
         }
         msg => shared.update(|core, now| core.worker_msg(id, msg, now)),
     }

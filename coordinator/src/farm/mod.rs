@@ -419,7 +419,8 @@ impl FarmCore {
             return Some(reason);
         }
         offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {
-            format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it")
+            let last = self.sched.last_error(job).map_or(String::new(), |e| format!("; last error: {e}"));
+            format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it{last}")
         })
     }
 }

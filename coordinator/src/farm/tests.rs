@@ -60,6 +60,7 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         priority: 0,
         output: OutputFormat::Png,
         blender: None,
+        output_name: None,
     }
 }
 
@@ -426,6 +427,8 @@ fn a_task_that_fails_max_attempts_times_fails_its_job_with_the_errors() {
             WorkerMsg::Failed {
                 task: lease.task,
                 error,
+                log: String::new(),
+                unsupported: false,
             },
         );
         if !farm.records.is_empty() {
@@ -684,7 +687,15 @@ fn simulate(seed: u64) -> Seen {
                 if rng.chance(1) {
                     seen.failures += 1;
                     let error = "device lost".to_string();
-                    farm.msg(id, WorkerMsg::Failed { task: t, error });
+                    farm.msg(
+                        id,
+                        WorkerMsg::Failed {
+                            task: t,
+                            error,
+                            log: String::new(),
+                            unsupported: false,
+                        },
+                    );
                 } else {
                     m.finished.insert(k, t);
                     farm.done(id, t);

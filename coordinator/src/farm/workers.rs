@@ -197,7 +197,12 @@ impl FarmCore {
                 render_ms,
                 ..
             } => self.result_offered(id, task, output, render_ms, now),
-            WorkerMsg::Failed { task, error } => self.task_failed(id, task, error, now),
+            WorkerMsg::Failed {
+                task,
+                error,
+                unsupported,
+                ..
+            } => self.task_failed(id, task, error, unsupported, now),
         }
     }
 
@@ -270,7 +275,16 @@ impl FarmCore {
         }
     }
 
-    fn task_failed(&mut self, id: WorkerId, task: TaskRef, error: String, now: Now) {
+    /// `unsupported`: the worker lacks something the job needs, so every task
+    /// of the job would fail on it the same way.
+    fn task_failed(
+        &mut self,
+        id: WorkerId,
+        task: TaskRef,
+        error: String,
+        unsupported: bool,
+        now: Now,
+    ) {
         tracing::warn!(
             worker = id,
             job = task.job,
@@ -282,6 +296,9 @@ impl FarmCore {
             .fail(id, key(task), Epoch(task.epoch), error.clone(), now.ms);
         match outcome {
             Ok(outcome) => {
+                if unsupported {
+                    self.sched.blocklist(task.job, id);
+                }
                 self.lease_ended(key(task), id, false, now);
                 let event = FarmEvent::TaskFailed {
                     job: task.job,

@@ -252,8 +252,10 @@ struct Job {
     failures: HashMap<u32, u32>,
     /// An operator paused it: no new leases, running ones finish.
     paused: bool,
-    /// The errors of each failed attempt, per task index.
-    errors: HashMap<u32, Vec<String>>,
+    /// The error and worker of each failed attempt, per task index.
+    errors: HashMap<u32, Vec<(WorkerId, String)>>,
+    /// The most recent attempt's error, for saying why a job is blocked.
+    last_error: Option<String>,
     /// Failed attempts per worker.
     worker_failures: HashMap<WorkerId, u32>,
     /// The workers each failed task failed on, so a retry goes elsewhere.
@@ -505,6 +507,7 @@ impl Scheduler {
             failures: HashMap::new(),
             paused: false,
             errors: HashMap::new(),
+            last_error: None,
             worker_failures: HashMap::new(),
             failed_on: HashMap::new(),
             blocklist: HashSet::new(),
@@ -754,8 +757,9 @@ impl Scheduler {
             *attempts += 1;
         }
         let attempts = *attempts;
+        job.last_error = Some(error.clone());
         let errors = job.errors.entry(task.index).or_default();
-        errors.push(format!("worker {worker}: {error}"));
+        errors.push((worker, error));
         job.failed_on.entry(task.index).or_default().push(worker);
         let by_worker = job.worker_failures.entry(worker).or_insert(0);
         *by_worker += 1;
@@ -781,7 +785,7 @@ impl Scheduler {
                 cancel: Vec::new(),
             });
         }
-        let collected = errors.join("; ");
+        let collected = collect_errors(errors);
         let cancel = self.stop_job(task.job, JobState::Failed(collected));
         Ok(FailOutcome {
             attempts,
@@ -995,6 +999,19 @@ impl Scheduler {
             })
             .min()
             .map(|&(_, _, job)| job)
+    }
+
+    /// The error of `job`'s most recent failed attempt, if any.
+    pub fn last_error(&self, job: JobId) -> Option<&str> {
+        let j = self.jobs.get(&job)?;
+        j.last_error.as_deref()
+    }
+
+    /// Gives `worker` no more of `job`'s tasks (it cannot render them).
+    pub fn blocklist(&mut self, job: JobId, worker: WorkerId) {
+        if let Some(j) = self.jobs.get_mut(&job) {
+            j.blocklist.insert(worker);
+        }
     }
 
     /// Whether `worker` failed too often to get more of `job`'s tasks.
@@ -1234,6 +1251,38 @@ impl Scheduler {
         sync_ready(&mut self.ready, job);
         ended
     }
+}
+
+/// A failed task's attempts as one line: each distinct error once, with the
+/// workers that hit it ("worker 3: X" or "workers 3, 5 (3 attempts): X").
+fn collect_errors(attempts: &[(WorkerId, String)]) -> String {
+    let mut distinct: Vec<(&str, Vec<WorkerId>)> = Vec::new();
+    for (worker, error) in attempts {
+        match distinct.iter_mut().find(|(e, _)| *e == error.as_str()) {
+            Some((_, workers)) => workers.push(*worker),
+            None => distinct.push((error, vec![*worker])),
+        }
+    }
+    distinct
+        .into_iter()
+        .map(|(error, workers)| {
+            let mut names: Vec<WorkerId> = workers.clone();
+            names.sort_unstable();
+            names.dedup();
+            let names: Vec<String> = names.iter().map(|w| w.to_string()).collect();
+            let who = if names.len() == 1 {
+                format!("worker {}", names[0])
+            } else {
+                format!("workers {}", names.join(", "))
+            };
+            if workers.len() == 1 {
+                format!("{who}: {error}")
+            } else {
+                format!("{who} ({} attempts): {error}", workers.len())
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// The wait before the retry that follows failure number `attempts`.

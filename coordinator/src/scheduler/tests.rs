@@ -610,9 +610,18 @@ fn check_fail(max_attempts: u32, failures: u32, expected: JobState) {
 fn failed_task_is_retried_until_max_attempts_then_the_job_fails() {
     check_fail(3, 0, JobState::Done);
     check_fail(3, 2, JobState::Done);
-    // The job's error collects every attempt's.
+    // The job's error collects every distinct error once.
     let all = "worker 10: error 1; worker 10: error 2; worker 10: error 3";
     check_fail(3, 3, JobState::Failed(all.into()));
+    assert_eq!(
+        collect_errors(&[
+            (10, "no OIDN".into()),
+            (11, "no OIDN".into()),
+            (10, "no OIDN".into()),
+            (11, "crashed".into()),
+        ]),
+        "workers 10, 11 (3 attempts): no OIDN; worker 11: crashed"
+    );
     check_fail(1, 1, JobState::Failed("worker 10: error 1".into()));
     check_fail(0, 1, JobState::Failed("worker 10: error 1".into()));
 }

@@ -226,6 +226,21 @@ def compression(path):
     return None
 
 
+def output_name(r):
+    """The file-name template Blender names frames by: the file-name part of
+    the output path, with a #### frame number appended where it has no #
+    (Blender's default "/tmp/" gives "####.png"), and the format's
+    extension when "File Extensions" is on."""
+    base = os.path.basename(r.filepath.replace("\\", "/"))
+    if "#" not in base:
+        base += "####"
+    if r.use_file_extension:
+        ext = r.file_extension
+        if not base.lower().endswith(ext.lower()):
+            base += ext
+    return base
+
+
 def settings(scan):
     scene = bpy.context.scene
     r = scene.render
@@ -247,48 +262,42 @@ def settings(scan):
         "dither": r.dither_intensity,
         "film_transparent": r.film_transparent,
         "compressed": compression(bpy.data.filepath),
+        "output_name": output_name(r),
     }
+    # Settings whose effect depends on how the job is split: the submitting
+    # client turns them into warnings only when they apply.
+    # Blender 5 keeps the compositor's nodes in `compositing_node_group`.
+    comp = getattr(scene, "node_tree", None) if getattr(scene, "use_nodes", True) else None
+    comp = comp or getattr(scene, "compositing_node_group", None)
+    out.update(time_limit=False, layer_sample_overrides=[],
+               compositing=bool(r.use_compositing and comp and len(comp.nodes) > 0),
+               stamp_burn_in=bool(r.use_stamp), is_movie=bool(r.is_movie_format))
     if r.engine == "CYCLES":
         c = scene.cycles
         out.update(samples=c.samples, use_adaptive_sampling=c.use_adaptive_sampling,
                    use_denoising=c.use_denoising, seed=c.seed,
-                   use_animated_seed=c.use_animated_seed, device=c.device)
+                   use_animated_seed=c.use_animated_seed, device=c.device,
+                   time_limit=c.time_limit > 0)
         # What the renderer must have: OSL, and OpenImageDenoise unless OptiX denoises.
         out["use_osl"] = bool(c.shading_system)
         out["denoiser"] = getattr(c, "denoiser", "OPENIMAGEDENOISE")
         # Blender 4.2+: blue-noise patterns depend on the total sample count.
         out["sampling_pattern"] = getattr(c, "sampling_pattern", "")
-        if c.use_adaptive_sampling:
-            scan.warnings.append("adaptive sampling is on: sample ranges will not merge exactly")
-        if c.use_denoising:
-            scan.warnings.append("denoising is on: tiles and sample ranges will not stitch exactly")
-        if c.time_limit > 0:
-            scan.warnings.append("a render time limit is set: tile renders are not deterministic")
+        if c.use_layer_samples != "IGNORE":
+            out["layer_sample_overrides"] = [
+                "%s (%d)" % (vl.name, vl.samples) for vl in scene.view_layers
+                if vl.use and vl.samples > 0]
     elif r.engine in {"BLENDER_EEVEE", "BLENDER_EEVEE_NEXT"}:
         out.update(samples=scene.eevee.taa_render_samples, use_adaptive_sampling=False,
                    use_denoising=False)
-        scan.warnings.append("render engine %s: frames only, needs a GPU context" % r.engine)
     else:
-        out.update(samples=None, use_adaptive_sampling=False, use_denoising=False)
-        scan.warnings.append("render engine %s: frames only" % r.engine)
+        # Workbench (and any other engine) has no sample count to split.
+        out.update(samples=1, use_adaptive_sampling=False, use_denoising=False)
     if r.use_border:
-        scan.warnings.append("the scene already renders a border region (render.use_border)")
+        scan.warnings.append("the scene renders only a border region (render.use_border); "
+                             "the farm renders whole frames")
     if r.use_multiview:
         scan.warnings.append("multiview/stereo output is not supported; only the default view is handled")
-    if r.is_movie_format:
-        scan.warnings.append("output format %s is a movie; frames are rendered as images" % im.file_format)
-    # Blender 5 keeps the compositor's nodes in `compositing_node_group`.
-    comp = getattr(scene, "node_tree", None) if getattr(scene, "use_nodes", True) else None
-    comp = comp or getattr(scene, "compositing_node_group", None)
-    if r.use_compositing and comp and len(comp.nodes) > 0:
-        scan.warnings.append("compositing nodes are in use: filters that read neighbouring pixels break tile stitching")
-    if r.use_stamp:
-        scan.warnings.append("metadata burn-in (render.use_stamp) is on: every tile gets its own stamp")
-    if r.engine == "CYCLES":
-        for vl in scene.view_layers:
-            if vl.use and vl.samples > 0 and scene.cycles.use_layer_samples != "IGNORE":
-                scan.warnings.append("view layer '%s' overrides the sample count (%d): sample "
-                                     "ranges and --samples do not apply to it" % (vl.name, vl.samples))
     py_drivers = 0
     for coll in (bpy.data.objects, bpy.data.meshes, bpy.data.materials, bpy.data.shape_keys,
                  bpy.data.scenes, bpy.data.cameras, bpy.data.lights, bpy.data.node_groups, bpy.data.worlds):

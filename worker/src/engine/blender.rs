@@ -19,7 +19,7 @@ use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use serde::{Deserialize, Serialize};
 use tessera_protocol::job::{Engine as EngineKind, OutputFormat};
 use tessera_protocol::messages::{JobInfo, TaskSpec};
@@ -32,7 +32,8 @@ use tessera_protocol::blender::{BlenderNeeds, BlenderOffer, VersionReq};
 pub const SESSION_PY: &str = include_str!("blender/session.py");
 pub use tessera_scan::blender::{detect, SAFE_ARGS, SCAN_PY};
 const REPLY: &str = "@@TESSERA@@ ";
-const LOG_LINES: usize = 40;
+/// Lines of Blender's output kept per session (for errors and `tessera logs`).
+const LOG_LINES: usize = 400;
 
 /// Cycles compute device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,20 +104,61 @@ struct RenderCommand<'a> {
     total: u32,
     out: &'a Path,
     raw: bool,
+    /// A tile of an OpenEXR frame rendered with all its samples: travel as
+    /// an uncompressed OpenEXR of every layer and pass (not 4-channel float).
+    layers: bool,
 }
 
 #[derive(Deserialize)]
 struct Reply {
     ok: bool,
     error: Option<String>,
+    /// The failure would repeat on this worker (a feature its Blender lacks).
+    #[serde(default)]
+    unsupported: bool,
+    #[serde(flatten)]
+    rendered: Option<Rendered>,
+}
+
+/// A successful render reply: what was asked, and what Blender's output
+/// file says it holds.
+#[derive(Debug, Deserialize)]
+struct Rendered {
+    width: u32,
+    height: u32,
+    samples: u32,
+    engine: String,
+    /// `[x, y, w, h]`: the output is the whole frame; cut this tile out.
+    crop: Option<[u32; 4]>,
+    evidence: Evidence,
+}
+
+/// Read back from the written image: its size and channels, and the stamp
+/// Blender writes into every file (frame, Cycles' samples per view layer).
+#[derive(Debug, Deserialize)]
+struct Evidence {
+    width: u32,
+    height: u32,
+    channels: u32,
+    frame: Option<i64>,
+    #[serde(default)]
+    samples: std::collections::BTreeMap<String, u32>,
+    /// False for formats without Blender's stamp (TIFF, …): frame and
+    /// samples then come from the session, not the file.
+    #[serde(default)]
+    stamped: bool,
 }
 
 /// Why a session could not render a task.
 enum SessionError {
     /// The process died or stopped answering: start a new one.
     Died(String),
-    /// Blender answered with an error: the task failed.
+    /// Blender answered with an error: the task failed, and the session is
+    /// not used again (Blender 3.4 renders empty images after some errors).
     Failed(String),
+    /// The scene needs a feature this worker's Blender lacks: every task of
+    /// the job would fail the same way here.
+    Unsupported(String),
 }
 
 /// The last lines Blender printed, for error reports.
@@ -132,8 +174,32 @@ fn remember(log: &Log, line: &str) {
 
 fn excerpt(log: &Log) -> String {
     let log = log.lock().expect("log lock");
-    let tail: Vec<&str> = log.iter().rev().take(8).map(String::as_str).collect();
+    let tail: Vec<&str> = log.iter().rev().take(3).map(String::as_str).collect();
     tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+}
+
+/// Everything kept of a session's output, one line each.
+fn full_log(log: &Log) -> String {
+    let log = log.lock().expect("log lock");
+    let mut text = String::new();
+    for line in log.iter() {
+        text.push_str(line);
+        text.push('\n');
+    }
+    text
+}
+
+/// A failed render of `session`'s, ending the session (it is never used
+/// again): the error line, and its log for `tessera logs`.
+fn failure(session: Session, message: String, unsupported: bool) -> anyhow::Error {
+    let log = session.log.clone();
+    session.quit();
+    super::Failure {
+        message,
+        log: full_log(&log),
+        unsupported,
+    }
+    .into()
 }
 
 /// One Blender process with a job's scene loaded.
@@ -212,7 +278,7 @@ impl Session {
         &mut self,
         command: &RenderCommand<'_>,
         progress: &(dyn Fn(u32, u32) + Sync),
-    ) -> Result<(), SessionError> {
+    ) -> Result<Rendered, SessionError> {
         let died = |s: &mut Session, what: &str| {
             let status = s
                 .wait_exit()
@@ -241,14 +307,18 @@ impl Session {
                 let reply: Reply = serde_json::from_str(json).map_err(|e| {
                     SessionError::Failed(format!("unreadable reply from blender: {e}"))
                 })?;
-                return if reply.ok {
-                    Ok(())
-                } else {
-                    Err(SessionError::Failed(format!(
-                        "blender could not render: {}; last output: {}",
-                        reply.error.unwrap_or_default(),
-                        excerpt(&self.log)
-                    )))
+                let error = reply.error.unwrap_or_default();
+                return match (reply.ok, reply.rendered) {
+                    (true, Some(rendered)) => Ok(rendered),
+                    (true, None) => Err(SessionError::Failed(
+                        "blender's reply lacks what it rendered".into(),
+                    )),
+                    (false, _) if reply.unsupported => Err(SessionError::Unsupported(format!(
+                        "this worker cannot render the scene: {error}"
+                    ))),
+                    (false, _) => Err(SessionError::Failed(format!(
+                        "blender could not render: {error}"
+                    ))),
                 };
             }
             remember(&self.log, text);
@@ -390,7 +460,7 @@ impl Blender {
         job_dir: &Path,
         command: &RenderCommand<'_>,
         progress: &(dyn Fn(u32, u32) + Sync),
-    ) -> anyhow::Result<()> {
+    ) -> anyhow::Result<Rendered> {
         let install = self.install_for(job, job_dir)?;
         if session
             .as_ref()
@@ -402,8 +472,21 @@ impl Blender {
             *session = Some(Session::start(self, install, slot, job, job_dir)?);
         }
         match session.as_mut().expect("started").render(command, progress) {
-            Ok(()) => Ok(()),
-            Err(SessionError::Failed(e)) => bail!(e),
+            Ok(rendered) => Ok(rendered),
+            Err(e @ (SessionError::Failed(_) | SessionError::Unsupported(_))) => {
+                // Never render in a session that reported an error: the
+                // next task (a retry, maybe) gets a fresh process.
+                tracing::info!(
+                    job = job.job,
+                    slot,
+                    "ending the blender session after an error"
+                );
+                let unsupported = matches!(e, SessionError::Unsupported(_));
+                let (SessionError::Failed(e)
+                | SessionError::Unsupported(e)
+                | SessionError::Died(e)) = e;
+                Err(failure(session.take().expect("started"), e, unsupported))
+            }
             Err(SessionError::Died(e)) => {
                 tracing::warn!(
                     job = job.job,
@@ -412,11 +495,15 @@ impl Blender {
                 );
                 *session = None;
                 let mut fresh = Session::start(self, install, slot, job, job_dir)?;
-                let result = fresh.render(command, progress);
-                fresh.quit();
-                match result {
-                    Ok(()) => Ok(()),
-                    Err(SessionError::Failed(e) | SessionError::Died(e)) => bail!(e),
+                match fresh.render(command, progress) {
+                    Ok(rendered) => {
+                        fresh.quit();
+                        Ok(rendered)
+                    }
+                    Err(SessionError::Unsupported(e)) => Err(failure(fresh, e, true)),
+                    Err(SessionError::Failed(e) | SessionError::Died(e)) => {
+                        Err(failure(fresh, e, false))
+                    }
                 }
             }
         }
@@ -442,7 +529,13 @@ impl Engine for Blender {
         // the result of a canceled one.
         _canceled: &std::sync::atomic::AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
-        let raw = job.output == OutputFormat::Exr || task.samples != (0, task.total_samples);
+        // Float tiles where they are merged or stitched in float: sample
+        // ranges, and tiles of an EXR frame. A whole frame is Blender's own
+        // file, in the scene's format with everything in it.
+        let whole = (task.tile.width, task.tile.height) == job.resolution;
+        let ranged = task.samples != (0, task.total_samples);
+        let raw = ranged || (job.output == OutputFormat::Exr && !whole);
+        let layers = raw && !ranged;
         let out = job_dir.with_extension(format!(
             "out-{}-{}.{}",
             task.task.index,
@@ -457,6 +550,7 @@ impl Engine for Blender {
             total: task.total_samples,
             out: &out,
             raw,
+            layers,
         };
         let (slot, mut session) = self.checkout()?;
         let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, progress);
@@ -466,12 +560,109 @@ impl Engine for Blender {
             }
         }
         self.checkin(slot, session);
-        result?;
+        let rendered = result?;
         let bytes = std::fs::read(&out)
-            .with_context(|| format!("blender wrote no output at {}", out.display()))?;
+            .with_context(|| format!("blender wrote no output at {}", out.display()));
         let _ = std::fs::remove_file(&out);
-        Ok(bytes)
+        let bytes = bytes?;
+        check_evidence(&rendered, task, job.resolution)?;
+        match rendered.crop {
+            Some([x, y, w, h]) => crop_png(&bytes, x, y, w, h),
+            None => Ok(bytes),
+        }
     }
+}
+
+/// Accepts a render only on Blender's own evidence that it rendered what
+/// was asked: the frame, the size, and (Cycles) the samples it stamped into
+/// the file. An error here is what a canceled or empty render looks like.
+fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::Result<()> {
+    let e = &r.evidence;
+    let tile = (task.tile.width, task.tile.height);
+    anyhow::ensure!(
+        (r.width, r.height) == tile,
+        "blender rendered a {}x{} tile, the task is {}x{}",
+        r.width,
+        r.height,
+        tile.0,
+        tile.1
+    );
+    let written = if r.crop.is_some() { frame } else { tile };
+    anyhow::ensure!(
+        (e.width, e.height) == written,
+        "blender's output is {}x{} pixels, expected {}x{}",
+        e.width,
+        e.height,
+        written.0,
+        written.1
+    );
+    anyhow::ensure!(e.channels >= 1, "blender's output has no colour channels");
+    anyhow::ensure!(
+        e.frame == Some(i64::from(task.frame)),
+        "blender's output is stamped frame {}, the task is frame {}",
+        e.frame.map_or("(none)".into(), |f| f.to_string()),
+        task.frame
+    );
+    if r.engine == "CYCLES" {
+        let want = task.samples.1 - task.samples.0;
+        if !e.stamped {
+            anyhow::ensure!(
+                r.samples == want,
+                "blender was set to {} samples, the task asks for {want}",
+                r.samples
+            );
+            return Ok(());
+        }
+        anyhow::ensure!(
+            r.samples == want,
+            "blender was set to {} samples, the task asks for {want}",
+            r.samples
+        );
+        anyhow::ensure!(
+            e.samples.values().any(|&n| n == want) && e.samples.values().all(|&n| n <= want),
+            "Cycles reports {:?} samples per view layer, the task asks for {want}",
+            e.samples
+        );
+    }
+    Ok(())
+}
+
+/// Cuts the `w` x `h` rectangle at (x, y) out of a PNG, keeping its colour
+/// type and bit depth, so the tile's pixels are exactly the frame's.
+fn crop_png(bytes: &[u8], x: u32, y: u32, w: u32, h: u32) -> anyhow::Result<Vec<u8>> {
+    let mut decoder = png::Decoder::new(std::io::Cursor::new(bytes));
+    decoder.set_transformations(png::Transformations::IDENTITY);
+    let mut reader = decoder
+        .read_info()
+        .context("blender's output is not a PNG")?;
+    let mut data = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut data)?;
+    anyhow::ensure!(
+        x + w <= info.width && y + h <= info.height,
+        "tile {w}x{h} at {x},{y} lies outside blender's {}x{} output",
+        info.width,
+        info.height
+    );
+    let bits = info.color_type.samples() * info.bit_depth as usize;
+    anyhow::ensure!(
+        bits.is_multiple_of(8),
+        "sub-byte PNG pixels are not supported"
+    );
+    let bpp = bits / 8;
+    let mut tile = Vec::with_capacity(w as usize * h as usize * bpp);
+    for row in y..y + h {
+        let start = row as usize * info.line_size + x as usize * bpp;
+        tile.extend_from_slice(&data[start..start + w as usize * bpp]);
+    }
+    let mut out = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut out, w, h);
+        encoder.set_color(info.color_type);
+        encoder.set_depth(info.bit_depth);
+        let mut writer = encoder.write_header()?;
+        writer.write_image_data(&tile)?;
+    }
+    Ok(out)
 }
 
 impl Drop for Blender {
@@ -498,6 +689,110 @@ mod tests {
             parse_progress("Fra:1 Mem:21.36M | Scene | Synchronizing object | Cube"),
             None
         );
+    }
+
+    fn task(frame: u32, tile: [u32; 4], samples: (u32, u32)) -> TaskSpec {
+        TaskSpec {
+            task: tessera_protocol::messages::TaskRef {
+                job: 1,
+                index: 0,
+                epoch: 1,
+            },
+            frame,
+            tile: tessera_protocol::job::TileRect {
+                x: tile[0],
+                y: tile[1],
+                width: tile[2],
+                height: tile[3],
+            },
+            samples,
+            total_samples: samples.1,
+        }
+    }
+
+    fn reply(json: &str) -> Rendered {
+        let r: Reply = serde_json::from_str(json).unwrap();
+        assert!(r.ok);
+        r.rendered.unwrap()
+    }
+
+    #[test]
+    fn a_render_is_accepted_only_on_blenders_evidence() {
+        let t = task(3, [8, 4, 40, 30], (0, 16));
+        let good = r#"{"ok":true,"width":40,"height":30,"samples":16,"engine":"CYCLES","crop":[8,4,40,30],
+            "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{"ViewLayer":16},"stamped":true}}"#;
+        check_evidence(&reply(good), &t, (96, 64)).unwrap();
+        let cases = [
+            // The stamp names another frame, or none (an empty render).
+            (
+                good.replace(r#""frame":3"#, r#""frame":2"#),
+                "stamped frame 2",
+            ),
+            (
+                good.replace(r#""frame":3"#, r#""frame":null"#),
+                "stamped frame (none)",
+            ),
+            // Cycles reports fewer samples than asked, or none at all.
+            (
+                good.replace(r#"{"ViewLayer":16}"#, r#"{"ViewLayer":4}"#),
+                "samples per view layer",
+            ),
+            (
+                good.replace(r#"{"ViewLayer":16}"#, "{}"),
+                "samples per view layer",
+            ),
+            // The written file is not the frame's size.
+            (
+                good.replace(r#""width":96"#, r#""width":40"#),
+                "output is 40x64",
+            ),
+            (
+                good.replace(r#""channels":4"#, r#""channels":0"#),
+                "no colour channels",
+            ),
+        ];
+        for (json, want) in cases {
+            let err = check_evidence(&reply(&json), &t, (96, 64)).unwrap_err();
+            assert!(err.to_string().contains(want), "{err} / {want}");
+        }
+        // Eevee and Workbench stamp no samples; the frame still counts.
+        let eevee = r#"{"ok":true,"width":96,"height":64,"samples":8,"engine":"BLENDER_EEVEE","crop":null,
+            "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{},"stamped":true}}"#;
+        check_evidence(&reply(eevee), &task(3, [0, 0, 96, 64], (0, 8)), (96, 64)).unwrap();
+        let failed: Reply =
+            serde_json::from_str(r#"{"ok":false,"error":"x","unsupported":true}"#).unwrap();
+        assert!(failed.rendered.is_none() && failed.unsupported);
+    }
+
+    #[test]
+    fn tiles_are_cut_out_of_the_frame_exactly() {
+        let (w, h) = (9u32, 5u32);
+        let px: Vec<u8> = (0..w * h * 2).map(|i| (i * 7 % 251) as u8).collect();
+        let mut frame = Vec::new();
+        {
+            let mut e = png::Encoder::new(&mut frame, w, h);
+            e.set_color(png::ColorType::GrayscaleAlpha);
+            e.set_depth(png::BitDepth::Eight);
+            e.write_header().unwrap().write_image_data(&px).unwrap();
+        }
+        let tile = crop_png(&frame, 2, 1, 4, 3).unwrap();
+        let mut reader = png::Decoder::new(std::io::Cursor::new(tile))
+            .read_info()
+            .unwrap();
+        let mut out = vec![0; reader.output_buffer_size()];
+        let info = reader.next_frame(&mut out).unwrap();
+        assert_eq!(
+            (info.width, info.height, info.color_type),
+            (4, 3, png::ColorType::GrayscaleAlpha)
+        );
+        for row in 0..3usize {
+            let src = ((1 + row) * w as usize + 2) * 2;
+            assert_eq!(&out[row * 8..row * 8 + 8], &px[src..src + 8]);
+        }
+        assert!(crop_png(&frame, 6, 0, 4, 3)
+            .unwrap_err()
+            .to_string()
+            .contains("outside"));
     }
 
     #[test]

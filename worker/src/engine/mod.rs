@@ -19,6 +19,25 @@ use tessera_protocol::messages::{JobInfo, TaskSpec};
 /// The error of a render stopped because its task was canceled.
 pub const CANCELED: &str = "canceled by the coordinator";
 
+/// A failed render: one line for people, and the renderer's own output
+/// around it, which the worker sends along for `tessera logs`.
+#[derive(Debug)]
+pub struct Failure {
+    pub message: String,
+    pub log: String,
+    /// This worker cannot render the job at all (a feature its renderer
+    /// lacks): the coordinator gives it no more of the job.
+    pub unsupported: bool,
+}
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for Failure {}
+
 /// One renderer a worker offers.
 pub trait Engine: Send + Sync {
     fn kind(&self) -> EngineKind;

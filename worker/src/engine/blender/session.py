@@ -25,12 +25,20 @@
 #    "total":N (the full render's sample count),"out":"/abs/path","raw":false}
 #   {"op":"ping"}   -> {"ok":true,"pong":true,"setup_ms":..,"blender_version":..,"warnings":[..]}
 #   {"op":"quit"}   -> exit 0 (so does EOF)
-# Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123}
-# or {"ok":false,"error":"one line"}.
+# Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123,
+# "samples":n,"engine":"CYCLES","crop":[x,y,w,h]|null,"evidence":{"width":..,"height":..,
+# "channels":..,"frame":3,"samples":{"ViewLayer":64}}} (evidence: read back from the
+# written file; crop: the output is the whole frame, the tile is that rectangle of it)
+# or {"ok":false,"error":"one line","unsupported":bool}. A render counts only when Blender's
+# render_complete handler fired and render_cancel did not.
 #
 # raw:true output: a float tile (protocol/src/float_tile.rs; write_float_tile
 # below) of premultiplied scene-linear RGBA exactly as Blender writes it to a
 # 32-bit float EXR.
+#
+# Test hook: with TESSERA_TEST_FAIL_FIRST_RENDER=/abs/marker in the environment, the
+# first render anywhere (marker absent) fails, and that session refuses every later
+# render, so a worker that kept a failed session could never finish its job.
 #
 # Self-contained (stdlib + bpy): embedded in the worker binary.
 
@@ -412,23 +420,8 @@ def read_exr_none(path):
     return w, h, rows
 
 
-def image_size(path):
-    """(w, h) from a PNG or EXR header; None for other formats."""
-    with open(path, "rb") as f:
-        head = f.read(65536)
-    if head[:8] == b"\x89PNG\r\n\x1a\n":
-        return struct.unpack(">II", head[16:24])
-    if head[:4] == b"\x76\x2f\x31\x01":
-        i = head.find(b"dataWindow\0box2i\0")
-        if i >= 0:
-            x0, y0, x1, y1 = struct.unpack_from("<iiii", head, i + 21)
-            return x1 - x0 + 1, y1 - y0 + 1
-    return None
-
-
-def write_raw(exr_path, out, samples):
+def write_raw_rows(w, h, rows, out, samples):
     import array
-    w, h, rows = read_exr_none(exr_path)
     one = (1.0,) * w
     zero = (0.0,) * w
     pick = lambda c, y, dflt: rows[c][y] if c in rows else dflt
@@ -539,6 +532,264 @@ def set_sample_subset(c, samples, total):
             c.use_sample_subset = False
         c.sample_offset = start
         c.samples = end - start
+class Unsupported(Exception):
+    """The scene needs something this Blender lacks: every attempt on this
+    worker would fail the same way."""
+
+
+def adaptive_margin(scene, samples):
+    """Pixels a border must grow by so that Cycles' adaptive sampling gives
+    its inner pixels exactly the samples of a full-frame render.
+
+    Cycles checks convergence at fixed sample numbers (every `adaptive_step`
+    = 16 samples once past `min_samples`; `AdaptiveSampling::align_samples`
+    makes every render stop at those, whatever its speed). Each check is per
+    pixel, then `film_adaptive_sampling_filter_x`/`_y` mark the neighbours of
+    every unconverged pixel unconverged too. At a border's edge the pixels
+    outside are missing, so an edge pixel may stop early where the full render
+    kept sampling it; that difference can move inward by at most one pixel per
+    check. A margin of one pixel per check (plus one) keeps the tile exact."""
+    c = scene.cycles
+    if not c.use_adaptive_sampling:
+        return 0
+    threshold = c.adaptive_threshold
+    if threshold <= 0.0:
+        threshold = max(0.001, 1.0 / max(1, samples))
+    if c.adaptive_min_samples == 0:
+        min_samples = max(4, int(-(-16.0 // (threshold ** 0.3))))
+    else:
+        min_samples = max(4, c.adaptive_min_samples)
+    step = 16
+    # Checks followed by more samples (one after the last sample changes nothing).
+    checks = sum(1 for s in range(samples - 1) if s > min_samples and s % step == step - 1)
+    return checks + 1 if checks else 0
+
+
+def set_border(scene, W, H, x, y, w, h):
+    """Border-render the rectangle (x, y, w, h) of a W x H frame (y from the
+    top) without cropping: Blender writes the whole frame with only the
+    border rendered. Dither is a function of a pixel's position in the image
+    written, so only an uncropped border gives the full render's pixels."""
+    r = scene.render
+    # Blender truncates border*size to pixels and measures y from the
+    # bottom: put each edge half a pixel in so truncation is exact.
+    yb = H - (y + h)
+    r.border_min_x = (x + 0.5) / W
+    r.border_max_x = min(1.0, (x + w + 0.5) / W)
+    r.border_min_y = (yb + 0.5) / H
+    r.border_max_y = min(1.0, (yb + h + 0.5) / H)
+    r.use_border = (w, h) != (W, H)
+    r.use_crop_to_border = False
+
+
+def missing_feature(scene):
+    """A one-line reason when the scene needs a feature this Blender was
+    built without, else None. Checked before every render: Blender 3.4 fails
+    the first render with "Build without OpenImageDenoiser" and then returns
+    an empty image on the next one."""
+    r = scene.render
+    version = bpy.app.version_string
+    if r.engine == "CYCLES":
+        import _cycles
+        c = scene.cycles
+        if c.use_denoising:
+            denoiser = getattr(c, "denoiser", "") or ""
+            if denoiser in ("", "OPENIMAGEDENOISE") and not getattr(_cycles, "with_openimagedenoise", False):
+                return ("the scene denoises with OpenImageDenoise (Render Properties > Sampling > "
+                        "Denoise), but this worker's Blender %s is built without it: turn "
+                        "denoising off, or render on workers whose Blender has OpenImageDenoise"
+                        % version)
+        if getattr(c, "shading_system", False) and not getattr(_cycles, "with_osl", True):
+            return ("the scene uses Open Shading Language (Render Properties > Open Shading "
+                    "Language), but this worker's Blender %s is built without it" % version)
+    return None
+
+
+# -- evidence: what the written file says Blender rendered ----------------------
+
+
+def png_info(data):
+    """(width, height, channels, {tEXt key: value}) of a PNG."""
+    import zlib
+    w, h = struct.unpack(">II", data[16:24])
+    ctype = data[25]
+    channels = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}.get(ctype, 0)
+    meta = {}
+    pos = 8
+    while pos + 8 <= len(data):
+        n = struct.unpack(">I", data[pos:pos + 4])[0]
+        tag = data[pos + 4:pos + 8]
+        body = data[pos + 8:pos + 8 + n]
+        if tag == b"tEXt" and b"\0" in body:
+            k, v = body.split(b"\0", 1)
+            meta[k.decode("latin-1")] = v.decode("latin-1")
+        elif tag == b"zTXt" and b"\0" in body:
+            k, v = body.split(b"\0", 1)
+            try:
+                meta[k.decode("latin-1")] = zlib.decompress(v[1:]).decode("latin-1")
+            except Exception:
+                pass
+        elif tag == b"IEND":
+            break
+        pos += 12 + n
+    return w, h, channels, meta
+
+
+def exr_info(data):
+    """(width, height, channel names, {string attribute: value}) of a
+    single-part EXR header."""
+    pos = 8
+    meta, chans, size = {}, [], (0, 0)
+    while pos < len(data) and data[pos] != 0:
+        e = data.index(b"\0", pos)
+        name = data[pos:e].decode("latin-1")
+        e2 = data.index(b"\0", e + 1)
+        kind = data[e + 1:e2].decode("latin-1")
+        n = struct.unpack_from("<i", data, e2 + 1)[0]
+        val = data[e2 + 5:e2 + 5 + n]
+        if kind == "string":
+            meta[name] = val.decode("utf-8", "replace")
+        elif name == "dataWindow":
+            x0, y0, x1, y1 = struct.unpack("<iiii", val)
+            size = (x1 - x0 + 1, y1 - y0 + 1)
+        elif name == "channels":
+            p = 0
+            while p < len(val) and val[p] != 0:
+                q = val.index(b"\0", p)
+                chans.append(val[p:q].decode("latin-1"))
+                p = q + 1 + 16
+        pos = e2 + 5 + n
+    return size[0], size[1], chans, meta
+
+
+def jpeg_info(data):
+    """(width, height, channels, metadata) of a JPEG; Blender writes its
+    stamp as "Blender:Key:Value" comment markers."""
+    pos, w, h, nch, meta = 2, 0, 0, 0, {}
+    while pos + 4 <= len(data) and data[pos] == 0xFF:
+        marker = data[pos + 1]
+        n = struct.unpack(">H", data[pos + 2:pos + 4])[0]
+        body = data[pos + 4:pos + 2 + n]
+        if marker in (0xC0, 0xC1, 0xC2) and len(body) >= 6:
+            h, w = struct.unpack(">HH", body[1:5])
+            nch = body[5]
+        elif marker == 0xFE:
+            text = body.rstrip(b"\0").decode("latin-1")
+            if text.startswith("Blender:") and ":" in text[8:]:
+                k, v = text[8:].split(":", 1)
+                meta[k] = v
+        elif marker == 0xDA:
+            break
+        pos += 2 + n
+    return w, h, nch, meta
+
+
+def evidence(path):
+    """What the image at `path` says about its render: size, channels, and
+    the stamp Blender writes into PNG, JPEG and EXR files (frame; Cycles'
+    samples per view layer). Other formats carry no stamp: Blender reads
+    their size back, and `stamped` is false."""
+    with open(path, "rb") as f:
+        head = f.read(1 << 20)
+    stamped = True
+    if head[:8] == b"\x89PNG\r\n\x1a\n":
+        with open(path, "rb") as f:
+            w, h, nch, meta = png_info(f.read())
+        channels = nch
+    elif head[:4] == b"\x76\x2f\x31\x01":
+        w, h, chans, meta = exr_info(head)
+        channels = len(chans)
+    elif head[:2] == b"\xff\xd8":
+        with open(path, "rb") as f:
+            w, h, channels, meta = jpeg_info(f.read())
+    else:
+        img = bpy.data.images.load(path, check_existing=False)
+        try:
+            w, h = img.size[:]
+            channels = img.channels
+        finally:
+            bpy.data.images.remove(img)
+        meta, stamped = {"Frame": str(bpy.context.scene.frame_current)}, False
+    samples = {}
+    for k, v in meta.items():
+        if k.startswith("cycles.") and k.endswith(".samples"):
+            try:
+                samples[k[len("cycles."):-len(".samples")]] = int(v)
+            except ValueError:
+                pass
+    frame = meta.get("Frame")
+    try:
+        frame = int(frame) if frame is not None else None
+    except ValueError:
+        frame = None
+    return {"width": w, "height": h, "channels": channels, "frame": frame, "samples": samples,
+            "stamped": stamped}
+
+
+def crop_exr(src, out, x, y, w, h, extra):
+    """Writes the (x, y, w, h) rectangle of the uncompressed scanline EXR
+    `src` to `out`: every channel in its own pixel type, every header
+    attribute kept (windows made the tile's), plus the string attributes in
+    `extra`. Lossless: the samples are copied, not converted."""
+    with open(src, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x76\x2f\x31\x01" or data[5] & 0x1A:
+        raise ValueError("not a single-part scanline EXR")
+    pos, attrs = 8, []
+    while data[pos] != 0:
+        e = data.index(b"\0", pos)
+        e2 = data.index(b"\0", e + 1)
+        n = struct.unpack_from("<i", data, e2 + 1)[0]
+        attrs.append((data[pos:e], data[e + 1:e2], data[e2 + 5:e2 + 5 + n]))
+        pos = e2 + 5 + n
+    pos += 1
+    a = {k: v for k, _t, v in attrs}
+    if a[b"compression"] != b"\0":
+        raise ValueError("EXR is compressed")
+    sizes, cl, p = [], a[b"channels"], 0
+    while cl[p] != 0:
+        q = cl.index(b"\0", p)
+        ptype = struct.unpack_from("<i", cl, q + 1)[0]
+        sizes.append(2 if ptype == 1 else 4)
+        p = q + 1 + 16
+    x0, y0, x1, y1 = struct.unpack("<iiii", a[b"dataWindow"])
+    W, H = x1 - x0 + 1, y1 - y0 + 1
+    if x + w > W or y + h > H:
+        raise RuntimeError("Blender wrote a %dx%d image, expected the whole frame" % (W, H))
+    offsets = struct.unpack_from("<%dQ" % H, data, pos)
+    window = struct.pack("<iiii", 0, 0, w - 1, h - 1)
+    head = bytearray(data[:8])
+    for k, t, v in attrs:
+        if k in (b"dataWindow", b"displayWindow"):
+            v = window
+        head += k + b"\0" + t + b"\0" + struct.pack("<i", len(v)) + v
+    for k, v in sorted(extra.items()):
+        v = v.encode()
+        head += k.encode() + b"\0string\0" + struct.pack("<i", len(v)) + v
+    head += b"\0"
+    line = sum(s * w for s in sizes)
+    table = len(head) + 8 * h
+    body = bytearray()
+    for row in range(h):
+        off = offsets[y + row]
+        q = off + 8
+        body += struct.pack("<ii", row, line)
+        for s in sizes:
+            body += data[q + x * s:q + (x + w) * s]
+            q += W * s
+    offs = b"".join(struct.pack("<Q", table + row * (8 + line)) for row in range(h))
+    tmp = out + ".part"
+    with open(tmp, "wb") as f:
+        f.write(bytes(head) + offs + bytes(body))
+    os.replace(tmp, out)
+
+
+def crop_raw(exr_path, x, y, w, h):
+    """Rows of the (x, y, w, h) rectangle of an uncropped float EXR."""
+    W, H, rows = read_exr_none(exr_path)
+    if x + w > W or y + h > H:
+        raise RuntimeError("Blender wrote a %dx%d image, expected the %dx%d frame" % (W, H, W, H))
+    return w, h, {c: [rows[c][yy][x:x + w] for yy in range(y, y + h)] for c in rows}
 
 
 class Session:
@@ -549,10 +800,29 @@ class Session:
         c = scene.cycles if scene.render.engine == "CYCLES" else None
         self.base_samples = c.samples if c else None
         self.base_offset = c.sample_offset if c else 0
+        self.base_eevee = scene.eevee.taa_render_samples
         im = scene.render.image_settings
         self.base_image = (im.file_format, im.color_depth, im.color_mode, im.exr_codec)
         self.base_filepath = scene.render.filepath
         self.base_ext = scene.render.use_file_extension
+        # Blender's own word on how each render ended.
+        self.events = []
+        ev = self.events
+
+        @bpy.app.handlers.persistent
+        def on_complete(*_a):
+            ev.append("complete")
+
+        @bpy.app.handlers.persistent
+        def on_cancel(*_a):
+            ev.append("cancel")
+
+        bpy.app.handlers.render_complete.append(on_complete)
+        bpy.app.handlers.render_cancel.append(on_cancel)
+        # Test hook: the first render of the farm (marker file absent) fails.
+        fail = os.environ.get("TESSERA_TEST_FAIL_FIRST_RENDER", "")
+        self.fail_marker = fail if os.path.isabs(fail) else None
+        self.poisoned = False
 
     def render(self, cmd):
         scene = bpy.context.scene
@@ -570,8 +840,6 @@ class Session:
         tile = cmd.get("tile")
         if tile is None:
             x, y, w, h = 0, 0, W, H
-            r.use_border = False
-            r.use_crop_to_border = False
         else:
             if (not isinstance(tile, list) or len(tile) != 4
                     or not all(isinstance(v, int) and not isinstance(v, bool) for v in tile)):
@@ -579,40 +847,50 @@ class Session:
             x, y, w, h = tile
             if w <= 0 or h <= 0 or x < 0 or y < 0 or x + w > W or y + h > H:
                 raise ValueError("tile %s outside the %dx%d frame" % (tile, W, H))
-            # Blender truncates border*size to pixels and measures y from the
-            # bottom: put each edge half a pixel in so truncation is exact.
-            yb = H - (y + h)
-            r.border_min_x = (x + 0.5) / W
-            r.border_max_x = min(1.0, (x + w + 0.5) / W)
-            r.border_min_y = (yb + 0.5) / H
-            r.border_max_y = min(1.0, (yb + h + 0.5) / H)
-            r.use_border = (w, h) != (W, H)
-            r.use_crop_to_border = True
+        whole = (x, y, w, h) == (0, 0, W, H)
 
         samples = cmd.get("samples")
-        n_samples = self.base_samples or 0
+        if samples is not None and (
+                not isinstance(samples, list) or len(samples) != 2
+                or not all(isinstance(v, int) and not isinstance(v, bool) for v in samples)
+                or not 0 <= samples[0] < samples[1]):
+            raise ValueError("samples must be [start, end] with 0 <= start < end")
+        n_samples = 0
+        margin = 0
         if r.engine == "CYCLES":
             c = scene.cycles
             if samples is None:
                 c.samples, c.sample_offset = self.base_samples, self.base_offset
                 set_sample_subset(c, None, None)
             else:
-                if (not isinstance(samples, list) or len(samples) != 2
-                        or not all(isinstance(v, int) and not isinstance(v, bool) for v in samples)
-                        or not 0 <= samples[0] < samples[1]):
-                    raise ValueError("samples must be [start, end] with 0 <= start < end")
                 set_sample_subset(c, samples, cmd.get("total"))
             n_samples = c.samples if samples is None else samples[1] - samples[0]
-        elif samples is not None:
-            raise ValueError("sample ranges need Cycles (engine is %s)" % r.engine)
-        elif tile is not None and (w, h) != (W, H):
-            raise ValueError("tiles need Cycles (engine is %s)" % r.engine)
+            if not whole:
+                margin = adaptive_margin(scene, c.samples)
         else:
+            # Eevee and Workbench render whole frames; a sample count
+            # [0, N] (the job's) is Eevee's render samples, Workbench has none.
+            if samples is not None and samples[0] != 0:
+                raise ValueError("sample ranges need Cycles (engine is %s)" % r.engine)
+            if not whole:
+                raise ValueError("tiles need Cycles (engine is %s)" % r.engine)
             if r.engine in {"BLENDER_EEVEE", "BLENDER_EEVEE_NEXT"}:
+                scene.eevee.taa_render_samples = samples[1] if samples else self.base_eevee
                 n_samples = scene.eevee.taa_render_samples
             err = gpu_context_error()
             if err:
                 raise RuntimeError(err)
+        if whole:
+            r.use_border = False
+            r.use_crop_to_border = False
+        else:
+            bx, by = max(0, x - margin), max(0, y - margin)
+            bw, bh = min(W, x + w + margin) - bx, min(H, y + h + margin) - by
+            set_border(scene, W, H, bx, by, bw, bh)
+
+        missing = missing_feature(scene)
+        if missing:
+            raise Unsupported(missing)
 
         parent = os.path.dirname(out)
         if parent:
@@ -620,9 +898,35 @@ class Session:
         scene.frame_set(frame)
         im = r.image_settings
         t0 = time.monotonic()
-        if raw:
-            if self.scratch is None:
-                self.scratch = tempfile.mkdtemp(prefix="tessera-raw-")
+        if self.poisoned:
+            raise RuntimeError("this session already failed a render (test hook)")
+        if self.fail_marker and not os.path.exists(self.fail_marker):
+            # Test hook: fail the first render, and refuse every later one in
+            # the same process, so a worker that reuses a failed session
+            # never finishes its job.
+            open(self.fail_marker, "w").close()
+            self.poisoned = True
+            raise RuntimeError("injected first-render failure (test hook)")
+        if self.scratch is None:
+            self.scratch = tempfile.mkdtemp(prefix="tessera-out-")
+        if raw and cmd.get("layers") and im.file_format in {"OPEN_EXR", "OPEN_EXR_MULTILAYER"}:
+            # A tile of an OpenEXR frame: the scene's own EXR (every layer,
+            # pass and Cryptomatte layer, its precision) uncompressed, cut
+            # to the tile; the stitched frame gets the scene's codec.
+            exr = os.path.join(self.scratch, "tile.exr")
+            result = self._render(scene, write_still=False)
+            codec = im.exr_codec
+            im.exr_codec = "NONE"
+            try:
+                result.save_render(exr, scene=scene)
+            finally:
+                im.exr_codec = codec
+            ev = evidence(exr)
+            crop_exr(exr, out, x, y, w, h, {"tessera.compression": codec})
+            os.unlink(exr)
+            ev.update(width=w, height=h)
+            crop = None
+        elif raw:
             exr = os.path.join(self.scratch, "tile.exr")
             result = self._render(scene, write_still=False)
             im.file_format, im.color_depth, im.color_mode, im.exr_codec = "OPEN_EXR", "32", "RGBA", "NONE"
@@ -630,10 +934,17 @@ class Session:
                 result.save_render(exr, scene=scene)
             finally:
                 im.file_format, im.color_depth, im.color_mode, im.exr_codec = self.base_image
-            ow, oh = write_raw(exr, out, n_samples)
+            ev = evidence(exr)
+            cw, ch, rows = crop_raw(exr, x, y, w, h)
+            write_raw_rows(cw, ch, rows, out, n_samples)
             os.unlink(exr)
+            ev.update(width=cw, height=ch)
+            crop = None
         else:
-            r.filepath = out
+            # Blender writes the whole frame (borders are not cropped); the
+            # worker cuts the tile out of it.
+            full = os.path.join(self.scratch, "frame")
+            r.filepath = full
             r.use_file_extension = False
             if r.is_movie_format:
                 im.file_format = "PNG"   # a movie cannot be written per tile: PNG frames
@@ -642,19 +953,25 @@ class Session:
             finally:
                 r.filepath, r.use_file_extension = self.base_filepath, self.base_ext
                 im.file_format = self.base_image[0]
-            if not os.path.isfile(out):
-                raise RuntimeError("Blender wrote no image to %s" % out)
-            ow, oh = image_size(out) or (w, h)
+            if not os.path.isfile(full):
+                raise RuntimeError("Blender wrote no image")
+            ev = evidence(full)
+            os.replace(full, out)
+            crop = None if whole else [x, y, w, h]
         ms = int((time.monotonic() - t0) * 1000)
-        if (ow, oh) != (w, h):
-            raise RuntimeError("rendered %dx%d, expected %dx%d" % (ow, oh, w, h))
-        return {"ok": True, "out": out, "width": w, "height": h, "ms": ms, "samples": n_samples}
+        if ev is None:
+            raise RuntimeError("Blender wrote an image this worker cannot read back")
+        return {"ok": True, "out": out, "width": w, "height": h, "ms": ms, "samples": n_samples,
+                "engine": r.engine, "crop": crop, "evidence": ev}
 
-    @staticmethod
-    def _render(scene, write_still):
+    def _render(self, scene, write_still):
+        self.events.clear()
         res = bpy.ops.render.render(write_still=write_still, scene=scene.name)
         if "FINISHED" not in res:
             raise RuntimeError("render did not finish: %s" % ",".join(sorted(res)))
+        if "cancel" in self.events or "complete" not in self.events:
+            raise RuntimeError("Blender did not complete the render (%s)" % (
+                ", ".join(self.events) or "no render events"))
         result = bpy.data.images.get("Render Result")
         if result is None:
             raise RuntimeError("no render result")
@@ -714,7 +1031,9 @@ def main():
                 else:
                     raise ValueError("unknown op %r" % (op,))
             except Exception as e:
-                reply({"ok": False, "error": one_line(e)})
+                unsupported = isinstance(e, Unsupported)
+                reply({"ok": False, "error": one_line(str(e) if unsupported else e),
+                       "unsupported": unsupported})
     finally:
         if sess:
             sess.cleanup()
