@@ -49,6 +49,7 @@ impl Ledger {
     pub fn forget_job(&mut self, job: JobId) {
         self.jobs.remove(&job);
         self.open.retain(|(task, _), _| task.job != job);
+        crate::scheduler::shrink_when_sparse(&mut self.jobs);
     }
 
     pub fn lease_started(

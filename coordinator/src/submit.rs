@@ -46,7 +46,7 @@ pub(crate) fn submit(
     shared
         .store
         .inner()
-        .sync(&files)
+        .sync_remembered(&files)
         .context("cannot make the job's files durable")?;
     let total: u64 = spec.manifest.iter().map(|m| m.size).sum();
     let dedup = total.saturating_sub(uploaded);

@@ -67,7 +67,7 @@ pub struct BlobDir {
 }
 
 /// Most digests [`BlobDir`] remembers as synced.
-const MAX_KNOWN_SYNCED: usize = 1 << 16;
+const MAX_KNOWN_SYNCED: usize = 1 << 14;
 
 impl BlobDir {
     /// A store whose writes are not fsynced (a cache).
@@ -150,11 +150,18 @@ impl BlobDir {
     }
 
     /// Makes stored blobs durable: each file is synced, then each folder
-    /// holding one, once. For blobs stored with [`BlobDir::put_unsynced`] or
-    /// [`BlobDir::receive`], before anything that relies on them is
-    /// acknowledged (a result's commit, a job's submit); many at once cost
-    /// one folder sync per folder.
+    /// holding one, once (or, for many, the whole file system once). For
+    /// blobs stored with [`BlobDir::put_unsynced`] or [`BlobDir::receive`],
+    /// before anything that relies on them is acknowledged (a result's
+    /// commit).
     pub fn sync(&self, digests: &[Digest]) -> std::io::Result<()> {
+        self.sync_files(digests)
+    }
+
+    /// [`BlobDir::sync`] for blobs that are named again and again (a job's
+    /// files, submitted with every job that uses them): those it synced
+    /// before are remembered, up to a bound, and not synced again.
+    pub fn sync_remembered(&self, digests: &[Digest]) -> std::io::Result<()> {
         let known = |d: &Digest| self.synced.lock().expect("synced lock").contains(d);
         let digests: Vec<Digest> = digests.iter().filter(|d| !known(d)).copied().collect();
         self.sync_files(&digests)?;

@@ -317,6 +317,14 @@ mod tests {
         dir.sync(&many).expect("sync many");
         many.push(Digest::of(b"never stored"));
         assert!(dir.sync(&many).is_err());
+        // Remembered as synced, a blob is not synced again; one removed is
+        // forgotten.
+        dir.sync_remembered(&many[..3]).expect("remembered");
+        dir.remove(&many[0]).expect("remove");
+        assert!(
+            dir.sync_remembered(&many[..3]).is_err(),
+            "removed, so synced again and missing"
+        );
     }
 
     #[test]

@@ -234,8 +234,25 @@ fn a_worker_paused_past_its_lease_has_its_stale_result_refused() {
         victim_mid_render("sigstop", &["--heartbeat-ms", "300", "--lease-ms", "1000"]);
     let scene = scenes().join("demo.scene.json");
     let pid = farm.worker_pid(victim);
+    // The tasks each worker runs, as `status --json` lists them.
+    let running = |farm: &Farm, name: &str| -> Vec<u64> {
+        let all = farm.json(&["status", "--json"]);
+        (all["workers"].as_array().unwrap().iter())
+            .filter(|w| w["name"] == name)
+            .flat_map(|w| w["tasks"].as_array().unwrap().clone())
+            .filter_map(|t| t["task"].as_u64())
+            .collect()
+    };
+    let held = running(&farm, "victim");
+    assert!(!held.is_empty(), "the victim holds a task");
     signal(pid, "-STOP");
-    std::thread::sleep(std::time::Duration::from_millis(3000));
+    // Stopped past its lease: poll until the coordinator has handed its
+    // task to the survivor.
+    farm.wait_for(
+        id,
+        "the stopped victim's task to move to the survivor",
+        |s| s["state"] == "done" || running(&farm, "survivor").iter().any(|t| held.contains(t)),
+    );
     signal(pid, "-CONT");
     let out = farm.dir.join("out");
     let done = farm.wait_done(id, &out);

@@ -262,7 +262,10 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
     let last = loop {
         let screen = tmux.screen();
         seen.screen(&screen, id);
-        if seen.progress.last() == Some(&64) && screen.contains("16/16 done") {
+        // Every task done is not yet the job done: its last frame is
+        // stitched after its last task is committed.
+        let job_done = screen.contains(&format!("job {id} (mon-textured) is done"));
+        if seen.progress.last() == Some(&64) && screen.contains("16/16 done") && job_done {
             break screen;
         }
         assert!(

@@ -372,6 +372,14 @@ impl Affinity {
     }
 }
 
+/// Halves a map's room when it is less than a quarter full (and large), so
+/// that memory follows the live entries rather than their peak.
+pub(crate) fn shrink_when_sparse<K: std::hash::Hash + Eq, V>(map: &mut HashMap<K, V>) {
+    if map.capacity() > 64 && map.len() < map.capacity() / 4 {
+        map.shrink_to(map.capacity() / 2);
+    }
+}
+
 impl Scheduler {
     pub fn new(config: Config) -> Self {
         Scheduler {
@@ -842,6 +850,10 @@ impl Scheduler {
         self.jobs.remove(&job);
         self.affinity.assets.remove(&job);
         self.retries.retain(|(_, task)| task.job != job);
+        // Tables sized for a peak of live jobs give the room back once most
+        // of them are over.
+        shrink_when_sparse(&mut self.jobs);
+        shrink_when_sparse(&mut self.affinity.assets);
         true
     }
 
