@@ -127,6 +127,10 @@ struct Rendered {
     width: u32,
     height: u32,
     samples: u32,
+    /// Blender 4.5+ rendered the task's samples as a subset of the full
+    /// render's sampling pattern; Cycles then stamps the full count.
+    #[serde(default)]
+    subset: bool,
     engine: String,
     /// `[x, y, w, h]`: the output is the whole frame; cut this tile out.
     crop: Option<[u32; 4]>,
@@ -618,8 +622,10 @@ fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::R
             "blender was set to {} samples, the task asks for {want}",
             r.samples
         );
+        // A subset render stamps the count of the render it is part of.
+        let stamped = if r.subset { task.total_samples } else { want };
         anyhow::ensure!(
-            e.samples.values().any(|&n| n == want) && e.samples.values().all(|&n| n <= want),
+            e.samples.values().any(|&n| n == stamped) && e.samples.values().all(|&n| n <= stamped),
             "Cycles reports {:?} samples per view layer, the task asks for {want}",
             e.samples
         );
@@ -755,6 +761,18 @@ mod tests {
             let err = check_evidence(&reply(&json), &t, (96, 64)).unwrap_err();
             assert!(err.to_string().contains(want), "{err} / {want}");
         }
+        // A sample range rendered as a subset (Blender 4.5+) is stamped with
+        // the full render's count; one rendered from an offset, with its own.
+        let range = task(3, [8, 4, 40, 30], (8, 16));
+        let subset = good.replace(r#""samples":16,"#, r#""samples":8,"subset":true,"#);
+        check_evidence(&reply(&subset), &range, (96, 64)).unwrap();
+        let offset = good
+            .replace(r#""samples":16,"#, r#""samples":8,"#)
+            .replace(r#"{"ViewLayer":16}"#, r#"{"ViewLayer":8}"#);
+        check_evidence(&reply(&offset), &range, (96, 64)).unwrap();
+        let offset_claiming_all = good.replace(r#""samples":16,"#, r#""samples":8,"#);
+        let err = check_evidence(&reply(&offset_claiming_all), &range, (96, 64)).unwrap_err();
+        assert!(err.to_string().contains("samples per view layer"), "{err}");
         // Eevee and Workbench stamp no samples; the frame still counts.
         let eevee = r#"{"ok":true,"width":96,"height":64,"samples":8,"engine":"BLENDER_EEVEE","crop":null,
             "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{},"stamped":true}}"#;

@@ -514,12 +514,13 @@ def set_sample_subset(c, samples, total):
     and later render them as a subset of the full render's own sampling
     pattern (its blue-noise and Sobol patterns depend on the total count, so
     an offset alone would not add up to the full render); older ones render
-    `end - start` samples from `sample_offset`."""
+    `end - start` samples from `sample_offset`. True when a subset is used:
+    Cycles then stamps the full render's count into the file."""
     has_subset = hasattr(c, "use_sample_subset")
     if samples is None:
         if has_subset:
             c.use_sample_subset = False
-        return
+        return False
     start, end = samples
     whole = isinstance(total, int) and not isinstance(total, bool) and [start, end] == [0, total]
     if has_subset and isinstance(total, int) and not isinstance(total, bool) and end <= total and not whole:
@@ -527,11 +528,15 @@ def set_sample_subset(c, samples, total):
         c.use_sample_subset = True
         c.sample_offset = start
         c.sample_subset_length = end - start
+        return True
     else:
         if has_subset:
             c.use_sample_subset = False
         c.sample_offset = start
         c.samples = end - start
+        return False
+
+
 class Unsupported(Exception):
     """The scene needs something this Blender lacks: every attempt on this
     worker would fail the same way."""
@@ -857,13 +862,14 @@ class Session:
             raise ValueError("samples must be [start, end] with 0 <= start < end")
         n_samples = 0
         margin = 0
+        subset = False
         if r.engine == "CYCLES":
             c = scene.cycles
             if samples is None:
                 c.samples, c.sample_offset = self.base_samples, self.base_offset
                 set_sample_subset(c, None, None)
             else:
-                set_sample_subset(c, samples, cmd.get("total"))
+                subset = set_sample_subset(c, samples, cmd.get("total"))
             n_samples = c.samples if samples is None else samples[1] - samples[0]
             if not whole:
                 margin = adaptive_margin(scene, c.samples)
@@ -962,7 +968,7 @@ class Session:
         if ev is None:
             raise RuntimeError("Blender wrote an image this worker cannot read back")
         return {"ok": True, "out": out, "width": w, "height": h, "ms": ms, "samples": n_samples,
-                "engine": r.engine, "crop": crop, "evidence": ev}
+                "subset": subset, "engine": r.engine, "crop": crop, "evidence": ev}
 
     def _render(self, scene, write_still):
         self.events.clear()
