@@ -1,7 +1,7 @@
 //! Faithful output: a frame from the farm is the file Blender would have
 //! written, or the job says why. Real Blender (Debian's 3.4) on scenes
-//! derived from `scenes/blender/make_scenes.py`'s `shot.blend`; gated like
-//! the other Blender tests by TESSERA_BLENDER_TESTS=1.
+//! derived from `scenes/blender/make_scenes.py`'s `shot.blend`. Each test is
+//! `#[ignore = "needs blender"]`, like the other Blender tests.
 
 use crate::blender::{assert_same_pixels, blender, blender_pixels, enabled, run_ok, Project};
 use crate::harness::Farm;
