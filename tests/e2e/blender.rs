@@ -33,23 +33,29 @@ fn bpy_python() -> Option<PathBuf> {
     None
 }
 
+/// Python `src` in the bpy interpreter `py`, `blend` opened first (scripts
+/// off).
+pub(crate) fn in_bpy(py: &Path, blend: Option<&Path>, src: &str) -> Command {
+    let open = blend.map_or(String::new(), |b| {
+        format!(
+            "bpy.ops.wm.open_mainfile(filepath={:?}, use_scripts=False)\n",
+            b.to_str().unwrap()
+        )
+    });
+    let mut cmd = Command::new(py);
+    cmd.arg("-I")
+        .arg("-c")
+        .arg(format!("import bpy\n{open}{src}"));
+    cmd
+}
+
 /// Runs Python `src` in the tests' Blender, with `blend` opened first
 /// (scripts off) and `args` after `--`.
 fn blender_script<S: AsRef<OsStr>>(blend: Option<&Path>, src: &str, args: &[S]) -> Command {
     match bpy_python() {
         Some(py) => {
-            let open = blend.map_or(String::new(), |b| {
-                format!(
-                    "bpy.ops.wm.open_mainfile(filepath={:?}, use_scripts=False)\n",
-                    b.to_str().unwrap()
-                )
-            });
-            let mut cmd = Command::new(py);
-            cmd.arg("-I")
-                .arg("-c")
-                .arg(format!("import bpy\n{open}{src}"))
-                .arg("--")
-                .args(args);
+            let mut cmd = in_bpy(&py, blend, src);
+            cmd.arg("--").args(args);
             cmd
         }
         None => {

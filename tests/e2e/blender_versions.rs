@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::blender::{in_bpy, run_ok};
 use crate::harness::Farm;
 use crate::requires::{require, Need};
 
@@ -17,32 +18,6 @@ fn bpy45() -> Option<PathBuf> {
     std::env::var_os("TESSERA_TEST_BPY").map(PathBuf::from)
 }
 
-fn run_ok(cmd: &mut Command) {
-    let out = cmd.output().expect("run blender");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed: {}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// Python `src` in the bpy interpreter `py`, `blend` opened first.
-fn in_bpy(py: &Path, blend: Option<&Path>, src: &str) -> Command {
-    let open = blend.map_or(String::new(), |b| {
-        format!(
-            "bpy.ops.wm.open_mainfile(filepath={:?}, use_scripts=False)\n",
-            b.to_str().unwrap()
-        )
-    });
-    let mut cmd = Command::new(py);
-    cmd.arg("-I")
-        .arg("-c")
-        .arg(format!("import bpy\n{open}{src}"));
-    cmd
-}
-
-/// Python `src` in Debian's Blender executable, `blend` opened first.
 fn in_debian(blend: &Path, src: &str) -> Command {
     let mut cmd = Command::new("blender");
     cmd.args(["-b", "--factory-startup", "--disable-autoexec"])
