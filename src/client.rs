@@ -69,6 +69,17 @@ impl Client {
         Ok(response)
     }
 
+    /// Uploads one blob unless the coordinator has it; returns the bytes sent.
+    pub async fn put_blob(&mut self, bytes: Vec<u8>) -> anyhow::Result<u64> {
+        let digest = Digest::of(&bytes);
+        if missing(self, vec![digest]).await?.is_empty() {
+            return Ok(0);
+        }
+        let len = bytes.len() as u64;
+        blob::put_retrying(&self.session.connection, digest, 3, || Ok(bytes.clone())).await?;
+        Ok(len)
+    }
+
     pub async fn status(
         &mut self,
         job: Option<u64>,
@@ -254,12 +265,12 @@ struct Scan {
     output_name: Option<String>,
 }
 
-struct SceneFile {
+pub(crate) struct SceneFile {
     /// Where it goes in the job folder.
-    job_path: String,
-    on_disk: PathBuf,
+    pub job_path: String,
+    pub on_disk: PathBuf,
     /// Its absolute path here, for engines that remap references.
-    origin: Option<String>,
+    pub origin: Option<String>,
 }
 
 /// Checks the requested frames against the scene's range.
@@ -559,19 +570,19 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
 }
 
 /// A scene file, hashed.
-struct Hashed {
+pub(crate) struct Hashed {
     /// For a large file, `digest` is only known once the coordinator has
     /// joined its chunks (`send_missing` fills it in).
-    entry: ManifestEntry,
+    pub entry: ManifestEntry,
     on_disk: PathBuf,
     /// Its chunks, for a file of at least `CHUNK_THRESHOLD` bytes.
     list: Option<ChunkList>,
     /// Something the user should know (a compressed file defeats chunking).
-    note: Option<String>,
+    pub note: Option<String>,
 }
 
 /// Hashes every file; large ones are chunked (on every core).
-async fn hash_files(files: &[SceneFile]) -> anyhow::Result<Vec<Hashed>> {
+pub(crate) async fn hash_files(files: &[SceneFile]) -> anyhow::Result<Vec<Hashed>> {
     let files: Vec<(String, PathBuf, Option<String>)> = files
         .iter()
         .map(|f| (f.job_path.clone(), f.on_disk.clone(), f.origin.clone()))
@@ -674,11 +685,12 @@ async fn known_lists(client: &mut Client, ids: &[Digest]) -> anyhow::Result<Vec<
 /// file goes by its chunk list, and the coordinator names it: with the
 /// digest of a file it joined from the same list before, or with the digest
 /// it computes as it joins the chunks; this fills in `entry.digest`.
-async fn send_missing(
+/// Returns the bytes it uploaded.
+pub(crate) async fn send_missing(
     client: &mut Client,
     files: &mut [Hashed],
     progress: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<u64> {
     let large: Vec<(usize, Digest)> = files
         .iter()
         .enumerate()
@@ -743,7 +755,7 @@ async fn send_missing(
             }
         }
     }
-    upload(&client.session.connection, uploads, progress).await?;
+    let sent = upload(&client.session.connection, uploads, progress).await?;
     for i in to_join {
         let list = files[i]
             .list
@@ -762,7 +774,7 @@ async fn send_missing(
             files[j].entry.digest = digest;
         }
     }
-    Ok(())
+    Ok(sent)
 }
 
 /// Streams that upload at once.
@@ -770,14 +782,14 @@ const UPLOAD_STREAMS: usize = 8;
 
 /// Uploads blobs on several streams at once, with a progress bar (bytes,
 /// rate, ETA) on a terminal. A blob the coordinator refuses as corrupt is
-/// read and sent again.
+/// read and sent again. Returns the bytes of the blobs it sent.
 async fn upload(
     conn: &quinn::Connection,
     uploads: Vec<Upload>,
     progress: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<u64> {
     if uploads.is_empty() {
-        return Ok(());
+        return Ok(0);
     }
     let total: u64 = uploads.iter().map(|u| u.len).sum();
     let sent = Arc::new(AtomicU64::new(0));
@@ -832,7 +844,7 @@ async fn upload(
         ms = started.elapsed().as_millis() as u64,
         "uploaded"
     );
-    Ok(())
+    Ok(total)
 }
 
 /// The process exit code for a final job.

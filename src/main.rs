@@ -2,11 +2,13 @@
 //! commands artists and scripts use, and the one-command demo.
 
 mod blend;
+mod build;
 mod client;
 mod demo;
 mod monitor;
 mod progress;
 mod report;
+mod unpack;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -36,6 +38,28 @@ struct TicketArg {
     /// Client ticket (the line in DATA_DIR/client.ticket), or @FILE holding it.
     #[arg(long, env = "TESSERA_TICKET", hide_env_values = true)]
     ticket: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum BlenderCommand {
+    /// Store an official Blender build on the coordinator: an unpacked
+    /// folder, a `bpy` wheel (.whl) or a Linux tarball (.tar.xz). Its files
+    /// are uploaded like scene files, so the next point release sends only
+    /// what changed.
+    Add {
+        path: PathBuf,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// The builds the coordinator holds.
+    List {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
 }
 
 #[derive(Subcommand)]
@@ -221,6 +245,11 @@ enum Command {
         job: u64,
         #[command(flatten)]
         ticket: TicketArg,
+    },
+    /// Blender builds shipped through the farm.
+    Blender {
+        #[command(subcommand)]
+        command: BlenderCommand,
     },
     /// Remove stored assets and frames that no retained job uses (the
     /// coordinator also does this every hour).
@@ -516,6 +545,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             println!("job {} is {}", status.id, status.state.name());
             Ok(0)
         }
+        Command::Blender { command } => blender_command(command).await,
         Command::Gc { json, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
@@ -623,6 +653,24 @@ fn parse_size(text: &str) -> Result<u64, String> {
     Ok((n * mult as f64) as u64)
 }
 
+async fn blender_command(command: BlenderCommand) -> anyhow::Result<i32> {
+    match command {
+        BlenderCommand::Add { path, json, ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let added = build::add(&mut client, &path, !json && std::io::stderr().is_terminal())
+                .await?;
+            report::print_build_added(&added, json);
+        }
+        BlenderCommand::List { json, ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            report::print_builds(&build::list(&mut client).await?, json);
+        }
+    }
+    Ok(0)
+}
+
 /// What a worker offers for `--engine`.
 struct EngineChoice<'a> {
     choice: &'a str,
@@ -682,20 +730,40 @@ fn blender_installs(c: &EngineChoice<'_>) -> anyhow::Result<Vec<blender_runtime:
             None => return Ok(Vec::new()),
         }
     }
+    // Each GPU slot's probe runs as that slot's sessions will, seeing only
+    // its own GPU; the first slot's answer is what the worker offers.
     let probe_all = |device: Option<blender::Device>| {
+        let envs = device.map_or(vec![Vec::new()], |d| d.probe_envs(c.slots));
         std::thread::scope(|s| {
-            let handles: Vec<_> = named
+            let handles: Vec<Vec<_>> = named
                 .iter()
                 .map(|r| {
-                    s.spawn(move || {
-                        let dev = device.map_or("CPU", blender::Device::name);
-                        blender_runtime::probe(r, dev, None)
-                    })
+                    envs.iter()
+                        .map(|env| {
+                            s.spawn(move || {
+                                let dev = device.map_or("CPU", blender::Device::name);
+                                blender_runtime::probe_pinned(r, dev, env)
+                            })
+                        })
+                        .collect()
                 })
                 .collect();
             handles
                 .into_iter()
-                .map(|h| h.join().expect("probe thread"))
+                .map(|slots| {
+                    let mut results = slots
+                        .into_iter()
+                        .map(|h| h.join().expect("probe thread"))
+                        .enumerate();
+                    let (_, first) = results.next().expect("one probe at least");
+                    let failed = results.find_map(|(slot, r)| {
+                        r.err().map(|e| e.context(format!("slot {slot}'s GPU {slot} failed its probe")))
+                    });
+                    match failed {
+                        Some(e) => Err(e),
+                        None => first,
+                    }
+                })
                 .collect::<Vec<_>>()
         })
     };

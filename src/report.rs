@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use serde_json::json;
+use tessera_protocol::build::BuildInfo;
 use tessera_protocol::messages::{JobState, JobStatus, WorkerStatus};
 
 use crate::progress::human_bytes;
@@ -267,5 +268,67 @@ fn truncate(s: &str, n: usize) -> String {
         let mut t: String = s.chars().take(n - 1).collect();
         t.push('…');
         t
+    }
+}
+
+pub fn build_json(b: &BuildInfo) -> serde_json::Value {
+    json!({
+        "digest": b.digest.to_hex(),
+        "version": b.version.to_string(),
+        "kind": b.kind.name(),
+        "size": b.size,
+        "files": b.files,
+        "features": b.features,
+        "added_unix_ms": b.added_unix_ms,
+    })
+}
+
+/// `blender add`: the build, and what its upload sent.
+pub fn print_build_added(a: &crate::build::Added, json: bool) {
+    if json {
+        let mut v = build_json(&a.info);
+        v["uploaded_bytes"] = json!(a.uploaded);
+        v["manifest_bytes"] = json!(a.manifest);
+        println!("{v}");
+        return;
+    }
+    let b = &a.info;
+    println!(
+        "Blender {} ({}, {} in {} files) stored as {}; uploaded {} of {}",
+        b.version,
+        b.kind.name(),
+        human_bytes(b.size),
+        b.files,
+        b.digest.to_hex(),
+        human_bytes(a.uploaded + a.manifest),
+        human_bytes(b.size),
+    );
+}
+
+/// `blender list`.
+pub fn print_builds(builds: &[BuildInfo], json: bool) {
+    if json {
+        let list: Vec<_> = builds.iter().map(build_json).collect();
+        println!("{}", json!({ "builds": list }));
+        return;
+    }
+    if builds.is_empty() {
+        println!("no Blender builds; add one with `tessera blender add PATH`");
+        return;
+    }
+    println!(
+        "{:<9} {:<11} {:>10} {:>7}  {:<28} DIGEST",
+        "VERSION", "KIND", "SIZE", "FILES", "FEATURES"
+    );
+    for b in builds {
+        println!(
+            "{:<9} {:<11} {:>10} {:>7}  {:<28} {}",
+            b.version.to_string(),
+            b.kind.name(),
+            human_bytes(b.size),
+            b.files,
+            b.features.join(", "),
+            &b.digest.to_hex()[..16],
+        );
     }
 }

@@ -5,6 +5,7 @@
 use std::path::Path;
 
 use rusqlite::{params, Connection, OptionalExtension};
+use tessera_protocol::build::BuildInfo;
 use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{log_tail, JobState, JobStatus, TaskLog};
 use tessera_protocol::Digest;
@@ -22,7 +23,7 @@ pub enum DbError {
 /// The schema this build writes. Version 1 had no version row; version 2
 /// keeps a finished job's counters in its row, so it is read from there
 /// instead of held in memory.
-pub const SCHEMA_VERSION: i64 = 2;
+pub const SCHEMA_VERSION: i64 = 3;
 
 /// What a finished job counted, stored with its final state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -159,6 +160,12 @@ CREATE TABLE IF NOT EXISTS task_logs (
 CREATE INDEX IF NOT EXISTS task_logs_job ON task_logs (job, idx);
 ";
 
+/// Version 3: Blender builds shipped through the farm (`blender add`).
+const BUILDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS blender_builds (
+    digest TEXT PRIMARY KEY,
+    info TEXT NOT NULL
+);";
+
 fn state_name(s: JobState) -> &'static str {
     s.name()
 }
@@ -223,6 +230,9 @@ fn migrate(conn: &Connection) -> Result<(), DbError> {
                  render_ms = (SELECT COALESCE(SUM(render_ms), 0) FROM results WHERE results.job = jobs.id)
              WHERE state IN ('done', 'failed', 'canceled');",
         )?;
+    }
+    if version < 3 {
+        tx.execute_batch(BUILDS_TABLE)?;
     }
     tx.execute(
         "INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', ?1)",
@@ -406,6 +416,41 @@ impl Db {
             for row in rows {
                 out.push(row?);
             }
+        }
+        Ok(out)
+    }
+
+    /// Records a Blender build (`blender add`); adding the same build again
+    /// keeps the first record.
+    pub fn add_build(&self, info: &BuildInfo) -> Result<BuildInfo, DbError> {
+        let json = serde_json::to_string(info).expect("a build serialises");
+        self.conn.execute(
+            "INSERT OR IGNORE INTO blender_builds (digest, info) VALUES (?1, ?2)",
+            rusqlite::params![info.digest.to_hex(), json],
+        )?;
+        Ok(self
+            .builds()?
+            .into_iter()
+            .find(|b| b.digest == info.digest)
+            .expect("just recorded"))
+    }
+
+    /// Every Blender build recorded, oldest first.
+    pub fn builds(&self) -> Result<Vec<BuildInfo>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT info FROM blender_builds ORDER BY rowid")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let info = serde_json::from_str(&row?).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
+            })?;
+            out.push(info);
         }
         Ok(out)
     }

@@ -33,7 +33,7 @@ pub(crate) async fn every_hour(shared: Arc<Shared>) {
     }
 }
 
-/// Removes stored blobs that no retained job uses. A job is retained until
+/// Removes stored blobs that no retained job and no Blender build uses. A job is retained until
 /// `retention` after it finished (forever while it is not finished); it uses
 /// its manifest's files, their chunks, its task outputs and its frames.
 pub(crate) fn collect_garbage(shared: &Shared) -> anyhow::Result<Collected> {
@@ -69,6 +69,7 @@ pub(crate) fn collect_garbage(shared: &Shared) -> anyhow::Result<Collected> {
             }
         }
     }
+    keep.extend(crate::builds::kept_by_builds(shared)?);
     let young = std::time::SystemTime::now() - GC_GRACE;
     let mut c = Collected {
         removed_blobs: 0,

@@ -6,6 +6,7 @@
 //! the rest: `conn` (one task per connection), `dispatch`, `commit`,
 //! `stitcher`, `gc`, `submit`, `data_dir`.
 
+mod builds;
 pub mod commit;
 pub mod config;
 mod conn;

@@ -5,6 +5,7 @@
 
 pub mod blender;
 pub mod blob;
+pub mod build;
 pub mod chunk;
 pub mod codec;
 pub mod digest;

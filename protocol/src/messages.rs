@@ -8,6 +8,7 @@
 use serde::{Deserialize, Serialize};
 
 use crate::blender::{BlenderNeeds, BlenderOffer};
+use crate::build::BuildInfo;
 use crate::chunk::{ChunkList, Recipe};
 use crate::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileRect};
 use crate::telemetry::Telemetry;
@@ -20,7 +21,7 @@ pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 pub const MAX_TASK_LOG: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -411,6 +412,11 @@ pub enum ClientRequest {
     /// Collect garbage now: remove stored blobs no retained job uses.
     /// Answered by `Collected`.
     CollectGarbage,
+    /// Record a Blender build: the digest of its `BuildManifest` blob, whose
+    /// files were all uploaded before. Answered by `BuildAdded`.
+    AddBuild(Digest),
+    /// The Blender builds the coordinator holds. Answered by `Builds`.
+    Builds,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -437,6 +443,8 @@ pub enum ClientResponse {
     Collected(Collected),
     Done,
     Error(String),
+    BuildAdded(BuildInfo),
+    Builds(Vec<BuildInfo>),
 }
 
 /// What one garbage collection did.

@@ -288,7 +288,7 @@ pub fn probe_cache_dir() -> Option<PathBuf> {
 
 /// The version of the Blender `runtime` runs, without the slower checks.
 pub fn version(runtime: &Runtime) -> anyhow::Result<BlenderVersion> {
-    probe_with(runtime, "CPU", None, false).map(|i| i.offer.version)
+    probe_with(runtime, "CPU", None, &[], false).map(|i| i.offer.version)
 }
 
 /// `exe` as the PATH resolves it, when it is a bare name.
@@ -315,13 +315,26 @@ pub fn probe(
     device: &str,
     gpu_index: Option<usize>,
 ) -> anyhow::Result<Installed> {
-    probe_with(runtime, device, gpu_index, true)
+    probe_with(runtime, device, gpu_index, &[], true)
+}
+
+/// Probes `runtime` as one slot runs it: in the slot's environment `env`
+/// (the variable that leaves it only its own GPU visible), rendering on the
+/// first device of type `device` it sees, which is that GPU.
+pub fn probe_pinned(
+    runtime: &Runtime,
+    device: &str,
+    env: &[(&str, String)],
+) -> anyhow::Result<Installed> {
+    let gpu_index = (device != "CPU" && !env.is_empty()).then_some(0);
+    probe_with(runtime, device, gpu_index, env, true)
 }
 
 fn probe_with(
     runtime: &Runtime,
     device: &str,
     gpu_index: Option<usize>,
+    env: &[(&str, String)],
     check_eevee: bool,
 ) -> anyhow::Result<Installed> {
     let what = runtime.path().display().to_string();
@@ -330,7 +343,8 @@ fn probe_with(
         args.push(device.to_string());
         args.push(gpu_index.map_or(String::new(), |i| i.to_string()));
     }
-    let cmd = runtime.command(None, PROBE_PY, &args, 0);
+    let mut cmd = runtime.command(None, PROBE_PY, &args, 0);
+    cmd.envs(env.iter().map(|(k, v)| (k, v)));
     // The Eevee probe may abort its Blender (no GPU context): its own process.
     let eevee_runtime = runtime.clone();
     let eevee = std::thread::spawn(move || {

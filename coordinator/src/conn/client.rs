@@ -13,6 +13,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::transport::Channel;
 
+use crate::builds::add_build;
 use crate::gc::collect_garbage;
 use crate::server::Shared;
 use crate::submit::submit;
@@ -60,6 +61,20 @@ pub(super) async fn serve(
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
                 }
             }
+            ClientRequest::AddBuild(digest) => {
+                let shared = shared.clone();
+                let unix_ms = shared.now().unix_ms;
+                match tokio::task::spawn_blocking(move || add_build(&shared, digest, unix_ms))
+                    .await?
+                {
+                    Ok(info) => ClientResponse::BuildAdded(info),
+                    Err(e) => ClientResponse::Error(format!("{e:#}")),
+                }
+            }
+            ClientRequest::Builds => match shared.db().builds() {
+                Ok(builds) => ClientResponse::Builds(builds),
+                Err(e) => ClientResponse::Error(format!("{e:#}")),
+            },
             ClientRequest::Status(job) => status(&shared, job),
             ClientRequest::Cancel(id) => cancel(&shared, id),
             ClientRequest::Frames(id) => frames(&shared, id),

@@ -81,6 +81,27 @@ impl Device {
             Device::Oneapi => Some(("ONEAPI_DEVICE_SELECTOR", format!("level_zero:{index}"))),
         }
     }
+
+    /// The environment of slot `slot`'s Blender processes, its probe at
+    /// join and its sessions alike, so that what was probed is what renders:
+    /// only GPU `slot` visible, GPUs numbered as nvidia-smi and NVML number
+    /// them. Empty on the CPU.
+    pub fn slot_env(self, slot: usize) -> Vec<(&'static str, String)> {
+        match self.pin_env(slot) {
+            None => Vec::new(),
+            Some(pin) => vec![("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()), pin],
+        }
+    }
+
+    /// One probe environment per GPU the worker renders on (`slots` of
+    /// them, slot i on GPU i); a single unpinned probe on the CPU, where
+    /// every slot shares the same processor.
+    pub fn probe_envs(self, slots: u32) -> Vec<Vec<(&'static str, String)>> {
+        match self {
+            Device::Cpu => vec![Vec::new()],
+            gpu => (0..slots.max(1) as usize).map(|s| gpu.slot_env(s)).collect(),
+        }
+    }
 }
 
 /// What `session.py` is told when it starts.
@@ -251,10 +272,7 @@ impl Session {
         cmd.stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
-        if let Some((key, value)) = blender.device.pin_env(slot) {
-            // Number GPUs as nvidia-smi and NVML do, so slot i is GPU i.
-            cmd.env("CUDA_DEVICE_ORDER", "PCI_BUS_ID").env(key, value);
-        }
+        cmd.envs(blender.device.slot_env(slot));
         let mut child = cmd
             .spawn()
             .with_context(|| format!("cannot start {}", runtime.path().display()))?;
@@ -829,10 +847,42 @@ mod tests {
             Some(("HIP_VISIBLE_DEVICES", "2".into()))
         );
         assert_eq!("optix".parse::<Device>(), Ok(Device::Optix));
+        assert_eq!(Device::Cpu.slot_env(3), vec![]);
+        assert_eq!(
+            Device::Optix.slot_env(3),
+            vec![
+                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
+                ("CUDA_VISIBLE_DEVICES", "3".to_string())
+            ]
+        );
         assert!("metal"
             .parse::<Device>()
             .unwrap_err()
             .contains("expected auto, CPU, CUDA, OPTIX, HIP or ONEAPI"));
+    }
+}
+
+#[cfg(test)]
+mod probe_env_tests {
+    use super::Device;
+
+    /// Each GPU slot is probed at join under the very environment its
+    /// sessions get, one probe per GPU; the CPU is probed once.
+    #[test]
+    fn every_gpu_slot_is_probed_on_its_own_gpu() {
+        assert_eq!(Device::Cpu.probe_envs(4), vec![Vec::new()]);
+        let envs = Device::Cuda.probe_envs(3);
+        assert_eq!(envs.len(), 3);
+        for (slot, env) in envs.iter().enumerate() {
+            assert_eq!(env, &Device::Cuda.slot_env(slot));
+            assert!(env.contains(&("CUDA_VISIBLE_DEVICES", slot.to_string())));
+        }
+        let hip = Device::Hip.probe_envs(2);
+        assert_eq!(hip[1], vec![
+            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
+            ("HIP_VISIBLE_DEVICES", "1".to_string())
+        ]);
+        assert_eq!(Device::Optix.probe_envs(0).len(), 1, "at least one probe");
     }
 }
 
