@@ -5,6 +5,7 @@
 mod assets;
 mod bad_input;
 mod blender;
+mod blender_builds;
 mod blender_versions;
 mod faithful;
 mod faults;
