@@ -102,9 +102,9 @@ impl Unpacked {
                 temporary: false,
             });
         }
-        let name = path.file_name().map_or(String::new(), |n| {
-            n.to_string_lossy().to_ascii_lowercase()
-        });
+        let name = path
+            .file_name()
+            .map_or(String::new(), |n| n.to_string_lossy().to_ascii_lowercase());
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos());
@@ -118,12 +118,15 @@ impl Unpacked {
             root,
             temporary: true,
         };
-        let file = std::fs::File::open(path)
-            .with_context(|| format!("cannot read {}", path.display()))?;
+        let file =
+            std::fs::File::open(path).with_context(|| format!("cannot read {}", path.display()))?;
         let result = if name.ends_with(".whl") || name.ends_with(".zip") {
             crate::unpack::zip(file, &unpacked.root)
         } else if name.ends_with(".tar.xz") || name.ends_with(".txz") {
-            crate::unpack::tar(xz2::read::XzDecoder::new(std::io::BufReader::new(file)), &unpacked.root)
+            crate::unpack::tar(
+                xz2::read::XzDecoder::new(std::io::BufReader::new(file)),
+                &unpacked.root,
+            )
         } else {
             bail!(
                 "{}: expected a folder, a bpy wheel (.whl) or a Linux tarball (.tar.xz)",
@@ -179,10 +182,7 @@ fn identify(top: &Path) -> anyhow::Result<(BuildKind, BlenderVersion)> {
             .filter(|v| v.series() == (major, minor))
             .map(|v| v.patch)
             .context("no `bpy-X.Y.Z.dist-info/METADATA` of this series says the patch level")?;
-        return Ok((
-            BuildKind::Module,
-            BlenderVersion::new(major, minor, patch),
-        ));
+        return Ok((BuildKind::Module, BlenderVersion::new(major, minor, patch)));
     }
     let (major, minor) = series_folder(top)?;
     let named = top
@@ -294,7 +294,8 @@ mod tests {
     use super::*;
 
     fn tempdir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("tessera-build-test-{name}-{}", std::process::id()));
+        let d =
+            std::env::temp_dir().join(format!("tessera-build-test-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(&d).unwrap();
         d
@@ -324,7 +325,11 @@ mod tests {
         let paths: Vec<String> = walk(&wheel).unwrap().into_iter().map(|f| f.0).collect();
         assert_eq!(
             paths,
-            ["bpy-4.5.4.dist-info/METADATA", "bpy/4.5/scripts/a.py", "bpy/__init__.so"]
+            [
+                "bpy-4.5.4.dist-info/METADATA",
+                "bpy/4.5/scripts/a.py",
+                "bpy/__init__.so"
+            ]
         );
 
         let tarball = tempdir("tarball");

@@ -658,8 +658,8 @@ async fn blender_command(command: BlenderCommand) -> anyhow::Result<i32> {
         BlenderCommand::Add { path, json, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
-            let added = build::add(&mut client, &path, !json && std::io::stderr().is_terminal())
-                .await?;
+            let added =
+                build::add(&mut client, &path, !json && std::io::stderr().is_terminal()).await?;
             report::print_build_added(&added, json);
         }
         BlenderCommand::List { json, ticket } => {
@@ -757,7 +757,9 @@ fn blender_installs(c: &EngineChoice<'_>) -> anyhow::Result<Vec<blender_runtime:
                         .enumerate();
                     let (_, first) = results.next().expect("one probe at least");
                     let failed = results.find_map(|(slot, r)| {
-                        r.err().map(|e| e.context(format!("slot {slot}'s GPU {slot} failed its probe")))
+                        r.err().map(|e| {
+                            e.context(format!("slot {slot}'s GPU {slot} failed its probe"))
+                        })
                     });
                     match failed {
                         Some(e) => Err(e),

@@ -132,11 +132,20 @@ mod tests {
             ("b-4.5/4.5/a.py", b"print()", tar::EntryType::Regular),
         ]);
         tar(&good[..], &dir).unwrap();
-        assert_eq!(std::fs::read(dir.join("b-4.5/4.5/a.py")).unwrap(), b"print()");
-        let mode = std::fs::metadata(dir.join("b-4.5/blender")).unwrap().permissions().mode();
+        assert_eq!(
+            std::fs::read(dir.join("b-4.5/4.5/a.py")).unwrap(),
+            b"print()"
+        );
+        let mode = std::fs::metadata(dir.join("b-4.5/blender"))
+            .unwrap()
+            .permissions()
+            .mode();
         assert_eq!(mode & 0o777, 0o755);
         for (bad, why) in [
-            (tarball(&[("../evil", b"x", tar::EntryType::Regular)]), "bad path"),
+            (
+                tarball(&[("../evil", b"x", tar::EntryType::Regular)]),
+                "bad path",
+            ),
             (tarball(&[("b/link", b"", tar::EntryType::Symlink)]), "link"),
             (
                 tarball(&[

@@ -50,7 +50,9 @@ pub(crate) fn read_manifest(shared: &Shared, digest: &Digest) -> anyhow::Result<
     match shared.store.has(digest) {
         None => anyhow::bail!("the build manifest {digest} is not uploaded"),
         Some(len) if len > MAX_MANIFEST_BYTES => {
-            anyhow::bail!("the build manifest is {len} bytes; at most {MAX_MANIFEST_BYTES} are read")
+            anyhow::bail!(
+                "the build manifest is {len} bytes; at most {MAX_MANIFEST_BYTES} are read"
+            )
         }
         Some(_) => {}
     }

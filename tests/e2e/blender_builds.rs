@@ -21,7 +21,11 @@ fn u(v: &serde_json::Value) -> u64 {
 fn bpy_site() -> PathBuf {
     let py = std::env::var("TESSERA_TEST_BPY").unwrap();
     let out = Command::new(py)
-        .args(["-I", "-c", "import sysconfig; print(sysconfig.get_paths()['platlib'])"])
+        .args([
+            "-I",
+            "-c",
+            "import sysconfig; print(sysconfig.get_paths()['platlib'])",
+        ])
         .output()
         .unwrap();
     assert!(out.status.success());
@@ -77,7 +81,11 @@ fn point_release(site: &Path, to: &Path) -> u64 {
         .map(|c| u64::from(c.len))
         .sum();
     let script = b"# added in the point release\nimport bpy\n";
-    std::fs::write(to.join("bpy/4.5/scripts/startup/tessera_point_release.py"), script).unwrap();
+    std::fs::write(
+        to.join("bpy/4.5/scripts/startup/tessera_point_release.py"),
+        script,
+    )
+    .unwrap();
     let info = to.join("bpy-4.5.5.dist-info");
     link_tree(&site.join("bpy-4.5.4.dist-info"), &info);
     let metadata = std::fs::read_to_string(info.join("METADATA"))
@@ -88,10 +96,17 @@ fn point_release(site: &Path, to: &Path) -> u64 {
     lib_bytes + script.len() as u64 + metadata.len() as u64
 }
 
-/// `tar cf - | xz -0` of `dir`, written with the crates the client reads it with.
+/// `tar cf - | xz -0 -T0` of `dir`, written with the crates the client
+/// reads it with (on every core: packing is most of this test's time).
 fn tar_xz(dir: &Path, top: &str, out: &Path) {
     let file = std::fs::File::create(out).unwrap();
-    let xz = xz2::write::XzEncoder::new(file, 0);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get() as u32);
+    let stream = xz2::stream::MtStreamBuilder::new()
+        .threads(cores)
+        .preset(0)
+        .encoder()
+        .unwrap();
+    let xz = xz2::write::XzEncoder::new_stream(file, stream);
     let mut tar = tar::Builder::new(xz);
     tar.append_dir_all(top, dir).unwrap();
     tar.into_inner().unwrap().finish().unwrap();
@@ -163,7 +178,10 @@ fn blender_add_of_a_point_release_uploads_only_its_changed_chunks() {
     // Garbage collection keeps a stored build's files and chunks, also once
     // they are older than its grace period.
     let past = std::time::SystemTime::now() - std::time::Duration::from_secs(2 * 3600);
-    for d in std::fs::read_dir(farm.data.join("blobs")).unwrap().flatten() {
+    for d in std::fs::read_dir(farm.data.join("blobs"))
+        .unwrap()
+        .flatten()
+    {
         if d.file_name().len() == 2 {
             for f in std::fs::read_dir(d.path()).unwrap().flatten() {
                 let file = std::fs::File::options().write(true).open(f.path()).unwrap();

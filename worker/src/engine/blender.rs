@@ -99,7 +99,9 @@ impl Device {
     pub fn probe_envs(self, slots: u32) -> Vec<Vec<(&'static str, String)>> {
         match self {
             Device::Cpu => vec![Vec::new()],
-            gpu => (0..slots.max(1) as usize).map(|s| gpu.slot_env(s)).collect(),
+            gpu => (0..slots.max(1) as usize)
+                .map(|s| gpu.slot_env(s))
+                .collect(),
         }
     }
 }
@@ -878,10 +880,13 @@ mod probe_env_tests {
             assert!(env.contains(&("CUDA_VISIBLE_DEVICES", slot.to_string())));
         }
         let hip = Device::Hip.probe_envs(2);
-        assert_eq!(hip[1], vec![
-            ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
-            ("HIP_VISIBLE_DEVICES", "1".to_string())
-        ]);
+        assert_eq!(
+            hip[1],
+            vec![
+                ("CUDA_DEVICE_ORDER", "PCI_BUS_ID".to_string()),
+                ("HIP_VISIBLE_DEVICES", "1".to_string())
+            ]
+        );
         assert_eq!(Device::Optix.probe_envs(0).len(), 1, "at least one probe");
     }
 }
