@@ -734,6 +734,33 @@ mod tests {
     }
 
     #[test]
+    fn a_blender_build_is_recorded_once_and_survives_reopening() {
+        use tessera_protocol::blender::BlenderVersion;
+        use tessera_protocol::build::BuildKind;
+        let (dir, path) = temp_db("builds");
+        let info = |digest: &[u8], added| BuildInfo {
+            digest: Digest::of(digest),
+            version: BlenderVersion::new(4, 5, 4),
+            kind: BuildKind::Module,
+            size: 10,
+            files: 2,
+            features: vec!["OpenImageDenoise".into()],
+            added_unix_ms: added,
+        };
+        {
+            let db = Db::open(&path).unwrap();
+            assert_eq!(db.builds().unwrap(), vec![]);
+            assert_eq!(db.add_build(&info(b"a", 1)).unwrap(), info(b"a", 1));
+            // Added again later: the first record stays.
+            assert_eq!(db.add_build(&info(b"a", 2)).unwrap(), info(b"a", 1));
+            db.add_build(&info(b"b", 3)).unwrap();
+        }
+        let db = Db::open(&path).unwrap();
+        assert_eq!(db.builds().unwrap(), vec![info(b"a", 1), info(b"b", 3)]);
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
+    #[test]
     fn a_newer_schema_is_refused_with_a_clear_message() {
         let (dir, path) = temp_db("newer");
         let db = Db::open(&path).unwrap();
