@@ -124,6 +124,45 @@ mod tests {
         b.into_inner().unwrap()
     }
 
+    fn wheel(path: &Path, entries: &[(&str, &[u8], u32)]) -> std::fs::File {
+        use zip::write::SimpleFileOptions;
+        let mut w = zip::ZipWriter::new(std::fs::File::create(path).unwrap());
+        for (name, data, mode) in entries {
+            let options = SimpleFileOptions::default()
+                .compression_method(zip::CompressionMethod::Deflated)
+                .unix_permissions(*mode);
+            w.start_file(*name, options).unwrap();
+            w.write_all(data).unwrap();
+        }
+        w.finish().unwrap();
+        std::fs::File::open(path).unwrap()
+    }
+
+    #[test]
+    fn wheels_unpack_with_their_modes_and_hostile_ones_are_refused() {
+        let dir = tempdir("zip");
+        let file = wheel(
+            &dir.join("bpy.whl"),
+            &[
+                ("bpy/__init__.so", b"\x7fELF", 0o755),
+                ("bpy/4.5/a.py", b"print()", 0o644),
+            ],
+        );
+        let out = dir.join("out");
+        zip(file, &out).unwrap();
+        assert_eq!(std::fs::read(out.join("bpy/4.5/a.py")).unwrap(), b"print()");
+        let mode = |p: &str| std::fs::metadata(out.join(p)).unwrap().permissions().mode() & 0o777;
+        assert_eq!(
+            (mode("bpy/__init__.so"), mode("bpy/4.5/a.py")),
+            (0o755, 0o644)
+        );
+        let bad = wheel(&dir.join("bad.whl"), &[("../evil", b"x", 0o644)]);
+        let err = format!("{:#}", zip(bad, &dir.join("bad")).unwrap_err());
+        assert!(err.contains("..") || err.contains("bad path"), "{err}");
+        assert!(!dir.join("evil").exists());
+        std::fs::remove_dir_all(dir).unwrap();
+    }
+
     #[test]
     fn tarballs_unpack_with_their_modes_and_hostile_ones_are_refused() {
         let dir = tempdir("tar");
