@@ -14,5 +14,6 @@ mod layering;
 mod monitor;
 mod operate;
 mod partition;
+mod passes;
 mod requires;
 mod tiles;
