@@ -179,9 +179,11 @@ fn read_layer(index: usize, bytes: &[u8]) -> Result<ExrLayer, crate::stitch::Sti
 /// Merges the sample ranges of one tile, `weights` being each range's
 /// sample count: every float channel becomes the sample-weighted mean of
 /// its ranges, which is the mean over all samples up to float rounding.
-/// One range is kept as it is. Integer channels (Blender writes none) keep
-/// the first range's samples; Cryptomatte's (id, coverage) pairs are
-/// averaged like any float, so they are not exact.
+/// One range is kept as it is. Passes Cycles takes from the first sample
+/// alone (see [`one_sample_pass`]) and integer channels (Blender writes
+/// none) keep the first range's samples, the range holding sample 0;
+/// Cryptomatte's (id, coverage) pairs are averaged like any float, so they
+/// are not exact.
 fn merge_ranges(
     index: usize,
     parts: &[Vec<u8>],
@@ -214,6 +216,9 @@ fn merge_ranges(
     let total: f64 = weights.iter().map(|&n| f64::from(n)).sum();
     let w = |i: usize| f64::from(weights[i]) / total;
     for (c, channel) in first.channel_data.list.iter_mut().enumerate() {
+        if one_sample_pass(&channel.name.to_string()) {
+            continue;
+        }
         let len = channel.sample_data.len();
         let mut sum: Vec<f64> = vec![0.0; len];
         let mut add = |data: &FlatSamples, k: usize| -> Result<(), StitchError> {
@@ -358,6 +363,20 @@ pub fn stitch_layers(
     Ok(out.into_inner())
 }
 
+/// Passes that hold the first sample only, not a mean over samples:
+/// Cycles writes depth and the object and material indices from sample 0
+/// (Blender's manual: "The Z pass only uses one sample"), so a merged
+/// frame takes them from the range that starts there. `View.Depth.Z`, or
+/// `Z` in a single-layer OpenEXR.
+fn one_sample_pass(channel: &str) -> bool {
+    let mut parts = channel.rsplit('.');
+    let last = parts.next().unwrap_or_default();
+    match parts.next() {
+        Some(pass) => matches!(pass, "Depth" | "IndexOB" | "IndexMA" | "Denoising Depth"),
+        None => last == "Z",
+    }
+}
+
 /// Blender stamps each view layer's Cycles samples (`cycles.View.samples`);
 /// a frame merged from sample ranges says how many it holds in all.
 fn stamp_samples(attributes: &mut exr::meta::header::LayerAttributes, samples: u32) {
@@ -467,8 +486,8 @@ mod tests {
         }
     }
 
-    /// A tile of one pass: `View.Depth.Z` (f32) and `View.Combined.R` (f16)
-    /// set to `value` everywhere, stamped with `samples`.
+    /// A tile of two passes, `View.Depth.Z` (f32) and `View.Combined.R`
+    /// (f16), set to `value` everywhere, stamped with `samples`.
     fn flat_tile(w: usize, h: usize, value: f32, samples: &str) -> Vec<u8> {
         use ::exr::meta::attribute::AttributeValue;
         use ::exr::prelude::*;
@@ -533,10 +552,13 @@ mod tests {
         for c in &layer.channel_data.list {
             match &c.sample_data {
                 FlatSamples::F16(v) => assert!(v.iter().all(|x| x.to_f32() == 2.5)),
-                FlatSamples::F32(v) => assert!(v.iter().all(|&x| x == 2.5)),
+                // Depth is sample 0's: the first range's, not a mean.
+                FlatSamples::F32(v) => assert!(v.iter().all(|&x| x == 1.0), "{}", c.name),
                 FlatSamples::U32(_) => unreachable!(),
             }
         }
+        assert!(one_sample_pass("Second.IndexOB.X") && one_sample_pass("Z"));
+        assert!(!one_sample_pass("View.Normal.Z") && !one_sample_pass("View.Combined.R"));
         // Ranges that do not hold the same channels are refused.
         let mut odd = flat_tile(w, h, 1.0, "8");
         odd = {
