@@ -1,8 +1,9 @@
-//! OpenEXR frames. `encode_rgba_f32` writes merged sample ranges (32-bit
-//! float RGBA, uncompressed); `stitch_layers` stitches tiles that carry
-//! every channel of the scene's OpenEXR output (all view layers, passes and
-//! Cryptomatte layers, each in its own precision) with the `exr` crate,
-//! losslessly, and writes the scene's codec and metadata.
+//! OpenEXR frames. `encode_rgba_f32` writes merged 4-channel float ranges
+//! (32-bit float RGBA, uncompressed); `stitch_layers` merges the sample
+//! ranges and stitches the tiles that carry every channel of the scene's
+//! OpenEXR output (all view layers, passes and Cryptomatte layers, each in
+//! its own precision) with the `exr` crate, and writes the scene's codec and
+//! metadata.
 
 /// Encodes `rgba` (width × height × 4 floats, rows top to bottom) as EXR.
 pub fn encode_rgba_f32(width: u32, height: u32, rgba: &[f32]) -> Vec<u8> {
@@ -157,30 +158,120 @@ fn compression(name: &str) -> exr::compression::Compression {
     }
 }
 
+type ExrLayer = exr::image::Layer<exr::image::AnyChannels<exr::image::FlatSamples>>;
+
+fn read_layer(index: usize, bytes: &[u8]) -> Result<ExrLayer, crate::stitch::StitchError> {
+    use exr::prelude::*;
+    let image = read()
+        .no_deep_data()
+        .largest_resolution_level()
+        .all_channels()
+        .first_valid_layer()
+        .all_attributes()
+        .from_buffered(std::io::Cursor::new(bytes))
+        .map_err(|e| crate::stitch::StitchError::BadTile {
+            index,
+            reason: e.to_string(),
+        })?;
+    Ok(image.layer_data)
+}
+
+/// Merges the sample ranges of one tile, `weights` being each range's
+/// sample count: every float channel becomes the sample-weighted mean of
+/// its ranges, which is the mean over all samples up to float rounding.
+/// One range is kept as it is. Passes Cycles takes from the first sample
+/// alone (see [`one_sample_pass`]) and integer channels (Blender writes
+/// none) keep the first range's samples, the range holding sample 0;
+/// Cryptomatte's (id, coverage) pairs are averaged like any float, so they
+/// are not exact.
+fn merge_ranges(
+    index: usize,
+    parts: &[Vec<u8>],
+    weights: &[u32],
+) -> Result<ExrLayer, crate::stitch::StitchError> {
+    use crate::stitch::StitchError;
+    use exr::prelude::{f16, FlatSamples};
+    let mut layers = (parts.iter())
+        .map(|p| read_layer(index, p))
+        .collect::<Result<Vec<_>, _>>()?;
+    if layers.len() != weights.len() || layers.is_empty() {
+        return Err(StitchError::BadTile {
+            index,
+            reason: format!("{} sample ranges, expected {}", layers.len(), weights.len()),
+        });
+    }
+    let mut first = layers.remove(0);
+    if layers.is_empty() {
+        return Ok(first);
+    }
+    for other in &layers {
+        let (a, b) = (&first.channel_data.list, &other.channel_data.list);
+        if other.size != first.size
+            || a.len() != b.len()
+            || a.iter().zip(b).any(|(x, y)| x.name != y.name)
+        {
+            return Err(StitchError::MixedFormats { index });
+        }
+    }
+    let total: f64 = weights.iter().map(|&n| f64::from(n)).sum();
+    let w = |i: usize| f64::from(weights[i]) / total;
+    for (c, channel) in first.channel_data.list.iter_mut().enumerate() {
+        if one_sample_pass(&channel.name.to_string()) {
+            continue;
+        }
+        let len = channel.sample_data.len();
+        let mut sum: Vec<f64> = vec![0.0; len];
+        let mut add = |data: &FlatSamples, k: usize| -> Result<(), StitchError> {
+            match data {
+                FlatSamples::F16(v) => {
+                    (sum.iter_mut().zip(v)).for_each(|(s, x)| *s += x.to_f64() * w(k))
+                }
+                FlatSamples::F32(v) => {
+                    (sum.iter_mut().zip(v)).for_each(|(s, x)| *s += f64::from(*x) * w(k))
+                }
+                FlatSamples::U32(_) => {}
+            }
+            (data.len() == len)
+                .then_some(())
+                .ok_or(StitchError::MixedFormats { index })
+        };
+        add(&channel.sample_data, 0)?;
+        for (k, other) in layers.iter().enumerate() {
+            let data = &other.channel_data.list[c].sample_data;
+            if std::mem::discriminant(data) != std::mem::discriminant(&channel.sample_data) {
+                return Err(StitchError::MixedFormats { index });
+            }
+            add(data, k + 1)?;
+        }
+        match &mut channel.sample_data {
+            FlatSamples::F16(v) => {
+                (v.iter_mut().zip(&sum)).for_each(|(x, s)| *x = f16::from_f64(*s))
+            }
+            FlatSamples::F32(v) => (v.iter_mut().zip(&sum)).for_each(|(x, s)| *x = *s as f32),
+            FlatSamples::U32(_) => {}
+        }
+    }
+    Ok(first)
+}
+
 /// Stitches OpenEXR tiles carrying every channel (every view layer, pass
 /// and Cryptomatte layer, each in its own precision) into one frame, sample
 /// for sample, and writes it with the codec the tiles name and the first
-/// tile's metadata (Blender's stamp).
+/// tile's metadata (Blender's stamp). Each tile comes as its sample ranges,
+/// `weights` giving each range's samples; ranges are merged first (see
+/// [`merge_ranges`]), and the stamp then names all `weights`' samples.
 pub fn stitch_layers(
     width: u32,
     height: u32,
-    tiles: &[(tessera_protocol::job::TileRect, Vec<u8>)],
+    tiles: &[(tessera_protocol::job::TileRect, Vec<Vec<u8>>)],
+    weights: &[u32],
 ) -> Result<Vec<u8>, crate::stitch::StitchError> {
     use crate::stitch::StitchError;
     use exr::prelude::*;
     let (w, h) = (width as usize, height as usize);
     let mut frame: Option<(LayerAttributes, Vec<AnyChannel<FlatSamples>>, String)> = None;
-    for (index, (rect, bytes)) in tiles.iter().enumerate() {
-        let bad = |reason: String| StitchError::BadTile { index, reason };
-        let image = read()
-            .no_deep_data()
-            .largest_resolution_level()
-            .all_channels()
-            .first_valid_layer()
-            .all_attributes()
-            .from_buffered(std::io::Cursor::new(bytes))
-            .map_err(|e| bad(e.to_string()))?;
-        let layer = image.layer_data;
+    for (index, (rect, parts)) in tiles.iter().enumerate() {
+        let layer = merge_ranges(index, parts, weights)?;
         let (tw, th) = (layer.size.0, layer.size.1);
         if (tw, th) != (rect.width as usize, rect.height as usize) {
             return Err(StitchError::WrongSize {
@@ -201,6 +292,9 @@ pub fn stitch_layers(
                     _ => None,
                 })
                 .unwrap_or_else(|| "ZIP".into());
+            if weights.len() > 1 {
+                stamp_samples(&mut attributes, weights.iter().sum());
+            }
             attributes.layer_position = Vec2(0, 0);
             let channels = layer
                 .channel_data
@@ -269,6 +363,32 @@ pub fn stitch_layers(
     Ok(out.into_inner())
 }
 
+/// Passes that hold the first sample only, not a mean over samples:
+/// Cycles writes depth and the object and material indices from sample 0
+/// (Blender's manual: "The Z pass only uses one sample"), so a merged
+/// frame takes them from the range that starts there. `View.Depth.Z`, or
+/// `Z` in a single-layer OpenEXR.
+fn one_sample_pass(channel: &str) -> bool {
+    let mut parts = channel.rsplit('.');
+    let last = parts.next().unwrap_or_default();
+    match parts.next() {
+        Some(pass) => matches!(pass, "Depth" | "IndexOB" | "IndexMA" | "Denoising Depth"),
+        None => last == "Z",
+    }
+}
+
+/// Blender stamps each view layer's Cycles samples (`cycles.View.samples`);
+/// a frame merged from sample ranges says how many it holds in all.
+fn stamp_samples(attributes: &mut exr::meta::header::LayerAttributes, samples: u32) {
+    use exr::meta::attribute::{AttributeValue, Text};
+    for (key, value) in attributes.other.iter_mut() {
+        let key = key.to_string();
+        if key.starts_with("cycles.") && key.ends_with(".samples") {
+            *value = AttributeValue::Text(Text::from(samples.to_string().as_str()));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -327,10 +447,10 @@ mod tests {
         let tiles: Vec<_> = (0..grid.count())
             .map(|i| {
                 let r = grid.rect(i, w as u32, h as u32);
-                (r, tile(r))
+                (r, vec![tile(r)])
             })
             .collect();
-        let frame = stitch_layers(w as u32, h as u32, &tiles).unwrap();
+        let frame = stitch_layers(w as u32, h as u32, &tiles, &[16]).unwrap();
         assert!(is_exr(&frame));
         let image = read()
             .no_deep_data()
@@ -364,5 +484,98 @@ mod tests {
                 FlatSamples::U32(_) => unreachable!(),
             }
         }
+    }
+
+    /// A tile of two passes, `View.Depth.Z` (f32) and `View.Combined.R`
+    /// (f16), set to `value` everywhere, stamped with `samples`.
+    fn flat_tile(w: usize, h: usize, value: f32, samples: &str) -> Vec<u8> {
+        use ::exr::meta::attribute::AttributeValue;
+        use ::exr::prelude::*;
+        let mut attributes = LayerAttributes::default();
+        attributes.other.insert(
+            Text::from(CODEC_ATTRIBUTE),
+            AttributeValue::Text(Text::from("ZIP")),
+        );
+        attributes.other.insert(
+            Text::from("cycles.View.samples"),
+            AttributeValue::Text(Text::from(samples)),
+        );
+        let channels = vec![
+            AnyChannel::new("View.Depth.Z", FlatSamples::F32(vec![value; w * h])),
+            AnyChannel::new(
+                "View.Combined.R",
+                FlatSamples::F16(vec![f16::from_f32(value); w * h]),
+            ),
+        ];
+        let layer = Layer::new(
+            (w, h),
+            attributes,
+            Encoding::UNCOMPRESSED,
+            AnyChannels::sort(channels.into_iter().collect()),
+        );
+        let mut out = std::io::Cursor::new(Vec::new());
+        Image::from_layer(layer)
+            .write()
+            .to_buffered(&mut out)
+            .unwrap();
+        out.into_inner()
+    }
+
+    #[test]
+    fn layer_ranges_merge_every_channel_by_sample_weight_and_stamp_the_total() {
+        use ::exr::meta::attribute::AttributeValue;
+        use ::exr::prelude::*;
+        use tessera_protocol::job::TileRect;
+        let (w, h) = (4usize, 3usize);
+        let rect = TileRect {
+            x: 0,
+            y: 0,
+            width: w as u32,
+            height: h as u32,
+        };
+        // 8 samples at 1.0, 24 at 3.0: 2.5 over all 32.
+        let parts = vec![flat_tile(w, h, 1.0, "8"), flat_tile(w, h, 3.0, "24")];
+        let frame = stitch_layers(w as u32, h as u32, &[(rect, parts)], &[8, 24]).unwrap();
+        let layer = read_layer(0, &frame).unwrap();
+        assert_eq!(
+            layer.encoding.compression,
+            ::exr::compression::Compression::ZIP16
+        );
+        assert_eq!(
+            layer
+                .attributes
+                .other
+                .get(&Text::from("cycles.View.samples")),
+            Some(&AttributeValue::Text(Text::from("32"))),
+            "the stamp names all samples"
+        );
+        for c in &layer.channel_data.list {
+            match &c.sample_data {
+                FlatSamples::F16(v) => assert!(v.iter().all(|x| x.to_f32() == 2.5)),
+                // Depth is sample 0's: the first range's, not a mean.
+                FlatSamples::F32(v) => assert!(v.iter().all(|&x| x == 1.0), "{}", c.name),
+                FlatSamples::U32(_) => unreachable!(),
+            }
+        }
+        assert!(one_sample_pass("Second.IndexOB.X") && one_sample_pass("Z"));
+        assert!(!one_sample_pass("View.Normal.Z") && !one_sample_pass("View.Combined.R"));
+        // Ranges that do not hold the same channels are refused.
+        let mut odd = flat_tile(w, h, 1.0, "8");
+        odd = {
+            let mut l = read_layer(0, &odd).unwrap();
+            l.channel_data.list.pop();
+            let mut out = std::io::Cursor::new(Vec::new());
+            Image::from_layer(l).write().to_buffered(&mut out).unwrap();
+            out.into_inner()
+        };
+        let parts = vec![flat_tile(w, h, 1.0, "8"), odd];
+        let err = stitch_layers(w as u32, h as u32, &[(rect, parts)], &[8, 24]).unwrap_err();
+        assert!(
+            matches!(err, crate::stitch::StitchError::MixedFormats { index: 0 }),
+            "{err}"
+        );
+        // A missing range is an error, not a frame of fewer samples.
+        let parts = vec![flat_tile(w, h, 1.0, "8")];
+        assert!(stitch_layers(w as u32, h as u32, &[(rect, parts)], &[8, 24]).is_err());
     }
 }

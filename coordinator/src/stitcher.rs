@@ -70,20 +70,19 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
     let whole = tiles.len() == 1
         && tiles[0].1.len() == 1
         && (tiles[0].0.width, tiles[0].0.height) == (w, h);
-    let layers =
-        ranges == 1 && (tiles.iter()).all(|(_, parts)| parts.iter().all(|p| exr::is_exr(p)));
+    let layers = (tiles.iter()).all(|(_, parts)| parts.iter().all(|p| exr::is_exr(p)));
     let image = if whole && !sums && !float {
         // One task rendered the whole frame: the renderer's file is the
         // frame, untouched (its format, passes, codec and metadata).
         tiles.remove(0).1.remove(0)
     } else if layers {
-        // OpenEXR tiles with every layer and pass: stitched channel by
-        // channel, written with the scene's codec and metadata.
-        let tiles: Vec<_> = tiles
-            .into_iter()
-            .map(|(rect, mut parts)| (rect, parts.remove(0)))
-            .collect();
-        exr::stitch_layers(w, h, &tiles).with_context(|| format!("frame {frame}"))?
+        // OpenEXR tiles and sample ranges with every layer and pass: ranges
+        // merged and tiles stitched channel by channel, written with the
+        // scene's codec and metadata.
+        let n = spec.samples;
+        let k = spec.sample_ranges;
+        let weights: Vec<u32> = (0..k).map(|r| n * (r + 1) / k - n * r / k).collect();
+        exr::stitch_layers(w, h, &tiles, &weights).with_context(|| format!("frame {frame}"))?
     } else if sums {
         stitch::stitch_sums(w, h, &tiles, spec.samples).with_context(|| format!("frame {frame}"))?
     } else if float {

@@ -8,7 +8,7 @@ use crate::harness::Farm;
 
 /// Saves a copy of `project`'s `shot.blend` as `name` with `settings`
 /// applied (Python statements with `s` bound to the scene).
-fn derive(project: &Project, name: &str, settings: &[&str]) -> String {
+pub(crate) fn derive(project: &Project, name: &str, settings: &[&str]) -> String {
     let out = project.dir.join(name);
     let mut expr = String::from("import bpy\ns = bpy.context.scene\n");
     for line in settings {
@@ -503,9 +503,9 @@ fn whole_frames_arrive_in_the_scenes_own_format_and_name_with_every_pass() {
 /// An OpenEXR read with the `exr` crate: (channel name, sample bits) of
 /// every channel, the codec, and the names of its other (metadata)
 /// attributes.
-type ExrContent = (Vec<(String, Vec<u32>)>, String, Vec<String>);
+pub(crate) type ExrContent = (Vec<(String, Vec<u32>)>, String, Vec<String>);
 
-fn exr_content(path: &std::path::Path) -> ExrContent {
+pub(crate) fn exr_content(path: &std::path::Path) -> ExrContent {
     use exr::prelude::*;
     let image = read()
         .no_deep_data()

@@ -15,5 +15,6 @@ mod layering;
 mod monitor;
 mod operate;
 mod partition;
+mod passes;
 mod requires;
 mod tiles;

@@ -127,8 +127,8 @@ struct RenderCommand<'a> {
     total: u32,
     out: &'a Path,
     raw: bool,
-    /// A tile of an OpenEXR frame rendered with all its samples: travel as
-    /// an uncompressed OpenEXR of every layer and pass (not 4-channel float).
+    /// A tile or sample range of an OpenEXR frame: travel as an
+    /// uncompressed OpenEXR of every layer and pass (not 4-channel float).
     layers: bool,
 }
 
@@ -158,6 +158,10 @@ struct Rendered {
     /// `[x, y, w, h]`: the output is the whole frame; cut this tile out.
     crop: Option<[u32; 4]>,
     evidence: Evidence,
+    /// The passes (`ViewLayer.Depth`) the scene's view layers ask for, where
+    /// the session knows them (Cycles to multilayer OpenEXR).
+    #[serde(default)]
+    asked_passes: Option<Vec<String>>,
 }
 
 /// Read back from the written image: its size and channels, and the stamp
@@ -174,6 +178,9 @@ struct Evidence {
     /// samples then come from the session, not the file.
     #[serde(default)]
     stamped: bool,
+    /// The passes an OpenEXR holds (`ViewLayer.Depth`); none for other formats.
+    #[serde(default)]
+    passes: Option<Vec<String>>,
 }
 
 /// Why a session could not render a task.
@@ -559,7 +566,7 @@ impl Engine for Blender {
         let whole = (task.tile.width, task.tile.height) == job.resolution;
         let ranged = task.samples != (0, task.total_samples);
         let raw = ranged || (job.output == OutputFormat::Exr && !whole);
-        let layers = raw && !ranged;
+        let layers = raw && job.output == OutputFormat::Exr;
         let out = job_dir.with_extension(format!(
             "out-{}-{}.{}",
             task.task.index,
@@ -598,8 +605,8 @@ impl Engine for Blender {
 }
 
 /// Accepts a render only on Blender's own evidence that it rendered what
-/// was asked: the frame, the size, and (Cycles) the samples it stamped into
-/// the file. An error here is what a canceled or empty render looks like.
+/// was asked: the frame, the size, the passes the scene asks for, and
+/// (Cycles) the samples it stamped into the file. An error here is what a canceled or empty render looks like.
 fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::Result<()> {
     let e = &r.evidence;
     let tile = (task.tile.width, task.tile.height);
@@ -627,6 +634,24 @@ fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::R
         e.frame.map_or("(none)".into(), |f| f.to_string()),
         task.frame
     );
+    if let Some(asked) = &r.asked_passes {
+        // Blender may add passes of its own; every pass asked for must be there.
+        let held = e.passes.as_deref().unwrap_or_default();
+        let missing: Vec<&str> = (asked.iter())
+            .filter(|p| !held.contains(p))
+            .map(String::as_str)
+            .collect();
+        anyhow::ensure!(
+            missing.is_empty(),
+            "blender's output lacks the passes {} that the scene asks for (it holds {})",
+            missing.join(", "),
+            if held.is_empty() {
+                "none".to_string()
+            } else {
+                held.join(", ")
+            }
+        );
+    }
     if r.engine == "CYCLES" {
         let want = task.samples.1 - task.samples.0;
         if !e.stamped {
@@ -793,6 +818,32 @@ mod tests {
         let offset_claiming_all = good.replace(r#""samples":16,"#, r#""samples":8,"#);
         let err = check_evidence(&reply(&offset_claiming_all), &range, (96, 64)).unwrap_err();
         assert!(err.to_string().contains("samples per view layer"), "{err}");
+        // Every pass the scene asks for must be in the file; passes Blender
+        // adds of its own are no error.
+        let ml = |held: &str| {
+            good.replace(
+                r#""stamped":true}"#,
+                &format!(r#""stamped":true,"passes":{held}}},"asked_passes":["ViewLayer.Combined","ViewLayer.Depth","Second.Combined"]"#),
+            )
+        };
+        let all = ml(
+            r#"["Second.Combined","ViewLayer.Combined","ViewLayer.Depth","ViewLayer.Noisy Image"]"#,
+        );
+        check_evidence(&reply(&all), &t, (96, 64)).unwrap();
+        for (held, want) in [
+            (
+                r#"["Second.Combined","ViewLayer.Combined"]"#,
+                "lacks the passes ViewLayer.Depth that the scene asks for (it holds Second.Combined, ViewLayer.Combined)",
+            ),
+            (
+                r#"["ViewLayer.Combined"]"#,
+                "lacks the passes ViewLayer.Depth, Second.Combined",
+            ),
+            ("null", "(it holds none)"),
+        ] {
+            let err = check_evidence(&reply(&ml(held)), &t, (96, 64)).unwrap_err();
+            assert!(err.to_string().contains(want), "{err} / {want}");
+        }
         // Eevee and Workbench stamp no samples; the frame still counts.
         let eevee = r#"{"ok":true,"width":96,"height":64,"samples":8,"engine":"BLENDER_EEVEE","crop":null,
             "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{},"stamped":true}}"#;

@@ -696,7 +696,7 @@ def evidence(path):
     their size back, and `stamped` is false."""
     with open(path, "rb") as f:
         head = f.read(1 << 20)
-    stamped = True
+    stamped, passes = True, None
     if head[:8] == b"\x89PNG\r\n\x1a\n":
         with open(path, "rb") as f:
             w, h, nch, meta = png_info(f.read())
@@ -704,6 +704,8 @@ def evidence(path):
     elif head[:4] == b"\x76\x2f\x31\x01":
         w, h, chans, meta = exr_info(head)
         channels = len(chans)
+        # Its passes: channel names less the channel (`ViewLayer.Depth.Z`).
+        passes = sorted({c.rsplit(".", 1)[0] for c in chans if "." in c})
     elif head[:2] == b"\xff\xd8":
         with open(path, "rb") as f:
             w, h, channels, meta = jpeg_info(f.read())
@@ -728,7 +730,55 @@ def evidence(path):
     except ValueError:
         frame = None
     return {"width": w, "height": h, "channels": channels, "frame": frame, "samples": samples,
-            "stamped": stamped}
+            "stamped": stamped, "passes": passes}
+
+
+# A view layer's pass switches and the name Blender gives each pass in a
+# multilayer OpenEXR (Cycles).
+_PASS_SWITCHES = (
+    ("use_pass_combined", "Combined"), ("use_pass_z", "Depth"), ("use_pass_mist", "Mist"),
+    ("use_pass_normal", "Normal"), ("use_pass_position", "Position"), ("use_pass_uv", "UV"),
+    ("use_pass_object_index", "IndexOB"), ("use_pass_material_index", "IndexMA"),
+    ("use_pass_emit", "Emit"), ("use_pass_environment", "Env"),
+    ("use_pass_ambient_occlusion", "AO"),
+    ("use_pass_diffuse_direct", "DiffDir"), ("use_pass_diffuse_indirect", "DiffInd"),
+    ("use_pass_diffuse_color", "DiffCol"), ("use_pass_glossy_direct", "GlossDir"),
+    ("use_pass_glossy_indirect", "GlossInd"), ("use_pass_glossy_color", "GlossCol"),
+    ("use_pass_transmission_direct", "TransDir"), ("use_pass_transmission_indirect", "TransInd"),
+    ("use_pass_transmission_color", "TransCol"),
+)
+_CRYPTO_SWITCHES = (("use_pass_cryptomatte_object", "CryptoObject"),
+                    ("use_pass_cryptomatte_material", "CryptoMaterial"),
+                    ("use_pass_cryptomatte_asset", "CryptoAsset"))
+
+
+def asked_passes(scene):
+    """The passes (`ViewLayer.Depth`) the scene's view layers ask a
+    multilayer OpenEXR to hold, from their pass switches; None where this
+    is not known (other formats and engines, stereo views). The evidence
+    check compares them with what the file holds: a pass the scene asks for
+    and the file lacks is a render that did not do what was asked."""
+    r = scene.render
+    if (r.engine != "CYCLES" or r.image_settings.file_format != "OPEN_EXR_MULTILAYER"
+            or r.use_multiview):
+        return None
+    layers = [vl for vl in scene.view_layers if vl.use]
+    if r.use_single_layer:
+        layers = [bpy.context.view_layer]
+    asked = []
+    for vl in layers:
+        for switch, name in _PASS_SWITCHES:
+            if getattr(vl, switch, False):
+                asked.append("%s.%s" % (vl.name, name))
+        if not r.use_motion_blur and getattr(vl, "use_pass_vector", False):
+            asked.append("%s.Vector" % vl.name)
+        levels = getattr(vl, "pass_cryptomatte_depth", 6)
+        for switch, name in _CRYPTO_SWITCHES:
+            if getattr(vl, switch, False):
+                asked += ["%s.%s%02d" % (vl.name, name, i) for i in range((levels + 1) // 2)]
+        if getattr(vl.cycles, "denoising_store_passes", False):
+            asked += ["%s.Denoising Normal" % vl.name, "%s.Denoising Albedo" % vl.name]
+    return sorted(asked)
 
 
 def crop_exr(src, out, x, y, w, h, extra):
@@ -897,6 +947,7 @@ class Session:
         missing = missing_feature(scene)
         if missing:
             raise Unsupported(missing)
+        asked = asked_passes(scene)
 
         parent = os.path.dirname(out)
         if parent:
@@ -968,7 +1019,8 @@ class Session:
         if ev is None:
             raise RuntimeError("Blender wrote an image this worker cannot read back")
         return {"ok": True, "out": out, "width": w, "height": h, "ms": ms, "samples": n_samples,
-                "subset": subset, "engine": r.engine, "crop": crop, "evidence": ev}
+                "subset": subset, "engine": r.engine, "crop": crop, "evidence": ev,
+                "asked_passes": asked}
 
     def _render(self, scene, write_still):
         self.events.clear()
