@@ -14,6 +14,7 @@ pub mod messages;
 pub mod store;
 pub mod sums;
 pub mod telemetry;
+pub mod text;
 pub mod ticket;
 pub mod transport;
 

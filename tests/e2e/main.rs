@@ -10,6 +10,7 @@ mod faithful;
 mod faults;
 mod formats;
 mod harness;
+mod hostile;
 mod layering;
 mod monitor;
 mod operate;

@@ -980,6 +980,13 @@ impl Scheduler {
         Ok(())
     }
 
+    /// Whether `worker` holds a current lease (or a straggler's second
+    /// one) on `task` under `epoch`: what it may report on or send a
+    /// result for.
+    pub fn holds_lease(&self, worker: WorkerId, task: TaskKey, epoch: Epoch) -> bool {
+        self.check_lease(worker, task, epoch).is_ok()
+    }
+
     /// The leases `worker` holds, in task order.
     pub fn running_on(&self, worker: WorkerId) -> Vec<(TaskKey, Epoch)> {
         let Some(known) = self.workers.get(&worker) else {
