@@ -70,7 +70,8 @@ enum Ended {
 async fn attack(endpoint: quinn::Endpoint, addr: std::net::SocketAddr, first: Vec<u8>, body_len: usize) -> Ended {
     let conn = match endpoint.connect(addr, transport::CERT_NAME).unwrap().await {
         Ok(c) => c,
-        Err(quinn::ConnectionError::ConnectionRefused) => return Ended::Refused,
+        // `Incoming::refuse`: closed with CONNECTION_REFUSED at once.
+        Err(quinn::ConnectionError::ConnectionClosed(_)) => return Ended::Refused,
         Err(e) => return Ended::Other(format!("connect: {e}")),
     };
     let closed = {
