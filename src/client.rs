@@ -13,7 +13,8 @@ use tessera_protocol::blender::{BlenderNeeds, VersionReq};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::chunk::{self, ChunkList, CHUNK_THRESHOLD};
 use tessera_protocol::job::{
-    limits, parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid, SAMPLE_RANGES_AUTO,
+    limits, parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid,
+    SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
     ClientRequest, ClientResponse, Collected, JobState, JobStatus, Role, TileStatus, WorkerStatus,
@@ -235,7 +236,9 @@ impl Staging {
             match std::fs::create_dir(&path) {
                 Ok(()) => return Ok(Staging(path)),
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => return Err(e).with_context(|| format!("cannot create {}", path.display())),
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot create {}", path.display()))
+                }
             }
         }
         bail!("cannot create a staging folder in {}", dir.display())

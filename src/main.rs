@@ -657,7 +657,6 @@ struct EngineChoice<'a> {
     noop_ms: u64,
 }
 
-
 /// `--price-per-hour`: finite and at least 0 (NaN, inf and negative
 /// prices are refused here and by the coordinator).
 fn parse_price(s: &str) -> Result<f64, String> {

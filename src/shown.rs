@@ -50,7 +50,10 @@ pub fn event(e: &mut FarmEvent) {
 /// many lines) but loses every other control character.
 pub fn task_log(l: &mut TaskLog) {
     escape(&mut l.error);
-    if l.log.chars().any(|c| c.is_control() && c != '\n' && c != '\t') {
+    if l.log
+        .chars()
+        .any(|c| c.is_control() && c != '\n' && c != '\t')
+    {
         let mut out = String::with_capacity(l.log.len());
         for c in l.log.chars() {
             if !c.is_control() || c == '\n' || c == '\t' {

@@ -164,7 +164,9 @@ pub fn parse_frames(s: &str) -> Result<Vec<u32>, String> {
             if b < a {
                 return Err(format!("frame range `{part}` ends before it starts"));
             }
-            if b - a >= limits::MAX_FRAMES as u32 || frames.len() + (b - a) as usize >= limits::MAX_FRAMES {
+            if b - a >= limits::MAX_FRAMES as u32
+                || frames.len() + (b - a) as usize >= limits::MAX_FRAMES
+            {
                 return Err(format!(
                     "frame range `{part}` is too long: a job has at most {} frames",
                     limits::MAX_FRAMES
@@ -175,7 +177,10 @@ pub fn parse_frames(s: &str) -> Result<Vec<u32>, String> {
             frames.push(part.parse().map_err(|_| bad())?);
         }
         if frames.len() > limits::MAX_FRAMES {
-            return Err(format!("`{s}` names more than {} frames", limits::MAX_FRAMES));
+            return Err(format!(
+                "`{s}` names more than {} frames",
+                limits::MAX_FRAMES
+            ));
         }
     }
     frames.sort_unstable();
@@ -301,7 +306,10 @@ impl JobSpec {
             ));
         }
         if cols > w || rows > h {
-            return Err(format!("tile grid {} does not fit a {w}x{h} frame", self.tiles));
+            return Err(format!(
+                "tile grid {} does not fit a {w}x{h} frame",
+                self.tiles
+            ));
         }
         if self.samples == 0 || self.samples > MAX_SAMPLES {
             return Err(format!(
@@ -429,10 +437,20 @@ mod tests {
     fn grids_and_sample_ranges_do_not_overflow() {
         // 65536x1 tiles of a 65536-pixel-wide frame: each tile one pixel
         // wide (this once gave a tile 4294901761 pixels wide).
-        let g = TileGrid { cols: 65536, rows: 1 };
+        let g = TileGrid {
+            cols: 65536,
+            rows: 1,
+        };
         let last = g.rect(65535, 65536, 8);
         assert_eq!((last.x, last.width, last.height), (65535, 1, 8));
-        assert_eq!(TileGrid { cols: 65536, rows: 65536 }.count(), u32::MAX);
+        assert_eq!(
+            TileGrid {
+                cols: 65536,
+                rows: 65536
+            }
+            .count(),
+            u32::MAX
+        );
         // 100000 samples in 100000 ranges: range 42949 is sample 42949.
         assert_eq!(sample_range(100_000, 42_949, 100_000), (42_949, 42_950));
         assert_eq!(
@@ -466,18 +484,29 @@ mod tests {
             f(&mut spec);
             spec.check_limits().unwrap_err()
         };
-        assert!(refused(&|s| s.samples = 3_000_000_000).contains("sample count must be between 1 and 16777216"));
+        assert!(refused(&|s| s.samples = 3_000_000_000)
+            .contains("sample count must be between 1 and 16777216"));
         assert!(refused(&|s| s.sample_ranges = 100_000).contains("at most 1024 sample ranges"));
         assert!(refused(&|s| {
             s.resolution = (65536, 65536);
-            s.tiles = TileGrid { cols: 65536, rows: 65536 };
+            s.tiles = TileGrid {
+                cols: 65536,
+                rows: 65536,
+            };
         })
         .contains("tiles per side must be between 1 and 64"));
         assert!(refused(&|s| s.frames.clear()).contains("no frames"));
-        assert!(refused(&|s| s.frames = (0..=limits::MAX_FRAMES as u32).collect()).contains("frames; the limit"));
+        assert!(
+            refused(&|s| s.frames = (0..=limits::MAX_FRAMES as u32).collect())
+                .contains("frames; the limit")
+        );
         assert!(refused(&|s| s.resolution = (0, 90)).contains("out of range"));
-        assert!(parse_frames("0-4294967295").unwrap_err().contains("at most 1000000 frames"));
-        assert!(parse_frames("1-600000,700000-1300000").unwrap_err().contains("at most"));
+        assert!(parse_frames("0-4294967295")
+            .unwrap_err()
+            .contains("at most 1000000 frames"));
+        assert!(parse_frames("1-600000,700000-1300000")
+            .unwrap_err()
+            .contains("at most"));
     }
 
     #[test]

@@ -78,6 +78,8 @@ mod tests {
             escape_controls("a\nb\u{1b}[31mred\t\u{7}"),
             "a\\nb\\u{1b}[31mred\\t\\u{7}"
         );
-        assert!(!escape_controls("x\r\n\u{9b}y").chars().any(char::is_control));
+        assert!(!escape_controls("x\r\n\u{9b}y")
+            .chars()
+            .any(char::is_control));
     }
 }

@@ -42,8 +42,7 @@ pub fn rss(pid: u32) -> u64 {
 /// connections alive itself, so only the coordinator can end them.
 fn attacker(ticket: &Ticket) -> quinn::Endpoint {
     let tls = transport::client_tls(&ticket.fingerprint).unwrap();
-    let mut config =
-        quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
+    let mut config = quinn::ClientConfig::new(Arc::new(QuicClientConfig::try_from(tls).unwrap()));
     let mut t = quinn::TransportConfig::default();
     t.keep_alive_interval(Some(Duration::from_millis(500)));
     t.max_idle_timeout(Some(Duration::from_secs(120).try_into().unwrap()));
@@ -67,7 +66,12 @@ enum Ended {
 /// Opens a connection and a stream, sends `first` (part of a Hello, or an
 /// oversized frame's prefix and then `body_len` bytes), and reports how
 /// the connection ended.
-async fn attack(endpoint: quinn::Endpoint, addr: std::net::SocketAddr, first: Vec<u8>, body_len: usize) -> Ended {
+async fn attack(
+    endpoint: quinn::Endpoint,
+    addr: std::net::SocketAddr,
+    first: Vec<u8>,
+    body_len: usize,
+) -> Ended {
     let conn = match endpoint.connect(addr, transport::CERT_NAME).unwrap().await {
         Ok(c) => c,
         // `Incoming::refuse`: closed with CONNECTION_REFUSED at once.
@@ -76,9 +80,9 @@ async fn attack(endpoint: quinn::Endpoint, addr: std::net::SocketAddr, first: Ve
     };
     let closed = {
         let conn = conn.clone();
-        tokio::spawn(async move {
-            tokio::time::timeout(HELLO_DEADLINE + SLACK, conn.closed()).await
-        })
+        tokio::spawn(
+            async move { tokio::time::timeout(HELLO_DEADLINE + SLACK, conn.closed()).await },
+        )
     };
     if let Ok((mut send, _recv)) = conn.open_bi().await {
         let _ = send.write_all(&first).await;
@@ -163,7 +167,12 @@ fn unauthenticated_floods_are_bounded_and_a_worker_keeps_rendering() {
         let big: Vec<_> = (0..50)
             .map(|_| {
                 let prefix = MAX_FRAME.to_be_bytes().to_vec();
-                tokio::spawn(attack(endpoint.clone(), ticket.addr, prefix, MAX_FRAME as usize))
+                tokio::spawn(attack(
+                    endpoint.clone(),
+                    ticket.addr,
+                    prefix,
+                    MAX_FRAME as usize,
+                ))
             })
             .collect();
         let mut oversized = Vec::new();
@@ -186,10 +195,22 @@ fn unauthenticated_floods_are_bounded_and_a_worker_keeps_rendering() {
             .iter()
             .filter(|e| !matches!(e, Ended::Refused | Ended::ClosedByCoordinator))
             .collect();
-        assert!(other.is_empty(), "{what} connections not ended by the coordinator: {other:?}");
-        let closed = ends.iter().filter(|e| **e == Ended::ClosedByCoordinator).count();
-        println!("{what}: {closed} closed by the coordinator, {} refused at once", ends.len() - closed);
-        assert!(closed > 0, "some {what} connections got as far as their Hello");
+        assert!(
+            other.is_empty(),
+            "{what} connections not ended by the coordinator: {other:?}"
+        );
+        let closed = ends
+            .iter()
+            .filter(|e| **e == Ended::ClosedByCoordinator)
+            .count();
+        println!(
+            "{what}: {closed} closed by the coordinator, {} refused at once",
+            ends.len() - closed
+        );
+        assert!(
+            closed > 0,
+            "some {what} connections got as far as their Hello"
+        );
     }
     assert!(
         peak < idle + 50_000_000,
@@ -227,7 +248,10 @@ fn blob_files(farm: &Farm) -> usize {
 /// The command failed, saying `needle` on stderr.
 fn assert_refused(out: &std::process::Output, needle: &str) {
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected a refusal with {needle:?}; stderr {err:?}");
+    assert!(
+        !out.status.success(),
+        "expected a refusal with {needle:?}; stderr {err:?}"
+    );
     assert!(err.contains(needle), "expected {needle:?} in {err:?}");
 }
 
@@ -239,20 +263,41 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
     let farm = Farm::start("numbers", &[]);
     let scene = scenes().join("textured.scene.json");
     let scene = scene.to_str().unwrap();
-    let out = farm.run(&["submit", scene, "--samples", "100000", "--sample-ranges", "100000"]);
+    let out = farm.run(&[
+        "submit",
+        scene,
+        "--samples",
+        "100000",
+        "--sample-ranges",
+        "100000",
+    ]);
     assert_refused(&out, "at most 1024 sample ranges per tile");
-    let out = farm.run(&["submit", scene, "--samples", "3000000000", "--sample-ranges", "2"]);
+    let out = farm.run(&[
+        "submit",
+        scene,
+        "--samples",
+        "3000000000",
+        "--sample-ranges",
+        "2",
+    ]);
     assert_refused(&out, "the sample count must be between 1 and 16777216");
 
     // A scene declaring frames 0..4294967295: refused before allocating.
     let huge = farm.dir.join("huge-frames");
     std::fs::create_dir_all(huge.join("textures")).unwrap();
     for t in ["checker.png", "wood.png"] {
-        std::fs::copy(scenes().join("textures").join(t), huge.join("textures").join(t)).unwrap();
+        std::fs::copy(
+            scenes().join("textures").join(t),
+            huge.join("textures").join(t),
+        )
+        .unwrap();
     }
     let text = std::fs::read_to_string(scenes().join("textured.scene.json"))
         .unwrap()
-        .replace(r#""frames": { "start": 1, "end": 4 }"#, r#""frames": { "start": 0, "end": 4294967295 }"#);
+        .replace(
+            r#""frames": { "start": 1, "end": 4 }"#,
+            r#""frames": { "start": 0, "end": 4294967295 }"#,
+        );
     std::fs::write(huge.join("huge.scene.json"), text).unwrap();
     let out = farm.run(&["submit", huge.join("huge.scene.json").to_str().unwrap()]);
     assert_refused(&out, "has 4294967296 frames; a job has at most 1000000");
@@ -270,37 +315,61 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
             .unwrap();
         let bytes = std::fs::read(scenes().join("demo.scene.json")).unwrap();
         let digest = Digest::of(&bytes);
-        blob::put(&s.connection, digest, bytes.len() as u64, BlobSource::Bytes(&bytes))
-            .await
-            .unwrap();
-        let spec = |tiles: TileGrid, resolution, samples, sample_ranges, frames: Vec<u32>| JobSpec {
-            request_id: None,
-            name: "overflow".into(),
-            engine: Engine::Builtin,
-            scene: "demo.scene.json".into(),
-            manifest: vec![ManifestEntry {
-                path: "demo.scene.json".into(),
-                digest,
-                size: bytes.len() as u64,
-                origin: None,
-            }],
-            frames,
-            tiles,
-            sample_ranges,
-            samples,
-            resolution,
-            priority: 0,
-            output: OutputFormat::Png,
-            blender: None,
-            output_name: None,
-        };
+        blob::put(
+            &s.connection,
+            digest,
+            bytes.len() as u64,
+            BlobSource::Bytes(&bytes),
+        )
+        .await
+        .unwrap();
+        let spec =
+            |tiles: TileGrid, resolution, samples, sample_ranges, frames: Vec<u32>| JobSpec {
+                request_id: None,
+                name: "overflow".into(),
+                engine: Engine::Builtin,
+                scene: "demo.scene.json".into(),
+                manifest: vec![ManifestEntry {
+                    path: "demo.scene.json".into(),
+                    digest,
+                    size: bytes.len() as u64,
+                    origin: None,
+                }],
+                frames,
+                tiles,
+                sample_ranges,
+                samples,
+                resolution,
+                priority: 0,
+                output: OutputFormat::Png,
+                blender: None,
+                output_name: None,
+            };
         let cases = [
             (
-                spec(TileGrid { cols: 65536, rows: 65536 }, (65536, 65536), 16, 1, vec![1]),
+                spec(
+                    TileGrid {
+                        cols: 65536,
+                        rows: 65536,
+                    },
+                    (65536, 65536),
+                    16,
+                    1,
+                    vec![1],
+                ),
                 "tiles per side must be between 1 and 64",
             ),
             (
-                spec(TileGrid { cols: 65536, rows: 1 }, (65536, 8), 16, 1, vec![1]),
+                spec(
+                    TileGrid {
+                        cols: 65536,
+                        rows: 1,
+                    },
+                    (65536, 8),
+                    16,
+                    1,
+                    vec![1],
+                ),
                 "tiles per side must be between 1 and 64",
             ),
             (
@@ -311,10 +380,16 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 spec(TileGrid::WHOLE, (160, 90), 3_000_000_000, 2, vec![1]),
                 "the sample count must be between 1 and 16777216",
             ),
-            (spec(TileGrid::WHOLE, (160, 90), 16, 1, vec![]), "the job has no frames"),
+            (
+                spec(TileGrid::WHOLE, (160, 90), 16, 1, vec![]),
+                "the job has no frames",
+            ),
         ];
         for (spec, needle) in cases {
-            let what = format!("{} tiles, {} samples in {} ranges", spec.tiles, spec.samples, spec.sample_ranges);
+            let what = format!(
+                "{} tiles, {} samples in {} ranges",
+                spec.tiles, spec.samples, spec.sample_ranges
+            );
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {
                 ClientResponse::Error(e) => assert!(e.contains(needle), "{what}: {e}"),
@@ -349,7 +424,9 @@ fn a_panic_in_a_connection_handler_stops_nothing_else() {
     assert_frames_match_reference_samples(&out, &scenes().join("demo.scene.json"), &[1], 256);
     let all = farm.json(&["status", "--json"]);
     assert_eq!(all["workers"].as_array().unwrap().len(), 1, "{all}");
-    assert!(farm.coordinator_log().contains("failpoint: a panic in a connection handler"));
+    assert!(farm
+        .coordinator_log()
+        .contains("failpoint: a panic in a connection handler"));
 }
 
 /// A job name with a newline and an escape sequence is shown escaped in
@@ -373,9 +450,16 @@ fn control_characters_in_a_job_name_are_escaped_in_the_table() {
     let out = farm.run(&["status"]);
     assert!(out.status.success());
     let table = String::from_utf8(out.stdout).unwrap();
-    assert!(!table.contains('\u{1b}'), "an escape reached the terminal: {table:?}");
+    assert!(
+        !table.contains('\u{1b}'),
+        "an escape reached the terminal: {table:?}"
+    );
     assert!(table.contains("evil\\nname\\u{1b}[2J"), "{table}");
-    assert_eq!(table.lines().filter(|l| l.contains("name")).count(), 1, "{table}");
+    assert_eq!(
+        table.lines().filter(|l| l.contains("name")).count(),
+        1,
+        "{table}"
+    );
     assert_eq!(farm.status(job)["name"], name);
 }
 
@@ -419,9 +503,8 @@ mod rogue {
 
     pub async fn assignment(s: &mut Session) -> TaskSpec {
         loop {
-            match next(s).await.expect("connection open") {
-                CoordMsg::Assign(spec) => return spec,
-                _ => {}
+            if let CoordMsg::Assign(spec) = next(s).await.expect("connection open") {
+                return spec;
             }
         }
     }
@@ -432,7 +515,10 @@ fn tiny_png() -> Vec<u8> {
     let mut out = Vec::new();
     let mut enc = png::Encoder::new(&mut out, 1, 1);
     enc.set_color(png::ColorType::Rgb);
-    enc.write_header().unwrap().write_image_data(&[9, 9, 9]).unwrap();
+    enc.write_header()
+        .unwrap()
+        .write_image_data(&[9, 9, 9])
+        .unwrap();
     out
 }
 
@@ -491,7 +577,9 @@ fn a_hostile_workers_results_store_nothing_and_the_job_completes_elsewhere() {
         }
         while refused < 1000 {
             match rogue::next(&mut s).await.expect("connection open") {
-                CoordMsg::Ack { accepted: false, .. } => refused += 1,
+                CoordMsg::Ack {
+                    accepted: false, ..
+                } => refused += 1,
                 CoordMsg::Ack { accepted: true, .. } => panic!("a made-up lease was accepted"),
                 _ => {}
             }
@@ -506,8 +594,16 @@ fn a_hostile_workers_results_store_nothing_and_the_job_completes_elsewhere() {
         s.control.send(&done).await.unwrap();
         loop {
             match rogue::next(&mut s).await.expect("connection open") {
-                CoordMsg::Ack { task, accepted, reason } if task == spec.task => {
-                    assert!(!accepted, "a 1x1 PNG was accepted for a {:?} tile", spec.tile);
+                CoordMsg::Ack {
+                    task,
+                    accepted,
+                    reason,
+                } if task == spec.task => {
+                    assert!(
+                        !accepted,
+                        "a 1x1 PNG was accepted for a {:?} tile",
+                        spec.tile
+                    );
                     return reason.unwrap_or_default();
                 }
                 _ => {}
@@ -537,16 +633,25 @@ fn bad_prices_are_refused_and_slot_claims_are_capped() {
             .env("RUST_LOG", "off")
             .output()
             .unwrap();
-        assert!(!out.status.success(), "--price-per-hour {price} was accepted");
+        assert!(
+            !out.status.success(),
+            "--price-per-hour {price} was accepted"
+        );
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(err.contains("finite amount of at least 0") || err.contains("not a number"), "{price}: {err}");
+        assert!(
+            err.contains("finite amount of at least 0") || err.contains("not a number"),
+            "{price}: {err}"
+        );
     }
     let wt = ticket(&farm, "worker.ticket");
     let rt = runtime();
     rt.block_on(async {
         for price in [f64::NAN, f64::INFINITY, -1.0] {
             let mut s = rogue::join(&wt, "priced", rogue::info(1, price)).await;
-            assert!(rogue::next(&mut s).await.is_none(), "price {price} was accepted");
+            assert!(
+                rogue::next(&mut s).await.is_none(),
+                "price {price} was accepted"
+            );
         }
     });
     let all = farm.json(&["status", "--json"]);
@@ -566,7 +671,15 @@ fn wait_output_never_deletes_or_replaces_what_it_did_not_make() {
     farm.add_worker("w1");
     let scene = scenes().join("textured.scene.json");
     let submit = |samples: &str| {
-        farm.json(&["submit", scene.to_str().unwrap(), "--frames", "1", "--samples", samples, "--json"])["id"]
+        farm.json(&[
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            "1",
+            "--samples",
+            samples,
+            "--json",
+        ])["id"]
             .as_u64()
             .unwrap()
     };
@@ -576,7 +689,10 @@ fn wait_output_never_deletes_or_replaces_what_it_did_not_make() {
     std::fs::create_dir_all(&users).unwrap();
     std::fs::write(users.join("keep.txt"), b"the user's").unwrap();
     farm.wait_done(first, &out);
-    assert_eq!(std::fs::read(users.join("keep.txt")).unwrap(), b"the user's");
+    assert_eq!(
+        std::fs::read(users.join("keep.txt")).unwrap(),
+        b"the user's"
+    );
     let frame = out.join("frame_0001.png");
     let first_bytes = std::fs::read(&frame).unwrap();
 
@@ -590,17 +706,33 @@ fn wait_output_never_deletes_or_replaces_what_it_did_not_make() {
     };
     let refused = wait(&[]);
     assert_refused(&refused, "frame_0001.png already exists");
-    assert_eq!(std::fs::read(&frame).unwrap(), first_bytes, "replaced without --overwrite");
+    assert_eq!(
+        std::fs::read(&frame).unwrap(),
+        first_bytes,
+        "replaced without --overwrite"
+    );
     let replaced = wait(&["--overwrite"]);
-    assert!(replaced.status.success(), "{}", String::from_utf8_lossy(&replaced.stderr));
-    assert_ne!(std::fs::read(&frame).unwrap(), first_bytes, "--overwrite replaced it");
-    assert_eq!(std::fs::read(users.join("keep.txt")).unwrap(), b"the user's");
+    assert!(
+        replaced.status.success(),
+        "{}",
+        String::from_utf8_lossy(&replaced.stderr)
+    );
+    assert_ne!(
+        std::fs::read(&frame).unwrap(),
+        first_bytes,
+        "--overwrite replaced it"
+    );
+    assert_eq!(
+        std::fs::read(users.join("keep.txt")).unwrap(),
+        b"the user's"
+    );
     let left: Vec<_> = std::fs::read_dir(&out)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     assert!(
-        left.iter().all(|n| n == ".tessera-download" || n == "frame_0001.png"),
+        left.iter()
+            .all(|n| n == ".tessera-download" || n == "frame_0001.png"),
         "staging left behind: {left:?}"
     );
 }

@@ -95,7 +95,8 @@ fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
     if job == Some(u64::MAX)
         && std::env::var(crate::commit::FAILPOINT).as_deref() == Ok(FAILPOINT_PANIC_IN_HANDLER)
     {
-        shared.read(|_, _| panic!("failpoint: a panic in a connection handler, under the core lock"));
+        shared
+            .read(|_, _| panic!("failpoint: a panic in a connection handler, under the core lock"));
     }
     let answer = || -> anyhow::Result<ClientResponse> {
         Ok(match job {

@@ -99,6 +99,9 @@ mod tests {
         assert_eq!(gate.held(), MAX_UNAUTHENTICATED);
         held.clear();
         assert_eq!(gate.held(), 0);
-        assert!(gate.counts().per_addr.is_empty(), "nothing per address is kept");
+        assert!(
+            gate.counts().per_addr.is_empty(),
+            "nothing per address is kept"
+        );
     }
 }

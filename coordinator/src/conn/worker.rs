@@ -12,8 +12,8 @@ use tessera_protocol::messages::{
     check_price, TaskLog, WorkerInfo, WorkerMsg, MAX_CACHED_DIGESTS, MAX_INLINE_OUTPUT, MAX_SLOTS,
     MAX_TASK_LOG,
 };
-use tessera_protocol::text::{self, MAX_ERROR, MAX_NAME};
 use tessera_protocol::store::BlobStore;
+use tessera_protocol::text::{self, MAX_ERROR, MAX_NAME};
 use tessera_protocol::transport::Channel;
 use tessera_protocol::Digest;
 use tokio::sync::mpsc;
@@ -173,8 +173,8 @@ fn check_output(
             .has(&output)
             .ok_or_else(|| format!("output blob {output} was not uploaded"))?,
     };
-    let cap = u64::from(rect.width) * u64::from(rect.height) * MAX_OUTPUT_BYTES_PER_PIXEL
-        + OUTPUT_SLACK;
+    let cap =
+        u64::from(rect.width) * u64::from(rect.height) * MAX_OUTPUT_BYTES_PER_PIXEL + OUTPUT_SLACK;
     if size > cap {
         return Err(format!(
             "the output is {size} bytes; a {}x{} tile's is at most {cap}",
