@@ -11,6 +11,7 @@ mod faults;
 mod formats;
 mod harness;
 mod hostile;
+mod hostile_worker;
 mod layering;
 mod monitor;
 mod operate;
