@@ -204,3 +204,68 @@ fn bad_prices_are_refused_and_slot_claims_are_capped() {
     let all = farm.json(&["status", "--json"]);
     assert_eq!(all["workers"][0]["slots"], 256, "{all}");
 }
+
+/// A 9 MiB worker name and a 6 MiB error message: the name cannot get past
+/// the Hello, and the error is cut to `MAX_ERROR` before it is stored, so
+/// `status`, `wait` and `cancel` keep working, also after a restart.
+#[test]
+fn huge_names_and_errors_do_not_break_status_or_cancel() {
+    use tessera_protocol::messages::WorkerMsg;
+    use tessera_protocol::transport::{self, Timing};
+    // A long lease: the rogue sends no heartbeat while it waits out the
+    // retry backoff.
+    let mut farm = Farm::start("rogue-text", &["--lease-ms", "10000"]);
+    let wt = ticket(&farm, "worker.ticket");
+    let rt = runtime();
+    let huge_name = "n".repeat(9 << 20);
+    let named = rt.block_on(transport::connect(&wt, &huge_name, Timing::default()));
+    assert!(named.is_err(), "a 9 MiB name got past the Hello");
+
+    let mut s = rt.block_on(rogue::join(&wt, "rogue", rogue::info(1, 0.0)));
+    let scene = scenes().join("textured.scene.json");
+    let job = farm.json(&["submit", scene.to_str().unwrap(), "--frames", "1", "--json"])["id"]
+        .as_u64()
+        .unwrap();
+    rt.block_on(async {
+        // Each attempt fails with a 6 MiB error, until the job fails.
+        for _ in 0..3 {
+            let spec = rogue::assignment(&mut s).await;
+            let failed = WorkerMsg::Failed {
+                task: spec.task,
+                error: "e".repeat(6 << 20),
+                log: "l".repeat(6 << 20),
+                unsupported: false,
+            };
+            s.control.send(&failed).await.unwrap();
+            s.control
+                .send(&WorkerMsg::Heartbeat { telemetry: None })
+                .await
+                .unwrap();
+        }
+    });
+    let failed = farm.wait_for(job, "the job to fail", |s| s["state"] == "failed");
+    let error = failed["error"].as_str().unwrap();
+    assert!(error.len() <= 4096, "error of {} bytes stored", error.len());
+    drop(s);
+    let check = |farm: &Farm| {
+        for args in [
+            &["status"][..],
+            &["status", "--json"],
+            &["cancel", &job.to_string()],
+        ] {
+            let out = farm.run(args);
+            assert!(
+                out.status.success(),
+                "{args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let out = farm.run(&["wait", &job.to_string(), "--json"]);
+        let waited: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(waited["state"], "failed");
+    };
+    check(&farm);
+    farm.kill_coordinator();
+    farm.start_coordinator();
+    check(&farm);
+}

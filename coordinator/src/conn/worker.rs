@@ -242,3 +242,24 @@ fn store_output(shared: &Shared, output: Digest, inline: Option<Vec<u8>>) -> Res
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn png_dimensions_come_from_the_header_and_logs_keep_their_tail() {
+        let mut png = Vec::new();
+        let mut enc = png::Encoder::new(&mut png, 160, 90);
+        enc.set_color(png::ColorType::Rgb);
+        let data = vec![0u8; 160 * 90 * 3];
+        enc.write_header().unwrap().write_image_data(&data).unwrap();
+        assert_eq!(png_dimensions(&png[..PNG_HEAD]), Some((160, 90)));
+        assert_eq!(png_dimensions(b"not a png at all, just bytes"), None);
+        assert_eq!(png_dimensions(&png[..10]), None);
+
+        let mut log = format!("{}é the end", "x".repeat(100));
+        keep_tail(&mut log, 9);
+        assert_eq!(log, " the end", "cut on a character boundary");
+    }
+}
