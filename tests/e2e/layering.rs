@@ -9,6 +9,7 @@ fn the_client_modules_import_nothing_from_the_worker_crate() {
         root.join("blend.rs"),
         root.join("report.rs"),
         root.join("progress.rs"),
+        root.join("shown.rs"),
     ];
     for entry in std::fs::read_dir(root.join("monitor")).unwrap() {
         let path = entry.unwrap().path();
