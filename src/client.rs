@@ -13,7 +13,8 @@ use tessera_protocol::blender::{BlenderNeeds, VersionReq};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::chunk::{self, ChunkList, CHUNK_THRESHOLD};
 use tessera_protocol::job::{
-    parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid, SAMPLE_RANGES_AUTO,
+    limits, parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid,
+    SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
     ClientRequest, ClientResponse, Collected, JobState, JobStatus, Role, TileStatus, WorkerStatus,
@@ -176,19 +177,26 @@ impl Client {
         }
     }
 
-    /// Downloads every stitched frame of `job` into `dir` as `frame_NNNN.EXT`.
-    pub async fn download_frames(&mut self, job: u64, dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
+    /// Downloads every stitched frame of `job` into `dir` as `frame_NNNN.EXT`
+    /// (or the scene's own names). A file already there with the same bytes
+    /// is kept; one with other bytes (another job's frame, a user's file)
+    /// is an error naming it, unless `overwrite`. Frames arrive in a staging
+    /// folder of this run's own making, the only thing removed afterwards.
+    pub async fn download_frames(
+        &mut self,
+        job: u64,
+        dir: &Path,
+        overwrite: bool,
+    ) -> anyhow::Result<Vec<PathBuf>> {
         let frames = match self.call(&ClientRequest::Frames(job)).await? {
             ClientResponse::Frames(f) => f,
             other => bail!("unexpected reply {other:?}"),
         };
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let staging = BlobDir::open(dir.join(".tessera-download"))?;
+        let staging = Staging::create(dir, job)?;
+        let staged = BlobDir::open(&staging.0)?;
         let mut written = Vec::new();
         for f in frames {
-            blob::get(&self.session.connection, f.digest, None, &staging)
-                .await
-                .with_context(|| format!("downloading frame {}", f.frame))?;
             // The scene's own name for the frame (checked to be a plain
             // file name), else frame_NNNN.EXT.
             let name = f.name.filter(|n| {
@@ -201,13 +209,65 @@ impl Client {
             let name =
                 name.unwrap_or_else(|| format!("frame_{:04}.{}", f.frame, f.format.extension()));
             let dest = dir.join(name);
-            std::fs::rename(staging.path(&f.digest), &dest)
+            if dest.symlink_metadata().is_ok() {
+                if same_bytes(&dest, &f.digest) {
+                    written.push(dest);
+                    continue;
+                }
+                if !overwrite || !dest.is_file() {
+                    bail!(
+                        "{} already exists and holds something else; nothing there was replaced (pass --overwrite to replace it, or pick another --output)",
+                        dest.display()
+                    );
+                }
+            }
+            blob::get(&self.session.connection, f.digest, None, &staged)
+                .await
+                .with_context(|| format!("downloading frame {}", f.frame))?;
+            std::fs::rename(staged.path(&f.digest), &dest)
                 .with_context(|| format!("writing {}", dest.display()))?;
             written.push(dest);
         }
-        let _ = std::fs::remove_dir_all(staging.root());
         Ok(written)
     }
+}
+
+/// A staging folder this run created inside the output folder; removed
+/// when dropped. A folder of the same name that was there before is never
+/// touched: another name is picked.
+struct Staging(PathBuf);
+
+impl Staging {
+    fn create(dir: &Path, job: u64) -> anyhow::Result<Staging> {
+        for attempt in 0..100u32 {
+            let path = dir.join(format!(
+                ".tessera-download-{job}-{}-{attempt}",
+                std::process::id()
+            ));
+            match std::fs::create_dir(&path) {
+                Ok(()) => return Ok(Staging(path)),
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("cannot create {}", path.display()))
+                }
+            }
+        }
+        bail!("cannot create a staging folder in {}", dir.display())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Whether the file at `path` holds exactly the bytes of `digest`.
+fn same_bytes(path: &Path, digest: &Digest) -> bool {
+    std::fs::File::open(path)
+        .ok()
+        .and_then(|f| Digest::of_reader(f).ok())
+        .is_some_and(|(d, _)| d == *digest)
 }
 
 /// The farm's feed: `ClientResponse::Snapshot` now and every half second,
@@ -277,6 +337,13 @@ pub(crate) struct SceneFile {
 fn frames_in_range(requested: Option<&str>, first: u32, last: u32) -> anyhow::Result<Vec<u32>> {
     let frames = match requested {
         Some(f) => parse_frames(f).map_err(anyhow::Error::msg)?,
+        // Counted before anything is allocated: a scene may declare
+        // 0..4294967295.
+        None if u64::from(last.saturating_sub(first)) >= limits::MAX_FRAMES as u64 => bail!(
+            "the scene's frame range {first}-{last} has {} frames; a job has at most {} (pick some with --frames); nothing was uploaded",
+            u64::from(last.saturating_sub(first)) + 1,
+            limits::MAX_FRAMES
+        ),
         None => (first..=last).collect(),
     };
     if let Some(bad) = frames.iter().find(|&&f| f < first || f > last) {
@@ -530,26 +597,17 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
     if scan.samples == 0 {
         bail!("--samples must be at least 1");
     }
-    let hashed = hash_files(&scan.files).await?;
-    for h in &hashed {
-        if let Some(note) = &h.note {
-            eprintln!("note: {note}");
-        }
-    }
-    let mut hashed = hashed;
-    send_missing(client, &mut hashed, opts.progress).await?;
-    let manifest: Vec<ManifestEntry> = hashed.into_iter().map(|h| h.entry).collect();
     let name = opts.name.clone().unwrap_or_else(|| {
         opts.scene
             .file_name()
             .map_or("job".into(), |n| n.to_string_lossy().into_owned())
     });
-    let spec = JobSpec {
+    let mut spec = JobSpec {
         request_id: opts.request_id.clone(),
         name,
         engine: scan.engine,
         scene: scan.files[0].job_path.clone(),
-        manifest,
+        manifest: Vec::new(),
         frames: scan.frames,
         tiles: opts.tiles,
         sample_ranges: scan.sample_ranges,
@@ -560,6 +618,20 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         blender: scan.blender,
         output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
     };
+    // The coordinator checks the same; checking here first uploads nothing
+    // for a job it would refuse.
+    if let Err(e) = spec.check_limits() {
+        bail!("{e}; nothing was uploaded");
+    }
+    let hashed = hash_files(&scan.files).await?;
+    for h in &hashed {
+        if let Some(note) = &h.note {
+            eprintln!("note: {note}");
+        }
+    }
+    let mut hashed = hashed;
+    send_missing(client, &mut hashed, opts.progress).await?;
+    spec.manifest = hashed.into_iter().map(|h| h.entry).collect();
     match client.call(&ClientRequest::Submit(spec)).await? {
         ClientResponse::Submitted(status) => Ok(Submitted {
             status,

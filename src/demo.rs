@@ -192,7 +192,7 @@ pub async fn run(
             status.error.unwrap_or_default()
         );
     }
-    let files = client.download_frames(submitted.id, output).await?;
+    let files = client.download_frames(submitted.id, output, true).await?;
     let wall = started.elapsed().as_secs_f64();
     let makespan_ms =
         status.finished_unix_ms.unwrap_or(status.submitted_unix_ms) - status.submitted_unix_ms;

@@ -9,6 +9,7 @@ mod monitor;
 mod progress;
 mod report;
 mod unpack;
+mod shown;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -18,6 +19,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tessera_protocol::job::{Engine, TileGrid};
+use tessera_protocol::messages::MAX_SLOTS;
 use tessera_worker::engine::{self, blender, blender_runtime};
 
 use crate::client::{Client, SubmitOptions};
@@ -119,8 +121,8 @@ enum Command {
         /// Render threads per slot for CPU engines (default: cores ÷ slots).
         #[arg(long)]
         threads: Option<usize>,
-        /// What this node costs, for cost accounting.
-        #[arg(long, default_value_t = 0.0)]
+        /// What this node costs, for cost accounting (a finite amount ≥ 0).
+        #[arg(long, default_value_t = 0.0, value_parser = parse_price)]
         price_per_hour: f64,
         /// Cycles device: CPU, CUDA, OPTIX, HIP, ONEAPI (one slot per GPU),
         /// or `auto`: the first of OPTIX, CUDA, HIP, ONEAPI that Cycles
@@ -174,6 +176,9 @@ enum Command {
         /// With --wait: download the frames here.
         #[arg(long)]
         output: Option<PathBuf>,
+        /// With --output: replace files there that hold other frames.
+        #[arg(long)]
+        overwrite: bool,
         /// Job name (default: the scene's file name).
         #[arg(long)]
         name: Option<String>,
@@ -225,6 +230,10 @@ enum Command {
         /// Download the frames here.
         #[arg(long)]
         output: Option<PathBuf>,
+        /// Replace files in --output that hold other frames (another
+        /// job's, say); without it such a file is an error.
+        #[arg(long)]
+        overwrite: bool,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -456,6 +465,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             sample_ranges,
             samples,
             output,
+            overwrite,
             name,
             priority,
             wait,
@@ -498,7 +508,14 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     report::summary_line(&status)
                 );
             }
-            finish_wait(&mut client, status.id, output, json, Some(&warnings)).await
+            finish_wait(
+                &mut client,
+                status.id,
+                output.map(|dir| (dir, overwrite)),
+                json,
+                Some(&warnings),
+            )
+            .await
         }
         Command::Status { job, json, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -510,11 +527,13 @@ async fn run(command: Command) -> anyhow::Result<i32> {
         Command::Wait {
             job,
             output,
+            overwrite,
             json,
             ticket,
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
+            let output = output.map(|dir| (dir, overwrite));
             finish_wait(&mut client, job, output, json, None).await
         }
         Command::Pause { job, ticket } => pause(job, ticket, true).await,
@@ -596,14 +615,16 @@ async fn pause(job: u64, ticket: TicketArg, paused: bool) -> anyhow::Result<i32>
 async fn finish_wait(
     client: &mut Client,
     job: u64,
-    output: Option<PathBuf>,
+    output: Option<(PathBuf, bool)>,
     json: bool,
     warnings: Option<&[String]>,
 ) -> anyhow::Result<i32> {
     let status = client.wait(job, !json).await?;
     let mut files = Vec::new();
-    if let (Some(dir), tessera_protocol::messages::JobState::Done) = (&output, status.state) {
-        files = client.download_frames(job, dir).await?;
+    if let (Some((dir, overwrite)), tessera_protocol::messages::JobState::Done) =
+        (&output, status.state)
+    {
+        files = client.download_frames(job, dir, *overwrite).await?;
     }
     report::print_final(&status, &files, warnings, json);
     Ok(client::job_exit_code(&status))
@@ -684,8 +705,13 @@ struct EngineChoice<'a> {
     noop_ms: u64,
 }
 
-/// The most slots a worker takes (`--slots`).
-const MAX_SLOTS: u32 = 256;
+/// `--price-per-hour`: finite and at least 0 (NaN, inf and negative
+/// prices are refused here and by the coordinator).
+fn parse_price(s: &str) -> Result<f64, String> {
+    let price: f64 = s.parse().map_err(|_| format!("`{s}` is not a number"))?;
+    tessera_protocol::messages::check_price(price)?;
+    Ok(price)
+}
 
 #[derive(Debug, Clone, Copy)]
 enum Slots {

@@ -100,6 +100,8 @@ pub fn print_logs(job: u64, logs: &[tessera_protocol::messages::TaskLog], json: 
         println!("job {job}: no failed attempts");
     }
     for l in logs {
+        let mut l = l.clone();
+        crate::shown::task_log(&mut l);
         println!(
             "== job {job} task {} on worker {}: {}",
             l.task, l.worker, l.error
@@ -152,7 +154,7 @@ pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>
             s.state.name(),
             s.error
                 .as_deref()
-                .map(|e| format!(": {e}"))
+                .map(|e| format!(": {}", crate::shown::text(e)))
                 .unwrap_or_default()
         ),
     }
@@ -172,6 +174,12 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         }
         return;
     }
+    // Names and errors as the terminal should show them.
+    let mut jobs = jobs.to_vec();
+    jobs.iter_mut().for_each(crate::shown::job);
+    let mut workers = workers.to_vec();
+    workers.iter_mut().for_each(crate::shown::worker);
+    let (jobs, workers) = (&jobs[..], &workers[..]);
     println!(
         "{:<5} {:<24} {:<9} {:>13} {:>13}  NOTE",
         "JOB", "NAME", "STATE", "FRAMES", "TASKS"

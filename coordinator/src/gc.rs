@@ -37,7 +37,7 @@ pub(crate) async fn every_hour(shared: Arc<Shared>) {
 /// `retention` after it finished (forever while it is not finished); it uses
 /// its manifest's files, their chunks, its task outputs and its frames.
 pub(crate) fn collect_garbage(shared: &Shared) -> anyhow::Result<Collected> {
-    let _gc = shared.gc.lock().expect("gc lock");
+    let _gc = crate::server::relock(&shared.gc);
     let now = unix_ms();
     let retention = shared.config.retention.as_millis() as u64;
     let finished_before = now.saturating_sub(retention);

@@ -56,6 +56,18 @@ pub(crate) struct Shared {
     pub gc: Mutex<()>,
 }
 
+/// Locks `mutex`, recovering it if a thread panicked while holding it: a
+/// panic in one connection's handler ends that connection (tokio catches
+/// it), and the farm goes on with the state as the handler left it rather
+/// than failing every later request on a poisoned lock.
+pub(crate) fn relock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|poisoned| {
+        tracing::error!("a task panicked while holding a lock; carrying on");
+        mutex.clear_poison();
+        poisoned.into_inner()
+    })
+}
+
 /// Milliseconds since the Unix epoch, from the wall clock.
 pub(crate) fn unix_ms() -> u64 {
     SystemTime::now()
@@ -77,11 +89,11 @@ impl Shared {
     }
 
     pub fn db(&self) -> std::sync::MutexGuard<'_, Db> {
-        self.db.lock().expect("db lock poisoned")
+        relock(&self.db)
     }
 
     fn locked(&self) -> std::sync::MutexGuard<'_, Locked> {
-        self.state.lock().expect("core lock poisoned")
+        relock(&self.state)
     }
 
     /// Reads the core (no effects).

@@ -11,6 +11,7 @@ use tessera_protocol::job::{
 };
 use tessera_protocol::messages::JobStatus;
 use tessera_protocol::store::BlobStore;
+use tessera_protocol::text;
 use tessera_protocol::Digest;
 
 use crate::server::{unix_ms, Shared};
@@ -18,10 +19,6 @@ use crate::server::{unix_ms, Shared};
 /// Sample ranges per tile that `--sample-ranges auto` asks for when some
 /// worker is interruptible.
 pub const CHECKPOINT_RANGES: u32 = 4;
-/// Most tasks one job may have.
-pub const MAX_TASKS: u64 = 10_000_000;
-/// Largest width or height of a frame.
-pub const MAX_RESOLUTION: u32 = 65536;
 
 /// Validates and records a job; it is durable before the client hears of it.
 pub(crate) fn submit(
@@ -35,6 +32,7 @@ pub(crate) fn submit(
         }
     }
     let mut spec = spec;
+    text::truncate_in_place(&mut spec.name, text::MAX_NAME);
     if spec.sample_ranges == SAMPLE_RANGES_AUTO {
         let interruptible = shared.read(|core, now| core.has_interruptible_worker(now));
         spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
@@ -89,19 +87,7 @@ pub fn validate(
     spec: &JobSpec,
     stored_size: impl Fn(&Digest) -> Option<u64>,
 ) -> anyhow::Result<()> {
-    if spec.frames.is_empty() {
-        bail!("the job has no frames");
-    }
-    let (w, h) = spec.resolution;
-    if w == 0 || h == 0 || w > MAX_RESOLUTION || h > MAX_RESOLUTION {
-        bail!("resolution {w}x{h} is out of range");
-    }
-    if spec.tiles.cols == 0 || spec.tiles.rows == 0 || spec.tiles.cols > w || spec.tiles.rows > h {
-        bail!("tile grid {} does not fit a {w}x{h} frame", spec.tiles);
-    }
-    if spec.samples == 0 {
-        bail!("the sample count must be at least 1");
-    }
+    spec.check_limits().map_err(anyhow::Error::msg)?;
     if let Some(b) = spec.blender.filter(|_| spec.engine == Engine::Blender) {
         if let Some(saved) = b.saved_by.filter(|s| !b.version.matches(*s)) {
             if !matches!(
@@ -130,11 +116,6 @@ pub fn validate(
             "--sample-ranges needs the blender or builtin engine; the {} engine renders whole sample counts",
             spec.engine
         );
-    }
-    let tasks =
-        u64::from(spec.tiles.count()) * u64::from(spec.sample_ranges) * spec.frames.len() as u64;
-    if tasks > MAX_TASKS {
-        bail!("the job would have {tasks} tasks; the limit is 10,000,000");
     }
     let mut seen = HashSet::new();
     for entry in &spec.manifest {

@@ -11,6 +11,12 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 /// fit; a hostile length prefix does not).
 pub const MAX_FRAME: u32 = 16 * 1024 * 1024;
 
+/// The largest frame read before the peer has proved a secret: a `Hello`
+/// (version, role, a 64-character secret and a name) fits many times over,
+/// so an unauthenticated peer can make the coordinator hold at most this
+/// much of what it sends.
+pub const MAX_HELLO_FRAME: u32 = 4 * 1024;
+
 #[derive(Debug, thiserror::Error)]
 pub enum CodecError {
     #[error("frame of {len} bytes exceeds the limit of {max} bytes")]
@@ -45,11 +51,17 @@ pub fn encode<T: Serialize>(msg: &T) -> Result<Vec<u8>, CodecError> {
 
 /// Checks a length prefix against the cap; called before any allocation.
 pub fn check_len(prefix: [u8; 4]) -> Result<usize, CodecError> {
+    check_len_within(prefix, MAX_FRAME)
+}
+
+/// Checks a length prefix against `max` (at most [`MAX_FRAME`]).
+fn check_len_within(prefix: [u8; 4], max: u32) -> Result<usize, CodecError> {
     let len = u32::from_be_bytes(prefix);
-    if len > MAX_FRAME {
+    let max = max.min(MAX_FRAME);
+    if len > max {
         return Err(CodecError::TooLarge {
             len: u64::from(len),
-            max: MAX_FRAME,
+            max,
         });
     }
     Ok(len as usize)
@@ -89,6 +101,16 @@ pub fn decode_frame<T: DeserializeOwned>(frame: &[u8]) -> Result<T, CodecError> 
 pub async fn read_frame<T: DeserializeOwned, R: AsyncRead + Unpin>(
     r: &mut R,
 ) -> Result<Option<T>, CodecError> {
+    read_frame_within(r, MAX_FRAME).await
+}
+
+/// Reads one frame of at most `max` bytes from `r` (the `Hello` is read
+/// with [`MAX_HELLO_FRAME`]): a longer prefix is refused before anything
+/// past it is read or allocated.
+pub async fn read_frame_within<T: DeserializeOwned, R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+) -> Result<Option<T>, CodecError> {
     let mut prefix = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -102,7 +124,7 @@ pub async fn read_frame<T: DeserializeOwned, R: AsyncRead + Unpin>(
         }
         got += n;
     }
-    let len = check_len(prefix)?;
+    let len = check_len_within(prefix, max)?;
     let mut payload = vec![0u8; len];
     r.read_exact(&mut payload).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -157,6 +179,41 @@ mod tests {
         let err = rt.block_on(read_frame::<Hello, _>(&mut input)).unwrap_err();
         assert!(err.to_string().contains("exceeds the limit"), "{err}");
         assert_eq!(input, &[1, 2, 3], "nothing past the prefix was consumed");
+    }
+
+    #[test]
+    fn a_hello_sized_read_refuses_a_full_size_frame_from_its_prefix() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        // A 16 MiB frame is within MAX_FRAME but not within MAX_HELLO_FRAME.
+        let mut input: Vec<u8> = MAX_FRAME.to_be_bytes().to_vec();
+        input.extend_from_slice(&[7; 16]);
+        let mut reader: &[u8] = &input;
+        let err = rt
+            .block_on(read_frame_within::<Hello, _>(&mut reader, MAX_HELLO_FRAME))
+            .unwrap_err();
+        match err {
+            CodecError::TooLarge { len, max } => {
+                assert_eq!((len, max), (u64::from(MAX_FRAME), MAX_HELLO_FRAME))
+            }
+            other => panic!("expected TooLarge, got {other:?}"),
+        }
+        assert_eq!(reader.len(), 16, "nothing past the prefix was consumed");
+        // A real Hello fits.
+        let hello = Hello {
+            version: 1,
+            role: Role::Worker,
+            secret: "ab".repeat(32),
+            name: "w".repeat(255),
+        };
+        let frame = encode(&hello).unwrap();
+        let mut reader: &[u8] = &frame;
+        let back = rt
+            .block_on(read_frame_within::<Hello, _>(&mut reader, MAX_HELLO_FRAME))
+            .unwrap()
+            .unwrap();
+        assert_eq!(back.secret, hello.secret);
     }
 
     #[test]

@@ -70,28 +70,61 @@ pub struct TileGrid {
     pub rows: u32,
 }
 
+/// Limits on a job's numbers, checked by the client before it uploads and
+/// by the coordinator before it records a job ([`JobSpec::check_limits`]).
+/// Within them every count below fits a `u32` and every product is done in
+/// `u64`.
+pub mod limits {
+    /// Tiles per side of a frame.
+    pub const MAX_TILES_PER_SIDE: u32 = 64;
+    /// Samples per pixel (Cycles' own limit).
+    pub const MAX_SAMPLES: u32 = 1 << 24;
+    /// Sample ranges per tile, each a task of its own.
+    pub const MAX_SAMPLE_RANGES: u32 = 1024;
+    /// Frames in one job.
+    pub const MAX_FRAMES: usize = 1_000_000;
+    /// Width or height of a frame, in pixels.
+    pub const MAX_RESOLUTION: u32 = 65536;
+    /// Tasks in one job (frames × tiles × sample ranges).
+    pub const MAX_TASKS: u64 = 10_000_000;
+}
+
 impl TileGrid {
     pub const WHOLE: TileGrid = TileGrid { cols: 1, rows: 1 };
 
+    /// Tiles in the grid; saturates instead of overflowing (a grid beyond
+    /// [`limits::MAX_TILES_PER_SIDE`] is refused before it is used).
     pub fn count(self) -> u32 {
-        self.cols * self.rows
+        self.cols.saturating_mul(self.rows)
     }
 
     /// The rectangle of tile `i` (row-major) of a `width` × `height` frame.
-    /// Tiles cover the frame exactly; the last column and row take the remainder.
+    /// Tiles cover the frame exactly; the last column and row take the
+    /// remainder. Computed in `u64`, so no grid or frame size overflows.
     pub fn rect(self, i: u32, width: u32, height: u32) -> TileRect {
-        let (c, r) = (i % self.cols, i / self.cols);
-        let x0 = width * c / self.cols;
-        let x1 = width * (c + 1) / self.cols;
-        let y0 = height * r / self.rows;
-        let y1 = height * (r + 1) / self.rows;
+        let (cols, rows) = (self.cols.max(1), self.rows.max(1));
+        let (c, r) = (i % cols, i / cols);
+        let at = |extent: u32, k: u32, n: u32| {
+            (u64::from(extent) * u64::from(k) / u64::from(n)).min(u64::from(extent)) as u32
+        };
+        let (x0, x1) = (at(width, c, cols), at(width, c + 1, cols));
+        let (y0, y1) = (at(height, r, rows), at(height, r.saturating_add(1), rows));
         TileRect {
             x: x0,
             y: y0,
             width: x1 - x0,
-            height: y1 - y0,
+            height: y1.saturating_sub(y0),
         }
     }
+}
+
+/// Samples `[from, to)` of sample range `range` out of `ranges` for a
+/// `samples`-sample render, in `u64` (no product overflows).
+pub fn sample_range(samples: u32, range: u32, ranges: u32) -> (u32, u32) {
+    let ranges = u64::from(ranges.max(1));
+    let n = u64::from(samples);
+    let at = |k: u64| (n * k.min(ranges) / ranges) as u32;
+    (at(u64::from(range)), at(u64::from(range) + 1))
 }
 
 impl FromStr for TileGrid {
@@ -101,8 +134,9 @@ impl FromStr for TileGrid {
         let (c, r) = s.split_once(['x', 'X']).ok_or_else(err)?;
         let cols: u32 = c.trim().parse().map_err(|_| err())?;
         let rows: u32 = r.trim().parse().map_err(|_| err())?;
-        if cols == 0 || rows == 0 || cols > 64 || rows > 64 {
-            return Err(format!("`{s}`: tiles per side must be between 1 and 64"));
+        let max = limits::MAX_TILES_PER_SIDE;
+        if cols == 0 || rows == 0 || cols > max || rows > max {
+            return Err(format!("`{s}`: tiles per side must be between 1 and {max}"));
         }
         Ok(TileGrid { cols, rows })
     }
@@ -130,12 +164,23 @@ pub fn parse_frames(s: &str) -> Result<Vec<u32>, String> {
             if b < a {
                 return Err(format!("frame range `{part}` ends before it starts"));
             }
-            if b - a > 1_000_000 {
-                return Err(format!("frame range `{part}` is too long"));
+            if b - a >= limits::MAX_FRAMES as u32
+                || frames.len() + (b - a) as usize >= limits::MAX_FRAMES
+            {
+                return Err(format!(
+                    "frame range `{part}` is too long: a job has at most {} frames",
+                    limits::MAX_FRAMES
+                ));
             }
             frames.extend(a..=b);
         } else {
             frames.push(part.parse().map_err(|_| bad())?);
+        }
+        if frames.len() > limits::MAX_FRAMES {
+            return Err(format!(
+                "`{s}` names more than {} frames",
+                limits::MAX_FRAMES
+            ));
         }
     }
     frames.sort_unstable();
@@ -231,6 +276,69 @@ pub struct JobSpec {
     pub output_name: Option<String>,
 }
 
+impl JobSpec {
+    /// Checks every number of the job against [`limits`] and returns its
+    /// task count (never zero). Called by the client before uploading and
+    /// by the coordinator before recording the job; nothing computed from a
+    /// spec overflows once this passed.
+    pub fn check_limits(&self) -> Result<u64, String> {
+        use limits::*;
+        if self.frames.is_empty() {
+            return Err("the job has no frames".into());
+        }
+        if self.frames.len() > MAX_FRAMES {
+            return Err(format!(
+                "the job has {} frames; the limit is {MAX_FRAMES}",
+                self.frames.len()
+            ));
+        }
+        let (w, h) = self.resolution;
+        if w == 0 || h == 0 || w > MAX_RESOLUTION || h > MAX_RESOLUTION {
+            return Err(format!(
+                "resolution {w}x{h} is out of range (1 to {MAX_RESOLUTION} per side)"
+            ));
+        }
+        let TileGrid { cols, rows } = self.tiles;
+        if cols == 0 || rows == 0 || cols > MAX_TILES_PER_SIDE || rows > MAX_TILES_PER_SIDE {
+            return Err(format!(
+                "tile grid {} is out of range: tiles per side must be between 1 and {MAX_TILES_PER_SIDE}",
+                self.tiles
+            ));
+        }
+        if cols > w || rows > h {
+            return Err(format!(
+                "tile grid {} does not fit a {w}x{h} frame",
+                self.tiles
+            ));
+        }
+        if self.samples == 0 || self.samples > MAX_SAMPLES {
+            return Err(format!(
+                "{} samples is out of range: the sample count must be between 1 and {MAX_SAMPLES}",
+                self.samples
+            ));
+        }
+        if self.sample_ranges > MAX_SAMPLE_RANGES {
+            return Err(format!(
+                "--sample-ranges {} is out of range: at most {MAX_SAMPLE_RANGES} sample ranges per tile",
+                self.sample_ranges
+            ));
+        }
+        let tasks = u64::from(cols)
+            * u64::from(rows)
+            * u64::from(self.sample_ranges.max(1))
+            * self.frames.len() as u64;
+        if tasks == 0 {
+            return Err("the job would have no tasks".into());
+        }
+        if tasks > MAX_TASKS {
+            return Err(format!(
+                "the job would have {tasks} tasks; the limit is {MAX_TASKS}"
+            ));
+        }
+        Ok(tasks)
+    }
+}
+
 /// Why a manifest path was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PathError {
@@ -321,7 +429,84 @@ mod tests {
         }
         assert!(covered.iter().all(|&c| c == 1));
         assert!("0x2".parse::<TileGrid>().is_err());
+        assert!("65x1".parse::<TileGrid>().is_err());
         assert!("4".parse::<TileGrid>().unwrap_err().contains("COLSxROWS"));
+    }
+
+    #[test]
+    fn grids_and_sample_ranges_do_not_overflow() {
+        // 65536x1 tiles of a 65536-pixel-wide frame: each tile one pixel
+        // wide (this once gave a tile 4294901761 pixels wide).
+        let g = TileGrid {
+            cols: 65536,
+            rows: 1,
+        };
+        let last = g.rect(65535, 65536, 8);
+        assert_eq!((last.x, last.width, last.height), (65535, 1, 8));
+        assert_eq!(
+            TileGrid {
+                cols: 65536,
+                rows: 65536
+            }
+            .count(),
+            u32::MAX
+        );
+        // 100000 samples in 100000 ranges: range 42949 is sample 42949.
+        assert_eq!(sample_range(100_000, 42_949, 100_000), (42_949, 42_950));
+        assert_eq!(
+            sample_range(3_000_000_000, 1, 2),
+            (1_500_000_000, 3_000_000_000)
+        );
+        assert_eq!(sample_range(10, 3, 4), (7, 10));
+    }
+
+    #[test]
+    fn job_numbers_beyond_the_limits_are_refused() {
+        let ok = JobSpec {
+            request_id: None,
+            name: "n".into(),
+            engine: Engine::Builtin,
+            scene: "s".into(),
+            manifest: Vec::new(),
+            frames: vec![1, 2],
+            tiles: TileGrid { cols: 4, rows: 2 },
+            sample_ranges: 2,
+            samples: 64,
+            resolution: (160, 90),
+            priority: 0,
+            output: OutputFormat::Png,
+            blender: None,
+            output_name: None,
+        };
+        assert_eq!(ok.check_limits(), Ok(32));
+        let refused = |f: &dyn Fn(&mut JobSpec)| {
+            let mut spec = ok.clone();
+            f(&mut spec);
+            spec.check_limits().unwrap_err()
+        };
+        assert!(refused(&|s| s.samples = 3_000_000_000)
+            .contains("sample count must be between 1 and 16777216"));
+        assert!(refused(&|s| s.sample_ranges = 100_000).contains("at most 1024 sample ranges"));
+        assert!(refused(&|s| {
+            s.resolution = (65536, 65536);
+            s.tiles = TileGrid {
+                cols: 65536,
+                rows: 65536,
+            };
+        })
+        .contains("tiles per side must be between 1 and 64"));
+        assert!(refused(&|s| s.frames.clear()).contains("no frames"));
+        assert!(
+            refused(&|s| s.frames = (0..=limits::MAX_FRAMES as u32).collect())
+                .contains("frames; the limit")
+        );
+        assert!(refused(&|s| s.resolution = (0, 90)).contains("out of range"));
+        assert!(parse_frames("0-4294967295")
+            .unwrap_err()
+            .contains("at most 1000000 frames"));
+        assert!(parse_frames("1-600000,700000-1300000")
+            .unwrap_err()
+            .contains("at most"));
     }
 
     #[test]

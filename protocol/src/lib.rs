@@ -15,6 +15,7 @@ pub mod messages;
 pub mod store;
 pub mod sums;
 pub mod telemetry;
+pub mod text;
 pub mod ticket;
 pub mod transport;
 

@@ -20,6 +20,27 @@ pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 /// The longest renderer log a failed attempt carries (its tail is kept).
 pub const MAX_TASK_LOG: usize = 64 * 1024;
 
+/// The most slots (concurrent tasks) a worker may claim; the coordinator
+/// caps a larger claim to this.
+pub const MAX_SLOTS: u32 = 256;
+
+/// The most cached-file digests the coordinator keeps for one worker (for
+/// cache affinity); more are ignored, so a worker cannot grow the
+/// coordinator's memory by claiming files.
+pub const MAX_CACHED_DIGESTS: usize = 100_000;
+
+/// Why a worker's price is refused: it must be a finite number ≥ 0, or
+/// every lease it bills would be NaN, infinite or a credit.
+pub fn check_price(price_per_hour: f64) -> Result<(), String> {
+    if price_per_hour.is_finite() && price_per_hour >= 0.0 {
+        Ok(())
+    } else {
+        Err(format!(
+            "price per hour {price_per_hour} is not a finite amount of at least 0"
+        ))
+    }
+}
+
 /// Bumped whenever a message changes shape.
 pub const PROTOCOL_VERSION: u32 = 7;
 

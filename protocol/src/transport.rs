@@ -135,9 +135,9 @@ fn transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
     // Blob streams move gigabytes: windows wide enough for one stream to
     // fill a fast path.
     t.stream_receive_window((16u32 * 1024 * 1024).into());
-    t.receive_window((64u32 * 1024 * 1024).into());
+    t.receive_window(RECEIVE_WINDOW.into());
     t.send_window(64 * 1024 * 1024);
-    t.max_concurrent_bidi_streams(256u32.into());
+    t.max_concurrent_bidi_streams(MAX_STREAMS.into());
     t.max_concurrent_uni_streams(0u32.into());
     // Ask the peer to acknowledge every 16th packet (or after 10 ms) rather
     // than every other one: bulk transfers then spend far less CPU on
@@ -150,6 +150,32 @@ fn transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
     mtu.upper_bound(MAX_UDP_PAYLOAD);
     t.mtu_discovery_config(Some(mtu));
     Arc::new(t)
+}
+
+/// What an unauthenticated peer may have in flight on one connection: the
+/// bytes it may send ahead of the coordinator's reads, and the streams it
+/// may open (just the control stream). Raised by [`admit`] once its
+/// `Hello` proved a secret.
+const PRE_AUTH_RECEIVE_WINDOW: u32 = 64 * 1024;
+const PRE_AUTH_STREAMS: u32 = 1;
+/// The same after authentication (`transport_config`'s values).
+const RECEIVE_WINDOW: u32 = 64 * 1024 * 1024;
+const MAX_STREAMS: u32 = 256;
+
+/// The coordinator's transport: `transport_config` narrowed to what an
+/// unauthenticated peer may have in flight (see [`admit`]).
+fn server_transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
+    let mut t = Arc::try_unwrap(transport_config(timing)).expect("not shared yet");
+    t.receive_window(PRE_AUTH_RECEIVE_WINDOW.into());
+    t.max_concurrent_bidi_streams(PRE_AUTH_STREAMS.into());
+    Arc::new(t)
+}
+
+/// Gives an authenticated peer's connection the normal windows and stream
+/// count (the coordinator calls this once the `Hello` proved a secret).
+pub fn admit(conn: &quinn::Connection) {
+    conn.set_receive_window(RECEIVE_WINDOW.into());
+    conn.set_max_concurrent_bi_streams(MAX_STREAMS.into());
 }
 
 /// The coordinator side's TLS 1.3 configuration (also used by the TCP+TLS
@@ -196,7 +222,7 @@ pub fn server_endpoint(
     let tls = server_tls(identity)?;
     let quic = QuicServerConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
     let mut config = quinn::ServerConfig::with_crypto(Arc::new(quic));
-    config.transport_config(transport_config(timing));
+    config.transport_config(server_transport_config(timing));
     let cannot_listen = |e: std::io::Error| TransportError::Connect {
         addr,
         reason: format!("cannot listen: {e}"),
@@ -338,6 +364,15 @@ impl Channel {
     /// The next message, or `None` when the peer finished the stream.
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
         codec::read_frame(&mut self.recv).await
+    }
+
+    /// The next message of at most `max` bytes (see
+    /// [`codec::read_frame_within`]).
+    pub async fn recv_within<T: DeserializeOwned>(
+        &mut self,
+        max: u32,
+    ) -> Result<Option<T>, CodecError> {
+        codec::read_frame_within(&mut self.recv, max).await
     }
 
     pub fn split(self) -> (quinn::SendStream, quinn::RecvStream) {

@@ -212,7 +212,7 @@ impl App {
     }
 
     pub fn update(&mut self, msg: Msg) -> Option<Command> {
-        match msg {
+        match escaped(msg) {
             Msg::Key(key) => self.on_key(key),
             Msg::Resize => None,
             Msg::Tick => self.poll_mosaic(),
@@ -490,5 +490,39 @@ impl App {
             return Some(Command::FetchFrames { job: id });
         }
         None
+    }
+}
+
+/// `msg` with every name, error and note from the farm escaped for the
+/// terminal (see `crate::shown`), before any of it reaches the model.
+fn escaped(msg: Msg) -> Msg {
+    match msg {
+        Msg::Snapshot(mut s) => {
+            s.jobs.iter_mut().for_each(crate::shown::job);
+            s.workers.iter_mut().for_each(crate::shown::worker);
+            Msg::Snapshot(s)
+        }
+        Msg::Event { unix_ms, mut event } => {
+            crate::shown::event(&mut event);
+            Msg::Event { unix_ms, event }
+        }
+        Msg::TilesFailed { job, frame, error } => Msg::TilesFailed {
+            job,
+            frame,
+            error: crate::shown::text(&error),
+        },
+        Msg::Notice {
+            unix_ms,
+            text,
+            error,
+        } => Msg::Notice {
+            unix_ms,
+            text: crate::shown::text(&text),
+            error,
+        },
+        Msg::Link(Link::Reconnecting { error }) => Msg::Link(Link::Reconnecting {
+            error: crate::shown::text(&error),
+        }),
+        other => other,
     }
 }

@@ -905,3 +905,35 @@ fn log_lines_keep_the_names_they_had_when_they_happened() {
         "{text}"
     );
 }
+
+#[test]
+fn control_characters_in_names_and_errors_are_shown_escaped() {
+    let mut app = App::new();
+    app.update(Msg::Link(Link::Connected));
+    let mut s = farm();
+    s.jobs[0].name = "evil\n\u{1b}[2Jname".into();
+    s.jobs[0].error = Some("boom\r\u{1b}[31m".into());
+    s.workers[0].name = "w\u{1b}]0;title\u{7}".into();
+    app.update(Msg::Snapshot(s));
+    app.update(Msg::Event {
+        unix_ms: NOW + 1000,
+        event: FarmEvent::TaskFailed {
+            job: 7,
+            index: 3,
+            worker: 1,
+            error: "bad\nline\u{1b}[H".into(),
+        },
+    });
+    let buf = draw(&app, 160, 48);
+    let cells: String = (0..buf.area.height)
+        .flat_map(|y| (0..buf.area.width).map(move |x| (x, y)))
+        .map(|p| buf[p].symbol().to_string())
+        .collect();
+    assert!(
+        !cells.chars().any(char::is_control),
+        "a control character reached the screen"
+    );
+    let text = screen_text(&buf);
+    assert!(text.contains("evil\\n"), "{text}");
+    assert!(text.contains("bad\\nline"), "{text}");
+}

@@ -11,6 +11,8 @@ mod faithful;
 mod faults;
 mod formats;
 mod harness;
+mod hostile;
+mod hostile_worker;
 mod layering;
 mod monitor;
 mod operate;

@@ -55,7 +55,7 @@ pub(super) async fn serve(
                 }
             }
             ClientRequest::Submit(spec) => {
-                let _gc = shared.gc.lock().expect("gc lock");
+                let _gc = crate::server::relock(&shared.gc);
                 match submit(&shared, spec, uploaded.swap(0, Ordering::Relaxed)) {
                     Ok(status) => ClientResponse::Submitted(status),
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
@@ -101,7 +101,18 @@ pub(super) async fn serve(
     Ok(())
 }
 
+/// Failpoint (see `commit::FAILPOINT`): a request for the status of job
+/// `u64::MAX` panics this connection's handler while it holds the core's
+/// lock, for the test that shows one handler's panic stops nothing else.
+pub const FAILPOINT_PANIC_IN_HANDLER: &str = "panic-in-handler";
+
 fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
+    if job == Some(u64::MAX)
+        && std::env::var(crate::commit::FAILPOINT).as_deref() == Ok(FAILPOINT_PANIC_IN_HANDLER)
+    {
+        shared
+            .read(|_, _| panic!("failpoint: a panic in a connection handler, under the core lock"));
+    }
     let answer = || -> anyhow::Result<ClientResponse> {
         Ok(match job {
             Some(id) => match shared.job_status(id)? {

@@ -1,29 +1,60 @@
-//! The handshake: a `Hello` on the first stream within a deadline, checked
-//! against the tickets' secrets, answered with `Welcome`.
+//! The handshake: the QUIC handshake and a `Hello` on the first stream,
+//! both within [`HELLO_DEADLINE`], the `Hello` read with the small
+//! [`MAX_HELLO_FRAME`] cap, checked against the tickets' secrets, answered
+//! with `Welcome`. Until then the peer has the narrow pre-authentication
+//! windows (see `transport::admit`); nothing it sent outlives the deadline.
 
 use std::time::Duration;
 
 use anyhow::Context;
+use tessera_protocol::codec::MAX_HELLO_FRAME;
 use tessera_protocol::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
+use tessera_protocol::text::{self, MAX_NAME};
 use tessera_protocol::transport::{self, Channel};
 
 use crate::server::Shared;
 
-/// How long a peer has to open its first stream.
-const HELLO_DEADLINE: Duration = Duration::from_secs(10);
+/// How long a peer has from its first packet to a checked `Hello`.
+pub(crate) const HELLO_DEADLINE: Duration = Duration::from_secs(5);
 
-/// Admits a peer: its role, name and control stream, or `None` when it was
-/// refused (it has been told why).
+/// An admitted peer: its connection, role, name (cut to [`MAX_NAME`]) and
+/// control stream.
+pub(super) struct Admitted {
+    pub conn: quinn::Connection,
+    pub role: Role,
+    pub name: String,
+    pub control: Channel,
+}
+
+/// Admits a peer, or `None` when it was refused (it has been told why) or
+/// did not finish in time (its connection is closed).
 pub(super) async fn handshake(
     shared: &Shared,
-    conn: &quinn::Connection,
-) -> anyhow::Result<Option<(Role, String, Channel)>> {
-    let mut control = Channel::new(
-        tokio::time::timeout(HELLO_DEADLINE, conn.accept_bi())
-            .await
-            .context("no hello within 10 s")??,
-    );
-    let hello: Hello = control.recv().await?.context("closed before hello")?;
+    incoming: quinn::Incoming,
+) -> anyhow::Result<Option<Admitted>> {
+    let conn = tokio::time::timeout(HELLO_DEADLINE, incoming)
+        .await
+        .context("no QUIC handshake within the hello deadline")??;
+    match tokio::time::timeout(HELLO_DEADLINE, admit(shared, &conn)).await {
+        Ok(Ok(admitted)) => Ok(admitted),
+        Ok(Err(e)) => {
+            conn.close(1u32.into(), b"bad hello");
+            Err(e)
+        }
+        Err(_) => {
+            conn.close(1u32.into(), b"no hello in time");
+            tracing::debug!(peer = %conn.remote_address(), "no hello within the deadline");
+            Ok(None)
+        }
+    }
+}
+
+async fn admit(shared: &Shared, conn: &quinn::Connection) -> anyhow::Result<Option<Admitted>> {
+    let mut control = Channel::new(conn.accept_bi().await?);
+    let hello: Hello = control
+        .recv_within(MAX_HELLO_FRAME)
+        .await?
+        .context("closed before hello")?;
     let role = match transport::check_hello(&hello, &shared.worker_secret, &shared.client_secret) {
         Ok(role) => role,
         Err(reason) => {
@@ -35,10 +66,16 @@ pub(super) async fn handshake(
             return Ok(None);
         }
     };
+    transport::admit(conn);
     control
         .send(&Welcome::Accepted {
             version: PROTOCOL_VERSION,
         })
         .await?;
-    Ok(Some((role, hello.name, control)))
+    Ok(Some(Admitted {
+        conn: conn.clone(),
+        role,
+        name: text::truncate(&hello.name, MAX_NAME),
+        control,
+    }))
 }

@@ -6,6 +6,7 @@
 mod blob;
 mod client;
 mod feed;
+mod gate;
 mod handshake;
 mod worker;
 
@@ -16,18 +17,26 @@ use tessera_protocol::messages::Role;
 use tokio::task::JoinSet;
 
 use crate::server::Shared;
+use gate::{Gate, Pass};
+use handshake::Admitted;
 
 /// Accepts connections until its task is aborted; aborting it aborts every
 /// connection it started.
 pub(crate) async fn accept(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
     let mut connections = JoinSet::new();
+    let gate = Arc::new(Gate::default());
     loop {
         tokio::select! {
             incoming = endpoint.accept() => {
                 let Some(incoming) = incoming else { break };
+                let Some(pass) = gate.enter(incoming.remote_address().ip()) else {
+                    tracing::debug!(peer = %incoming.remote_address(), "refused: too many unauthenticated connections");
+                    incoming.refuse();
+                    continue;
+                };
                 let shared = shared.clone();
                 connections.spawn(async move {
-                    if let Err(e) = serve_connection(shared, incoming).await {
+                    if let Err(e) = serve_connection(shared, incoming, pass).await {
                         tracing::debug!("connection ended: {e:#}");
                     }
                 });
@@ -39,9 +48,20 @@ pub(crate) async fn accept(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
     connections.shutdown().await;
 }
 
-async fn serve_connection(shared: Arc<Shared>, incoming: quinn::Incoming) -> anyhow::Result<()> {
-    let conn = incoming.await?;
-    let Some((role, name, control)) = handshake::handshake(&shared, &conn).await? else {
+async fn serve_connection(
+    shared: Arc<Shared>,
+    incoming: quinn::Incoming,
+    pass: Pass,
+) -> anyhow::Result<()> {
+    let admitted = handshake::handshake(&shared, incoming).await;
+    drop(pass);
+    let Some(Admitted {
+        conn,
+        role,
+        name,
+        control,
+    }) = admitted?
+    else {
         return Ok(());
     };
     let uploaded = Arc::new(AtomicU64::new(0));

@@ -7,8 +7,13 @@ use std::sync::Arc;
 
 use anyhow::bail;
 use tessera_protocol::codec::{read_frame, write_frame};
-use tessera_protocol::messages::{TaskLog, WorkerMsg, MAX_INLINE_OUTPUT};
+use tessera_protocol::job::TileRect;
+use tessera_protocol::messages::{
+    check_price, TaskLog, WorkerInfo, WorkerMsg, MAX_CACHED_DIGESTS, MAX_INLINE_OUTPUT, MAX_SLOTS,
+    MAX_TASK_LOG,
+};
 use tessera_protocol::store::BlobStore;
+use tessera_protocol::text::{self, MAX_ERROR, MAX_NAME};
 use tessera_protocol::transport::Channel;
 use tessera_protocol::Digest;
 use tokio::sync::mpsc;
@@ -23,10 +28,14 @@ pub(super) async fn serve(
     name: String,
 ) -> anyhow::Result<()> {
     let (mut send, mut recv) = control.split();
-    let info = match read_frame::<WorkerMsg, _>(&mut recv).await? {
+    let mut info = match read_frame::<WorkerMsg, _>(&mut recv).await? {
         Some(WorkerMsg::Join(info)) => info,
-        other => bail!("worker {name} sent {other:?} before joining"),
+        Some(_) => bail!("worker {name} sent another message before joining"),
+        None => bail!("worker {name} left before joining"),
     };
+    if let Err(reason) = bound_join(&mut info) {
+        bail!("worker {name} refused: {reason}");
+    }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (slots, engines) = (info.slots, info.engines.clone());
     let id = shared.join_worker(tx, &name, info);
@@ -52,6 +61,19 @@ pub(super) async fn serve(
     result
 }
 
+/// What a worker's `Join` may claim: a price that is a finite amount ≥ 0,
+/// at most [`MAX_SLOTS`] slots, a host name of [`MAX_NAME`] bytes, as many
+/// held tasks as it has slots and [`MAX_CACHED_DIGESTS`] cached files;
+/// more is cut off, a bad price refuses the worker.
+fn bound_join(info: &mut WorkerInfo) -> Result<(), String> {
+    check_price(info.price_per_hour)?;
+    info.slots = info.slots.min(MAX_SLOTS);
+    text::truncate_in_place(&mut info.hostname, MAX_NAME);
+    info.holding.truncate(info.slots as usize);
+    info.cached.truncate(MAX_CACHED_DIGESTS);
+    Ok(())
+}
+
 /// One message from worker `id`.
 fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
     match msg {
@@ -61,18 +83,33 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
             render_ms,
             inline,
         } => {
-            let stored = store_output(shared, output, inline);
+            // The lease first: a result for a task this worker does not
+            // hold stores nothing.
+            let expected = shared.read(|core, _| {
+                core.holds(id, task)
+                    .then(|| core.expected_output(task))
+                    .flatten()
+            });
+            let Some((rect, whole)) = expected else {
+                let reason = "this worker holds no current lease on the task".to_string();
+                shared.update(|core, _| core.refuse(id, task, reason));
+                return;
+            };
+            let stored = check_output(shared, output, inline.as_deref(), rect, whole)
+                .and_then(|()| store_output(shared, output, inline));
             shared.update(|core, now| match stored {
                 Ok(()) => core.result_offered(id, task, output, render_ms, now),
-                Err(reason) => core.refuse(id, task, reason),
+                Err(reason) => core.result_rejected(id, task, reason, now),
             });
         }
         WorkerMsg::Failed {
             task,
-            error,
-            log,
+            mut error,
+            mut log,
             unsupported,
         } => {
+            text::truncate_in_place(&mut error, MAX_ERROR);
+            keep_tail(&mut log, MAX_TASK_LOG);
             let entry = TaskLog {
                 task: task.index,
                 worker: id,
@@ -91,8 +128,102 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
             };
             shared.update(|core, now| core.worker_msg(id, msg, now));
         }
+        WorkerMsg::Cached { mut added, removed } => {
+            added.truncate(MAX_CACHED_DIGESTS);
+            let msg = WorkerMsg::Cached { added, removed };
+            shared.update(|core, now| core.worker_msg(id, msg, now));
+        }
         msg => shared.update(|core, now| core.worker_msg(id, msg, now)),
     }
+}
+
+/// Cuts `log` to its last `max` bytes (on a character boundary): the end
+/// of a renderer's log says why it failed.
+fn keep_tail(log: &mut String, max: usize) {
+    if log.len() > max {
+        let mut start = log.len() - max;
+        while !log.is_char_boundary(start) {
+            start += 1;
+        }
+        log.replace_range(..start, "");
+    }
+}
+
+/// Bytes per pixel a task's output may take: a float OpenEXR of 32
+/// four-channel passes, uncompressed, is 512.
+const MAX_OUTPUT_BYTES_PER_PIXEL: u64 = 512;
+/// Room for headers and metadata on top of the pixels.
+const OUTPUT_SLACK: u64 = 1 << 20;
+
+/// Checks an output against its task before it is stored or accepted:
+/// its size is capped by the tile rectangle, and a PNG tile must have the
+/// tile's dimensions (the frame's only task may be any image the renderer
+/// wrote, within the same size cap).
+fn check_output(
+    shared: &Shared,
+    output: Digest,
+    inline: Option<&[u8]>,
+    rect: TileRect,
+    whole: bool,
+) -> Result<(), String> {
+    let size = match inline {
+        Some(bytes) => bytes.len() as u64,
+        None => shared
+            .store
+            .has(&output)
+            .ok_or_else(|| format!("output blob {output} was not uploaded"))?,
+    };
+    let cap =
+        u64::from(rect.width) * u64::from(rect.height) * MAX_OUTPUT_BYTES_PER_PIXEL + OUTPUT_SLACK;
+    if size > cap {
+        return Err(format!(
+            "the output is {size} bytes; a {}x{} tile's is at most {cap}",
+            rect.width, rect.height
+        ));
+    }
+    let mut head = [0u8; PNG_HEAD];
+    let head = match inline {
+        Some(bytes) => &bytes[..bytes.len().min(PNG_HEAD)],
+        None => {
+            let n = read_head(&shared.store.inner().path(&output), &mut head)
+                .map_err(|e| format!("cannot read the output: {e}"))?;
+            &head[..n]
+        }
+    };
+    match png_dimensions(head) {
+        Some(dims) if !whole && dims != (rect.width, rect.height) => Err(format!(
+            "the output is a {}x{} PNG; the tile is {}x{}",
+            dims.0, dims.1, rect.width, rect.height
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// A PNG's signature and header chunk: enough for its dimensions.
+const PNG_HEAD: usize = 24;
+
+fn read_head(path: &std::path::Path, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::io::Read;
+    let mut file = std::fs::File::open(path)?;
+    let mut got = 0;
+    while got < buf.len() {
+        match file.read(&mut buf[got..])? {
+            0 => break,
+            n => got += n,
+        }
+    }
+    Ok(got)
+}
+
+/// Width and height from a PNG's header, or `None` when `head` is not the
+/// start of a PNG.
+fn png_dimensions(head: &[u8]) -> Option<(u32, u32)> {
+    const SIGNATURE: [u8; 8] = [0x89, b'P', b'N', b'G', b'\r', b'\n', 0x1a, b'\n'];
+    if head.len() < PNG_HEAD || head[..8] != SIGNATURE || &head[12..16] != b"IHDR" {
+        return None;
+    }
+    let be = |at: usize| u32::from_be_bytes(head[at..at + 4].try_into().expect("4 bytes"));
+    Some((be(16), be(20)))
 }
 
 /// Stores an inline output after checking it against its digest, or checks
@@ -110,4 +241,25 @@ fn store_output(shared: &Shared, output: Digest, inline: Option<Vec<u8>>) -> Res
         return Err(format!("output blob {output} was not uploaded"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn png_dimensions_come_from_the_header_and_logs_keep_their_tail() {
+        let mut png = Vec::new();
+        let mut enc = png::Encoder::new(&mut png, 160, 90);
+        enc.set_color(png::ColorType::Rgb);
+        let data = vec![0u8; 160 * 90 * 3];
+        enc.write_header().unwrap().write_image_data(&data).unwrap();
+        assert_eq!(png_dimensions(&png[..PNG_HEAD]), Some((160, 90)));
+        assert_eq!(png_dimensions(b"not a png at all, just bytes"), None);
+        assert_eq!(png_dimensions(&png[..10]), None);
+
+        let mut log = format!("{}é the end", "x".repeat(100));
+        keep_tail(&mut log, 9);
+        assert_eq!(log, " the end", "cut on a character boundary");
+    }
 }

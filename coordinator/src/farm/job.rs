@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use tessera_protocol::job::JobSpec;
+use tessera_protocol::job::{sample_range, JobSpec};
 use tessera_protocol::messages::{JobState, JobStatus, TaskRef, TaskSpec};
 
 use crate::scheduler::Millis;
@@ -75,14 +75,12 @@ impl Job {
         let rest = task.index % self.tasks_per_frame;
         let (tile, range) = (rest / spec.sample_ranges, rest % spec.sample_ranges);
         let (w, h) = spec.resolution;
-        let k = spec.sample_ranges;
-        let n = spec.samples;
         TaskSpec {
             task,
             frame: spec.frames[frame_pos as usize],
             tile: spec.tiles.rect(tile, w, h),
-            samples: (n * range / k, n * (range + 1) / k),
-            total_samples: n,
+            samples: sample_range(spec.samples, range, spec.sample_ranges),
+            total_samples: spec.samples,
         }
     }
 

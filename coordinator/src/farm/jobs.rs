@@ -120,6 +120,9 @@ impl FarmCore {
         if self.jobs.get(&job).is_none_or(|j| j.final_state.is_some()) {
             return;
         }
+        // Errors carry workers' words: cut to a stated size before they
+        // are stored, shown and sent in every status reply.
+        let error = tessera_protocol::text::truncate(&error, tessera_protocol::text::MAX_ERROR);
         tracing::error!(job, "job failed: {error}");
         self.finish_job(job, JobState::Failed, Some(error), now);
     }
@@ -180,6 +183,7 @@ impl FarmCore {
         }
         self.sched.forget_job(id);
         self.ledger.forget_job(id);
+        self.released.retain(|t, _| t.job != id);
         status
     }
 

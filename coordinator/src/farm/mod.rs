@@ -132,6 +132,10 @@ pub struct FarmCore {
     /// Tasks whose lease ended without a result, until they are handed out
     /// again (to log how quickly a lost task restarts).
     requeued: HashSet<TaskKey>,
+    /// Leases this run handed out that ended because their worker's
+    /// connection did (task → epoch and worker name): what a worker that
+    /// rejoins may name and adopt. Bounded by the live jobs' tasks.
+    released: HashMap<TaskKey, (Epoch, String)>,
     effects: Vec<Effect>,
 }
 
@@ -169,6 +173,7 @@ impl FarmCore {
             ledger: Ledger::default(),
             rejoin_until: 0,
             requeued: HashSet::new(),
+            released: HashMap::new(),
             effects: Vec::new(),
         }
     }

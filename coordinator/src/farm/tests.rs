@@ -309,6 +309,41 @@ fn a_job_completes_when_every_frame_is_committed_and_stitched() {
 }
 
 #[test]
+fn a_worker_adopts_only_leases_handed_to_a_worker_of_its_name() {
+    let mut farm = Farm::new(3);
+    farm.submit(spec("a", 3, 1));
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let lease = farm.assigned(w1)[0].task;
+    assert_eq!(farm.leave(w1), 1);
+    // Another worker names w1's ended lease, and queued tasks it was never
+    // given under epoch 0 and under an epoch of this run.
+    let queued = |index, epoch| TaskRef {
+        job: lease.job,
+        index,
+        epoch,
+    };
+    let claims = vec![lease, queued(1, 0), queued(2, lease.epoch)];
+    let rogue = farm
+        .at(100)
+        .join("rogue", worker_info(3, Engine::Builtin, claims));
+    assert_eq!(
+        kinds(&farm.read(rogue)),
+        ["joined", "cancel 1/0", "cancel 1/1", "cancel 1/2"],
+        "nothing adopted"
+    );
+    // w1, rejoining under its own name, adopts its lease.
+    let back = farm
+        .at(200)
+        .join("w1", worker_info(1, Engine::Builtin, vec![lease]));
+    assert_eq!(
+        kinds(&farm.read(back)),
+        ["joined"],
+        "its own lease is adopted"
+    );
+}
+
+#[test]
 fn a_worker_that_leaves_gives_its_tasks_back_and_rejoining_keeps_what_it_still_holds() {
     let mut farm = Farm::new(3);
     let job = farm.submit(spec("a", 2, 1));

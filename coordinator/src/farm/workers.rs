@@ -2,6 +2,7 @@
 //! rejoining worker still holds), leaving, heartbeats, progress, results
 //! offered and tasks failed.
 
+use tessera_protocol::job::TileRect;
 use tessera_protocol::messages::{CoordMsg, FarmEvent, TaskRef, WorkerInfo, WorkerMsg};
 use tessera_protocol::Digest;
 
@@ -64,8 +65,18 @@ impl FarmCore {
             .get(&id)
             .map_or(String::new(), |w| w.name.clone());
         for &task in holding {
-            match self.sched.adopt(id, key(task), Epoch(task.epoch), now.ms) {
+            let adopted = if self.may_adopt(&name, task) {
+                self.sched.adopt(id, key(task), Epoch(task.epoch), now.ms)
+            } else {
+                Err(scheduler::Refused::StaleEpoch {
+                    task: key(task),
+                    epoch: Epoch(task.epoch),
+                    current: None,
+                })
+            };
+            match adopted {
                 Ok(()) => {
+                    self.released.remove(&key(task));
                     tracing::info!(
                         worker = id,
                         name,
@@ -103,9 +114,47 @@ impl FarmCore {
         }
     }
 
+    /// Whether a (re)joining worker called `name` may adopt `task` under
+    /// the epoch it names: only a lease this farm handed to a worker of
+    /// that name — one still live, or one of this run that ended with its
+    /// worker's connection ([`FarmCore::released`]), or one of an earlier
+    /// run (not recorded across restarts, so any epoch of an earlier
+    /// generation, never 0). A queued task named with a made-up epoch of
+    /// this run is refused.
+    fn may_adopt(&self, name: &str, task: TaskRef) -> bool {
+        let Some(view) = self.sched.task_view(key(task)) else {
+            return false;
+        };
+        if view.done {
+            return false;
+        }
+        let first_epoch = self.config.scheduler.first_epoch;
+        match view.lease {
+            // Its lease is live: only the worker that holds it, under
+            // another connection that has not ended yet.
+            Some((holder, epoch)) if epoch.0 == task.epoch => {
+                self.workers.get(&holder).is_none_or(|w| w.name == name)
+            }
+            // Another lease is live: the scheduler refuses it, or adopts
+            // the straggler's second lease it names.
+            Some(_) => true,
+            None if task.epoch >= first_epoch => self
+                .released
+                .get(&key(task))
+                .is_some_and(|(epoch, holder)| epoch.0 == task.epoch && holder == name),
+            None => task.epoch >> 32 >= 1,
+        }
+    }
+
     /// A worker's connection ended: its leases go back to the queue.
     /// Returns how many tasks were requeued.
     pub fn worker_left(&mut self, id: WorkerId, now: Now) -> usize {
+        let held = self.sched.running_on(id);
+        if let Some(w) = self.workers.get(&id) {
+            for (task, epoch) in held {
+                self.released.insert(task, (epoch, w.name.clone()));
+            }
+        }
         let requeued = self.sched.remove_worker(id, now.ms);
         for &task in &requeued {
             self.lease_ended(task, id, false, now);
@@ -179,8 +228,12 @@ impl FarmCore {
                 }
             }
             WorkerMsg::Progress { task, done, total } => {
-                if let Some(w) = self.workers.get_mut(&id) {
-                    w.progress.insert(task, (done, total));
+                // Kept only for a task the worker holds, so the map is
+                // bounded by its leases.
+                if self.holds(id, task) {
+                    if let Some(w) = self.workers.get_mut(&id) {
+                        w.progress.insert(task, (done, total));
+                    }
                 }
             }
             WorkerMsg::Heartbeat { telemetry } => {
@@ -203,6 +256,33 @@ impl FarmCore {
                 unsupported,
                 ..
             } => self.task_failed(id, task, error, unsupported, now),
+        }
+    }
+
+    /// Whether worker `id` holds a current lease on `task` under its epoch.
+    pub fn holds(&self, id: WorkerId, task: TaskRef) -> bool {
+        self.sched.holds_lease(id, key(task), Epoch(task.epoch))
+    }
+
+    /// What the output of `task` must be: its tile rectangle, and whether
+    /// the task is its frame's only one (then the renderer's file is the
+    /// frame, in whatever format it wrote). `None` for an unknown task.
+    pub fn expected_output(&self, task: TaskRef) -> Option<(TileRect, bool)> {
+        let job = self.jobs.get(&task.job)?;
+        if task.index >= job.tasks_total() {
+            return None;
+        }
+        Some((job.task_spec(task).tile, job.tasks_per_frame == 1))
+    }
+
+    /// A result whose output is not what its task asked for (wrong
+    /// dimensions, too large, not stored): refused, and counted as a
+    /// failed attempt of that worker, so the task is retried elsewhere and
+    /// never reaches stitching.
+    pub fn result_rejected(&mut self, id: WorkerId, task: TaskRef, reason: String, now: Now) {
+        self.refuse(id, task, reason.clone());
+        if self.holds(id, task) {
+            self.task_failed(id, task, format!("bad result: {reason}"), false, now);
         }
     }
 

@@ -83,3 +83,16 @@ fn what_a_worker_holds_follows_its_reports() {
     s.remove_worker(1, 0);
     assert_eq!(s.affinity.missing(9, 1), 60);
 }
+
+#[test]
+fn what_a_worker_claims_to_hold_is_bounded() {
+    let mut s = scheduler();
+    // Two million claimed digests, in batches: at most MAX_CACHED_DIGESTS kept.
+    for batch in 0..20u32 {
+        let claimed: Vec<Digest> = (0..100_000u32)
+            .map(|i| Digest::of(&(batch * 100_000 + i).to_le_bytes()))
+            .collect();
+        s.worker_holds(1, &claimed, &[]);
+    }
+    assert_eq!(s.held_count(1), MAX_CACHED_DIGESTS);
+}

@@ -24,6 +24,7 @@ use std::collections::{btree_map, BTreeMap, BTreeSet, HashMap, HashSet, VecDeque
 use std::fmt;
 
 use tessera_protocol::blender::{BlenderNeeds, BlenderOffer};
+use tessera_protocol::messages::MAX_CACHED_DIGESTS;
 use tessera_protocol::Digest;
 
 pub mod blender;
@@ -451,7 +452,10 @@ impl Scheduler {
         for d in removed {
             held.remove(d);
         }
-        held.extend(added.iter().copied());
+        // What a worker claims to hold is bounded, however many times it
+        // claims more.
+        let room = MAX_CACHED_DIGESTS.saturating_sub(held.len());
+        held.extend(added.iter().copied().take(room));
     }
 
     /// Among `worker` and the other free workers in `turns` that can take
@@ -978,6 +982,19 @@ impl Scheduler {
         self.grant(task, worker, epoch, now, Attempt::Primary);
         self.seen(worker, now);
         Ok(())
+    }
+
+    /// Whether `worker` holds a current lease (or a straggler's second
+    /// one) on `task` under `epoch`: what it may report on or send a
+    /// result for.
+    pub fn holds_lease(&self, worker: WorkerId, task: TaskKey, epoch: Epoch) -> bool {
+        self.check_lease(worker, task, epoch).is_ok()
+    }
+
+    /// Digests held by `worker`, as far as affinity knows.
+    #[cfg(test)]
+    pub(crate) fn held_count(&self, worker: WorkerId) -> usize {
+        self.affinity.held.get(&worker).map_or(0, |h| h.len())
     }
 
     /// The leases `worker` holds, in task order.

@@ -213,11 +213,15 @@ pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
         tokio::spawn(async move {
             let conn = incoming.await.ok()?;
             let mut control = Channel::new(conn.accept_bi().await.ok()?);
-            let hello: Hello = control.recv().await.ok()??;
+            let hello: Hello = control
+                .recv_within(crate::codec::MAX_HELLO_FRAME)
+                .await
+                .ok()??;
             if let Err(reason) = crate::transport::check_hello(&hello, &secret, &secret) {
                 control.send(&Welcome::Refused { reason }).await.ok()?;
                 return None;
             }
+            crate::transport::admit(&conn);
             let welcome = Welcome::Accepted {
                 version: PROTOCOL_VERSION,
             };
