@@ -20,7 +20,7 @@ pub const MAX_INLINE_OUTPUT: usize = 64 * 1024;
 pub const MAX_TASK_LOG: usize = 64 * 1024;
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -140,6 +140,12 @@ pub struct TaskSpec {
 /// Coordinator → worker, on the control stream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum CoordMsg {
+    /// Sent once, first, to a worker that joined with the shared worker
+    /// ticket: its own credential (`ID.SECRET`), which it keeps and shows
+    /// instead of the ticket from then on.
+    Enrolled {
+        credential: String,
+    },
     Joined {
         worker_id: u64,
         heartbeat_ms: u64,
@@ -411,6 +417,15 @@ pub enum ClientRequest {
     /// Collect garbage now: remove stored blobs no retained job uses.
     /// Answered by `Collected`.
     CollectGarbage,
+    /// Revoke every worker enrolled under `name`: disconnected now, refused
+    /// from then on. Answered by `Revoked`.
+    RevokeWorker {
+        name: String,
+    },
+    /// Replace both tickets' secrets: the old tickets are refused for new
+    /// connections; enrolled workers keep their credentials. Answered by
+    /// `Tickets`.
+    RotateTickets,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -435,6 +450,17 @@ pub enum ClientResponse {
     },
     Tiles(Vec<TileStatus>),
     Collected(Collected),
+    /// How many identities a `RevokeWorker` revoked, and how many
+    /// connections it closed.
+    Revoked {
+        identities: u32,
+        disconnected: u32,
+    },
+    /// The new tickets, as lines.
+    Tickets {
+        worker: String,
+        client: String,
+    },
     Done,
     Error(String),
 }
