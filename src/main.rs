@@ -46,8 +46,8 @@ enum Command {
         #[command(subcommand)]
         admin: Option<CoordinatorAdmin>,
         /// Where state, assets, the certificate and the tickets live.
-        #[arg(long)]
-        data_dir: PathBuf,
+        #[arg(long, required = true)]
+        data_dir: Option<PathBuf>,
         /// Address to listen on (UDP). Port 0 picks a free port, and keeps it
         /// across restarts with the same data dir.
         #[arg(long, default_value = "127.0.0.1:7700")]
@@ -83,8 +83,8 @@ enum Command {
         #[command(subcommand)]
         admin: Option<WorkerAdmin>,
         /// Worker ticket (the line in DATA_DIR/worker.ticket), or @FILE holding it.
-        #[arg(long, env = "TESSERA_WORKER_TICKET", hide_env_values = true)]
-        ticket: String,
+        #[arg(long, env = "TESSERA_WORKER_TICKET", hide_env_values = true, required = true)]
+        ticket: Option<String>,
         /// Name shown in status and the monitor (default: host name and pid).
         #[arg(long)]
         name: Option<String>,
@@ -418,6 +418,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             retention,
             scrub_mb_per_sec,
         } => {
+            // Required by clap unless a subcommand is given.
+            let data_dir = data_dir.context("pass --data-dir")?;
             let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
             config.scrub_bytes_per_sec = (scrub_mb_per_sec.max(0.0) * 1e6) as u64;
             config.advertise = advertise;
@@ -459,7 +461,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             noop_ms,
             interruptible,
         } => {
-            let ticket = client::resolve_ticket(Some(&ticket))?;
+            // Required by clap unless a subcommand is given.
+            let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {
                 anyhow::bail!(
                     "this is a client ticket; a worker joins with DATA_DIR/worker.ticket"
