@@ -83,7 +83,12 @@ enum Command {
         #[command(subcommand)]
         admin: Option<WorkerAdmin>,
         /// Worker ticket (the line in DATA_DIR/worker.ticket), or @FILE holding it.
-        #[arg(long, env = "TESSERA_WORKER_TICKET", hide_env_values = true, required = true)]
+        #[arg(
+            long,
+            env = "TESSERA_WORKER_TICKET",
+            hide_env_values = true,
+            required = true
+        )]
         ticket: Option<String>,
         /// Name shown in status and the monitor (default: host name and pid).
         #[arg(long)]

@@ -28,7 +28,10 @@ pub struct Copied {
 pub fn backup(data: &Path, dest: &Path) -> anyhow::Result<Copied> {
     let db = data.join("state.sqlite");
     if !db.exists() {
-        bail!("{} holds no coordinator database: pass the coordinator's --data-dir", data.display());
+        bail!(
+            "{} holds no coordinator database: pass the coordinator's --data-dir",
+            data.display()
+        );
     }
     if dest.exists() && std::fs::read_dir(dest)?.next().is_some() {
         bail!("{} is not empty: back up into a new folder", dest.display());
@@ -93,7 +96,9 @@ fn copy_blobs(from: &Path, to: &Path, copied: &mut Copied) -> anyhow::Result<()>
             // Garbage collection removed it meanwhile: only jobs past
             // their retention used it.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e).with_context(|| format!("cannot copy {}", entry.path().display())),
+            Err(e) => {
+                return Err(e).with_context(|| format!("cannot copy {}", entry.path().display()))
+            }
         }
     }
     Ok(())

@@ -39,7 +39,10 @@ pub enum Admission {
     /// A worker with the shared ticket: to be enrolled under its name.
     Enroll,
     /// An enrolled worker: its identity and the name it enrolled with.
-    Enrolled { id: String, name: String },
+    Enrolled {
+        id: String,
+        name: String,
+    },
 }
 
 /// A fresh identity's credential, as the worker keeps it.
@@ -96,12 +99,17 @@ impl Identities {
         }
     }
 
-    fn connected(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(u64, quinn::Connection)>>> {
+    fn connected(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(u64, quinn::Connection)>>> {
         self.connected.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     fn secrets(&self) -> Secrets {
-        self.secrets.read().unwrap_or_else(|e| e.into_inner()).clone()
+        self.secrets
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
     }
 
     /// Replaces the tickets' secrets (the ticket files are written by the
@@ -120,19 +128,17 @@ impl Identities {
         let secrets = self.secrets();
         // The version and the tickets, as before identities.
         match tessera_protocol::transport::check_hello(hello, &secrets.worker, &secrets.client) {
-            Ok(Role::Client) => return Ok(Admission::Client),
-            Ok(Role::Worker) => {
-                return match revoked_name(db, &hello.name) {
-                    Ok(false) => Ok(Admission::Enroll),
-                    Ok(true) => Err(format!(
-                        "worker name `{}` was revoked: it may not join this farm again",
-                        hello.name
-                    )),
-                    Err(e) => Err(format!("cannot check the worker's name: {e}")),
-                };
-            }
+            Ok(Role::Client) => Ok(Admission::Client),
+            Ok(Role::Worker) => match revoked_name(db, &hello.name) {
+                Ok(false) => Ok(Admission::Enroll),
+                Ok(true) => Err(format!(
+                    "worker name `{}` was revoked: it may not join this farm again",
+                    hello.name
+                )),
+                Err(e) => Err(format!("cannot check the worker's name: {e}")),
+            },
             Err(reason) if hello.version != PROTOCOL_VERSION || hello.role == Role::Client => {
-                return Err(reason)
+                Err(reason)
             }
             Err(reason) => {
                 let Some((id, secret)) = hello.secret.split_once('.') else {
@@ -295,8 +301,14 @@ mod tests {
         create_table(&db).unwrap();
         let (w, c) = (ticket(Role::Worker), ticket(Role::Client));
         let ids = Identities::new(&w, &c);
-        assert_eq!(ids.admit(&db, &hello(Role::Worker, &w.secret, "a")), Ok(Admission::Enroll));
-        assert_eq!(ids.admit(&db, &hello(Role::Client, &c.secret, "x")), Ok(Admission::Client));
+        assert_eq!(
+            ids.admit(&db, &hello(Role::Worker, &w.secret, "a")),
+            Ok(Admission::Enroll)
+        );
+        assert_eq!(
+            ids.admit(&db, &hello(Role::Client, &c.secret, "x")),
+            Ok(Admission::Client)
+        );
         let cred = enroll(&db, "a", 1).unwrap();
         // The credential admits the worker under its enrolled name,
         // whatever name it says.
@@ -310,20 +322,35 @@ mod tests {
         // A wrong secret for a real id, a credential as a client, garbage.
         let forged = format!("{}.{}", cred.id, Ticket::new_secret());
         assert!(ids.admit(&db, &hello(Role::Worker, &forged, "a")).is_err());
-        assert!(ids.admit(&db, &hello(Role::Client, &cred.line, "a")).is_err());
+        assert!(ids
+            .admit(&db, &hello(Role::Client, &cred.line, "a"))
+            .is_err());
         assert!(ids.admit(&db, &hello(Role::Worker, "nope", "a")).is_err());
         // Rotation: the old tickets are refused, the credential still works.
         let (w2, c2) = (ticket(Role::Worker), ticket(Role::Client));
         ids.rotate(&w2, &c2);
-        assert!(ids.admit(&db, &hello(Role::Worker, &w.secret, "b")).is_err());
-        assert!(ids.admit(&db, &hello(Role::Client, &c.secret, "x")).is_err());
-        assert_eq!(ids.admit(&db, &hello(Role::Worker, &w2.secret, "b")), Ok(Admission::Enroll));
-        assert!(ids.admit(&db, &hello(Role::Worker, &cred.line, "a")).is_ok());
+        assert!(ids
+            .admit(&db, &hello(Role::Worker, &w.secret, "b"))
+            .is_err());
+        assert!(ids
+            .admit(&db, &hello(Role::Client, &c.secret, "x"))
+            .is_err());
+        assert_eq!(
+            ids.admit(&db, &hello(Role::Worker, &w2.secret, "b")),
+            Ok(Admission::Enroll)
+        );
+        assert!(ids
+            .admit(&db, &hello(Role::Worker, &cred.line, "a"))
+            .is_ok());
         // Revocation: the credential and the name are refused from now on.
         assert_eq!(revoke(&db, "a", 2).unwrap(), vec![cred.id.clone()]);
-        let e = ids.admit(&db, &hello(Role::Worker, &cred.line, "a")).unwrap_err();
+        let e = ids
+            .admit(&db, &hello(Role::Worker, &cred.line, "a"))
+            .unwrap_err();
         assert!(e.contains("revoked"), "{e}");
-        let e = ids.admit(&db, &hello(Role::Worker, &w2.secret, "a")).unwrap_err();
+        let e = ids
+            .admit(&db, &hello(Role::Worker, &w2.secret, "a"))
+            .unwrap_err();
         assert!(e.contains("revoked"), "{e}");
         assert!(revoke(&db, "nobody", 3).unwrap().is_empty());
     }

@@ -55,8 +55,7 @@ async fn scrub_pass(shared: &Arc<Shared>, bytes_per_sec: u64) -> anyhow::Result<
     let started = Instant::now();
     for blob in listed {
         let shared2 = shared.clone();
-        let checked =
-            tokio::task::spawn_blocking(move || rehash(&shared2, &blob.digest)).await?;
+        let checked = tokio::task::spawn_blocking(move || rehash(&shared2, &blob.digest)).await?;
         let Some((bytes, intact)) = checked? else {
             continue; // removed meanwhile (garbage collection)
         };

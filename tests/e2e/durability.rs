@@ -65,9 +65,11 @@ fn a_stored_blob_that_rotted_is_removed_when_served_and_the_next_submit_uploads_
     // The worker asks for the scene; the coordinator finds it corrupt while
     // serving it, and removes it instead of failing every later job.
     farm.add_worker("w1");
-    wait_until("the corrupt blob's removal", Duration::from_secs(60), || {
-        !blob.exists()
-    });
+    wait_until(
+        "the corrupt blob's removal",
+        Duration::from_secs(60),
+        || !blob.exists(),
+    );
     // The first job may have failed already (its scene is missing now).
     let _ = farm.run(&["cancel", &first.to_string()]);
     // Missing now: the resubmit uploads it, and the frame comes out right.
@@ -137,7 +139,11 @@ fn a_hot_backup_restores_into_a_farm_with_every_job_and_frame() {
         .arg(&copy)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // A second backup into the same folder is refused, not mixed in.
     let again = crate::harness::tessera()
         .args(["coordinator", "backup", "--data-dir"])
@@ -180,7 +186,10 @@ fn a_cached_file_edited_in_place_on_a_worker_is_verified_and_fetched_again() {
     assert!(edited != text && edited.len() == text.len());
     {
         use std::io::Write;
-        let mut f = std::fs::OpenOptions::new().write(true).open(&cached).unwrap();
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&cached)
+            .unwrap();
         f.write_all(edited.as_bytes()).unwrap();
     }
     // The next task to use it finds the change, fetches the file again, and

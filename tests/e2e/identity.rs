@@ -72,7 +72,11 @@ fn a_revoked_worker_is_cut_off_at_once_and_refused_for_good() {
     farm.wait_mid_render(job, 0, "w1");
 
     let out = farm.run(&["worker", "revoke", "w1"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     // The revoke answers once w1's session has ended (or a heartbeat has
     // passed): it is off the farm now, its lease back in the queue.
     assert_eq!(worker_names(&farm), ["w2"]);
@@ -110,8 +114,14 @@ fn rotated_tickets_refuse_new_joins_and_clients_while_enrolled_workers_render_on
     let (old_worker, old_client) = (read("worker.ticket"), read("client.ticket"));
 
     let rotated = farm.json(&["coordinator", "rotate-tickets", "--json"]);
-    assert_eq!(rotated["worker"].as_str().unwrap(), read("worker.ticket").trim());
-    assert_eq!(rotated["client"].as_str().unwrap(), read("client.ticket").trim());
+    assert_eq!(
+        rotated["worker"].as_str().unwrap(),
+        read("worker.ticket").trim()
+    );
+    assert_eq!(
+        rotated["client"].as_str().unwrap(),
+        read("client.ticket").trim()
+    );
     assert_ne!(read("worker.ticket"), old_worker);
     assert_ne!(read("client.ticket"), old_client);
 

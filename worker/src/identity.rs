@@ -33,7 +33,9 @@ fn credential(cache_dir: &Path, fingerprint: &str) -> Option<String> {
     let valid = fp == fingerprint
         && credential.len() <= MAX_CREDENTIAL
         && credential.contains('.')
-        && credential.bytes().all(|b| b.is_ascii_hexdigit() || b == b'.');
+        && credential
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() || b == b'.');
     valid.then(|| credential.to_string())
 }
 
@@ -81,7 +83,11 @@ mod tests {
         };
         assert_eq!(join_ticket(&dir, &other).secret, "shared");
         // Garbage in the file is no credential.
-        std::fs::write(dir.join(FILE), format!("{} not a credential\n", ticket.fingerprint)).unwrap();
+        std::fs::write(
+            dir.join(FILE),
+            format!("{} not a credential\n", ticket.fingerprint),
+        )
+        .unwrap();
         assert_eq!(join_ticket(&dir, &ticket).secret, "shared");
         std::fs::remove_dir_all(&dir).unwrap();
     }

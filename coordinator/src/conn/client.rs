@@ -16,8 +16,8 @@ use tessera_protocol::transport::Channel;
 
 use crate::gc::collect_garbage;
 use crate::server::{unix_ms, Shared};
-use crate::{data_dir, identity};
 use crate::submit::submit;
+use crate::{data_dir, identity};
 
 pub(super) async fn serve(
     shared: Arc<Shared>,
@@ -117,8 +117,11 @@ async fn revoke(shared: &Shared, name: &str) -> ClientResponse {
 
 /// New secrets for both tickets, written to the data dir first, then used.
 fn rotate_tickets(shared: &Shared) -> ClientResponse {
-    match data_dir::rotate_tickets(&shared.config.data_dir, shared.advertised, &shared.fingerprint)
-    {
+    match data_dir::rotate_tickets(
+        &shared.config.data_dir,
+        shared.advertised,
+        &shared.fingerprint,
+    ) {
         Ok((worker, client)) => {
             shared.identities.rotate(&worker, &client);
             tracing::warn!("tickets rotated: the old ones are refused from now on");

@@ -35,7 +35,8 @@ struct Pending {
 impl LostLeases {
     /// `worker` (by name) left or went silent holding `task`.
     pub fn ended_with_worker(&mut self, worker: &str, task: TaskKey, now: Millis) {
-        self.pending.retain(|p| !(p.task == task && p.worker == worker));
+        self.pending
+            .retain(|p| !(p.task == task && p.worker == worker));
         self.pending.push(Pending {
             task,
             worker: worker.to_string(),

@@ -140,7 +140,12 @@ impl FarmCore {
     /// that reason.
     pub(super) fn lease_lost(&mut self, task: TaskKey, now: Now) {
         let lost = self.lost.count(task);
-        tracing::warn!(job = task.job, task = task.index, lost, "a lease was lost with its worker");
+        tracing::warn!(
+            job = task.job,
+            task = task.index,
+            lost,
+            "a lease was lost with its worker"
+        );
         if lost >= LOST_IN_A_ROW_FAILS {
             let error = format!(
                 "task {}: {lost} workers in a row died while rendering it (each went away without a \
