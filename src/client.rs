@@ -151,6 +151,27 @@ impl Client {
         }
     }
 
+    /// Revokes every worker enrolled as `name`: returns (identities
+    /// revoked, connections closed).
+    pub async fn revoke_worker(&mut self, name: &str) -> anyhow::Result<(u32, u32)> {
+        let request = ClientRequest::RevokeWorker { name: name.into() };
+        match self.call(&request).await? {
+            ClientResponse::Revoked {
+                identities,
+                disconnected,
+            } => Ok((identities, disconnected)),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// Has the coordinator replace both tickets: returns (worker, client).
+    pub async fn rotate_tickets(&mut self) -> anyhow::Result<(String, String)> {
+        match self.call(&ClientRequest::RotateTickets).await? {
+            ClientResponse::Tickets { worker, client } => Ok((worker, client)),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
     /// Turns this connection into the farm's feed.
     pub async fn subscribe(mut self) -> anyhow::Result<Feed> {
         self.session.control.send(&ClientRequest::Subscribe).await?;

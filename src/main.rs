@@ -8,8 +8,8 @@ mod demo;
 mod monitor;
 mod progress;
 mod report;
-mod unpack;
 mod shown;
+mod unpack;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -67,10 +67,13 @@ enum BlenderCommand {
 #[derive(Subcommand)]
 enum Command {
     /// Run the coordinator: schedules jobs, stores assets, stitches frames.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Coordinator {
+        #[command(subcommand)]
+        admin: Option<CoordinatorAdmin>,
         /// Where state, assets, the certificate and the tickets live.
-        #[arg(long)]
-        data_dir: PathBuf,
+        #[arg(long, required = true)]
+        data_dir: Option<PathBuf>,
         /// Address to listen on (UDP). Port 0 picks a free port, and keeps it
         /// across restarts with the same data dir.
         #[arg(long, default_value = "127.0.0.1:7700")]
@@ -95,12 +98,24 @@ enum Command {
         /// garbage collection may remove them (e.g. 7d, 12h, 30m, 0s).
         #[arg(long, default_value = "7d", value_parser = parse_duration)]
         retention: std::time::Duration,
+        /// How fast the background scrub re-reads stored blobs to catch
+        /// ones that rotted on disk, in MB/s (0: no scrub).
+        #[arg(long, default_value_t = 16.0)]
+        scrub_mb_per_sec: f64,
     },
     /// Run a worker: joins the farm with a worker ticket and renders tasks.
+    #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
     Worker {
+        #[command(subcommand)]
+        admin: Option<WorkerAdmin>,
         /// Worker ticket (the line in DATA_DIR/worker.ticket), or @FILE holding it.
-        #[arg(long, env = "TESSERA_WORKER_TICKET", hide_env_values = true)]
-        ticket: String,
+        #[arg(
+            long,
+            env = "TESSERA_WORKER_TICKET",
+            hide_env_values = true,
+            required = true
+        )]
+        ticket: Option<String>,
         /// Name shown in status and the monitor (default: host name and pid).
         #[arg(long)]
         name: Option<String>,
@@ -307,6 +322,43 @@ enum Command {
     },
 }
 
+/// What a client does to workers besides rendering with them.
+#[derive(Subcommand)]
+enum WorkerAdmin {
+    /// Cut off every worker enrolled as NAME: disconnected now, refused from
+    /// then on (also after a restart). Rotate the tickets too if the
+    /// machine itself is no longer trusted.
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+}
+
+/// What is done to a coordinator besides running it.
+#[derive(Subcommand)]
+enum CoordinatorAdmin {
+    /// Copy the data dir (database, blobs, identity, tickets) into DEST,
+    /// consistently, while the coordinator runs; start a coordinator with
+    /// `--data-dir DEST` to restore it.
+    Backup {
+        /// The running coordinator's data dir.
+        #[arg(long)]
+        data_dir: PathBuf,
+        /// A new (or empty) folder.
+        dest: PathBuf,
+    },
+    /// Issue new worker and client tickets on the running coordinator: the
+    /// old ones are refused for new connections from now on; enrolled
+    /// workers keep working with their own credentials.
+    RotateTickets {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+}
+
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
@@ -322,7 +374,7 @@ fn main() {
     let cli = Cli::parse();
     let server = matches!(
         cli.command,
-        Command::Coordinator { .. } | Command::Worker { .. }
+        Command::Coordinator { admin: None, .. } | Command::Worker { admin: None, .. }
     );
     // The monitor owns the terminal: log lines would scribble over it.
     let monitor = matches!(cli.command, Command::Monitor { .. });
@@ -357,6 +409,49 @@ async fn shutdown_signal() {
 async fn run(command: Command) -> anyhow::Result<i32> {
     match command {
         Command::Coordinator {
+            admin: Some(CoordinatorAdmin::Backup { data_dir, dest }),
+            ..
+        } => {
+            let copied = tessera_coordinator::backup::backup(&data_dir, &dest)?;
+            println!(
+                "backed up {} into {}: the database and {} blob files ({} bytes)",
+                data_dir.display(),
+                dest.display(),
+                copied.blobs,
+                copied.bytes
+            );
+            Ok(0)
+        }
+        Command::Coordinator {
+            admin: Some(CoordinatorAdmin::RotateTickets { json, ticket }),
+            ..
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let (worker, client_ticket) = client.rotate_tickets().await?;
+            if json {
+                let tickets = serde_json::json!({ "worker": worker, "client": client_ticket });
+                println!("{tickets}");
+            } else {
+                println!("worker ticket: {worker}\nclient ticket: {client_ticket}");
+                eprintln!("the old tickets are refused from now on; the data dir's ticket files hold the new ones");
+            }
+            Ok(0)
+        }
+        Command::Worker {
+            admin: Some(WorkerAdmin::Revoke { name, ticket }),
+            ..
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let (identities, disconnected) = client.revoke_worker(&name).await?;
+            println!(
+                "revoked worker {name} ({identities} identities, {disconnected} connections closed): it may not join again"
+            );
+            Ok(0)
+        }
+        Command::Coordinator {
+            admin: None,
             data_dir,
             listen,
             advertise,
@@ -364,8 +459,12 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             lease_ms,
             no_cache_affinity,
             retention,
+            scrub_mb_per_sec,
         } => {
+            // Required by clap unless a subcommand is given.
+            let data_dir = data_dir.context("pass --data-dir")?;
             let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
+            config.scrub_bytes_per_sec = (scrub_mb_per_sec.max(0.0) * 1e6) as u64;
             config.advertise = advertise;
             config.heartbeat_ms = heartbeat_ms;
             config.lease_ms = lease_ms.max(heartbeat_ms);
@@ -388,6 +487,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             Ok(0)
         }
         Command::Worker {
+            admin: None,
             ticket,
             name,
             cache_dir,
@@ -404,7 +504,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             noop_ms,
             interruptible,
         } => {
-            let ticket = client::resolve_ticket(Some(&ticket))?;
+            // Required by clap unless a subcommand is given.
+            let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {
                 anyhow::bail!(
                     "this is a client ticket; a worker joins with DATA_DIR/worker.ticket"

@@ -1,5 +1,5 @@
 //! How a coordinator runs: addresses, heartbeat and lease timing, retries,
-//! stragglers, cache affinity and retention.
+//! stragglers, cache affinity, retention, scrub rate and checkpoints.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -27,6 +27,12 @@ pub struct Config {
     pub cache_affinity: bool,
     /// How long a finished job's assets and frames are kept.
     pub retention: Duration,
+    /// How fast the background scrub re-reads the blob store, in bytes per
+    /// second (0: no scrub).
+    pub scrub_bytes_per_sec: u64,
+    /// How often the database's WAL is checkpointed into its main file: at
+    /// most this much acknowledged work is lost if the WAL file is lost.
+    pub checkpoint_every: Duration,
 }
 
 impl Config {
@@ -42,6 +48,8 @@ impl Config {
             straggler_percent: 300,
             cache_affinity: true,
             retention: Duration::from_secs(7 * 24 * 3600),
+            scrub_bytes_per_sec: 16 << 20,
+            checkpoint_every: Duration::from_secs(1),
         }
     }
 }

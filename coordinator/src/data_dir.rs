@@ -1,6 +1,7 @@
 //! The coordinator's data dir on disk: its identity (certificate and private
 //! key, created on first start), and the worker and client tickets, which
-//! keep their secrets across restarts and are readable by their owner only.
+//! keep their secrets across restarts (until rotated) and are readable by
+//! their owner only.
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -61,19 +62,41 @@ pub fn write_tickets(
     Ok((worker, client))
 }
 
-/// Writes a file readable by its owner only.
+/// Writes `worker.ticket` and `client.ticket` with fresh secrets. Returns
+/// (worker, client).
+pub fn rotate_tickets(
+    dir: &Path,
+    addr: SocketAddr,
+    fingerprint: &str,
+) -> anyhow::Result<(Ticket, Ticket)> {
+    let ticket = |role| Ticket {
+        role,
+        addr,
+        fingerprint: fingerprint.to_string(),
+        secret: Ticket::new_secret(),
+    };
+    let (worker, client) = (ticket(Role::Worker), ticket(Role::Client));
+    write_secret_file(&dir.join("worker.ticket"), &format!("{worker}\n"))?;
+    write_secret_file(&dir.join("client.ticket"), &format!("{client}\n"))?;
+    Ok((worker, client))
+}
+
+/// Writes a file readable by its owner only, whole: a temporary file
+/// renamed over it, so a reader never sees half a ticket.
 fn write_secret_file(path: &Path, contents: &str) -> anyhow::Result<()> {
     use std::io::Write;
     #[cfg(unix)]
     use std::os::unix::fs::OpenOptionsExt;
+    let temp = path.with_extension("writing");
     let mut opts = std::fs::OpenOptions::new();
     opts.write(true).create(true).truncate(true);
     #[cfg(unix)]
     opts.mode(0o600);
     let mut f = opts
-        .open(path)
-        .with_context(|| format!("cannot write {}", path.display()))?;
+        .open(&temp)
+        .with_context(|| format!("cannot write {}", temp.display()))?;
     f.write_all(contents.as_bytes())?;
     f.sync_all()?;
+    std::fs::rename(&temp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
 }

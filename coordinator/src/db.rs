@@ -316,6 +316,20 @@ impl Db {
         Ok(Db { conn })
     }
 
+    /// Copies the WAL into the main database file and empties it, so the
+    /// main file alone holds every commit up to now (a lost or deleted WAL
+    /// then loses only what was committed since).
+    pub fn checkpoint(&self) -> Result<(), DbError> {
+        self.conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        Ok(())
+    }
+
+    /// The connection, for the tables kept by other modules (identities).
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
     /// Increments and returns the start counter; epochs of this run start at
     /// `generation << 32`, above every epoch of earlier runs.
     pub fn next_generation(&mut self) -> Result<u64, DbError> {

@@ -4,8 +4,10 @@
 //!
 //! `farm` and `scheduler` decide (no I/O, time passed in); `server` wires
 //! the rest: `conn` (one task per connection), `dispatch`, `commit`,
-//! `stitcher`, `gc`, `submit`, `data_dir`.
+//! `stitcher`, `gc`, `identity` (enrolled workers, revocation, ticket
+//! rotation), `upkeep` (scrub, checkpoints), `submit`, `data_dir`.
 
+pub mod backup;
 mod builds;
 pub mod commit;
 pub mod config;
@@ -17,8 +19,10 @@ mod dispatch;
 pub mod exr;
 pub mod farm;
 mod gc;
+pub mod identity;
 pub mod scheduler;
 pub mod server;
 pub mod stitch;
 mod stitcher;
 pub mod submit;
+mod upkeep;

@@ -26,9 +26,10 @@ use crate::commit::{self, CommitMsg};
 pub use crate::config::Config;
 use crate::db::{Db, StoredJob};
 use crate::farm::{Effect, FarmConfig, FarmCore, Now, RestoredJob};
+use crate::identity::{self, Identities};
 use crate::scheduler::{self, WorkerId};
 use crate::stitcher::StitchMsg;
-use crate::{conn, data_dir, dispatch, gc, stitcher};
+use crate::{conn, data_dir, dispatch, gc, stitcher, upkeep};
 
 /// The core and the channels its effects go to, under one lock.
 pub(crate) struct Locked {
@@ -46,8 +47,11 @@ pub(crate) struct Shared {
     pub wake: Notify,
     start: Instant,
     pub config: Config,
-    pub worker_secret: String,
-    pub client_secret: String,
+    /// The tickets' secrets and the enrolled workers' connections.
+    pub identities: Identities,
+    /// The address and certificate fingerprint tickets name.
+    pub advertised: SocketAddr,
+    pub fingerprint: String,
     commits: mpsc::UnboundedSender<CommitMsg>,
     stitches: mpsc::UnboundedSender<StitchMsg>,
     events: broadcast::Sender<(u64, FarmEvent)>,
@@ -271,6 +275,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let mut db = Db::open(&dir.join("state.sqlite"))
         .with_context(|| format!("cannot open the database in {}", dir.display()))?;
     let generation = db.next_generation()?;
+    identity::create_table(db.conn())?;
     let store = Verified::new(BlobDir::open_durable(dir.join("blobs"))?);
     let core = FarmCore::new(FarmConfig {
         scheduler: scheduler::Config {
@@ -296,8 +301,9 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         wake: Notify::new(),
         start: Instant::now(),
         config: config.clone(),
-        worker_secret: worker_ticket.secret.clone(),
-        client_secret: client_ticket.secret.clone(),
+        identities: Identities::new(&worker_ticket, &client_ticket),
+        advertised,
+        fingerprint: identity.fingerprint(),
         commits: commit_tx,
         stitches: stitch_tx,
         events: broadcast::channel(4096).0,
@@ -319,6 +325,8 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let mut tasks = JoinSet::new();
     tasks.spawn(dispatch::dispatcher(shared.clone()));
     tasks.spawn(gc::every_hour(shared.clone()));
+    tasks.spawn(upkeep::scrub(shared.clone(), config.scrub_bytes_per_sec));
+    tasks.spawn(upkeep::checkpoint(shared.clone(), config.checkpoint_every));
     tasks.spawn(conn::accept(shared.clone(), endpoint.clone()));
     tracing::info!(%bound, %advertised, "coordinator listening");
     Ok(Coordinator {

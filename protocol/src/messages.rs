@@ -162,6 +162,12 @@ pub struct TaskSpec {
 /// Coordinator → worker, on the control stream.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum CoordMsg {
+    /// Sent once, first, to a worker that joined with the shared worker
+    /// ticket: its own credential (`ID.SECRET`), which it keeps and shows
+    /// instead of the ticket from then on.
+    Enrolled {
+        credential: String,
+    },
     Joined {
         worker_id: u64,
         heartbeat_ms: u64,
@@ -438,6 +444,15 @@ pub enum ClientRequest {
     AddBuild(Digest),
     /// The Blender builds the coordinator holds. Answered by `Builds`.
     Builds,
+    /// Revoke every worker enrolled under `name`: disconnected now, refused
+    /// from then on. Answered by `Revoked`.
+    RevokeWorker {
+        name: String,
+    },
+    /// Replace both tickets' secrets: the old tickets are refused for new
+    /// connections; enrolled workers keep their credentials. Answered by
+    /// `Tickets`.
+    RotateTickets,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -462,6 +477,17 @@ pub enum ClientResponse {
     },
     Tiles(Vec<TileStatus>),
     Collected(Collected),
+    /// How many identities a `RevokeWorker` revoked, and how many
+    /// connections it closed.
+    Revoked {
+        identities: u32,
+        disconnected: u32,
+    },
+    /// The new tickets, as lines.
+    Tickets {
+        worker: String,
+        client: String,
+    },
     Done,
     Error(String),
     BuildAdded(BuildInfo),

@@ -93,7 +93,8 @@ impl BlobStore for BlobDir {
 
 /// A store that hashes every blob it is given before storing it and every
 /// blob it reads before returning it: a mismatch is an error, so a
-/// corrupted blob is refused, not served.
+/// corrupted blob is refused, not served, and removed, so it is missing
+/// rather than stored wrong.
 #[derive(Debug, Clone)]
 pub struct Verified<S> {
     inner: S,
@@ -143,7 +144,12 @@ impl<S: BlobStore> BlobStore for Verified<S> {
 
     fn get(&self, digest: &Digest) -> Result<Vec<u8>, BlobError> {
         let bytes = self.inner.get(digest)?;
-        check(digest, &bytes).map_err(|_| BlobError::Corrupt(*digest))?;
+        if check(digest, &bytes).is_err() {
+            // Rotted on disk: gone, so the store reports it missing and the
+            // next submit (or worker) uploads it again.
+            self.inner.remove(digest)?;
+            return Err(BlobError::Corrupt(*digest));
+        }
         Ok(bytes)
     }
 
@@ -282,6 +288,10 @@ mod tests {
         let err = store.get(&digest).expect_err("corrupt blob refused");
         assert!(matches!(err, BlobError::Corrupt(d) if d == digest), "{err}");
         assert!(err.to_string().contains("corrupt"), "{err}");
+        // Removed: missing now, so the next upload of it stores it again.
+        assert_eq!(store.has(&digest), None);
+        store.put_bytes(b"a frame's pixels").expect("put again");
+        assert_eq!(store.get(&digest).expect("get"), b"a frame's pixels");
     }
 
     #[test]

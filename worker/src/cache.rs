@@ -7,6 +7,8 @@
 //! to make room, never one that a running task's job uses (those are
 //! pinned). The index is rebuilt on start from the blob folder, re-hashing
 //! every blob: a file that does not match its name is removed, never served.
+//! After that a file is re-hashed the first time a task uses it after its
+//! metadata changed (edited in place, even keeping its size).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -19,6 +21,8 @@ use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
 use tessera_protocol::messages::JobInfo;
 use tessera_protocol::Digest;
 use tokio::sync::OnceCell;
+
+use crate::stamp::Stamp;
 
 /// Which blobs the cache holds, how recently each was used, and which are
 /// pinned by running tasks. Plain data: no I/O.
@@ -130,6 +134,13 @@ impl<K: Copy + Eq + std::hash::Hash + Ord> Lru<K> {
         Some(evict)
     }
 
+    /// Forgets an entry (its file was removed).
+    pub fn remove(&mut self, digest: &K) {
+        if let Some(e) = self.entries.remove(digest) {
+            self.total -= e.size;
+        }
+    }
+
     /// Gives back a reservation (the fetch failed, or it is now an entry).
     pub fn release(&mut self, size: u64) {
         self.total -= size;
@@ -154,6 +165,8 @@ struct State {
     /// Files gained and lost since the coordinator was last told.
     added: Vec<Digest>,
     removed: Vec<Digest>,
+    /// Each file's metadata when its bytes were last verified.
+    stamps: HashMap<Digest, Stamp>,
 }
 
 pub struct Cache {
@@ -203,6 +216,13 @@ impl Cache {
         std::fs::create_dir_all(&jobs_root)?;
         let mut lru = Lru::default();
         let (kept, removed) = rebuild_index(&blobs, &chunks, &mut lru)?;
+        // Verified just now: stamp what was re-hashed.
+        let stamps = (lru.keys())
+            .filter_map(|b| match b {
+                Blob::File(d) => Some((*d, Stamp::of(&blobs.path(d))?)),
+                Blob::Chunk(_) => None,
+            })
+            .collect();
         tracing::info!(
             blobs = kept,
             bytes = lru.total(),
@@ -221,6 +241,7 @@ impl Cache {
                 running: HashMap::new(),
                 added: Vec::new(),
                 removed: Vec::new(),
+                stamps,
             }),
         };
         if let Some(cap) = cap {
@@ -285,6 +306,7 @@ impl Cache {
         let mut digests: Vec<Digest> = job.manifest.iter().map(|e| e.digest).collect();
         digests.sort_unstable();
         digests.dedup();
+        self.reverify_changed(&digests).await?;
         let cell = {
             let mut state = self.state();
             for d in &digests {
@@ -306,6 +328,50 @@ impl Cache {
             .await?
             .clone();
         Ok(files)
+    }
+
+    /// Re-hashes each of `digests` whose file changed on disk since it was
+    /// verified (its [`Stamp`] differs). One that no longer matches is
+    /// removed, and every job folder is laid out again before its next
+    /// task, so the file is fetched again instead of rendered wrong.
+    async fn reverify_changed(&self, digests: &[Digest]) -> anyhow::Result<()> {
+        let recorded: Vec<(Digest, Stamp)> = {
+            let state = self.state();
+            (digests.iter())
+                .filter_map(|d| Some((*d, *state.stamps.get(d)?)))
+                .collect()
+        };
+        let blobs = self.blobs.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            (recorded.into_iter())
+                .filter(|(d, stamp)| Stamp::of(&blobs.path(d)) != Some(*stamp))
+                .map(|(d, _)| {
+                    let path = blobs.path(&d);
+                    let intact = std::fs::File::open(&path)
+                        .and_then(Digest::of_reader)
+                        .is_ok_and(|(actual, _)| actual == d);
+                    (d, intact.then(|| Stamp::of(&path)).flatten())
+                })
+                .collect::<Vec<_>>()
+        })
+        .await?;
+        let mut state = self.state();
+        for (digest, stamp) in checked {
+            match stamp {
+                Some(stamp) => {
+                    state.stamps.insert(digest, stamp);
+                }
+                None => {
+                    tracing::warn!(%digest, "a cached file changed on disk and no longer matches its digest: fetching it again");
+                    let _ = self.blobs.remove(&digest);
+                    state.lru.remove(&Blob::File(digest));
+                    state.stamps.remove(&digest);
+                    state.removed.push(digest);
+                    state.prepared.clear();
+                }
+            }
+        }
+        Ok(())
     }
 
     fn release_job(&self, job: u64, digests: &[Digest]) {
@@ -362,7 +428,12 @@ impl Cache {
                 Blob::Chunk(d) => self.chunks.remove(d),
             };
         }
-        self.state().removed.extend(files);
+        let mut state = self.state();
+        for d in &files {
+            state.stamps.remove(d);
+        }
+        state.removed.extend(files);
+        drop(state);
         tracing::info!(blobs = evicted.len(), "evicted from the cache");
     }
 
@@ -413,11 +484,19 @@ impl Cache {
     }
 
     fn insert(&self, blob: Blob, size: u64) {
+        let stamp = match blob {
+            Blob::File(d) => Stamp::of(&self.blobs.path(&d)),
+            Blob::Chunk(_) => None,
+        };
         let mut state = self.state();
         state.lru.insert(blob, size);
         state.lru.touch(&blob);
         if let Blob::File(d) = blob {
             state.added.push(d);
+            match stamp {
+                Some(stamp) => state.stamps.insert(d, stamp),
+                None => state.stamps.remove(&d),
+            };
         }
     }
 
@@ -606,11 +685,16 @@ fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::R
     for entry in manifest {
         let parts = sanitize_manifest_path(&entry.path)?;
         let dest = parts.iter().fold(dir.to_path_buf(), |p, c| p.join(c));
-        if dest.exists() {
+        let src = blobs.path(&entry.digest);
+        // A link to the cached blob is in place; anything else (a link to a
+        // blob removed since, a copy) is replaced.
+        if Stamp::same_file(&src, &dest) {
             continue;
         }
+        if dest.exists() {
+            std::fs::remove_file(&dest)?;
+        }
         std::fs::create_dir_all(dest.parent().expect("joined under dir"))?;
-        let src = blobs.path(&entry.digest);
         if std::fs::hard_link(&src, &dest).is_err() {
             std::fs::copy(&src, &dest)
                 .with_context(|| format!("placing `{}` in {}", entry.path, dir.display()))?;

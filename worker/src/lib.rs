@@ -4,6 +4,8 @@
 
 pub mod cache;
 pub mod engine;
+pub mod identity;
 pub mod run;
+mod stamp;
 pub mod tasks;
 pub mod telemetry;

@@ -1,4 +1,5 @@
-//! The worker's connection loop: join with the worker ticket, heartbeat,
+//! The worker's connection loop: join with the worker ticket (or, once
+//! enrolled, its own credential: [`crate::identity`]), heartbeat,
 //! render what is assigned on as many slots as it offers, upload outputs,
 //! and reconnect with backoff and jitter whenever the coordinator goes away.
 //! What it holds across connections is the pure [`TaskTable`]; this module
@@ -22,6 +23,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::cache::Cache;
 use crate::engine::Engine;
+use crate::identity;
 use crate::tasks::{Outcome, Report, Stop, TaskTable};
 use crate::telemetry::Sampler;
 
@@ -170,8 +172,9 @@ async fn session(
     shutdown: &mut watch::Receiver<bool>,
     backoff: &mut Duration,
 ) -> anyhow::Result<SessionEnd> {
+    let join_ticket = identity::join_ticket(&config.cache_dir, &config.ticket);
     let session = tokio::select! {
-        s = transport::connect(&config.ticket, &config.name, Timing::default()) => s?,
+        s = transport::connect(&join_ticket, &config.name, Timing::default()) => s?,
         // While connecting there is nothing to hand back.
         _ = shutdown.wait_for(|&s| s) => {
             held.table.stop_all();
@@ -287,7 +290,13 @@ async fn join(
             .flat_map(|e| e.blender_offers())
             .collect(),
     }))?;
-    match codec::read_frame::<CoordMsg, _>(recv).await? {
+    let mut first = codec::read_frame::<CoordMsg, _>(recv).await?;
+    if let Some(CoordMsg::Enrolled { credential }) = &first {
+        identity::save(&config.cache_dir, &config.ticket.fingerprint, credential)?;
+        tracing::info!("enrolled: this worker's credential is kept in its cache folder");
+        first = codec::read_frame::<CoordMsg, _>(recv).await?;
+    }
+    match first {
         Some(CoordMsg::Joined {
             worker_id,
             heartbeat_ms,
@@ -343,7 +352,7 @@ fn on_message(
             );
             return true;
         }
-        CoordMsg::Joined { .. } => {}
+        CoordMsg::Joined { .. } | CoordMsg::Enrolled { .. } => {}
         CoordMsg::Job(info) => held.table.job(info),
         CoordMsg::Assign(task) => {
             let job = match held.table.assign(&task) {

@@ -4,6 +4,7 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use std::collections::HashSet;
 
@@ -15,8 +16,9 @@ use tessera_protocol::transport::Channel;
 
 use crate::builds::add_build;
 use crate::gc::collect_garbage;
-use crate::server::Shared;
+use crate::server::{unix_ms, Shared};
 use crate::submit::submit;
+use crate::{data_dir, identity};
 
 pub(super) async fn serve(
     shared: Arc<Shared>,
@@ -94,6 +96,8 @@ pub(super) async fn serve(
                     ClientResponse::Error(format!("no worker {worker} is connected"))
                 }
             }
+            ClientRequest::RevokeWorker { name } => revoke(&shared, &name).await,
+            ClientRequest::RotateTickets => rotate_tickets(&shared),
             ClientRequest::Subscribe => return super::feed::feed(&shared, control).await,
         };
         control.send(&response).await?;
@@ -105,6 +109,49 @@ pub(super) async fn serve(
 /// `u64::MAX` panics this connection's handler while it holds the core's
 /// lock, for the test that shows one handler's panic stops nothing else.
 pub const FAILPOINT_PANIC_IN_HANDLER: &str = "panic-in-handler";
+/// Revokes the identities enrolled as `name` and closes their connections,
+/// answering once their sessions have ended (their leases are back in the
+/// queue) or a heartbeat has passed.
+async fn revoke(shared: &Shared, name: &str) -> ClientResponse {
+    let revoked = {
+        let db = shared.db();
+        identity::revoke(db.conn(), name, unix_ms())
+    };
+    match revoked {
+        Ok(ids) if ids.is_empty() => {
+            ClientResponse::Error(format!("no worker was ever enrolled as `{name}`"))
+        }
+        Ok(ids) => {
+            let within = Duration::from_millis(shared.config.heartbeat_ms);
+            let disconnected = shared.identities.disconnect(&ids, within).await;
+            tracing::warn!(%name, identities = ids.len(), disconnected, "worker revoked");
+            ClientResponse::Revoked {
+                identities: ids.len() as u32,
+                disconnected,
+            }
+        }
+        Err(e) => ClientResponse::Error(format!("cannot revoke `{name}`: {e}")),
+    }
+}
+
+/// New secrets for both tickets, written to the data dir first, then used.
+fn rotate_tickets(shared: &Shared) -> ClientResponse {
+    match data_dir::rotate_tickets(
+        &shared.config.data_dir,
+        shared.advertised,
+        &shared.fingerprint,
+    ) {
+        Ok((worker, client)) => {
+            shared.identities.rotate(&worker, &client);
+            tracing::warn!("tickets rotated: the old ones are refused from now on");
+            ClientResponse::Tickets {
+                worker: worker.to_string(),
+                client: client.to_string(),
+            }
+        }
+        Err(e) => ClientResponse::Error(format!("cannot rotate the tickets: {e:#}")),
+    }
+}
 
 fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
     if job == Some(u64::MAX)

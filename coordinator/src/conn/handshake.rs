@@ -1,27 +1,30 @@
 //! The handshake: the QUIC handshake and a `Hello` on the first stream,
 //! both within [`HELLO_DEADLINE`], the `Hello` read with the small
-//! [`MAX_HELLO_FRAME`] cap, checked against the tickets' secrets, answered
-//! with `Welcome`. Until then the peer has the narrow pre-authentication
+//! [`MAX_HELLO_FRAME`] cap, checked against the tickets' secrets and the
+//! enrolled workers' credentials ([`crate::identity`]), answered with
+//! `Welcome`. Until then the peer has the narrow pre-authentication
 //! windows (see `transport::admit`); nothing it sent outlives the deadline.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use tessera_protocol::codec::MAX_HELLO_FRAME;
-use tessera_protocol::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
+use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
 use tessera_protocol::text::{self, MAX_NAME};
 use tessera_protocol::transport::{self, Channel};
 
+use crate::identity::Admission;
 use crate::server::Shared;
 
 /// How long a peer has from its first packet to a checked `Hello`.
 pub(crate) const HELLO_DEADLINE: Duration = Duration::from_secs(5);
 
-/// An admitted peer: its connection, role, name (cut to [`MAX_NAME`]) and
-/// control stream.
+/// An admitted peer: its connection, how it was admitted (client, worker to
+/// enroll, enrolled worker), its name (cut to [`MAX_NAME`]) and control
+/// stream.
 pub(super) struct Admitted {
     pub conn: quinn::Connection,
-    pub role: Role,
+    pub admission: Admission,
     pub name: String,
     pub control: Channel,
 }
@@ -55,8 +58,12 @@ async fn admit(shared: &Shared, conn: &quinn::Connection) -> anyhow::Result<Opti
         .recv_within(MAX_HELLO_FRAME)
         .await?
         .context("closed before hello")?;
-    let role = match transport::check_hello(&hello, &shared.worker_secret, &shared.client_secret) {
-        Ok(role) => role,
+    let admitted = {
+        let db = shared.db();
+        shared.identities.admit(db.conn(), &hello)
+    };
+    let admission = match admitted {
+        Ok(admission) => admission,
         Err(reason) => {
             tracing::warn!(peer = %conn.remote_address(), "refused: {reason}");
             control.send(&Welcome::Refused { reason }).await?;
@@ -74,7 +81,7 @@ async fn admit(shared: &Shared, conn: &quinn::Connection) -> anyhow::Result<Opti
         .await?;
     Ok(Some(Admitted {
         conn: conn.clone(),
-        role,
+        admission,
         name: text::truncate(&hello.name, MAX_NAME),
         control,
     }))

@@ -13,9 +13,10 @@ mod worker;
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use tessera_protocol::messages::Role;
+use tessera_protocol::messages::{CoordMsg, Role};
 use tokio::task::JoinSet;
 
+use crate::identity::{self, Admission};
 use crate::server::Shared;
 use gate::{Gate, Pass};
 use handshake::Admitted;
@@ -57,13 +58,35 @@ async fn serve_connection(
     drop(pass);
     let Some(Admitted {
         conn,
-        role,
+        admission,
         name,
-        control,
+        mut control,
     }) = admitted?
     else {
         return Ok(());
     };
+    // An enrolled worker is known by its identity (and its enrolled name);
+    // one with the shared ticket is enrolled now and told its credential.
+    let (role, name, identity) = match admission {
+        Admission::Client => (Role::Client, name, None),
+        Admission::Enrolled { id, name } => (Role::Worker, name, Some(id)),
+        Admission::Enroll => {
+            let credential = {
+                let db = shared.db();
+                identity::enroll(db.conn(), &name, crate::server::unix_ms())?
+            };
+            tracing::info!(%name, identity = %credential.id, "worker enrolled");
+            control
+                .send(&CoordMsg::Enrolled {
+                    credential: credential.line,
+                })
+                .await?;
+            (Role::Worker, name, Some(credential.id))
+        }
+    };
+    let _registered = identity
+        .as_deref()
+        .map(|id| shared.identities.register(id, conn.clone()));
     let uploaded = Arc::new(AtomicU64::new(0));
     // Blob streams run beside the session, in this same task, until the
     // peer closes the connection.

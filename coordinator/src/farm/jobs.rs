@@ -152,6 +152,7 @@ impl FarmCore {
         if self.jobs.get(&id).is_none_or(|j| j.final_state.is_some()) {
             return None;
         }
+        self.lost.forget_job(id);
         if state != JobState::Done {
             let leases = self.sched.cancel_job(id);
             self.send_cancels(&leases, now);

@@ -12,12 +12,16 @@
 
 mod job;
 mod jobs;
+mod lost;
 mod status;
 #[cfg(test)]
 mod tests;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+
+use lost::LostLeases;
+pub use lost::{GONE_AFTER_MS, LOST_IN_A_ROW_FAILS};
 
 use tessera_protocol::job::{Engine, JobSpec};
 use tessera_protocol::messages::{
@@ -136,6 +140,8 @@ pub struct FarmCore {
     /// connection did (task → epoch and worker name): what a worker that
     /// rejoins may name and adopt. Bounded by the live jobs' tasks.
     released: HashMap<TaskKey, (Epoch, String)>,
+    /// Leases lost with their workers, per task in a row.
+    lost: LostLeases,
     effects: Vec<Effect>,
 }
 
@@ -174,6 +180,7 @@ impl FarmCore {
             rejoin_until: 0,
             requeued: HashSet::new(),
             released: HashMap::new(),
+            lost: LostLeases::default(),
             effects: Vec::new(),
         }
     }
@@ -316,6 +323,9 @@ impl FarmCore {
     pub fn dispatch(&mut self, now: Now) -> Option<Millis> {
         let expired = self.sched.expire(now.ms);
         for lost in &expired {
+            if let Some(w) = self.workers.get(&lost.worker) {
+                self.lost.ended_with_worker(&w.name, lost.task, now.ms);
+            }
             let name = (self.workers.get(&lost.worker)).map_or("(gone)", |w| w.name.as_str());
             tracing::info!(
                 job = lost.task.job,
@@ -332,7 +342,12 @@ impl FarmCore {
                 self.lease_started(a, now);
             }
         }
-        let next = self.sched.next_deadline();
+        for task in self.lost.due(now.ms) {
+            self.lease_lost(task, now);
+        }
+        let next = (self.sched.next_deadline().into_iter())
+            .chain(self.lost.next_deadline())
+            .min();
         if hold {
             next.into_iter().chain([self.rejoin_until]).min()
         } else {

@@ -234,6 +234,7 @@ fn kinds(msgs: &[CoordMsg]) -> Vec<String> {
     msgs.iter()
         .map(|m| match m {
             CoordMsg::Joined { .. } => "joined".to_string(),
+            CoordMsg::Enrolled { .. } => "enrolled".to_string(),
             CoordMsg::Job(j) => format!("job {}", j.job),
             CoordMsg::Assign(s) => format!("assign {}/{}", s.task.job, s.task.index),
             CoordMsg::Cancel(t) => format!("cancel {}/{}", t.job, t.index),
@@ -707,7 +708,7 @@ fn simulate(seed: u64) -> Seen {
                             );
                         }
                     }
-                    CoordMsg::Job(_) | CoordMsg::Drain => {}
+                    CoordMsg::Job(_) | CoordMsg::Drain | CoordMsg::Enrolled { .. } => {}
                 }
             }
             farm.collect();

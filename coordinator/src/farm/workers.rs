@@ -8,7 +8,9 @@ use tessera_protocol::Digest;
 
 use std::collections::{HashMap, HashSet};
 
-use super::{key, lease_ref, AcceptedResult, Effect, FarmCore, Now, WorkerEntry};
+use super::{
+    key, lease_ref, AcceptedResult, Effect, FarmCore, Now, WorkerEntry, LOST_IN_A_ROW_FAILS,
+};
 use crate::scheduler::{self, Epoch, TaskKey, WorkerId};
 
 impl FarmCore {
@@ -22,6 +24,9 @@ impl FarmCore {
         self.sched.worker_holds(id, &info.cached, &[]);
         self.sched.set_worker_blenders(id, info.blenders.clone());
         let holding = info.holding.clone();
+        // Its process restarted if it no longer holds what it rendered.
+        let held: Vec<TaskKey> = holding.iter().map(|&t| key(t)).collect();
+        let lost = self.lost.rejoined(name, &held);
         self.workers.insert(
             id,
             WorkerEntry {
@@ -51,6 +56,9 @@ impl FarmCore {
             },
         );
         self.adopt_held_tasks(id, &holding, now);
+        for task in lost {
+            self.lease_lost(task, now);
+        }
         self.effects.push(Effect::Wake);
         id
     }
@@ -156,8 +164,12 @@ impl FarmCore {
             }
         }
         let requeued = self.sched.remove_worker(id, now.ms);
+        let name = self.workers.get(&id).map(|w| w.name.clone());
         for &task in &requeued {
             self.lease_ended(task, id, false, now);
+            if let Some(name) = &name {
+                self.lost.ended_with_worker(name, task, now.ms);
+            }
         }
         if let Some(w) = self.workers.remove(&id) {
             self.emit(
@@ -170,6 +182,28 @@ impl FarmCore {
         }
         self.effects.push(Effect::Wake);
         requeued.len()
+    }
+
+    /// A lease was lost with its worker (see [`super::lost`]): one more in
+    /// a row for its task; at [`LOST_IN_A_ROW_FAILS`] the job fails with
+    /// that reason.
+    pub(super) fn lease_lost(&mut self, task: TaskKey, now: Now) {
+        let lost = self.lost.count(task);
+        tracing::warn!(
+            job = task.job,
+            task = task.index,
+            lost,
+            "a lease was lost with its worker"
+        );
+        if lost >= LOST_IN_A_ROW_FAILS {
+            let error = format!(
+                "task {}: {lost} workers in a row died while rendering it (each went away without a \
+                 result and did not come back for it): the render may be crashing its worker or \
+                 exhausting its memory",
+                task.index
+            );
+            self.fail_job(task.job, error, now);
+        }
     }
 
     /// Bills and forgets a lease that ended.
@@ -239,6 +273,9 @@ impl FarmCore {
             WorkerMsg::Heartbeat { telemetry } => {
                 if let (Some(t), Some(w)) = (telemetry, self.workers.get_mut(&id)) {
                     w.telemetry = Some(t);
+                }
+                if let Some(w) = self.workers.get(&id) {
+                    self.lost.alive(&w.name);
                 }
                 if self.sched.heartbeat(id, now.ms) {
                     self.effects.push(Effect::Wake);
@@ -326,6 +363,7 @@ impl FarmCore {
             .complete(id, key(task), Epoch(task.epoch), now.ms)
         {
             Ok(_) => {
+                self.lost.reset(key(task));
                 self.lease_ended(key(task), id, true, now);
                 // The other attempt of a straggler lost the race.
                 let lost = self.sched.take_superseded();
@@ -376,6 +414,7 @@ impl FarmCore {
             .fail(id, key(task), Epoch(task.epoch), error.clone(), now.ms);
         match outcome {
             Ok(outcome) => {
+                self.lost.reset(key(task));
                 if unsupported {
                     self.sched.blocklist(task.job, id);
                 }

@@ -28,6 +28,39 @@ pub async fn send_file<W: AsyncWrite + Unpin>(path: &Path, dst: &mut W) -> Resul
     }
 }
 
+/// Copies the stored blob `digest` of `dir` to `dst`, hashing it on the
+/// way. Bytes that no longer hash to the digest (rotted on disk) get the
+/// stream reset instead of its end, and the blob is removed, so the store
+/// reports it missing and the next upload brings it back. Returns the bytes
+/// sent.
+async fn send_stored<W: AsyncWrite + Unpin>(
+    dir: &BlobDir,
+    digest: &Digest,
+    dst: &mut W,
+) -> Result<u64, BlobError> {
+    let mut file = tokio::fs::File::open(dir.path(digest)).await?;
+    let mut buf = vec![0u8; BLOCK];
+    let mut hasher = blake3::Hasher::new();
+    let mut sent = 0u64;
+    loop {
+        let n = file.read(&mut buf).await?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        dst.write_all(&buf[..n])
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?;
+        sent += n as u64;
+    }
+    if Digest::from(hasher.finalize()) != *digest {
+        tracing::warn!(%digest, "stored blob is corrupt: removed, it will be asked for again");
+        dir.remove(digest)?;
+        return Err(BlobError::Corrupt(*digest));
+    }
+    Ok(sent)
+}
+
 /// What a blob upload sends: a file on disk or bytes in memory.
 pub enum BlobSource<'a> {
     File(&'a Path),
@@ -178,7 +211,17 @@ pub async fn answer(
             let sent = match dir.size(&digest) {
                 Some(len) => {
                     ch.send(&BlobReply::Found { len }).await?;
-                    send_file(&dir.path(&digest), &mut ch.send).await?
+                    match send_stored(dir, &digest, &mut ch.send).await {
+                        Ok(sent) => sent,
+                        Err(e @ BlobError::Corrupt(_)) => {
+                            // The receiver must not take a clean end for
+                            // good bytes (it would re-hash and refuse them
+                            // anyway).
+                            let _ = ch.send.reset(1u32.into());
+                            return Err(e);
+                        }
+                        Err(e) => return Err(e),
+                    }
                 }
                 None => {
                     ch.send(&BlobReply::NotFound).await?;

@@ -16,6 +16,11 @@ use anyhow::Context;
 use tessera_protocol::job::Engine as EngineKind;
 use tessera_protocol::messages::{JobInfo, TaskSpec};
 
+/// The environment variable naming a worker failpoint, for tests.
+pub const FAILPOINT: &str = "TESSERA_FAILPOINT";
+/// The builtin engine aborts the worker process when it starts a render.
+pub const FAILPOINT_ABORT_IN_RENDER: &str = "abort-in-render";
+
 /// The error of a render stopped because its task was canceled.
 pub const CANCELED: &str = "canceled by the coordinator";
 
@@ -105,6 +110,10 @@ impl Engine for Builtin {
         _progress: &(dyn Fn(u32, u32) + Sync),
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
+        if std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_ABORT_IN_RENDER) {
+            // A render that takes its worker down (a crash, the OOM killer).
+            std::process::abort();
+        }
         let loaded = self
             .scene(&job_dir.join(&job.scene))
             .context("loading the scene")?;

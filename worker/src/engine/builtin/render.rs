@@ -18,6 +18,9 @@ use super::{PixelRect, Scene, Textures};
 const T_MIN: f32 = 1e-3;
 /// Per-sample radiance is clamped to this so rare bright paths leave no fireflies.
 const FIREFLY_CLAMP: f32 = 10.0;
+/// How many samples of one pixel are traced between two looks at the cancel
+/// flag (a few microseconds' work each).
+const CANCEL_CHECK_EVERY: u32 = 64;
 
 struct Ray {
     origin: Vec3,
@@ -91,10 +94,17 @@ impl FrameView<'_> {
     /// Radiance of pixel (`x`, `y`) summed over the sample indices in
     /// `samples`, in fixed point: sums of disjoint ranges add up exactly to
     /// the sum over their union (see `tessera_protocol::sums`).
-    fn pixel_sums(&self, x: u32, y: u32, samples: Range<u32>) -> [u64; 3] {
+    /// The fixed-point sums of one pixel's `samples`; gives up early (with
+    /// partial sums nobody uses) once `canceled` turns true, checked every
+    /// [`CANCEL_CHECK_EVERY`] samples, so a render stops in bounded time
+    /// whatever its sample count.
+    fn pixel_sums(&self, x: u32, y: u32, samples: Range<u32>, canceled: &AtomicBool) -> [u64; 3] {
         let [width, height] = self.scene.file.resolution;
         let mut sum = [0u64; 3];
         for sample in samples {
+            if sample % CANCEL_CHECK_EVERY == 0 && canceled.load(Ordering::Relaxed) {
+                break;
+            }
             let (seed, frame) = (self.scene.file.seed, self.frame as u64);
             let mut rng = Rng::new(&[seed, frame, x as u64, y as u64, sample as u64]);
             let u = (x as f32 + rng.next_f32()) / width as f32;
@@ -102,7 +112,8 @@ impl FrameView<'_> {
             let ray = self.camera.ray(u, v);
             let c = self.trace(ray, &mut rng).min(FIREFLY_CLAMP);
             for (s, v) in sum.iter_mut().zip([c.x, c.y, c.z]) {
-                *s += sums::fixed(v);
+                // Saturates rather than wraps: 4e9 bright samples exceed u64.
+                *s = s.saturating_add(sums::fixed(v));
             }
         }
         sum
@@ -299,7 +310,7 @@ pub fn render_tile_sums(
 }
 
 /// [`render_tile_sums`], giving up (None) soon after `canceled` turns true:
-/// each thread checks it between rows.
+/// each thread checks it between rows and every few samples of a pixel.
 pub fn render_tile_sums_until(
     scene: &Scene,
     textures: &Textures,
@@ -345,7 +356,8 @@ pub fn render_tile_sums_until(
                     }
                     let y = rect.y + (chunk_index * rows_per_thread + row) as u32;
                     for (col, px) in line.chunks_mut(3).enumerate() {
-                        let sums = view.pixel_sums(rect.x + col as u32, y, samples.clone());
+                        let x = rect.x + col as u32;
+                        let sums = view.pixel_sums(x, y, samples.clone(), canceled);
                         px.copy_from_slice(&sums);
                     }
                 }

@@ -134,6 +134,31 @@ fn a_canceled_render_stops_early() {
 }
 
 #[test]
+fn a_cancel_stops_a_render_of_u32_max_samples_per_pixel() {
+    let (scene, textures) = load_from(&scenes_dir(), "textured.scene.json");
+    let canceled = std::sync::atomic::AtomicBool::new(false);
+    // One pixel, 4,294,967,295 samples: hours of work in a single pixel,
+    // so only a check inside the sample loop can stop it.
+    let rect = PixelRect {
+        x: 3,
+        y: 2,
+        width: 1,
+        height: 1,
+    };
+    let out = std::thread::scope(|s| {
+        let render = s.spawn(|| {
+            render_tile_sums_until(&scene, &textures, 1, rect, 0..u32::MAX, 1, &canceled)
+        });
+        // Let it get going, then cancel; the join returns only if the
+        // tracer gives up.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        canceled.store(true, std::sync::atomic::Ordering::Relaxed);
+        render.join().expect("render thread")
+    });
+    assert!(out.is_none());
+}
+
+#[test]
 fn output_does_not_depend_on_thread_count() {
     let textured = load_from(&scenes_dir(), "textured.scene.json");
     assert!(full_frame(&textured, 3, 1) == full_frame(&textured, 3, 3));
