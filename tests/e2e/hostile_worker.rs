@@ -34,11 +34,13 @@ mod rogue {
         s
     }
 
-    /// The next coordinator message, skipping `Joined` and `Job`.
+    /// The next coordinator message, skipping `Enrolled` (a worker joining
+    /// with the shared ticket is told its credential first), `Joined` and
+    /// `Job`.
     pub async fn next(s: &mut Session) -> Option<CoordMsg> {
         loop {
             match s.control.recv::<CoordMsg>().await.ok()?? {
-                CoordMsg::Joined { .. } | CoordMsg::Job(_) => {}
+                CoordMsg::Enrolled { .. } | CoordMsg::Joined { .. } | CoordMsg::Job(_) => {}
                 msg => return Some(msg),
             }
         }
