@@ -32,8 +32,8 @@ fn wait_until(what: &str, limit: Duration, done: impl Fn() -> bool) {
     }
 }
 
-/// Submits frame 1 of the demo scene in 2x2 tiles; returns the job id.
-fn submit(farm: &Farm) -> u64 {
+/// Submits frame 1 of the demo scene in `tiles` (`CxR`); returns the job id.
+fn submit(farm: &Farm, tiles: &str) -> u64 {
     let scene = scenes().join("demo.scene.json");
     let job = farm.json(&[
         "submit",
@@ -41,7 +41,7 @@ fn submit(farm: &Farm) -> u64 {
         "--frames",
         "1",
         "--tiles",
-        "2x2",
+        tiles,
         "--json",
     ]);
     job["id"].as_u64().unwrap()
@@ -58,7 +58,7 @@ fn assert_renders_right(farm: &Farm, job: u64, out: &str) {
 fn a_stored_blob_that_rotted_is_removed_when_served_and_the_next_submit_uploads_it() {
     let mut farm = Farm::start("rot-served", &["--scrub-mb-per-sec", "0"]);
     let scene = scenes().join("demo.scene.json");
-    let first = submit(&farm);
+    let first = submit(&farm, "2x2");
     let blob = stored_blob(&farm, &scene);
     assert!(blob.exists(), "the submit stored the scene");
     flip_a_byte(&blob);
@@ -73,7 +73,7 @@ fn a_stored_blob_that_rotted_is_removed_when_served_and_the_next_submit_uploads_
     // The first job may have failed already (its scene is missing now).
     let _ = farm.run(&["cancel", &first.to_string()]);
     // Missing now: the resubmit uploads it, and the frame comes out right.
-    let second = submit(&farm);
+    let second = submit(&farm, "2x2");
     assert!(
         farm.status(second)["bytes_uploaded"].as_u64().unwrap() > 0,
         "the resubmit uploaded the scene again"
@@ -86,7 +86,7 @@ fn the_scrub_finds_a_blob_that_rotted_while_the_coordinator_was_down() {
     let mut farm = Farm::start("rot-scrub", &["--scrub-mb-per-sec", "1000"]);
     farm.add_worker("w1");
     let scene = scenes().join("demo.scene.json");
-    let first = submit(&farm);
+    let first = submit(&farm, "2x2");
     assert_renders_right(&farm, first, "out1");
     farm.kill_coordinator();
     let blob = stored_blob(&farm, &scene);
@@ -96,7 +96,7 @@ fn the_scrub_finds_a_blob_that_rotted_while_the_coordinator_was_down() {
     wait_until("the scrub's removal", Duration::from_secs(60), || {
         !blob.exists()
     });
-    let second = submit(&farm);
+    let second = submit(&farm, "2x2");
     assert!(farm.status(second)["bytes_uploaded"].as_u64().unwrap() > 0);
     assert_renders_right(&farm, second, "out2");
     assert!(blob.exists(), "stored again, intact");
@@ -109,7 +109,7 @@ fn the_scrub_finds_a_blob_that_rotted_while_the_coordinator_was_down() {
 #[test]
 fn a_deleted_wal_loses_no_job_acknowledged_before_the_last_checkpoint() {
     let mut farm = Farm::start("wal", &[]);
-    let job = submit(&farm);
+    let job = submit(&farm, "2x2");
     let wal = farm.data.join("state.sqlite-wal");
     // The submit was committed to the WAL; the regular checkpoint (every
     // second) moves it into the main file and empties the WAL.
@@ -129,7 +129,7 @@ fn a_deleted_wal_loses_no_job_acknowledged_before_the_last_checkpoint() {
 fn a_hot_backup_restores_into_a_farm_with_every_job_and_frame() {
     let mut farm = Farm::start("backup", &[]);
     farm.add_worker("w1");
-    let job = submit(&farm);
+    let job = submit(&farm, "2x2");
     assert_renders_right(&farm, job, "out1");
     // Taken while the coordinator runs.
     let copy = farm.dir.join("backup");
@@ -163,7 +163,7 @@ fn a_hot_backup_restores_into_a_farm_with_every_job_and_frame() {
     farm.wait_done(job, &out);
     assert_frames_match_reference(&out, &scenes().join("demo.scene.json"), &[1]);
     // And it keeps working: a new job renders (the worker rejoins).
-    let next = submit(&farm);
+    let next = submit(&farm, "2x2");
     assert_renders_right(&farm, next, "out3");
 }
 
@@ -172,7 +172,7 @@ fn a_cached_file_edited_in_place_on_a_worker_is_verified_and_fetched_again() {
     let mut farm = Farm::start("cache-edit", &[]);
     farm.add_worker("w1");
     let scene = scenes().join("demo.scene.json");
-    let first = submit(&farm);
+    let first = submit(&farm, "2x2");
     assert_renders_right(&farm, first, "out1");
     // Someone edits the worker's cached scene in place, keeping its size
     // and its inode: another seed, so another picture if it were used.
@@ -194,7 +194,7 @@ fn a_cached_file_edited_in_place_on_a_worker_is_verified_and_fetched_again() {
     }
     // The next task to use it finds the change, fetches the file again, and
     // renders the right frame.
-    let second = submit(&farm);
+    let second = submit(&farm, "2x2");
     assert_renders_right(&farm, second, "out2");
     assert_eq!(Digest::of(&std::fs::read(&cached).unwrap()), digest);
 }
@@ -209,18 +209,7 @@ fn a_task_whose_workers_keep_dying_fails_its_job_with_that_reason() {
         farm.add_worker_env(name, &[], &[(FAILPOINT, FAILPOINT_ABORT_IN_RENDER)]);
     }
     farm.wait_workers(3);
-    let scene = scenes().join("demo.scene.json");
-    let job = farm.json(&[
-        "submit",
-        scene.to_str().unwrap(),
-        "--frames",
-        "1",
-        "--tiles",
-        "1x1",
-        "--json",
-    ])["id"]
-        .as_u64()
-        .unwrap();
+    let job = submit(&farm, "1x1");
     let failed = farm.wait_for(job, "the job to fail", |s| s["state"] == "failed");
     let error = failed["error"].as_str().unwrap();
     assert!(
