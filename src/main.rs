@@ -147,9 +147,16 @@ enum Command {
         blender_device: DeviceArg,
         /// A Blender executable to offer (or an unpacked official build's
         /// folder); repeat for several. Default: $TESSERA_BLENDER, else
-        /// `blender` on the PATH.
+        /// `blender` on the PATH. `auto`: also offer every build stored with
+        /// `tessera blender add`, fetched into the cache the first time a
+        /// job needs it (then no Blender need be installed here).
         #[arg(long = "blender")]
         blenders: Vec<PathBuf>,
+        /// The Python 3.11 that stored `bpy` builds run in with `--blender
+        /// auto` (it needs numpy, zstandard and requests installed; an
+        /// official Linux tarball needs nothing).
+        #[arg(long, default_value = "python3.11")]
+        build_python: PathBuf,
         /// A Python interpreter in which `import bpy` works (PyPI's `bpy`,
         /// the official Blender as a module) to offer; repeat for several.
         #[arg(long)]
@@ -499,6 +506,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             blender_device,
             blenders,
             blender_python,
+            build_python,
             blender_cold,
             drain_grace,
             noop_ms,
@@ -524,7 +532,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 },
             };
             let threads = threads.unwrap_or((cores / slots as usize).max(1));
-            let engines = worker_engines(EngineChoice {
+            let auto = blenders.iter().any(|b| b.as_os_str() == "auto");
+            let blenders: Vec<PathBuf> = (blenders.into_iter())
+                .filter(|b| b.as_os_str() != "auto")
+                .collect();
+            let (engines, blender_engine) = worker_engines(EngineChoice {
                 choice: &engine,
                 threads,
                 slots,
@@ -533,7 +545,18 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 blender_python: &blender_python,
                 blender_cold,
                 noop_ms,
+                auto,
             })?;
+            let builds = match (auto, blender_engine) {
+                (true, Some(b)) => Some(Arc::new(tessera_worker::builds::AutoBuilds::new(
+                    build_python,
+                    b,
+                ))),
+                (true, None) => anyhow::bail!(
+                    "--blender auto needs the blender engine (--engine auto or blender)"
+                ),
+                (false, _) => None,
+            };
             let name = name.unwrap_or_else(|| {
                 let host =
                     std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "worker".into());
@@ -555,6 +578,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 price_per_hour,
                 drain_grace: std::time::Duration::from_secs_f64(drain_grace.max(0.0)),
                 interruptible,
+                builds,
             };
             tessera_worker::run::run(config, stop_rx).await?;
             Ok(0)
@@ -804,6 +828,8 @@ struct EngineChoice<'a> {
     blender_python: &'a [PathBuf],
     blender_cold: bool,
     noop_ms: u64,
+    /// `--blender auto`: offer the stored builds, even with no Blender here.
+    auto: bool,
 }
 
 /// `--price-per-hour`: finite and at least 0 (NaN, inf and negative
@@ -851,6 +877,10 @@ fn blender_installs(c: &EngineChoice<'_>) -> anyhow::Result<Vec<blender_runtime:
     let mut named: Vec<Runtime> = c.blenders.iter().map(|p| Runtime::executable(p)).collect();
     named.extend(c.blender_python.iter().cloned().map(Runtime::Module));
     let found = named.is_empty();
+    if found && c.auto {
+        // Only what `--blender auto` fetches, unless others are named.
+        return Ok(Vec::new());
+    }
     if found {
         match blender::detect() {
             Some((exe, _)) => named.push(Runtime::Executable(exe)),
@@ -935,7 +965,10 @@ fn blender_installs(c: &EngineChoice<'_>) -> anyhow::Result<Vec<blender_runtime:
     Ok(installs)
 }
 
-fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Engine>>> {
+/// The engines a worker offers, and its Blender engine (for `--blender auto`).
+type Engines = (Vec<Arc<dyn engine::Engine>>, Option<Arc<blender::Blender>>);
+
+fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Engines> {
     let builtin = || Arc::new(engine::Builtin::new(c.threads)) as Arc<dyn engine::Engine>;
     let needs_blender = matches!(c.choice, "auto" | "blender");
     let installs = if needs_blender {
@@ -950,18 +983,21 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Eng
             .expect("a known device"),
         (None, None) => blender::Device::Cpu,
     };
+    let blender_engine = (needs_blender && (!installs.is_empty() || c.auto)).then(|| {
+        Arc::new(blender::Blender::new(
+            installs.clone(),
+            device,
+            c.slots,
+            !c.blender_cold,
+            c.threads,
+        ))
+    });
     let blender = || {
-        (!installs.is_empty()).then(|| {
-            Arc::new(blender::Blender::new(
-                installs.clone(),
-                device,
-                c.slots,
-                !c.blender_cold,
-                c.threads,
-            )) as Arc<dyn engine::Engine>
-        })
+        blender_engine
+            .clone()
+            .map(|b| b as Arc<dyn engine::Engine>)
     };
-    Ok(match c.choice {
+    let engines = match c.choice {
         "auto" => {
             let mut engines = vec![builtin()];
             match blender() {
@@ -979,7 +1015,8 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Vec<Arc<dyn engine::Eng
         }) as Arc<dyn engine::Engine>],
         "unreal" => anyhow::bail!("the unreal engine is not supported by this build yet"),
         other => anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)"),
-    })
+    };
+    Ok((engines, blender_engine))
 }
 
 /// `auto` or a count of at least 1.

@@ -7,6 +7,8 @@ use tessera_protocol::codec;
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::Digest;
 
+use std::sync::Arc;
+
 use crate::server::Shared;
 
 /// The largest manifest blob read: one codec frame.
@@ -15,7 +17,7 @@ const MAX_MANIFEST_BYTES: u64 = codec::MAX_FRAME as u64;
 /// Records the build whose manifest blob is `digest`. Holds the garbage
 /// collection lock, so the files it was just checked to have stay stored.
 pub(crate) fn add_build(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     digest: Digest,
     unix_ms: u64,
 ) -> anyhow::Result<BuildInfo> {
@@ -41,8 +43,24 @@ pub(crate) fn add_build(
         files: manifest.files.len() as u64,
         features: manifest.features(),
         added_unix_ms: unix_ms,
+        holders: Vec::new(),
     };
-    Ok(shared.db().add_build(&info)?)
+    let recorded = shared.db().add_build(&info)?;
+    let builds = shared.db().builds()?;
+    shared.update(|core, _| core.set_builds(builds));
+    Ok(recorded)
+}
+
+/// Every stored build, each with the connected workers that hold all of
+/// its files (`blender list`).
+pub(crate) fn list_builds(shared: &Arc<Shared>) -> anyhow::Result<Vec<BuildInfo>> {
+    let mut builds = shared.db().builds()?;
+    for b in &mut builds {
+        let manifest = read_manifest(shared, &b.digest)?;
+        let files: Vec<Digest> = manifest.files.iter().map(|f| f.digest).collect();
+        b.holders = shared.update(|core, _| core.holders(&files));
+    }
+    Ok(builds)
 }
 
 /// The manifest stored as `digest`, decoded (not yet validated).

@@ -760,6 +760,7 @@ mod tests {
             files: 2,
             features: vec!["OpenImageDenoise".into()],
             added_unix_ms: added,
+            holders: Vec::new(),
         };
         {
             let db = Db::open(&path).unwrap();

@@ -310,6 +310,8 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         gc: Mutex::new(()),
     });
     restore(&shared)?;
+    let builds = shared.db().builds()?;
+    shared.update(|core, _| core.set_builds(builds));
     let committer = {
         let shared = shared.clone();
         std::thread::Builder::new()

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::blender::BlenderVersion;
+use crate::blender::{BlenderOffer, BlenderVersion};
 use crate::codec::{self, CodecError};
 use crate::job::sanitize_manifest_path;
 use crate::Digest;
@@ -79,6 +79,37 @@ pub struct BuildInfo {
     /// Libraries found among its files (`OpenImageDenoise`, `OSL`).
     pub features: Vec<String>,
     pub added_unix_ms: u64,
+    /// The connected workers whose caches hold every file of it (filled in
+    /// by `blender list`; empty as stored).
+    #[serde(default)]
+    pub holders: Vec<String>,
+}
+
+impl BuildInfo {
+    /// What a worker started with `--blender auto` offers with this build
+    /// before it has fetched it: its version, and the capabilities its
+    /// files show (`features`, recorded at `blender add`). Eevee needs a
+    /// GPU context that only a probe on the worker can confirm, so a stored
+    /// build never offers it. The coordinator schedules on this and the
+    /// worker picks the build it fetches with it, so both agree.
+    pub fn offer(&self) -> BlenderOffer {
+        let has = |f: &str| self.features.iter().any(|x| x == f);
+        BlenderOffer {
+            version: self.version,
+            name: format!(
+                "Blender {} ({}, stored build {})",
+                self.version,
+                self.kind.name(),
+                &self.digest.to_hex()[..12]
+            ),
+            device_types: Vec::new(),
+            devices: Vec::new(),
+            render_device: "CPU".into(),
+            oidn: has("OpenImageDenoise"),
+            osl: has("OSL"),
+            eevee: false,
+        }
+    }
 }
 
 /// Why a build manifest is refused.

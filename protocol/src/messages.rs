@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -90,6 +90,10 @@ pub struct WorkerInfo {
     /// Every Blender it offers (one worker may offer several), and what
     /// each can do; empty when it offers no Blender.
     pub blenders: Vec<BlenderOffer>,
+    /// Started with `--blender auto`: it also offers every Blender build
+    /// stored with `blender add` ([`BuildInfo::offer`]), fetching one the
+    /// first time a job needs it.
+    pub fetches_builds: bool,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -185,6 +189,9 @@ pub enum CoordMsg {
         accepted: bool,
         reason: Option<String>,
     },
+    /// To a worker started with `--blender auto`, after `Joined` and
+    /// whenever `blender add` records one: every stored Blender build.
+    Builds(Vec<BuildInfo>),
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

@@ -33,8 +33,9 @@ pub use crate::blender::SAFE_ARGS;
 const PROBE_TIMEOUT: Duration = Duration::from_secs(120);
 const REPLY: &str = "@@TESSERA@@ ";
 
-/// What a `bpy` interpreter runs: takes the .blend path, the thread count
-/// and the script from after `--`, resets to factory settings and opens the
+/// What a `bpy` interpreter runs: takes the .blend path, the thread count,
+/// the folder holding `bpy/` (empty: the interpreter's own) and the script
+/// from after `--`, resets to factory settings and opens the
 /// file with its scripts off, leaves `sys.argv` as Blender's own would be
 /// (`... -- ARGS`), runs the script, and exits at once with its status: a
 /// module Blender can hang in Python's own shutdown, which an executable
@@ -44,8 +45,10 @@ const BPY_RUNNER: &str = r#"
 import os as _os
 import sys as _sys
 _i = _sys.argv.index("--")
-_blend, _threads, _script = _sys.argv[_i + 1], int(_sys.argv[_i + 2]), _sys.argv[_i + 3]
-del _sys.argv[_i + 1:_i + 4]
+_blend, _threads, _site, _script = _sys.argv[_i + 1], int(_sys.argv[_i + 2]), _sys.argv[_i + 3], _sys.argv[_i + 4]
+del _sys.argv[_i + 1:_i + 5]
+if _site:
+    _sys.path.insert(0, _site)
 
 
 def _tessera_exit(code):
@@ -90,6 +93,9 @@ pub enum Runtime {
     Executable(PathBuf),
     /// A Python interpreter in which `import bpy` works.
     Module(PathBuf),
+    /// A Python 3.11 running the `bpy` module of a build unpacked in
+    /// `site` (a folder holding `bpy/`), which comes first on its path.
+    ModuleIn { python: PathBuf, site: PathBuf },
 }
 
 impl Runtime {
@@ -106,6 +112,7 @@ impl Runtime {
     pub fn path(&self) -> &Path {
         match self {
             Runtime::Executable(p) | Runtime::Module(p) => p,
+            Runtime::ModuleIn { python, .. } => python,
         }
     }
 
@@ -133,15 +140,21 @@ impl Runtime {
                     .args(args);
                 cmd
             }
-            Runtime::Module(python) => {
+            Runtime::Module(python) | Runtime::ModuleIn { python, .. } => {
+                let site = match self {
+                    Runtime::ModuleIn { site, .. } => site.as_os_str(),
+                    _ => OsStr::new(""),
+                };
                 let mut cmd = Command::new(python);
-                // -I: no PYTHONPATH, no user site, no current folder on the path.
+                // -I: no PYTHONPATH, no user site, no current folder on the
+                // path; a build's folder goes first on it through the runner.
                 cmd.arg("-I")
                     .arg("-c")
                     .arg(BPY_RUNNER)
                     .arg("--")
                     .arg(blend.map_or(OsStr::new(""), Path::as_os_str))
                     .arg(threads.to_string())
+                    .arg(site)
                     .arg(script)
                     .args(args);
                 cmd
@@ -155,12 +168,17 @@ impl Runtime {
 pub struct Installed {
     pub runtime: Runtime,
     pub offer: BlenderOffer,
+    /// The file Blender said it was loaded from (`bpy.__file__`, or the
+    /// executable's own path).
+    pub loaded_from: PathBuf,
 }
 
 #[derive(Deserialize)]
 struct ProbeReply {
     version: Vec<u16>,
     version_string: String,
+    #[serde(default)]
+    path: Option<String>,
     oidn: bool,
     osl: bool,
     device_types: Vec<String>,
@@ -230,7 +248,7 @@ print("TESSERA_EEVEE_OK")
 /// distribution's package, `Blender 4.5.4 LTS (bpy)` for the module.
 fn offer_name(runtime: &Runtime, version_string: &str) -> String {
     match runtime {
-        Runtime::Module(_) => format!("Blender {version_string} (bpy)"),
+        Runtime::Module(_) | Runtime::ModuleIn { .. } => format!("Blender {version_string} (bpy)"),
         Runtime::Executable(exe) => {
             let real = on_path(exe);
             let real = std::fs::canonicalize(&real).unwrap_or(real);
@@ -274,7 +292,15 @@ fn build_key(runtime: &Runtime) -> Option<String> {
         .ok()
         .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
         .map_or(0, |d| d.as_nanos());
-    let id = format!("{}\0{}\0{mtime}", runtime.path().display(), m.len());
+    let site = match runtime {
+        Runtime::ModuleIn { site, .. } => site.display().to_string(),
+        _ => String::new(),
+    };
+    let id = format!(
+        "{}\0{}\0{mtime}\0{site}",
+        runtime.path().display(),
+        m.len()
+    );
     Some(blake3::hash(id.as_bytes()).to_hex()[..32].to_string())
 }
 
@@ -410,6 +436,7 @@ fn probe_with(
             eevee,
         },
         runtime: runtime.clone(),
+        loaded_from: PathBuf::from(reply.path.unwrap_or_default()),
     })
 }
 
@@ -526,6 +553,7 @@ mod tests {
                 "--",
                 "/jobs/7/shot; rm -rf ~.blend",
                 "4",
+                "",
                 "print(1)",
                 "cfg.json"
             ]

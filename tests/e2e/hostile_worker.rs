@@ -23,6 +23,7 @@ mod rogue {
             interruptible: false,
             cached: Vec::new(),
             blenders: Vec::new(),
+            fetches_builds: false,
         }
     }
 

@@ -16,6 +16,7 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
+use tessera_protocol::build::BuildManifest;
 use tessera_protocol::chunk::{ChunkRef, Recipe, CHUNK_THRESHOLD};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
 use tessera_protocol::messages::JobInfo;
@@ -83,6 +84,10 @@ impl<K: Copy + Eq + std::hash::Hash + Ord> Lru<K> {
         if let Some(e) = self.entries.get_mut(digest) {
             e.used = self.clock;
         }
+    }
+
+    pub fn is_pinned(&self, digest: &K) -> bool {
+        self.pins.contains_key(digest)
     }
 
     pub fn pin(&mut self, digest: K) {
@@ -167,14 +172,50 @@ struct State {
     removed: Vec<Digest>,
     /// Each file's metadata when its bytes were last verified.
     stamps: HashMap<Digest, Stamp>,
+    /// Stored Blender builds laid out under `builds/`, and how many running
+    /// tasks use each.
+    builds: HashMap<Digest, u32>,
+    /// A build's folder was removed since last asked (its sessions end).
+    builds_removed: bool,
 }
 
 pub struct Cache {
     blobs: BlobDir,
     chunks: BlobDir,
     jobs_root: PathBuf,
+    builds_root: PathBuf,
     cap: Option<u64>,
     state: Mutex<State>,
+}
+
+/// A stored Blender build unpacked for one task: its files stay pinned (not
+/// evicted) until it is dropped.
+pub struct BuildFiles<'a> {
+    cache: &'a Cache,
+    build: Digest,
+    digests: Vec<Digest>,
+    dir: PathBuf,
+    /// Bytes fetched from the coordinator to unpack it (0: all cached).
+    pub fetched: u64,
+}
+
+impl BuildFiles<'_> {
+    /// The folder holding the build's files at their manifest paths.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+}
+
+impl Drop for BuildFiles<'_> {
+    fn drop(&mut self) {
+        let mut state = self.cache.state();
+        for d in &self.digests {
+            state.lru.unpin(&Blob::File(*d));
+        }
+        if let Some(n) = state.builds.get_mut(&self.build) {
+            *n = n.saturating_sub(1);
+        }
+    }
 }
 
 /// A job's folder, held for one task: the job's blobs stay pinned until it
@@ -214,6 +255,9 @@ impl Cache {
         // Job folders are rebuilt from blobs; stale ones from an earlier run go.
         let _ = std::fs::remove_dir_all(&jobs_root);
         std::fs::create_dir_all(&jobs_root)?;
+        // So are builds' folders (hard links to their files' blobs).
+        let builds_root = dir.join("builds");
+        let _ = std::fs::remove_dir_all(&builds_root);
         let mut lru = Lru::default();
         let (kept, removed) = rebuild_index(&blobs, &chunks, &mut lru)?;
         // Verified just now: stamp what was re-hashed.
@@ -234,6 +278,7 @@ impl Cache {
             blobs,
             chunks,
             jobs_root,
+            builds_root,
             cap,
             state: Mutex::new(State {
                 lru,
@@ -242,6 +287,8 @@ impl Cache {
                 added: Vec::new(),
                 removed: Vec::new(),
                 stamps,
+                builds: HashMap::new(),
+                builds_removed: false,
             }),
         };
         if let Some(cap) = cap {
@@ -393,7 +440,7 @@ impl Cache {
         if evicted.is_empty() {
             return;
         }
-        let idle: Vec<u64> = {
+        let (idle, idle_builds) = {
             let mut state = self.state();
             let idle: Vec<u64> = state
                 .prepared
@@ -404,8 +451,21 @@ impl Cache {
             for j in &idle {
                 state.prepared.remove(j);
             }
-            idle
+            let idle_builds: Vec<Digest> = (state.builds.iter())
+                .filter(|(_, n)| **n == 0)
+                .map(|(d, _)| *d)
+                .collect();
+            for b in &idle_builds {
+                state.builds.remove(b);
+            }
+            if !idle_builds.is_empty() {
+                state.builds_removed = true;
+            }
+            (idle, idle_builds)
         };
+        for b in idle_builds {
+            let _ = std::fs::remove_dir_all(self.builds_root.join(b.to_hex()));
+        }
         for j in idle {
             if let Ok(dirs) = std::fs::read_dir(&self.jobs_root) {
                 for d in dirs.flatten() {
@@ -460,11 +520,15 @@ impl Cache {
 
     /// Fetches one file of a job: a large one as the chunks this cache
     /// lacks, joined and verified here; others whole.
+    /// `keep_chunks`: keep a large file's chunks once it is joined (a
+    /// job's files, so an edited one fetches only what changed); a build's
+    /// are dropped, so the cache holds its bytes once.
     async fn fetch(
         &self,
         conn: &quinn::Connection,
         job: u64,
         entry: &ManifestEntry,
+        keep_chunks: bool,
     ) -> anyhow::Result<u64> {
         let what = format!("`{}`", entry.path);
         if entry.size >= CHUNK_THRESHOLD {
@@ -472,7 +536,9 @@ impl Cache {
                 .await
                 .with_context(|| format!("fetching the chunk list of {what}"))?;
             if let Some(recipe) = recipe {
-                return self.fetch_chunked(conn, job, &what, recipe).await;
+                return self
+                    .fetch_chunked(conn, job, &what, recipe, keep_chunks)
+                    .await;
             }
         }
         self.reserve(entry.size, &what)?;
@@ -506,6 +572,7 @@ impl Cache {
         job: u64,
         what: &str,
         recipe: Recipe,
+        keep_chunks: bool,
     ) -> anyhow::Result<u64> {
         let mut distinct: Vec<ChunkRef> = recipe.chunks.clone();
         distinct.sort_unstable_by_key(|c| c.digest);
@@ -533,6 +600,22 @@ impl Cache {
         };
         let result = self.fetch_chunks(conn, job, what, &recipe, lacking).await;
         unpin();
+        if result.is_ok() && !keep_chunks {
+            let dropped: Vec<Digest> = {
+                let mut state = self.state();
+                let unused: Vec<Digest> = (distinct.iter())
+                    .map(|c| c.digest)
+                    .filter(|d| !state.lru.is_pinned(&Blob::Chunk(*d)))
+                    .collect();
+                for d in &unused {
+                    state.lru.remove(&Blob::Chunk(*d));
+                }
+                unused
+            };
+            for d in dropped {
+                let _ = self.chunks.remove(&d);
+            }
+        }
         result
     }
 
@@ -606,7 +689,7 @@ impl Cache {
         for entry in &job.manifest {
             let held = self.state().lru.contains(&Blob::File(entry.digest));
             if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
-                fetched += self.fetch(conn, job.job, entry).await?;
+                fetched += self.fetch(conn, job.job, entry, true).await?;
             }
         }
         let tag = Digest::of(format!("{:?}", job.manifest).as_bytes()).to_hex();
@@ -624,6 +707,160 @@ impl Cache {
         );
         Ok(dir)
     }
+}
+
+impl Cache {
+    /// Fetches the files of the stored Blender build `digest` that this
+    /// cache lacks (its manifest first, then each file, large ones as the
+    /// chunks this cache lacks, every byte verified against its digest) and
+    /// lays them out under `builds/`, each with the mode the manifest
+    /// gives. Its files count against `--cache-max` like a job's and stay
+    /// pinned while the returned value lives; once no task uses it, they are
+    /// evicted like any other (and its folder goes with them). Bytes are
+    /// counted as sent for `job`.
+    pub async fn prepare_build(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        digest: Digest,
+    ) -> anyhow::Result<BuildFiles<'_>> {
+        let mut fetched = 0;
+        {
+            let mut state = self.state();
+            state.lru.pin(Blob::File(digest));
+            state.lru.touch(&Blob::File(digest));
+        }
+        let manifest = self.build_manifest(conn, job, digest, &mut fetched).await;
+        self.state().lru.unpin(&Blob::File(digest));
+        let manifest = manifest?;
+        let mut digests: Vec<Digest> = manifest.files.iter().map(|f| f.digest).collect();
+        digests.push(digest);
+        digests.sort_unstable();
+        digests.dedup();
+        self.reverify_changed(&digests).await?;
+        {
+            let mut state = self.state();
+            for d in &digests {
+                state.lru.pin(Blob::File(*d));
+                state.lru.touch(&Blob::File(*d));
+            }
+            *state.builds.entry(digest).or_default() += 1;
+        }
+        // From here on, dropping `files` unpins.
+        let mut files = BuildFiles {
+            cache: self,
+            build: digest,
+            digests,
+            dir: self.builds_root.join(digest.to_hex()),
+            fetched: 0,
+        };
+        let entries: Vec<ManifestEntry> = (manifest.files.iter())
+            .map(|f| ManifestEntry {
+                path: f.path.clone(),
+                digest: f.digest,
+                size: f.size,
+                origin: None,
+            })
+            .collect();
+        for entry in &entries {
+            let held = self.state().lru.contains(&Blob::File(entry.digest));
+            if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
+                fetched += self.fetch(conn, job, entry, false).await?;
+            }
+        }
+        files.fetched = fetched;
+        // A blob shared by several paths gets every mode they ask for.
+        let mut modes: HashMap<Digest, u32> = HashMap::new();
+        for f in &manifest.files {
+            *modes.entry(f.digest).or_default() |= f.mode;
+        }
+        let (blobs, dir) = (self.blobs.clone(), files.dir.clone());
+        let stamps = tokio::task::spawn_blocking(move || {
+            lay_out_build(&blobs, &dir, &entries, &modes)
+        })
+        .await??;
+        {
+            // Modes were set on verified blobs: their new stamps.
+            let mut state = self.state();
+            state.stamps.extend(stamps);
+        }
+        tracing::info!(
+            build = %digest,
+            version = %manifest.version,
+            files = manifest.files.len(),
+            fetched_bytes = fetched,
+            cached_bytes = self.held_bytes(),
+            "blender build ready"
+        );
+        Ok(files)
+    }
+
+    /// The build's manifest: from the cache, else fetched, then checked.
+    async fn build_manifest(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        digest: Digest,
+        fetched: &mut u64,
+    ) -> anyhow::Result<BuildManifest> {
+        if !self.blobs.contains(&digest) {
+            let got = blob::get(conn, digest, Some(job), &self.blobs)
+                .await
+                .context("fetching the build's manifest")?;
+            *fetched += got;
+            self.insert(Blob::File(digest), got);
+            if let Some(cap) = self.cap {
+                let evict = self.state().lru.reserve(0, cap).unwrap_or_default();
+                self.delete(&evict);
+            }
+        }
+        let bytes = self.blobs.read(&digest).context("reading the build's manifest")?;
+        let manifest = BuildManifest::from_bytes(&bytes)
+            .map_err(|e| anyhow::anyhow!("unreadable build manifest: {e}"))?;
+        manifest
+            .validate()
+            .context("the coordinator sent a bad build manifest")?;
+        Ok(manifest)
+    }
+
+    /// Whether a build's folder was removed since last asked.
+    pub fn take_builds_removed(&self) -> bool {
+        std::mem::take(&mut self.state().builds_removed)
+    }
+}
+
+/// Lays out a build's files in `dir` as hard links to their blobs, each
+/// blob given its mode, and checks each file's size and mode once placed.
+/// Returns the blobs' new stamps (a mode change changes them).
+fn lay_out_build(
+    blobs: &BlobDir,
+    dir: &Path,
+    entries: &[ManifestEntry],
+    modes: &HashMap<Digest, u32>,
+) -> anyhow::Result<Vec<(Digest, Stamp)>> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stamps = Vec::new();
+    for (digest, mode) in modes {
+        let path = blobs.path(digest);
+        let now = std::fs::metadata(&path)?.permissions().mode() & 0o777;
+        if now != *mode {
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(*mode))?;
+        }
+        if let Some(stamp) = Stamp::of(&path) {
+            stamps.push((*digest, stamp));
+        }
+    }
+    lay_out(blobs, dir, entries)?;
+    for e in entries {
+        let placed = dir.join(&e.path);
+        let meta = std::fs::metadata(&placed)
+            .with_context(|| format!("the build's `{}` was not placed", e.path))?;
+        let want = modes.get(&e.digest).copied().unwrap_or(0);
+        if meta.len() != e.size || meta.permissions().mode() & want != want {
+            bail!("the build's `{}` does not match its manifest", e.path);
+        }
+    }
+    Ok(stamps)
 }
 
 /// Walks the blob folder: every blob is re-hashed; a file whose bytes do not

@@ -2,6 +2,7 @@
 //! content-addressed cache of job assets, and renders the tasks it is leased
 //! with one of its engines.
 
+pub mod builds;
 pub mod cache;
 pub mod engine;
 pub mod identity;

@@ -44,6 +44,9 @@ pub struct Config {
     pub drain_grace: Duration,
     /// A spot or interruptible instance (reported to the coordinator).
     pub interruptible: bool,
+    /// `--blender auto`: also render with the builds stored on the
+    /// coordinator, fetched when a job first needs one.
+    pub builds: Option<Arc<crate::builds::AutoBuilds>>,
 }
 
 /// Runs until `shutdown` turns true. Returns an error only for problems
@@ -289,6 +292,7 @@ async fn join(
             .iter()
             .flat_map(|e| e.blender_offers())
             .collect(),
+        fetches_builds: config.builds.is_some(),
     }))?;
     let mut first = codec::read_frame::<CoordMsg, _>(recv).await?;
     if let Some(CoordMsg::Enrolled { credential }) = &first {
@@ -353,6 +357,11 @@ fn on_message(
             return true;
         }
         CoordMsg::Joined { .. } | CoordMsg::Enrolled { .. } => {}
+        CoordMsg::Builds(builds) => {
+            if let Some(auto) = &env.config.builds {
+                auto.set(builds);
+            }
+        }
         CoordMsg::Job(info) => held.table.job(info),
         CoordMsg::Assign(task) => {
             let job = match held.table.assign(&task) {
@@ -492,6 +501,23 @@ async fn render(
     // The job's files stay pinned in the cache until this task is over.
     let files = cache.prepare(conn, job).await.map_err(RenderError::Fetch)?;
     let dir = files.dir().to_path_buf();
+    // With `--blender auto`, the stored build the job renders with, if none
+    // of the worker's own Blenders fits: pinned until this task is over.
+    let _build = match &config.builds {
+        Some(auto) if job.engine == tessera_protocol::job::Engine::Blender => {
+            let build = auto.prepare(cache, conn, job, &dir).await;
+            build.map_err(|e| match e.downcast_ref::<crate::engine::Failure>() {
+                Some(_) => RenderError::Render(e),
+                None => RenderError::Fetch(e),
+            })?
+        }
+        _ => None,
+    };
+    if cache.take_builds_removed() {
+        if let Some(auto) = &config.builds {
+            auto.blender.end_build_sessions();
+        }
+    }
     if let Some((added, removed)) = cache.take_changes() {
         // With no connection now, the next join reports the whole cache.
         if let Some(tx) = link.lock().expect("link lock").as_ref() {

@@ -14,7 +14,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::transport::Channel;
 
-use crate::builds::add_build;
+use crate::builds::{add_build, list_builds};
 use crate::gc::collect_garbage;
 use crate::server::{unix_ms, Shared};
 use crate::submit::submit;
@@ -73,10 +73,13 @@ pub(super) async fn serve(
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
                 }
             }
-            ClientRequest::Builds => match shared.db().builds() {
-                Ok(builds) => ClientResponse::Builds(builds),
-                Err(e) => ClientResponse::Error(format!("{e:#}")),
-            },
+            ClientRequest::Builds => {
+                let shared = shared.clone();
+                match tokio::task::spawn_blocking(move || list_builds(&shared)).await? {
+                    Ok(builds) => ClientResponse::Builds(builds),
+                    Err(e) => ClientResponse::Error(format!("{e:#}")),
+                }
+            }
             ClientRequest::Status(job) => status(&shared, job),
             ClientRequest::Cancel(id) => cancel(&shared, id),
             ClientRequest::Frames(id) => frames(&shared, id),

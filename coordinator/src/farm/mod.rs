@@ -10,6 +10,7 @@
 //! order. Like `quinn-proto`, the core never reads a clock or touches a
 //! socket, so its tests run on virtual time.
 
+mod builds;
 mod job;
 mod jobs;
 mod lost;
@@ -142,6 +143,9 @@ pub struct FarmCore {
     released: HashMap<TaskKey, (Epoch, String)>,
     /// Leases lost with their workers, per task in a row.
     lost: LostLeases,
+    /// The Blender builds stored with `blender add`, oldest first: what a
+    /// worker started with `--blender auto` offers besides its own.
+    builds: Vec<tessera_protocol::build::BuildInfo>,
     effects: Vec<Effect>,
 }
 
@@ -181,6 +185,7 @@ impl FarmCore {
             requeued: HashSet::new(),
             released: HashMap::new(),
             lost: LostLeases::default(),
+            builds: Vec::new(),
             effects: Vec::new(),
         }
     }

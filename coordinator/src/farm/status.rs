@@ -103,7 +103,7 @@ impl FarmCore {
                     tasks,
                     telemetry: w.telemetry.clone(),
                     interruptible: w.info.interruptible,
-                    blenders: w.info.blenders.clone(),
+                    blenders: self.offers_of(&w.info),
                 }
             })
             .collect();

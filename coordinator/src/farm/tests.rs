@@ -74,6 +74,7 @@ fn worker_info(slots: u32, engine: Engine, holding: Vec<TaskRef>) -> WorkerInfo 
         interruptible: false,
         cached: Vec::new(),
         blenders: Vec::new(),
+        fetches_builds: false,
     }
 }
 

@@ -22,7 +22,8 @@ impl FarmCore {
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         self.sched.add_worker(id, info.slots, engines, now.ms);
         self.sched.worker_holds(id, &info.cached, &[]);
-        self.sched.set_worker_blenders(id, info.blenders.clone());
+        self.sched.set_worker_blenders(id, self.offers_of(&info));
+        let fetches_builds = info.fetches_builds;
         let holding = info.holding.clone();
         // Its process restarted if it no longer holds what it rendered.
         let held: Vec<TaskKey> = holding.iter().map(|&t| key(t)).collect();
@@ -55,6 +56,9 @@ impl FarmCore {
                 lease_ms: self.config.lease_ms,
             },
         );
+        if fetches_builds {
+            self.send(id, CoordMsg::Builds(self.builds.clone()));
+        }
         self.adopt_held_tasks(id, &holding, now);
         for task in lost {
             self.lease_lost(task, now);

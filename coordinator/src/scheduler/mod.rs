@@ -458,6 +458,14 @@ impl Scheduler {
         held.extend(added.iter().copied().take(room));
     }
 
+    /// Whether `worker`'s cache holds every one of `digests`.
+    pub fn worker_holds_all(&self, worker: WorkerId, digests: &[Digest]) -> bool {
+        self.affinity
+            .held
+            .get(&worker)
+            .is_some_and(|held| digests.iter().all(|d| held.contains(d)))
+    }
+
     /// Among `worker` and the other free workers in `turns` that can take
     /// `job`, the one lacking the fewest of its bytes (`worker` on a tie).
     fn affine_worker(

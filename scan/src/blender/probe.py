@@ -23,6 +23,8 @@ def capabilities():
     out = {
         "version": list(bpy.app.version),
         "version_string": bpy.app.version_string,
+        # Where this Blender was loaded from: a build's copy, not another.
+        "path": getattr(bpy, "__file__", None) or bpy.app.binary_path,
         "oidn": bool(getattr(_cycles, "with_openimagedenoise", False)),
         "osl": bool(getattr(_cycles, "with_osl", False)),
     }

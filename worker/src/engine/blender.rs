@@ -256,7 +256,7 @@ impl Session {
         job: &JobInfo,
         job_dir: &Path,
     ) -> anyhow::Result<Session> {
-        let runtime = &blender.installs[install].runtime;
+        let runtime = &blender.runtime(install);
         let files = job
             .manifest
             .iter()
@@ -402,8 +402,16 @@ struct Slot {
 }
 
 pub struct Blender {
-    /// The Blenders this worker offers, each probed.
-    installs: Vec<Installed>,
+    /// The Blenders this worker renders with, each probed: first the
+    /// `local` ones it offers, then the stored builds it fetched
+    /// (`--blender auto`), which only ever grow.
+    installs: Mutex<Vec<Installed>>,
+    local: usize,
+    /// The build each job renders with (an index into `installs`), for jobs
+    /// that no local Blender fits.
+    job_builds: Mutex<std::collections::HashMap<u64, usize>>,
+    /// Which of `installs` is each build's (by manifest digest).
+    builds: Mutex<std::collections::HashMap<tessera_protocol::Digest, usize>>,
     device: Device,
     /// Keep a session per slot between tasks (false: one process per task).
     persistent: bool,
@@ -428,7 +436,10 @@ impl Blender {
             })
             .collect();
         Blender {
-            installs,
+            local: installs.len(),
+            installs: Mutex::new(installs),
+            job_builds: Mutex::default(),
+            builds: Mutex::default(),
             device,
             persistent,
             threads: threads.max(1),
@@ -450,23 +461,117 @@ impl Blender {
         }
     }
 
-    /// Which Blender renders `job`: the first that fits what it needs. The
-    /// file's own header is checked too, so a file saved by a newer Blender
-    /// is never opened by an older one, whatever the coordinator said.
-    fn install_for(&self, job: &JobInfo, job_dir: &Path) -> anyhow::Result<usize> {
-        let saved = file_version(&job_dir.join(&job.scene))?;
-        let needs = job.blender.unwrap_or(BlenderNeeds {
-            saved_by: None,
-            version: VersionReq::AtLeast(saved.major, saved.minor),
-            denoise: false,
-            osl: false,
-            eevee: false,
-        });
-        let needs = BlenderNeeds {
-            saved_by: Some(needs.saved_by.map_or(saved, |s| s.max(saved))),
-            ..needs
+    fn runtime(&self, install: usize) -> super::blender_runtime::Runtime {
+        self.installs.lock().expect("installs lock")[install]
+            .runtime
+            .clone()
+    }
+
+    /// Whether one of this worker's own Blenders fits `job`.
+    pub fn fits_locally(&self, job: &JobInfo, job_dir: &Path) -> bool {
+        self.local_for(job, job_dir).is_ok()
+    }
+
+    /// Renders `job` with the stored build `digest`, unpacked in the
+    /// folder `probe` runs it from: probed the first time (`probe` gives
+    /// the build's [`Installed`]), then kept.
+    pub fn use_build(
+        &self,
+        job: u64,
+        digest: tessera_protocol::Digest,
+        probe: impl FnOnce() -> anyhow::Result<Installed>,
+    ) -> anyhow::Result<()> {
+        let known = self.builds.lock().expect("builds lock").get(&digest).copied();
+        let index = match known {
+            Some(i) => i,
+            None => {
+                let installed = probe()?;
+                let mut installs = self.installs.lock().expect("installs lock");
+                installs.push(installed);
+                let i = installs.len() - 1;
+                self.builds.lock().expect("builds lock").insert(digest, i);
+                i
+            }
         };
-        let offers: Vec<BlenderOffer> = self.installs.iter().map(|i| i.offer.clone()).collect();
+        self.job_builds
+            .lock()
+            .expect("job builds lock")
+            .insert(job, index);
+        Ok(())
+    }
+
+    /// Ends the sessions of the slots that render with a stored build, so
+    /// its files are no longer open once it is evicted.
+    pub fn end_build_sessions(&self) {
+        let mut slots = self.slots.lock().expect("slots lock");
+        for slot in slots.iter_mut() {
+            if slot.session.as_ref().is_some_and(|s| s.install >= self.local) {
+                slot.session.take().expect("checked").quit();
+            }
+        }
+    }
+
+    /// Which Blender renders `job`: the build chosen for it, else the first
+    /// of its own that fits what it needs. The file's own header is checked
+    /// too, so a file saved by a newer Blender is never opened by an older
+    /// one, whatever the coordinator said.
+    fn install_for(&self, job: &JobInfo, job_dir: &Path) -> anyhow::Result<usize> {
+        let build = self
+            .job_builds
+            .lock()
+            .expect("job builds lock")
+            .get(&job.job)
+            .copied();
+        match build {
+            Some(i) => {
+                let offer = self.installs.lock().expect("installs lock")[i].offer.clone();
+                match self.needs(job, job_dir)?.unmet(&offer) {
+                    None => Ok(i),
+                    Some(why) => anyhow::bail!("the stored build cannot render this job: {why}"),
+                }
+            }
+            None => self.local_for(job, job_dir),
+        }
+    }
+
+    /// Probes a stored build's Blender as this worker's first slot runs it.
+    pub fn probe_build(
+        &self,
+        runtime: &super::blender_runtime::Runtime,
+    ) -> anyhow::Result<Installed> {
+        super::blender_runtime::probe_pinned(runtime, self.device.name(), &self.device.slot_env(0))
+    }
+
+    fn needs(&self, job: &JobInfo, job_dir: &Path) -> anyhow::Result<BlenderNeeds> {
+        job_needs(job, job_dir)
+    }
+}
+
+/// What `job` needs of its Blender, with the file's own header taken into
+/// account (no Blender older than the file, whatever the job says).
+pub fn job_needs(job: &JobInfo, job_dir: &Path) -> anyhow::Result<BlenderNeeds> {
+    let saved = file_version(&job_dir.join(&job.scene))?;
+    let needs = job.blender.unwrap_or(BlenderNeeds {
+        saved_by: None,
+        version: VersionReq::AtLeast(saved.major, saved.minor),
+        denoise: false,
+        osl: false,
+        eevee: false,
+    });
+    Ok(BlenderNeeds {
+        saved_by: Some(needs.saved_by.map_or(saved, |s| s.max(saved))),
+        ..needs
+    })
+}
+
+impl Blender {
+    /// The first of this worker's own Blenders that fits `job`.
+    fn local_for(&self, job: &JobInfo, job_dir: &Path) -> anyhow::Result<usize> {
+        let needs = self.needs(job, job_dir)?;
+        let offers: Vec<BlenderOffer> = self.installs.lock().expect("installs lock")[..self.local]
+            .iter()
+            .map(|i| i.offer.clone())
+            .collect();
         needs.pick(&offers).ok_or_else(|| {
             let why: Vec<String> = offers.iter().filter_map(|o| needs.unmet(o)).collect();
             anyhow::anyhow!(
@@ -547,7 +652,10 @@ impl Engine for Blender {
     }
 
     fn blender_offers(&self) -> Vec<BlenderOffer> {
-        self.installs.iter().map(|i| i.offer.clone()).collect()
+        self.installs.lock().expect("installs lock")[..self.local]
+            .iter()
+            .map(|i| i.offer.clone())
+            .collect()
     }
 
     fn render(
