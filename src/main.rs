@@ -992,11 +992,7 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Engines> {
             c.threads,
         ))
     });
-    let blender = || {
-        blender_engine
-            .clone()
-            .map(|b| b as Arc<dyn engine::Engine>)
-    };
+    let blender = || blender_engine.clone().map(|b| b as Arc<dyn engine::Engine>);
     let engines = match c.choice {
         "auto" => {
             let mut engines = vec![builtin()];

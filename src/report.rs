@@ -288,6 +288,7 @@ pub fn build_json(b: &BuildInfo) -> serde_json::Value {
         "files": b.files,
         "features": b.features,
         "added_unix_ms": b.added_unix_ms,
+        "holders": b.holders,
     })
 }
 
@@ -325,18 +326,24 @@ pub fn print_builds(builds: &[BuildInfo], json: bool) {
         return;
     }
     println!(
-        "{:<9} {:<11} {:>10} {:>7}  {:<28} DIGEST",
-        "VERSION", "KIND", "SIZE", "FILES", "FEATURES"
+        "{:<9} {:<11} {:>10} {:>7}  {:<28} {:<16}  HELD BY",
+        "VERSION", "KIND", "SIZE", "FILES", "FEATURES", "DIGEST"
     );
     for b in builds {
+        let holders: Vec<String> = b.holders.iter().map(|h| crate::shown::text(h)).collect();
         println!(
-            "{:<9} {:<11} {:>10} {:>7}  {:<28} {}",
+            "{:<9} {:<11} {:>10} {:>7}  {:<28} {}  {}",
             b.version.to_string(),
             b.kind.name(),
             human_bytes(b.size),
             b.files,
             b.features.join(", "),
             &b.digest.to_hex()[..16],
+            if holders.is_empty() {
+                "-".to_string()
+            } else {
+                holders.join(", ")
+            },
         );
     }
 }

@@ -296,11 +296,7 @@ fn build_key(runtime: &Runtime) -> Option<String> {
         Runtime::ModuleIn { site, .. } => site.display().to_string(),
         _ => String::new(),
     };
-    let id = format!(
-        "{}\0{}\0{mtime}\0{site}",
-        runtime.path().display(),
-        m.len()
-    );
+    let id = format!("{}\0{}\0{mtime}\0{site}", runtime.path().display(), m.len());
     Some(blake3::hash(id.as_bytes()).to_hex()[..32].to_string())
 }
 

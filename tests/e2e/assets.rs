@@ -25,7 +25,7 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
 }
 
 /// A builtin scene whose materials use `textures` (paths relative to `dir`).
-fn write_scene(dir: &Path, textures: &[&str]) -> PathBuf {
+pub(crate) fn write_scene(dir: &Path, textures: &[&str]) -> PathBuf {
     let materials: Vec<String> = textures
         .iter()
         .enumerate()
@@ -57,7 +57,7 @@ fn write_scene(dir: &Path, textures: &[&str]) -> PathBuf {
 }
 
 /// A noise PNG (incompressible, so its size is about w × h × 3).
-fn write_noise_png(path: &Path, side: u32, seed: u64) {
+pub(crate) fn write_noise_png(path: &Path, side: u32, seed: u64) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     let file = std::io::BufWriter::new(std::fs::File::create(path).unwrap());
     let mut enc = png::Encoder::new(file, side, side);
@@ -98,7 +98,7 @@ fn settled_stored_bytes(farm: &Farm) -> u64 {
 }
 
 /// Bytes of the blobs in a blob folder (two-letter subfolders).
-fn blob_bytes(root: &Path) -> u64 {
+pub(crate) fn blob_bytes(root: &Path) -> u64 {
     let mut total = 0;
     let Ok(dirs) = std::fs::read_dir(root) else {
         return 0;

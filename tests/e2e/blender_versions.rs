@@ -28,7 +28,7 @@ fn in_debian(blend: &Path, src: &str) -> Command {
 }
 
 /// `make_scenes.py` run by `py`'s Blender into `root/project`.
-fn make_project(py: Option<&Path>, root: &Path) -> PathBuf {
+pub(crate) fn make_project(py: Option<&Path>, root: &Path) -> PathBuf {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/make_scenes.py");
     let project = root.join("project");
     let args = [
@@ -56,7 +56,7 @@ fn make_project(py: Option<&Path>, root: &Path) -> PathBuf {
     project
 }
 
-fn png_pixels(path: &Path) -> (u32, u32, Vec<u8>) {
+pub(crate) fn png_pixels(path: &Path) -> (u32, u32, Vec<u8>) {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut reader = png::Decoder::new(std::io::BufReader::new(file))
         .read_info()

@@ -78,7 +78,9 @@ impl AutoBuilds {
         );
         let job_id = job.job;
         tokio::task::spawn_blocking(move || {
-            blender.use_build(job_id, build.digest, || probe(&blender, &build, &dir, python))
+            blender.use_build(job_id, build.digest, || {
+                probe(&blender, &build, &dir, python)
+            })
         })
         .await
         .context("the probe thread panicked")?
@@ -112,7 +114,11 @@ fn probe(
         },
         BuildKind::Executable => Runtime::Executable(dir.join("blender")),
     };
-    let what = format!("the stored Blender {} ({})", build.version, build.kind.name());
+    let what = format!(
+        "the stored Blender {} ({})",
+        build.version,
+        build.kind.name()
+    );
     let installed = blender.probe_build(&runtime).with_context(|| {
         let hint = match build.kind {
             BuildKind::Module => format!(

@@ -775,10 +775,9 @@ impl Cache {
             *modes.entry(f.digest).or_default() |= f.mode;
         }
         let (blobs, dir) = (self.blobs.clone(), files.dir.clone());
-        let stamps = tokio::task::spawn_blocking(move || {
-            lay_out_build(&blobs, &dir, &entries, &modes)
-        })
-        .await??;
+        let stamps =
+            tokio::task::spawn_blocking(move || lay_out_build(&blobs, &dir, &entries, &modes))
+                .await??;
         {
             // Modes were set on verified blobs: their new stamps.
             let mut state = self.state();
@@ -814,7 +813,10 @@ impl Cache {
                 self.delete(&evict);
             }
         }
-        let bytes = self.blobs.read(&digest).context("reading the build's manifest")?;
+        let bytes = self
+            .blobs
+            .read(&digest)
+            .context("reading the build's manifest")?;
         let manifest = BuildManifest::from_bytes(&bytes)
             .map_err(|e| anyhow::anyhow!("unreadable build manifest: {e}"))?;
         manifest

@@ -481,7 +481,12 @@ impl Blender {
         digest: tessera_protocol::Digest,
         probe: impl FnOnce() -> anyhow::Result<Installed>,
     ) -> anyhow::Result<()> {
-        let known = self.builds.lock().expect("builds lock").get(&digest).copied();
+        let known = self
+            .builds
+            .lock()
+            .expect("builds lock")
+            .get(&digest)
+            .copied();
         let index = match known {
             Some(i) => i,
             None => {
@@ -505,7 +510,11 @@ impl Blender {
     pub fn end_build_sessions(&self) {
         let mut slots = self.slots.lock().expect("slots lock");
         for slot in slots.iter_mut() {
-            if slot.session.as_ref().is_some_and(|s| s.install >= self.local) {
+            if slot
+                .session
+                .as_ref()
+                .is_some_and(|s| s.install >= self.local)
+            {
                 slot.session.take().expect("checked").quit();
             }
         }
@@ -524,7 +533,9 @@ impl Blender {
             .copied();
         match build {
             Some(i) => {
-                let offer = self.installs.lock().expect("installs lock")[i].offer.clone();
+                let offer = self.installs.lock().expect("installs lock")[i]
+                    .offer
+                    .clone();
                 match self.needs(job, job_dir)?.unmet(&offer) {
                     None => Ok(i),
                     Some(why) => anyhow::bail!("the stored build cannot render this job: {why}"),
