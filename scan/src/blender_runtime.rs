@@ -352,6 +352,20 @@ pub fn probe_pinned(
     probe_with(runtime, device, gpu_index, env, true)
 }
 
+/// Probes a stored build (`--blender auto`) as [`probe_pinned`] does, but
+/// without the Eevee probe (tens of seconds of shader compiling): a stored
+/// build is never offered for Eevee, so its answer would change nothing.
+pub fn probe_build(
+    runtime: &Runtime,
+    device: &str,
+    env: &[(&str, String)],
+) -> anyhow::Result<Installed> {
+    let gpu_index = (device != "CPU" && !env.is_empty()).then_some(0);
+    let mut installed = probe_with(runtime, device, gpu_index, env, false)?;
+    installed.offer.eevee = false;
+    Ok(installed)
+}
+
 fn probe_with(
     runtime: &Runtime,
     device: &str,

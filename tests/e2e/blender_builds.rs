@@ -306,6 +306,8 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
     let py = PathBuf::from(std::env::var("TESSERA_TEST_BPY").unwrap());
     let py_s = py.to_str().unwrap();
     let mut farm = Farm::start("blender-auto", &[]);
+    let t0 = Instant::now();
+    let step = |what: &str| eprintln!("{:>6.1} s  {what}", t0.elapsed().as_secs_f64());
     let root = farm.dir.join("v45");
     let p45 = crate::blender_versions::make_project(Some(&py), &root);
     let shot = p45.join("shot.blend");
@@ -319,6 +321,7 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
             refs.join("ref45_0002").to_str().unwrap()
         ),
     ));
+    step("project and reference made");
     farm.add_worker_with("debian", &["--engine", "blender"]);
     farm.wait_workers(1);
     let submit = |farm: &Farm, extra: &[&str]| {
@@ -338,13 +341,16 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
     });
     assert_eq!(s["blocked"], "needs Blender 4.5; workers offer 3.4", "{s}");
 
+    step("blocked");
     // The official 4.5.4 as a wheel, stored on the coordinator.
     let site = bpy_site();
     let wheel = farm
         .dir
         .join("bpy-4.5.4-cp311-cp311-manylinux_2_28_x86_64.whl");
     bpy_wheel(&site, &wheel);
+    step("wheel written");
     let added = farm.json(&["blender", "add", wheel.to_str().unwrap(), "--json"]);
+    step("wheel added");
     assert_eq!(
         (added["version"].as_str(), added["kind"].as_str()),
         (Some("4.5.4"), Some("bpy"))
@@ -365,6 +371,7 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
     let auto = farm.add_worker_with("auto", &auto_args);
     let out = farm.dir.join("out");
     let done = farm.wait_done(tiled, &out.join("tiled"));
+    step("tiled job done");
     let want = crate::blender_versions::png_pixels(&refs.join("ref45_0002.png"));
     let got = crate::blender_versions::png_pixels(&out.join("tiled/frame_0002.png"));
     assert_eq!((got.0, got.1), (want.0, want.1));
@@ -393,6 +400,7 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
     assert_eq!(u(&done["bytes_to_workers"]), 0, "{done}");
     assert!(out.join("whole/frame_0001.png").is_file());
 
+    step("second job done");
     // Restarted under a cap just above what its cache holds now, the
     // worker keeps the build; a job that needs more room than is left
     // evicts it, since no task uses it.
@@ -427,6 +435,7 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
     farm.add_worker_with("auto", &capped);
     farm.wait_workers(2);
     wait_holders(&farm, &["auto"]);
+    step("restarted");
     let builtin = farm.dir.join("builtin");
     // Bigger than what the scene's files take and the room left, together.
     let side = (((2 * tree_bytes(&root) + (8 << 20)) / 3) as f64).sqrt() as u32;
@@ -437,6 +446,7 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
         .unwrap();
     farm.wait_done(job, &out.join("builtin"));
     wait_holders(&farm, &[]);
+    step("evicted");
     let status = farm.json(&["status", "--json"]);
     let names: Vec<&str> = (status["workers"].as_array().unwrap().iter())
         .map(|w| w["name"].as_str().unwrap())

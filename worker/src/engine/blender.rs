@@ -550,7 +550,7 @@ impl Blender {
         &self,
         runtime: &super::blender_runtime::Runtime,
     ) -> anyhow::Result<Installed> {
-        super::blender_runtime::probe_pinned(runtime, self.device.name(), &self.device.slot_env(0))
+        super::blender_runtime::probe_build(runtime, self.device.name(), &self.device.slot_env(0))
     }
 
     fn needs(&self, job: &JobInfo, job_dir: &Path) -> anyhow::Result<BlenderNeeds> {
