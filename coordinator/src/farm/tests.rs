@@ -243,6 +243,7 @@ fn kinds(msgs: &[CoordMsg]) -> Vec<String> {
             CoordMsg::Ack { task, accepted, .. } => {
                 format!("ack {}/{} {accepted}", task.job, task.index)
             }
+            CoordMsg::Builds(b) => format!("builds {}", b.len()),
         })
         .collect()
 }
@@ -709,7 +710,10 @@ fn simulate(seed: u64) -> Seen {
                             );
                         }
                     }
-                    CoordMsg::Job(_) | CoordMsg::Drain | CoordMsg::Enrolled { .. } => {}
+                    CoordMsg::Job(_)
+                    | CoordMsg::Drain
+                    | CoordMsg::Enrolled { .. }
+                    | CoordMsg::Builds(_) => {}
                 }
             }
             farm.collect();
@@ -813,4 +817,74 @@ fn random_farm_accepts_each_task_once_and_counts_only_committed_results() {
     assert!(total.cancels > 0, "no lease was canceled");
     assert!(total.refused > 0, "no result was refused");
     assert!(total.failures > 0, "no task failed");
+}
+
+/// `--blender auto`: a worker with no Blender of its own offers the stored
+/// builds; a 4.5 job waits until a 4.5 build is stored, then goes to it.
+#[test]
+fn an_auto_worker_offers_the_stored_builds_and_is_told_of_each() {
+    use tessera_protocol::blender::{BlenderNeeds, BlenderVersion, VersionReq};
+    use tessera_protocol::build::{BuildInfo, BuildKind};
+    let build = |v: (u16, u16, u16), features: &[&str]| BuildInfo {
+        digest: Digest::of(format!("{v:?}").as_bytes()),
+        version: BlenderVersion::new(v.0, v.1, v.2),
+        kind: BuildKind::Module,
+        size: 1,
+        files: 1,
+        features: features.iter().map(|f| f.to_string()).collect(),
+        added_unix_ms: 0,
+        holders: Vec::new(),
+    };
+    let mut farm = Farm::new(3);
+    let mut job = spec("a", 1, 1);
+    job.engine = Engine::Blender;
+    job.blender = Some(BlenderNeeds {
+        saved_by: Some(BlenderVersion::new(4, 5, 0)),
+        version: VersionReq::Series(4, 5),
+        denoise: true,
+        osl: false,
+        eevee: false,
+    });
+    let job = farm.submit(job);
+    let mut info = worker_info(1, Engine::Blender, vec![]);
+    info.fetches_builds = true;
+    let w = farm.join("auto", info.clone());
+    assert_eq!(kinds(&farm.read(w)), ["joined", "builds 0"]);
+    let blocked = |farm: &Farm| farm.core.job_status(job, farm.now()).unwrap().blocked;
+    assert_eq!(
+        blocked(&farm).as_deref(),
+        Some("needs Blender 4.5; no connected worker offers Blender")
+    );
+    // A 4.5 build without OpenImageDenoise does not do; one with it does.
+    farm.core
+        .set_builds(vec![build((4, 2, 9), &[]), build((4, 5, 4), &[])]);
+    farm.collect();
+    assert_eq!(kinds(&farm.read(w)), ["builds 2"]);
+    assert!(blocked(&farm).unwrap().contains("OpenImageDenoise"));
+    farm.dispatch();
+    assert!(farm.assigned(w).is_empty());
+    let with_oidn = build((4, 5, 4), &["OpenImageDenoise"]);
+    let name = with_oidn.offer().name;
+    farm.core.set_builds(vec![build((4, 2, 9), &[]), with_oidn]);
+    farm.collect();
+    assert_eq!(blocked(&farm), None);
+    farm.dispatch();
+    assert_eq!(farm.assigned(w).len(), 1);
+    // A worker without `--blender auto` offers only its own Blenders.
+    info.fetches_builds = false;
+    let plain = farm.join("plain", info);
+    assert_eq!(kinds(&farm.read(plain)), ["joined"]);
+    let workers = farm.core.worker_statuses(farm.now());
+    let offers: Vec<(&str, Vec<&str>)> = (workers.iter())
+        .map(|w| {
+            (
+                w.name.as_str(),
+                w.blenders.iter().map(|o| o.name.as_str()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(offers[1], ("plain", vec![]));
+    assert_eq!(offers[0].1.len(), 2);
+    assert_eq!(offers[0].1[1], name);
+    assert!(name.contains("Blender 4.5.4 (bpy, stored build"), "{name}");
 }
