@@ -1081,6 +1081,7 @@ mod runtime_tests {
         std::fs::set_permissions(&exe, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
         let debian = Installed {
+            loaded_from: exe.clone(),
             runtime: Runtime::Executable(exe),
             offer: BlenderOffer {
                 version: BlenderVersion::new(3, 4, 1),
