@@ -309,7 +309,11 @@ impl FarmCore {
         if task.index >= job.tasks_total() {
             return None;
         }
-        Some((job.task_spec(task).tile, job.tasks_per_frame == 1))
+        let mut rect = job.task_spec(task).tile;
+        // A chunk's bundle holds a whole frame per frame of the chunk.
+        let frames = job.frame_positions(task.index).len() as u32;
+        rect.height = rect.height.saturating_mul(frames.max(1));
+        Some((rect, job.tasks_per_frame == 1))
     }
 
     /// A result whose output is not what its task asked for (wrong

@@ -758,6 +758,7 @@ mod tests {
             },
             samples,
             total_samples: samples.1,
+            unreal: None,
         }
     }
 
@@ -984,6 +985,7 @@ mod runtime_tests {
             output: OutputFormat::Png,
             // As an old coordinator would send it: no needs at all.
             blender: None,
+            unreal: None,
         };
         let tile = TileRect {
             x: 0,
@@ -1001,6 +1003,7 @@ mod runtime_tests {
             tile,
             samples: (0, 16),
             total_samples: 16,
+            unreal: None,
         };
         let err = engine
             .render(&job, &dir, &task, &|_, _| {}, &Default::default())
