@@ -433,7 +433,8 @@ mod tests {
             f(&mut j);
             j.check(&frames, OutputFormat::Png).unwrap_err()
         };
-        assert!(refused(&|j| j.shots[1].first = 20).contains("frame 7 lies in none"));
+        assert!(refused(&|j| j.shots[1].first = 9).contains("frame 7 lies in none"));
+        assert!(refused(&|j| j.shots[1].first = 20).contains("ends before it starts"));
         assert!(refused(&|j| j.shots[1].first = 5).contains("overlap"));
         assert!(refused(&|j| j.map = "/Engine/Maps/X".into()).contains("map"));
         assert!(refused(&|j| j.config = "/Game/../../etc".into()).contains(".."));
