@@ -27,7 +27,7 @@ Its assets are text files standing in for .uasset/.umap packages:
 - the config: `StandInMoviePipelinePrimaryConfig` then `format=png|exr`,
   `file_name_format=...`, `zero_pad=N`, `engine_warm_up=N`,
   `render_warm_up=N`, `history=N` (frames of temporal history);
-- the map: `StandInMap`.
+- the map: a file whose first line is `StandInMap` (anything may follow).
 
 Pixels depend on the frame and on the temporal history (the last `history`
 evaluated frames, averaged, as a temporal effect would): at a camera cut or
@@ -219,7 +219,7 @@ def main():
         fail("StandIn: Error: -ExecutorPythonClass without -MoviePipelineLocalExecutorClass", 2)
     if mapname:
         mf = content_file(project_dir, mapname, "umap")
-        if not mf or not os.path.isfile(mf) or open(mf).read().strip() != "StandInMap":
+        if not mf or not os.path.isfile(mf) or open(mf, "rb").read(11) not in (b"StandInMap\n", b"StandInMap"):
             fail("LogMovieRenderPipeline: Error: Failed to load map " + mapname)
     seq_path = values["-levelsequence"]
     seq = read_asset(project_dir, seq_path, "StandInLevelSequence")

@@ -23,3 +23,4 @@ mod passes;
 mod requires;
 mod tiles;
 mod unreal;
+mod unreal_dedupe;

@@ -350,3 +350,18 @@ fn unreal_errors_reach_status_readably_and_a_lost_gpu_is_retried_on_another_work
     assert!(text.contains("retried on another worker"), "{text}");
     assert!(farm.log_of(1).contains("task rendered"), "the good worker rendered nothing");
 }
+
+#[test]
+#[ignore = "needs python3"]
+fn an_unreal_project_with_its_map_changed_by_one_percent_sends_about_the_changes_both_ways() {
+    require(Need::Python3);
+    // 24 MiB here; `cargo bench --bench unreal` runs the same on 2 GiB.
+    let f = crate::unreal_dedupe::resubmit_with_the_map_edited("unreal-dedupe", 24);
+    f.print();
+    assert_eq!(f.first_uploaded, f.project_bytes);
+    assert!(f.resubmit_uploaded >= f.changed, "edits lost?");
+    assert!(f.resubmit_uploaded <= 3 * f.changed, "resubmit uploaded {}", f.resubmit_uploaded);
+    assert_eq!(f.first_to_worker, f.project_bytes);
+    assert!(f.resubmit_to_worker >= f.changed);
+    assert!(f.resubmit_to_worker <= 3 * f.changed, "worker fetched {}", f.resubmit_to_worker);
+}
