@@ -659,7 +659,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         output: scan.output,
         blender: scan.blender,
         output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
-        unreal: scan.unreal,
+        unreal: scan.unreal.map(Box::new),
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

@@ -50,7 +50,8 @@ pub struct Project {
 pub fn parse_shots(s: &str) -> Result<Vec<Shot>, String> {
     s.split(',')
         .map(|part| {
-            let bad = || format!("`{part}` is not a shot: expected NAME=FIRST-LAST, e.g. sh010=1-40");
+            let bad =
+                || format!("`{part}` is not a shot: expected NAME=FIRST-LAST, e.g. sh010=1-40");
             let (name, span) = part.trim().split_once('=').ok_or_else(bad)?;
             let (a, b) = span.split_once('-').ok_or_else(bad)?;
             Ok(Shot {
@@ -64,18 +65,17 @@ pub fn parse_shots(s: &str) -> Result<Vec<Shot>, String> {
 
 /// Reads the job from the options and the project folder; refuses a job
 /// whose sequence, map or config is not in `Content/`, naming the asset.
-pub fn scan(
-    uproject: &Path,
-    frames: Option<&str>,
-    o: &UnrealOptions,
-) -> anyhow::Result<Project> {
+pub fn scan(uproject: &Path, frames: Option<&str>, o: &UnrealOptions) -> anyhow::Result<Project> {
     let need = |v: &Option<String>, flag: &str| {
         v.clone()
             .with_context(|| format!("an Unreal project needs {flag}; nothing was uploaded"))
     };
     let level_sequence = need(&o.level_sequence, "--level-sequence /Game/...")?;
     let map = need(&o.map, "--map /Game/...")?;
-    let config = need(&o.mrq_config, "--mrq-config /Game/... (a Movie Render Queue preset)")?;
+    let config = need(
+        &o.mrq_config,
+        "--mrq-config /Game/... (a Movie Render Queue preset)",
+    )?;
     let dir = uproject.parent().unwrap_or(Path::new("."));
     for (what, path, ext) in [
         ("level sequence", &level_sequence, "uasset"),
@@ -113,7 +113,9 @@ pub fn scan(
         warm_up: o.warm_up,
         file_name_format: (o.file_name_format.clone())
             .unwrap_or_else(|| tessera_protocol::unreal::DEFAULT_FILE_NAME_FORMAT.into()),
-        zero_pad: o.zero_pad.unwrap_or(tessera_protocol::unreal::DEFAULT_ZERO_PAD),
+        zero_pad: o
+            .zero_pad
+            .unwrap_or(tessera_protocol::unreal::DEFAULT_ZERO_PAD),
     };
     let output = o.format.unwrap_or(OutputFormat::Png);
     unreal
@@ -152,7 +154,11 @@ fn walk(dir: &Path, rel: &str, out: &mut Vec<SceneFile>) -> anyhow::Result<()> {
         .map(|e| {
             let e = e.with_context(|| format!("cannot list {}", dir.display()))?;
             let name = e.file_name().into_string().map_err(|n| {
-                anyhow::anyhow!("`{}` in {} is not UTF-8", n.to_string_lossy(), dir.display())
+                anyhow::anyhow!(
+                    "`{}` in {} is not UTF-8",
+                    n.to_string_lossy(),
+                    dir.display()
+                )
             })?;
             Ok((name, e.path()))
         })
@@ -227,13 +233,25 @@ mod tests {
         );
         assert_eq!(p.frames, (1..=8).collect::<Vec<_>>());
         o.level_sequence = Some("/Game/Seq/Missing".into());
-        let err = scan(&dir.join("Film.uproject"), None, &o).err().unwrap().to_string();
-        assert!(err.contains("level sequence `/Game/Seq/Missing` is not in the project"), "{err}");
+        let err = scan(&dir.join("Film.uproject"), None, &o)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("level sequence `/Game/Seq/Missing` is not in the project"),
+            "{err}"
+        );
         assert!(err.contains("Content/Seq/Missing.uasset"), "{err}");
         o.level_sequence = Some("/Game/Seq/Main".into());
         o.mrq_config = Some("/Game/Cine/Nope".into());
-        let err = scan(&dir.join("Film.uproject"), None, &o).err().unwrap().to_string();
-        assert!(err.contains("Movie Render Queue config `/Game/Cine/Nope` is not in the project"), "{err}");
+        let err = scan(&dir.join("Film.uproject"), None, &o)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("Movie Render Queue config `/Game/Cine/Nope` is not in the project"),
+            "{err}"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -131,7 +131,10 @@ fn unreal_frame(
         bail!("frame {frame}: the chunk's result does not hold it");
     };
     if f.name != name {
-        bail!("frame {frame}: Movie Render Queue named it `{}`, the job expects `{name}`", f.name);
+        bail!(
+            "frame {frame}: Movie Render Queue named it `{}`, the job expects `{name}`",
+            f.name
+        );
     }
     let magic_ok = match format {
         OutputFormat::Png => f.bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
@@ -139,7 +142,10 @@ fn unreal_frame(
         OutputFormat::Image => false,
     };
     if !magic_ok {
-        bail!("frame {frame}: `{name}` is not a {} file", format.extension());
+        bail!(
+            "frame {frame}: `{name}` is not a {} file",
+            format.extension()
+        );
     }
     Ok(f.bytes)
 }

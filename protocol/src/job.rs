@@ -277,7 +277,7 @@ pub struct JobSpec {
     /// For Unreal jobs: the level sequence, map and Movie Render Queue
     /// config, and how the frames split into shot and chunk tasks.
     #[serde(default)]
-    pub unreal: Option<crate::unreal::UnrealJob>,
+    pub unreal: Option<Box<crate::unreal::UnrealJob>>,
 }
 
 impl JobSpec {

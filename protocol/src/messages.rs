@@ -147,7 +147,7 @@ pub struct JobInfo {
     /// For Blender jobs: which Blender may render it.
     pub blender: Option<BlenderNeeds>,
     /// For Unreal jobs: what Movie Render Queue renders.
-    pub unreal: Option<crate::unreal::UnrealJob>,
+    pub unreal: Option<Box<crate::unreal::UnrealJob>>,
 }
 
 /// One task under one lease.

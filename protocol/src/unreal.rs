@@ -397,9 +397,30 @@ mod tests {
         // first chunk of a shot, and one near its start, from the cut.
         let c = j.chunks(&frames);
         let r = |i: usize| j.render_range(&frames, c[i]);
-        assert_eq!(r(1), RenderRange { from: 2, keep_from: 4, to: 5 });
-        assert_eq!(r(2), RenderRange { from: 6, keep_from: 6, to: 8 });
-        assert_eq!(r(3), RenderRange { from: 7, keep_from: 9, to: 9 });
+        assert_eq!(
+            r(1),
+            RenderRange {
+                from: 2,
+                keep_from: 4,
+                to: 5
+            }
+        );
+        assert_eq!(
+            r(2),
+            RenderRange {
+                from: 6,
+                keep_from: 6,
+                to: 8
+            }
+        );
+        assert_eq!(
+            r(3),
+            RenderRange {
+                from: 7,
+                keep_from: 9,
+                to: 9
+            }
+        );
         // Chunk 0 renders whole shots; a gap in the frames starts a task.
         let whole = job(&[("a", 1, 10)], 0, 4);
         let gap = [1, 2, 3, 7, 8];
@@ -407,14 +428,21 @@ mod tests {
         assert_eq!(c.len(), 2);
         assert_eq!(
             whole.render_range(&gap, c[1]),
-            RenderRange { from: 3, keep_from: 7, to: 8 }
+            RenderRange {
+                from: 3,
+                keep_from: 7,
+                to: 8
+            }
         );
     }
 
     #[test]
     fn frames_are_named_as_mrq_names_them() {
         let mut j = job(&[("sh010", 1, 5)], 0, 0);
-        assert_eq!(j.frame_file_name(&[1], 3, OutputFormat::Png), "Main.0003.png");
+        assert_eq!(
+            j.frame_file_name(&[1], 3, OutputFormat::Png),
+            "Main.0003.png"
+        );
         j.file_name_format = "{sequence_name}_{shot_name}.{frame_number}".into();
         j.zero_pad = 6;
         assert_eq!(
@@ -438,8 +466,10 @@ mod tests {
         assert!(refused(&|j| j.shots[1].first = 5).contains("overlap"));
         assert!(refused(&|j| j.map = "/Engine/Maps/X".into()).contains("map"));
         assert!(refused(&|j| j.config = "/Game/../../etc".into()).contains(".."));
-        assert!(refused(&|j| j.file_name_format = "{camera_name}.{frame_number}".into())
-            .contains("tokens"));
+        assert!(
+            refused(&|j| j.file_name_format = "{camera_name}.{frame_number}".into())
+                .contains("tokens")
+        );
         assert!(refused(&|j| j.file_name_format = "a/{frame_number}".into())
             .contains("file name format"));
         assert!(refused(&|j| j.shots[0].name = "a b".into()).contains("shot name"));
@@ -477,7 +507,9 @@ mod tests {
         }
         let mut long = bytes.clone();
         long.push(0);
-        assert!(Bundle::decode(&long).unwrap_err().contains("after its last"));
+        assert!(Bundle::decode(&long)
+            .unwrap_err()
+            .contains("after its last"));
         let mut huge = bytes[..12].to_vec();
         huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Bundle::decode(&huge).unwrap_err().contains("claims"));

@@ -47,7 +47,10 @@ fn project(dir: &Path, plugins: &[&str]) -> PathBuf {
         "Content/Cine/Config.uasset",
         b"StandInMoviePipelinePrimaryConfig\nformat=png\nfile_name_format={sequence_name}.{frame_number}\nzero_pad=4\nengine_warm_up=2\nrender_warm_up=1\nhistory=4\n",
     );
-    write("Config/DefaultEngine.ini", b"[/Script/Engine.RendererSettings]\n");
+    write(
+        "Config/DefaultEngine.ini",
+        b"[/Script/Engine.RendererSettings]\n",
+    );
     for junk in [
         "Saved/Logs/Film.log",
         "Intermediate/Build/x.bin",
@@ -73,7 +76,11 @@ fn continuous_render(uproject: &Path) -> PathBuf {
         ])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     uproject.parent().unwrap().join("Saved/MovieRenders")
 }
 
@@ -101,7 +108,12 @@ fn unreal_worker(farm: &mut Farm, name: &str, env: &[(&str, &str)]) -> usize {
     let editor = standin();
     farm.add_worker_env(
         name,
-        &["--engine", "unreal", "--unreal-editor", editor.to_str().unwrap()],
+        &[
+            "--engine",
+            "unreal",
+            "--unreal-editor",
+            editor.to_str().unwrap(),
+        ],
         env,
     )
 }
@@ -141,7 +153,11 @@ fn a_three_shot_sequence_split_into_chunks_on_two_workers_equals_the_continuous_
         "Config/DefaultEngine.ini",
     ]
     .iter()
-    .map(|f| std::fs::metadata(farm.dir.join("Film").join(f)).unwrap().len())
+    .map(|f| {
+        std::fs::metadata(farm.dir.join("Film").join(f))
+            .unwrap()
+            .len()
+    })
     .sum();
     assert_eq!(job["bytes_uploaded"].as_u64().unwrap(), travels, "{job}");
     let out = farm.dir.join("out");
@@ -156,8 +172,13 @@ fn a_three_shot_sequence_split_into_chunks_on_two_workers_equals_the_continuous_
     }
     for (i, name) in ["ue-a", "ue-b"].iter().enumerate() {
         let log = farm.log_of(i);
-        assert!(log.contains("task rendered"), "{name} rendered nothing: {log}");
-        let ddc = farm.dir.join(format!("cache-{name}/unreal-ddc/Film/ShaderCache.ddp"));
+        assert!(
+            log.contains("task rendered"),
+            "{name} rendered nothing: {log}"
+        );
+        let ddc = farm
+            .dir
+            .join(format!("cache-{name}/unreal-ddc/Film/ShaderCache.ddp"));
         assert!(ddc.is_file(), "{name} kept no derived data cache");
     }
 }
@@ -173,7 +194,8 @@ fn a_chunk_without_warm_up_differs_from_the_continuous_render_and_with_it_equals
     let plugin = dir.join("Plugins/TesseraMRQ/Content/Python");
     std::fs::create_dir_all(&plugin).unwrap();
     std::fs::copy(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("worker/src/engine/unreal/tessera_mrq_executor.py"),
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("worker/src/engine/unreal/tessera_mrq_executor.py"),
         plugin.join("init_unreal.py"),
     )
     .unwrap();
@@ -214,12 +236,22 @@ fn a_chunk_without_warm_up_differs_from_the_continuous_render_and_with_it_equals
             .env("TESSERA_MRQ_TASK", &task)
             .output()
             .unwrap();
-        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stdout));
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stdout)
+        );
         std::fs::read(out.join("Main.0003.png")).unwrap()
     };
     let want = std::fs::read(reference.join("Main.0003.png")).unwrap();
-    assert!(chunk(3) != want, "a chunk started cold at frame 3 should lack the history");
-    assert!(chunk(1) == want, "warmed up from the cut, frame 3 is the continuous render's");
+    assert!(
+        chunk(3) != want,
+        "a chunk started cold at frame 3 should lack the history"
+    );
+    assert!(
+        chunk(1) == want,
+        "warmed up from the cut, frame 3 is the continuous render's"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -241,7 +273,11 @@ fn the_stand_in_refuses_undocumented_arguments_and_the_adapter_sends_only_docume
         zero_pad: 4,
     };
     let args = tessera_worker::engine::unreal::mrq_arguments(&uproject, &job, (1280, 720));
-    let shown: Vec<(String, &str)> = args.iter().skip(2).map(|a| (a.value.clone(), a.doc)).collect();
+    let shown: Vec<(String, &str)> = args
+        .iter()
+        .skip(2)
+        .map(|a| (a.value.clone(), a.doc))
+        .collect();
     let mrq = tessera_worker::engine::unreal::DOC_MRQ_COMMAND_LINE;
     let cli = tessera_worker::engine::unreal::DOC_COMMAND_LINE;
     let off = tessera_worker::engine::unreal::DOC_RENDER_OFFSCREEN;
@@ -271,7 +307,12 @@ fn the_stand_in_refuses_undocumented_arguments_and_the_adapter_sends_only_docume
     assert_eq!(args[1].value, "/Game/Maps/Main");
     let values: Vec<String> = args.iter().map(|a| a.value.clone()).collect();
     // The documented line with one more argument: refused, naming it.
-    for extra in ["-ExecCmds=py evil.py", "-nosplash", "-MoviePipelineConfig", "--frames=1-3"] {
+    for extra in [
+        "-ExecCmds=py evil.py",
+        "-nosplash",
+        "-MoviePipelineConfig",
+        "--frames=1-3",
+    ] {
         let mut with = values.clone();
         with.push(extra.into());
         let run = Command::new(standin()).args(&with).output().unwrap();
@@ -327,7 +368,10 @@ fn unreal_errors_reach_status_readably_and_a_lost_gpu_is_retried_on_another_work
     // job waits, blocked, with the readable error (a job fails outright
     // when its attempts run out first).
     for (job, says) in [
-        (plugin, "the project needs the plugin `ShotFX`, which this worker's Unreal does not have"),
+        (
+            plugin,
+            "the project needs the plugin `ShotFX`, which this worker's Unreal does not have",
+        ),
         (map, "Unreal could not load the map `/Game/Maps/Main`"),
         (shaders, "while it was still compiling shaders (400 left)"),
     ] {
@@ -346,9 +390,15 @@ fn unreal_errors_reach_status_readably_and_a_lost_gpu_is_retried_on_another_work
     assert_eq!(s["state"], "done", "{s}");
     let logs = farm.json(&["logs", &lost.to_string(), "--json"]);
     let text = logs.to_string();
-    assert!(text.contains("the GPU was lost during the render"), "{text}");
+    assert!(
+        text.contains("the GPU was lost during the render"),
+        "{text}"
+    );
     assert!(text.contains("retried on another worker"), "{text}");
-    assert!(farm.log_of(1).contains("task rendered"), "the good worker rendered nothing");
+    assert!(
+        farm.log_of(1).contains("task rendered"),
+        "the good worker rendered nothing"
+    );
 }
 
 #[test]
@@ -360,8 +410,16 @@ fn an_unreal_project_with_its_map_changed_by_one_percent_sends_about_the_changes
     f.print();
     assert_eq!(f.first_uploaded, f.project_bytes);
     assert!(f.resubmit_uploaded >= f.changed, "edits lost?");
-    assert!(f.resubmit_uploaded <= 3 * f.changed, "resubmit uploaded {}", f.resubmit_uploaded);
+    assert!(
+        f.resubmit_uploaded <= 3 * f.changed,
+        "resubmit uploaded {}",
+        f.resubmit_uploaded
+    );
     assert_eq!(f.first_to_worker, f.project_bytes);
     assert!(f.resubmit_to_worker >= f.changed);
-    assert!(f.resubmit_to_worker <= 3 * f.changed, "worker fetched {}", f.resubmit_to_worker);
+    assert!(
+        f.resubmit_to_worker <= 3 * f.changed,
+        "worker fetched {}",
+        f.resubmit_to_worker
+    );
 }

@@ -64,7 +64,10 @@ fn generate(dir: &Path, mib: u64) -> PathBuf {
     let mut i = 0;
     while left > 0 {
         let n = left.min(64 * MIB);
-        write(&format!("Content/Assets/A{i:03}.uasset"), &noise(n as usize, 100 + i));
+        write(
+            &format!("Content/Assets/A{i:03}.uasset"),
+            &noise(n as usize, 100 + i),
+        );
         left -= n;
         i += 1;
     }
@@ -103,7 +106,12 @@ pub fn resubmit_with_the_map_edited(name: &str, mib: u64) -> Figures {
     let standin = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/unreal_standin.py");
     farm.add_worker_with(
         "ue",
-        &["--engine", "unreal", "--unreal-editor", standin.to_str().unwrap()],
+        &[
+            "--engine",
+            "unreal",
+            "--unreal-editor",
+            standin.to_str().unwrap(),
+        ],
     );
     let submit = |farm: &Farm| {
         farm.json(&[

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use tessera_protocol::job::{sample_range, JobSpec, TileRect};
-use tessera_protocol::unreal::Chunk;
 use tessera_protocol::messages::{JobState, JobStatus, TaskRef, TaskSpec};
+use tessera_protocol::unreal::Chunk;
 
 use crate::scheduler::Millis;
 

@@ -149,8 +149,8 @@ impl Unreal {
             .filter_map(|e| e.ok())
             .map(|e| {
                 let p = e.path();
-                let used = (e.metadata().and_then(|m| m.modified()))
-                    .unwrap_or(std::time::UNIX_EPOCH);
+                let used =
+                    (e.metadata().and_then(|m| m.modified())).unwrap_or(std::time::UNIX_EPOCH);
                 (used, dir_size(&p), p)
             })
             .collect();
@@ -265,7 +265,12 @@ pub fn read_line(state: &mut LogState, line: &str) {
     {
         state.shaders_left = Some(n);
     }
-    let device_lost = ["dxgi_error_device_removed", "dxgi_error_device_hung", "vk_error_device_lost", "gpu crashed or d3d device removed"];
+    let device_lost = [
+        "dxgi_error_device_removed",
+        "dxgi_error_device_hung",
+        "vk_error_device_lost",
+        "gpu crashed or d3d device removed",
+    ];
     if device_lost.iter().any(|p| lower.contains(p)) {
         let what = line.split_once("Error: ").map_or(line, |(_, r)| r);
         state.error = Some(UnrealError::DeviceLost(what.trim().to_string()));
@@ -276,9 +281,13 @@ pub fn read_line(state: &mut LogState, line: &str) {
         state.error.get_or_insert(UnrealError::MissingPlugin(name));
         return;
     }
-    if lower.contains("failed to load map") || lower.contains("failed to load package") && lower.contains("map") {
+    if lower.contains("failed to load map")
+        || lower.contains("failed to load package") && lower.contains("map")
+    {
         let what = line.split_once("Error: ").map_or(line, |(_, r)| r);
-        state.error.get_or_insert(UnrealError::MapLoad(what.trim().to_string()));
+        state
+            .error
+            .get_or_insert(UnrealError::MapLoad(what.trim().to_string()));
     }
 }
 
@@ -295,8 +304,13 @@ impl Engine for Unreal {
         progress: &(dyn Fn(u32, u32) + Sync),
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
-        let unreal = job.unreal.as_ref().context("an Unreal job without its sequence")?;
-        let chunk = task.unreal.context("an Unreal task without its frame chunk")?;
+        let unreal = job
+            .unreal
+            .as_ref()
+            .context("an Unreal job without its sequence")?;
+        let chunk = task
+            .unreal
+            .context("an Unreal task without its frame chunk")?;
         let range = chunk.range;
         anyhow::ensure!(
             range.from <= range.keep_from && range.keep_from <= range.to,
@@ -339,8 +353,14 @@ impl Engine for Unreal {
             .with_context(|| format!("cannot start Unreal ({})", self.editor.display()))?;
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let readers: Vec<_> = [
-            child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stdout
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+            child
+                .stderr
+                .take()
+                .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
         ]
         .into_iter()
         .flatten()
@@ -464,7 +484,8 @@ fn collect(
             ))
             .into());
         }
-        let bytes = std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
+        let bytes =
+            std::fs::read(&path).with_context(|| format!("cannot read {}", path.display()))?;
         frames.push(BundleFrame { frame, name, bytes });
     }
     Ok(Bundle { frames }.encode())
@@ -486,7 +507,10 @@ fn install_executor(job_dir: &Path) -> anyhow::Result<()> {
             {"Name": "PythonScriptPlugin", "Enabled": true}
         ]
     });
-    std::fs::write(dir.join("TesseraMRQ.uplugin"), serde_json::to_vec_pretty(&uplugin)?)?;
+    std::fs::write(
+        dir.join("TesseraMRQ.uplugin"),
+        serde_json::to_vec_pretty(&uplugin)?,
+    )?;
     std::fs::write(py.join("init_unreal.py"), EXECUTOR_PY)?;
     Ok(())
 }
@@ -517,14 +541,27 @@ mod tests {
         assert_eq!(s.written, vec![(4, "/x/Main.0004.png".to_string())]);
         assert_eq!(s.finished, Some(true));
         assert_eq!(s.error, None);
-        let lost = read(&["LogVulkanRHI: Error: VulkanRHI::vkQueueSubmit failed with VK_ERROR_DEVICE_LOST"]);
+        let lost = read(&[
+            "LogVulkanRHI: Error: VulkanRHI::vkQueueSubmit failed with VK_ERROR_DEVICE_LOST",
+        ]);
         assert!(matches!(lost.error, Some(UnrealError::DeviceLost(_))));
         let d3d = read(&["LogD3D12RHI: Error: GPU crashed or D3D Device Removed."]);
         assert!(matches!(d3d.error, Some(UnrealError::DeviceLost(_))));
         let plugin = read(&["LogPluginManager: Error: Unable to find plugin 'ShotFX' (referenced via Film.uproject). Install it and try again, or remove it from the required plugin list."]);
-        assert_eq!(plugin.error, Some(UnrealError::MissingPlugin("ShotFX".into())));
-        assert!(plugin.error.unwrap().message("/Game/M").contains("plugin `ShotFX`"));
+        assert_eq!(
+            plugin.error,
+            Some(UnrealError::MissingPlugin("ShotFX".into()))
+        );
+        assert!(plugin
+            .error
+            .unwrap()
+            .message("/Game/M")
+            .contains("plugin `ShotFX`"));
         let map = read(&["LogMovieRenderPipeline: Error: Failed to load map /Game/Maps/Main"]);
-        assert!(map.error.unwrap().message("/Game/Maps/Main").contains("could not load the map `/Game/Maps/Main`"));
+        assert!(map
+            .error
+            .unwrap()
+            .message("/Game/Maps/Main")
+            .contains("could not load the map `/Game/Maps/Main`"));
     }
 }
