@@ -154,6 +154,19 @@ impl UnrealJob {
         }
     }
 
+    /// The frames chunk `chunk` keeps, each with the file name MRQ gives it.
+    pub fn expected_frames(
+        &self,
+        frames: &[u32],
+        chunk: Chunk,
+        format: OutputFormat,
+    ) -> Vec<(u32, String)> {
+        let kept = &frames[chunk.first_pos as usize..(chunk.first_pos + chunk.len) as usize];
+        (kept.iter())
+            .map(|&f| (f, self.file_name_in_shot(chunk.shot, f, format)))
+            .collect()
+    }
+
     /// The shot's name for `{shot_name}`: the shot's own, or the sequence's.
     pub fn shot_name(&self, shot: usize) -> &str {
         match self.shots.get(shot) {
@@ -314,6 +327,36 @@ impl Bundle {
             out.extend_from_slice(&f.bytes);
         }
         out
+    }
+
+    /// Checks a chunk task's bundle against what the task asked for: the
+    /// frames `expected` (frame, the job's file name for it), each once, in
+    /// order, each file in `format` (its signature).
+    pub fn check(&self, expected: &[(u32, String)], format: OutputFormat) -> Result<(), String> {
+        if self.frames.len() != expected.len() {
+            return Err(format!(
+                "the bundle holds {} frames; the chunk has {}",
+                self.frames.len(),
+                expected.len()
+            ));
+        }
+        for (f, (frame, name)) in self.frames.iter().zip(expected) {
+            if f.frame != *frame || f.name != *name {
+                return Err(format!(
+                    "the bundle holds frame {} as `{}` where frame {frame} as `{name}` was due",
+                    f.frame, f.name
+                ));
+            }
+            let signed = match format {
+                OutputFormat::Png => f.bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+                OutputFormat::Exr => f.bytes.starts_with(&[0x76, 0x2f, 0x31, 0x01]),
+                OutputFormat::Image => false,
+            };
+            if !signed {
+                return Err(format!("`{name}` is not a {} file", format.extension()));
+            }
+        }
+        Ok(())
     }
 
     pub fn is_bundle(bytes: &[u8]) -> bool {
@@ -510,6 +553,31 @@ mod tests {
         assert!(Bundle::decode(&long)
             .unwrap_err()
             .contains("after its last"));
+        let due = |n: &str| vec![(4, "Main.0004.png".to_string()), (5, n.to_string())];
+        let png = |b: &mut Bundle| {
+            for f in &mut b.frames {
+                f.bytes = b"\x89PNG\r\n\x1a\nrest".to_vec();
+            }
+        };
+        let mut good = b.clone();
+        png(&mut good);
+        assert_eq!(good.check(&due("Main.0005.png"), OutputFormat::Png), Ok(()));
+        assert!(good
+            .check(&due("Other.0005.png"), OutputFormat::Png)
+            .unwrap_err()
+            .contains("where frame 5 as `Other.0005.png` was due"));
+        assert!(good
+            .check(&due("Main.0005.png"), OutputFormat::Exr)
+            .unwrap_err()
+            .contains("not a exr"));
+        assert!(
+            b.check(&due("Main.0005.png"), OutputFormat::Png).is_err(),
+            "no PNG signature"
+        );
+        assert!(good
+            .check(&due("x")[..1], OutputFormat::Png)
+            .unwrap_err()
+            .contains("holds 2 frames"));
         let mut huge = bytes[..12].to_vec();
         huge[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
         assert!(Bundle::decode(&huge).unwrap_err().contains("claims"));

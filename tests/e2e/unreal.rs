@@ -84,6 +84,20 @@ fn continuous_render(uproject: &Path) -> PathBuf {
     uproject.parent().unwrap().join("Saved/MovieRenders")
 }
 
+/// The stand-in project's sequence, map and config as a job names them.
+fn standin_job() -> tessera_protocol::unreal::UnrealJob {
+    tessera_protocol::unreal::UnrealJob {
+        level_sequence: "/Game/Seq/Main".into(),
+        map: "/Game/Maps/Main".into(),
+        config: "/Game/Cine/Config".into(),
+        shots: vec![],
+        chunk: 0,
+        warm_up: 0,
+        file_name_format: "{sequence_name}.{frame_number}".into(),
+        zero_pad: 4,
+    }
+}
+
 fn submit(farm: &Farm, uproject: &Path, extra: &[&str]) -> Value {
     let mut args = vec![
         "submit",
@@ -214,23 +228,11 @@ fn a_chunk_without_warm_up_differs_from_the_continuous_render_and_with_it_equals
             .to_string(),
         )
         .unwrap();
-        let args: Vec<String> = tessera_worker::engine::unreal::mrq_arguments(
-            &uproject,
-            &tessera_protocol::unreal::UnrealJob {
-                level_sequence: "/Game/Seq/Main".into(),
-                map: "/Game/Maps/Main".into(),
-                config: "/Game/Cine/Config".into(),
-                shots: vec![],
-                chunk: 0,
-                warm_up: 0,
-                file_name_format: "{sequence_name}.{frame_number}".into(),
-                zero_pad: 4,
-            },
-            (24, 16),
-        )
-        .into_iter()
-        .map(|a| a.value)
-        .collect();
+        let args: Vec<String> =
+            tessera_worker::engine::unreal::mrq_arguments(&uproject, &standin_job(), (24, 16))
+                .into_iter()
+                .map(|a| a.value)
+                .collect();
         let run = Command::new(standin())
             .args(&args)
             .env("TESSERA_MRQ_TASK", &task)
@@ -262,16 +264,7 @@ fn the_stand_in_refuses_undocumented_arguments_and_the_adapter_sends_only_docume
     let dir = std::env::temp_dir().join(format!("tessera-standin-args-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     let uproject = project(&dir, &[]);
-    let job = tessera_protocol::unreal::UnrealJob {
-        level_sequence: "/Game/Seq/Main".into(),
-        map: "/Game/Maps/Main".into(),
-        config: "/Game/Cine/Config".into(),
-        shots: vec![],
-        chunk: 0,
-        warm_up: 0,
-        file_name_format: "{sequence_name}.{frame_number}".into(),
-        zero_pad: 4,
-    };
+    let job = standin_job();
     let args = tessera_worker::engine::unreal::mrq_arguments(&uproject, &job, (1280, 720));
     let shown: Vec<(String, &str)> = args
         .iter()

@@ -9,23 +9,9 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::harness::Farm;
+use crate::harness::{noise, Farm};
 
 const MIB: u64 = 1 << 20;
-
-/// Deterministic bytes that do not repeat (xorshift64), from `seed`.
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// What one run measured.
 pub struct Figures {

@@ -316,6 +316,22 @@ impl FarmCore {
         Some((rect, job.tasks_per_frame == 1))
     }
 
+    /// For a chunk task of an Unreal job: the frames its bundle must hold,
+    /// each with the job's name for it, and their format.
+    pub fn expected_bundle(
+        &self,
+        task: TaskRef,
+    ) -> Option<(Vec<(u32, String)>, tessera_protocol::job::OutputFormat)> {
+        let job = self.jobs.get(&task.job)?;
+        let chunk = *job.chunks.as_ref()?.get(task.index as usize)?;
+        let spec = &job.spec;
+        let unreal = spec.unreal.as_ref()?;
+        Some((
+            unreal.expected_frames(&spec.frames, chunk, spec.output),
+            spec.output,
+        ))
+    }
+
     /// A result whose output is not what its task asked for (wrong
     /// dimensions, too large, not stored): refused, and counted as a
     /// failed attempt of that worker, so the task is retried elsewhere and

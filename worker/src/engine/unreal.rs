@@ -435,7 +435,10 @@ impl Engine for Unreal {
             return Err(fail(why).into());
         }
         if let Some(e) = &state.error {
-            return Err(fail(e.message(&unreal.map)).into());
+            let mut failure = fail(e.message(&unreal.map));
+            // A plugin this engine lacks: give this worker no more of the job.
+            failure.unsupported = matches!(e, UnrealError::MissingPlugin(_));
+            return Err(failure.into());
         }
         if !status.success() || state.finished != Some(true) {
             let message = match state.shaders_left {
