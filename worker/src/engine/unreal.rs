@@ -436,8 +436,12 @@ impl Engine for Unreal {
         }
         if let Some(e) = &state.error {
             let mut failure = fail(e.message(&unreal.map));
-            // A plugin this engine lacks: give this worker no more of the job.
-            failure.unsupported = matches!(e, UnrealError::MissingPlugin(_));
+            // A plugin this engine lacks, or a GPU that was lost: give this
+            // worker no more of the job, so the task is retried on another.
+            failure.unsupported = matches!(
+                e,
+                UnrealError::MissingPlugin(_) | UnrealError::DeviceLost(_)
+            );
             return Err(failure.into());
         }
         if !status.success() || state.finished != Some(true) {
