@@ -340,6 +340,9 @@ impl Engine for Unreal {
         std::fs::write(&task_file, serde_json::to_vec_pretty(&spec)?)?;
         let ddc = self.ddc_for(&project);
         std::fs::create_dir_all(&ddc)?;
+        // Used now: its folder's time orders the caches for eviction.
+        let _ =
+            std::fs::File::open(&ddc).and_then(|f| f.set_modified(std::time::SystemTime::now()));
         let args = mrq_arguments(&project, unreal, job.resolution);
         let mut child = Command::new(&self.editor)
             .args(args.iter().map(|a| &a.value))
@@ -532,6 +535,34 @@ mod tests {
             read_line(&mut s, l);
         }
         s
+    }
+
+    #[test]
+    fn derived_data_caches_are_kept_per_project_under_the_cap_least_recently_used_first() {
+        let root = std::env::temp_dir().join(format!("tessera-ddc-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let engine = Unreal::new("UnrealEditor-Cmd".into(), &root, Some(250_000));
+        let ddc = |name: &str, bytes: usize| {
+            let dir = engine.ddc_for(Path::new(&format!("/p/{name}.uproject")));
+            std::fs::create_dir_all(dir.join("sub")).unwrap();
+            std::fs::write(dir.join("sub/a.ddp"), vec![0u8; bytes]).unwrap();
+            // Modification times a second apart: oldest first.
+            std::thread::sleep(Duration::from_millis(1100));
+            dir
+        };
+        let old = ddc("Old Film", 100_000);
+        let mid = ddc("Mid", 100_000);
+        let now = ddc("Now", 100_000);
+        assert!(old.ends_with("unreal-ddc/Old_Film"));
+        engine.trim_ddcs(&now);
+        assert!(!old.exists(), "the least recently used cache stays");
+        assert!(mid.exists() && now.exists());
+        assert_eq!(dir_size(&root.join("unreal-ddc")), 200_000);
+        // The one in use is never removed, even alone above the cap.
+        let big = Unreal::new("x".into(), &root, Some(1));
+        big.trim_ddcs(&now);
+        assert!(now.exists() && !mid.exists());
+        let _ = std::fs::remove_dir_all(&root);
     }
 
     #[test]
