@@ -416,3 +416,76 @@ fn an_unreal_project_with_its_map_changed_by_one_percent_sends_about_the_changes
         f.resubmit_to_worker
     );
 }
+
+/// A hostile worker offering Unreal answers a chunk task with a bundle
+/// whose second frame carries another name: refused before a byte is
+/// stored, counted as its failed attempt; the stand-in worker then renders
+/// the chunk, and the frames are the continuous render's.
+#[test]
+#[ignore = "needs python3"]
+fn a_bundle_with_frames_the_chunk_did_not_ask_for_is_refused_and_rendered_elsewhere() {
+    use tessera_protocol::messages::{CoordMsg, WorkerMsg};
+    use tessera_protocol::unreal::{Bundle, BundleFrame};
+    use tessera_protocol::Digest;
+
+    use crate::hostile::{blob_files, runtime, ticket};
+    use crate::hostile_worker::rogue;
+    require(Need::Python3);
+    let mut farm = Farm::start("unreal-rogue", &[]);
+    let uproject = project(&farm.dir.join("Film"), &[]);
+    let reference = continuous_render(&uproject);
+    let rt = runtime();
+    let mut info = rogue::info(1, 0.0);
+    info.engines = vec![tessera_protocol::job::Engine::Unreal];
+    let mut s = rt.block_on(rogue::join(&ticket(&farm, "worker.ticket"), "rogue", info));
+    farm.wait_workers(1);
+    let job = submit(&farm, &uproject, &["--frames", "1-2"]);
+    assert_eq!(job["tasks_total"], 1, "{job}");
+    let before = blob_files(&farm);
+    let png = std::fs::read(reference.join("Main.0001.png")).unwrap();
+    let reason = rt.block_on(async {
+        let spec = rogue::assignment(&mut s).await;
+        let frame = |frame: u32, name: &str| BundleFrame {
+            frame,
+            name: name.into(),
+            bytes: png.clone(),
+        };
+        let bundle = Bundle {
+            frames: vec![frame(1, "Main.0001.png"), frame(2, "Evil.0002.png")],
+        }
+        .encode();
+        let done = WorkerMsg::Done {
+            task: spec.task,
+            output: Digest::of(&bundle),
+            render_ms: 1,
+            inline: Some(bundle),
+        };
+        s.control.send(&done).await.unwrap();
+        loop {
+            if let Some(CoordMsg::Ack {
+                task,
+                accepted,
+                reason,
+            }) = rogue::next(&mut s).await
+            {
+                if task == spec.task {
+                    assert!(!accepted, "a bundle with a wrong frame was accepted");
+                    return reason.unwrap_or_default();
+                }
+            }
+        }
+    });
+    assert!(reason.contains("`Evil.0002.png`"), "{reason}");
+    assert_eq!(blob_files(&farm), before, "the refused bundle was stored");
+    drop(s);
+    unreal_worker(&mut farm, "ue", &[]);
+    let out = farm.dir.join("out");
+    farm.wait_done(job["id"].as_u64().unwrap(), &out);
+    for name in ["Main.0001.png", "Main.0002.png"] {
+        let got = std::fs::read(out.join(name)).unwrap();
+        assert!(
+            got == std::fs::read(reference.join(name)).unwrap(),
+            "{name}"
+        );
+    }
+}
