@@ -44,6 +44,7 @@ Markers make it fail the way Unreal does (the adapter reads the log lines):
   "Shaders left to compile N" every 0.2 s until done, unless the derived
   data cache (UE-LocalDataCachePath) already holds them; with
   `Content/StandIn/ShaderCompileCrash` it exits mid-compile;
+- `Content/StandIn/Hang`: prints nothing more for a minute;
 - `Content/StandIn/DeviceLost` naming a GPU: on a machine whose
   STANDIN_GPU is that name, VK_ERROR_DEVICE_LOST after the first frame.
 """
@@ -253,6 +254,8 @@ def main():
         if ddc:
             os.makedirs(ddc, exist_ok=True)
             open(os.path.join(ddc, "ShaderCache.ddp"), "w").write("compiled\n")
+    if os.path.isfile(os.path.join(marker, "Hang")):
+        time.sleep(60)  # silent: a hung engine (until the adapter stops it)
     lost_on = None
     lost_file = os.path.join(marker, "DeviceLost")
     if os.path.isfile(lost_file):

@@ -322,8 +322,14 @@ fn unreal_errors_reach_status_readably_and_a_lost_gpu_is_retried_on_another_work
     require(Need::Python3);
     let mut farm = Farm::start("unreal-errors", &[]);
     // A worker whose (stand-in) GPU is lost mid-render, and a healthy one.
-    unreal_worker(&mut farm, "ue-badgpu", &[("STANDIN_GPU", "badgpu")]);
-    unreal_worker(&mut farm, "ue-good", &[]);
+    // Silence for 2 s counts as a hang here (10 minutes by default).
+    let silence = ("TESSERA_UNREAL_SILENCE_MS", "2000");
+    unreal_worker(
+        &mut farm,
+        "ue-badgpu",
+        &[("STANDIN_GPU", "badgpu"), silence],
+    );
+    unreal_worker(&mut farm, "ue-good", &[silence]);
     farm.wait_workers(2);
     let case = |name: &str, tweak: &dyn Fn(&Path), plugins: &[&str]| {
         let dir = farm.dir.join(name);
@@ -352,6 +358,11 @@ fn unreal_errors_reach_status_readably_and_a_lost_gpu_is_retried_on_another_work
         },
         &[],
     );
+    let hung = case(
+        "hung",
+        &|d| std::fs::write(d.join("Content/StandIn/Hang"), "").unwrap(),
+        &[],
+    );
     let ended = |job: u64| {
         farm.wait_for(job, "the job to end", |s| {
             matches!(s["state"].as_str(), Some("done" | "failed"))
@@ -367,6 +378,10 @@ fn unreal_errors_reach_status_readably_and_a_lost_gpu_is_retried_on_another_work
         ),
         (map, "Unreal could not load the map `/Game/Maps/Main`"),
         (shaders, "while it was still compiling shaders (400 left)"),
+        (
+            hung,
+            "Unreal printed nothing for 2 s and was stopped as hung",
+        ),
     ] {
         let said = |s: &Value| {
             [&s["error"], &s["blocked"]]
