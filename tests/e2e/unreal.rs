@@ -313,6 +313,20 @@ fn the_stand_in_refuses_undocumented_arguments_and_the_adapter_sends_only_docume
         let said = String::from_utf8_lossy(&run.stdout);
         assert!(said.contains("undocumented argument"), "{extra}: {said}");
     }
+    // Tessera's executor (which only a real Unreal runs) is at least
+    // valid Python.
+    let executor = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("worker/src/engine/unreal/tessera_mrq_executor.py");
+    let parse = Command::new("python3")
+        .args(["-c", "import ast, sys; ast.parse(open(sys.argv[1]).read())"])
+        .arg(&executor)
+        .output()
+        .unwrap();
+    assert!(
+        parse.status.success(),
+        "{}",
+        String::from_utf8_lossy(&parse.stderr)
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
