@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
