@@ -326,6 +326,8 @@ pub struct SubmitOptions {
     /// for the dependency scan when this machine's Blender cannot read
     /// the file.
     pub blender_python: Option<PathBuf>,
+    /// For a `.uproject`: the sequence, map and config, and the split.
+    pub unreal: crate::uproject::UnrealOptions,
 }
 
 /// A scene file and everything it references, ready to hash.
@@ -344,6 +346,7 @@ struct Scan {
     warnings: Vec<String>,
     /// The scene's frame-name template, if it names its frames.
     output_name: Option<String>,
+    unreal: Option<tessera_protocol::unreal::UnrealJob>,
 }
 
 pub(crate) struct SceneFile {
@@ -386,8 +389,9 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
         Some(e) => e,
         None if file_name.ends_with(".blend") => Engine::Blender,
         None if file_name.ends_with(".json") => Engine::Builtin,
+        None if file_name.ends_with(".uproject") => Engine::Unreal,
         None => bail!(
-            "`{}`: unknown scene type (expected a .blend or a builtin *.scene.json file)",
+            "`{}`: unknown scene type (expected a .blend, an Unreal .uproject or a builtin *.scene.json file)",
             path.display()
         ),
     };
@@ -427,10 +431,26 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 blender: None,
                 warnings: Vec::new(),
                 output_name: None,
+                unreal: None,
             })
         }
         Engine::Blender => scan_blend(opts, path, file_name),
-        Engine::Unreal => bail!("the unreal engine is not supported by this build"),
+        Engine::Unreal => {
+            let p = crate::uproject::scan(path, opts.frames.as_deref(), &opts.unreal)?;
+            Ok(Scan {
+                engine,
+                frames: p.frames,
+                samples: 1,
+                resolution: p.resolution,
+                output: p.output,
+                sample_ranges: 1,
+                files: p.files,
+                blender: None,
+                warnings: Vec::new(),
+                output_name: None,
+                unreal: Some(p.unreal),
+            })
+        }
     }
 }
 
@@ -567,6 +587,7 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         blender: Some(needs),
         warnings,
         output_name: s.output_name.clone(),
+        unreal: None,
     })
 }
 
@@ -638,6 +659,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         output: scan.output,
         blender: scan.blender,
         output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
+        unreal: scan.unreal.map(Box::new),
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

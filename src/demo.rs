@@ -177,6 +177,7 @@ pub async fn run(
         progress: true,
         blender: None,
         blender_python: None,
+        unreal: Default::default(),
     };
     let started = Instant::now();
     let submitted = client::submit(&mut client, &opts).await?.status;

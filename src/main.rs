@@ -10,6 +10,7 @@ mod progress;
 mod report;
 mod shown;
 mod unpack;
+mod uproject;
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -176,6 +177,10 @@ enum Command {
         /// For benchmarks: milliseconds each task of the noop engine takes.
         #[arg(long, hide = true, default_value_t = 0)]
         noop_ms: u64,
+        /// Unreal's `UnrealEditor-Cmd` (for `--engine unreal`, or offered
+        /// beside the others with `auto`): renders Movie Render Queue jobs.
+        #[arg(long)]
+        unreal_editor: Option<PathBuf>,
     },
     /// Submit a scene: uploads what the farm lacks, then queues the job.
     Submit {
@@ -235,6 +240,8 @@ enum Command {
         /// path names them, e.g. sh010_0001.exr) or `frame` (frame_0001.EXT).
         #[arg(long, default_value = "scene", value_parser = ["scene", "frame"])]
         frame_names: String,
+        #[command(flatten)]
+        unreal: UnrealArgs,
         #[command(flatten)]
         ticket: TicketArg,
     },
@@ -327,6 +334,58 @@ enum Command {
         #[arg(long)]
         builtin: bool,
     },
+}
+
+/// `submit X.uproject`: what Movie Render Queue renders, and how it splits.
+#[derive(clap::Args)]
+struct UnrealArgs {
+    /// Unreal: the level sequence to render (/Game/...).
+    #[arg(long)]
+    level_sequence: Option<String>,
+    /// Unreal: the map to load (/Game/...).
+    #[arg(long)]
+    map: Option<String>,
+    /// Unreal: the Movie Render Queue preset (a MoviePipelinePrimaryConfig, /Game/...).
+    #[arg(long)]
+    mrq_config: Option<String>,
+    /// Unreal: the sequence's shots (camera cuts), e.g. sh010=1-40,sh020=41-90;
+    /// each is a task, or several with --chunk.
+    #[arg(long)]
+    shots: Option<String>,
+    /// Unreal: frames per task (0: one task per shot).
+    #[arg(long, default_value_t = 0)]
+    chunk: u32,
+    /// Unreal: frames rendered and thrown away before a chunk that starts
+    /// inside a shot, so its first frame has a continuous render's history.
+    #[arg(long, default_value_t = 8)]
+    warm_up: u32,
+    /// Unreal: the image format the preset writes (png or exr).
+    #[arg(long, value_parser = parse_mrq_format)]
+    mrq_format: Option<tessera_protocol::job::OutputFormat>,
+    /// Unreal: the preset's File Name Format (default MRQ's own,
+    /// {sequence_name}.{frame_number}).
+    #[arg(long)]
+    mrq_file_name_format: Option<String>,
+    /// Unreal: the preset's Zero Pad Frame Numbers (default 4).
+    #[arg(long)]
+    mrq_zero_pad: Option<u32>,
+    /// Unreal: the output resolution, WxH (default 1920x1080).
+    #[arg(long, value_parser = parse_resolution)]
+    resolution: Option<(u32, u32)>,
+}
+
+fn parse_mrq_format(s: &str) -> Result<tessera_protocol::job::OutputFormat, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "png" => Ok(tessera_protocol::job::OutputFormat::Png),
+        "exr" => Ok(tessera_protocol::job::OutputFormat::Exr),
+        _ => Err(format!("`{s}`: Tessera collects png or exr frames")),
+    }
+}
+
+fn parse_resolution(s: &str) -> Result<(u32, u32), String> {
+    let bad = || format!("`{s}` is not a resolution: expected WxH, e.g. 1920x1080");
+    let (w, h) = s.split_once(['x', 'X']).ok_or_else(bad)?;
+    Ok((w.parse().map_err(|_| bad())?, h.parse().map_err(|_| bad())?))
 }
 
 /// What a client does to workers besides rendering with them.
@@ -511,6 +570,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             drain_grace,
             noop_ms,
             interruptible,
+            unreal_editor,
         } => {
             // Required by clap unless a subcommand is given.
             let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
@@ -536,7 +596,18 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let blenders: Vec<PathBuf> = (blenders.into_iter())
                 .filter(|b| b.as_os_str() != "auto")
                 .collect();
+            let name = name.unwrap_or_else(|| {
+                let host =
+                    std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "worker".into());
+                format!("{}-{}", host.trim(), std::process::id())
+            });
+            let cache_dir = cache_dir.unwrap_or_else(|| default_cache_dir(&name));
+            let unreal = unreal_editor.map(|editor| {
+                Arc::new(engine::unreal::Unreal::new(editor, &cache_dir, cache_max))
+                    as Arc<dyn engine::Engine>
+            });
             let (engines, blender_engine) = worker_engines(EngineChoice {
+                unreal,
                 choice: &engine,
                 threads,
                 slots,
@@ -557,12 +628,6 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 ),
                 (false, _) => None,
             };
-            let name = name.unwrap_or_else(|| {
-                let host =
-                    std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "worker".into());
-                format!("{}-{}", host.trim(), std::process::id())
-            });
-            let cache_dir = cache_dir.unwrap_or_else(|| default_cache_dir(&name));
             let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
             tokio::spawn(async move {
                 shutdown_signal().await;
@@ -601,6 +666,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             blender,
             blender_python,
             frame_names,
+            unreal,
             ticket,
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -619,6 +685,18 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 progress: !json,
                 blender,
                 blender_python,
+                unreal: uproject::UnrealOptions {
+                    level_sequence: unreal.level_sequence,
+                    map: unreal.map,
+                    mrq_config: unreal.mrq_config,
+                    shots: unreal.shots,
+                    chunk: unreal.chunk,
+                    warm_up: unreal.warm_up,
+                    format: unreal.mrq_format,
+                    file_name_format: unreal.mrq_file_name_format,
+                    zero_pad: unreal.mrq_zero_pad,
+                    resolution: unreal.resolution,
+                },
             };
             let mut client = Client::connect(&ticket).await?;
             let client::Submitted { status, warnings } = client::submit(&mut client, &opts).await?;
@@ -830,6 +908,8 @@ struct EngineChoice<'a> {
     noop_ms: u64,
     /// `--blender auto`: offer the stored builds, even with no Blender here.
     auto: bool,
+    /// `--unreal-editor`: Movie Render Queue through this Unreal.
+    unreal: Option<Arc<dyn engine::Engine>>,
 }
 
 /// `--price-per-hour`: finite and at least 0 (NaN, inf and negative
@@ -1000,6 +1080,7 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Engines> {
                 Some(b) => engines.insert(0, b),
                 None => tracing::info!("blender not found (set TESSERA_BLENDER or install it); not offering the blender engine"),
             }
+            engines.extend(c.unreal.clone());
             engines
         }
         "builtin" => vec![builtin()],
@@ -1009,7 +1090,9 @@ fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Engines> {
         "noop" => vec![Arc::new(engine::Noop {
             per_task: std::time::Duration::from_millis(c.noop_ms),
         }) as Arc<dyn engine::Engine>],
-        "unreal" => anyhow::bail!("the unreal engine is not supported by this build yet"),
+        "unreal" => vec![c.unreal.clone().context(
+            "--engine unreal needs --unreal-editor PATH (Unreal's UnrealEditor-Cmd)",
+        )?],
         other => anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)"),
     };
     Ok((engines, blender_engine))

@@ -66,7 +66,10 @@ impl StoredJob {
             priority: self.spec.priority,
             frames_total: self.spec.frames.len() as u32,
             frames_done: counts.frames_done,
-            tasks_total: tasks_per_frame * self.spec.frames.len() as u32,
+            tasks_total: match &self.spec.unreal {
+                Some(u) => u.chunks(&self.spec.frames).len() as u32,
+                None => tasks_per_frame * self.spec.frames.len() as u32,
+            },
             tasks_done: counts.tasks_done,
             tasks_running: 0,
             bytes_uploaded: self.bytes_uploaded,
@@ -681,6 +684,7 @@ mod tests {
             output: OutputFormat::Png,
             blender: None,
             output_name: None,
+            unreal: None,
         }
     }
 

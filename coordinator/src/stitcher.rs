@@ -44,6 +44,18 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
         return Ok(());
     };
     let frame = spec.frames[frame_pos];
+    if let Some(unreal) = &spec.unreal {
+        let task = shared
+            .read(|core, _| core.chunk_task(job_id, frame_pos))
+            .with_context(|| format!("frame {frame} is in none of the job's chunks"))?;
+        let outputs = shared.db().result_range(job_id, task, 1)?;
+        let output = outputs.first().with_context(|| {
+            format!("frame {frame}: the result of chunk task {task} is not stored")
+        })?;
+        let name = unreal.frame_file_name(&spec.frames, frame, spec.output);
+        let image = unreal_frame(&shared.store.get(output)?, frame, &name, spec.output)?;
+        return store_frame(shared, job_id, frame_pos, frame, &image);
+    }
     let first = frame_pos as u32 * per_frame;
     let outputs = shared.db().result_range(job_id, first, per_frame)?;
     if outputs.len() != per_frame as usize {
@@ -101,7 +113,51 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
             .collect();
         stitch::stitch_png(w, h, &pngs).with_context(|| format!("frame {frame}"))?
     };
-    let digest = shared.store.put_bytes(&image)?;
+    store_frame(shared, job_id, frame_pos, frame, &image)
+}
+
+/// Takes frame `frame` out of a chunk task's bundle: the file Movie Render
+/// Queue wrote, under the name its config gives it, in the job's format.
+fn unreal_frame(
+    bundle: &[u8],
+    frame: u32,
+    name: &str,
+    format: OutputFormat,
+) -> anyhow::Result<Vec<u8>> {
+    let bundle = tessera_protocol::unreal::Bundle::decode(bundle)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("frame {frame}"))?;
+    let Some(f) = bundle.frames.into_iter().find(|f| f.frame == frame) else {
+        bail!("frame {frame}: the chunk's result does not hold it");
+    };
+    if f.name != name {
+        bail!(
+            "frame {frame}: Movie Render Queue named it `{}`, the job expects `{name}`",
+            f.name
+        );
+    }
+    let magic_ok = match format {
+        OutputFormat::Png => f.bytes.starts_with(b"\x89PNG\r\n\x1a\n"),
+        OutputFormat::Exr => exr::is_exr(&f.bytes),
+        OutputFormat::Image => false,
+    };
+    if !magic_ok {
+        bail!(
+            "frame {frame}: `{name}` is not a {} file",
+            format.extension()
+        );
+    }
+    Ok(f.bytes)
+}
+
+fn store_frame(
+    shared: &Arc<Shared>,
+    job_id: u64,
+    frame_pos: usize,
+    frame: u32,
+    image: &[u8],
+) -> anyhow::Result<()> {
+    let digest = shared.store.put_bytes(image)?;
     shared.db().insert_frame(
         job_id,
         &StoredFrame {

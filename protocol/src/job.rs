@@ -274,6 +274,10 @@ pub struct JobSpec {
     /// one; frames are then named by [`frame_file_name`].
     #[serde(default)]
     pub output_name: Option<String>,
+    /// For Unreal jobs: the level sequence, map and Movie Render Queue
+    /// config, and how the frames split into shot and chunk tasks.
+    #[serde(default)]
+    pub unreal: Option<Box<crate::unreal::UnrealJob>>,
 }
 
 impl JobSpec {
@@ -322,6 +326,18 @@ impl JobSpec {
                 "--sample-ranges {} is out of range: at most {MAX_SAMPLE_RANGES} sample ranges per tile",
                 self.sample_ranges
             ));
+        }
+        if let Some(unreal) = &self.unreal {
+            if self.engine != Engine::Unreal || (cols, rows) != (1, 1) || self.sample_ranges != 1 {
+                return Err(
+                    "an Unreal job renders whole frames: no --tiles or --sample-ranges".into(),
+                );
+            }
+            unreal.check(&self.frames, self.output)?;
+            return Ok(unreal.chunks(&self.frames).len() as u64);
+        }
+        if self.engine == Engine::Unreal {
+            return Err("an Unreal job needs its level sequence, map and config".into());
         }
         let tasks = u64::from(cols)
             * u64::from(rows)
@@ -477,6 +493,7 @@ mod tests {
             output: OutputFormat::Png,
             blender: None,
             output_name: None,
+            unreal: None,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

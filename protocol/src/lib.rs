@@ -18,5 +18,6 @@ pub mod telemetry;
 pub mod text;
 pub mod ticket;
 pub mod transport;
+pub mod unreal;
 
 pub use digest::Digest;

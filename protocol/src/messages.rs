@@ -150,6 +150,8 @@ pub struct JobInfo {
     pub output: OutputFormat,
     /// For Blender jobs: which Blender may render it.
     pub blender: Option<BlenderNeeds>,
+    /// For Unreal jobs: what Movie Render Queue renders.
+    pub unreal: Option<Box<crate::unreal::UnrealJob>>,
 }
 
 /// One task under one lease.
@@ -161,6 +163,10 @@ pub struct TaskSpec {
     /// Samples `[start, end)` of `total`.
     pub samples: (u32, u32),
     pub total_samples: u32,
+    /// For Unreal jobs: the chunk of frames this task renders (`frame` is
+    /// its first kept frame).
+    #[serde(default)]
+    pub unreal: Option<crate::unreal::UnrealTask>,
 }
 
 /// Coordinator → worker, on the control stream.

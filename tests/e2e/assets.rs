@@ -6,23 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::harness::{tessera, Farm};
+use crate::harness::{noise, tessera, Farm};
 
 const MIB: usize = 1 << 20;
-
-/// Deterministic bytes that do not repeat (xorshift64).
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    let mut out = Vec::with_capacity(len + 8);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// A builtin scene whose materials use `textures` (paths relative to `dir`).
 pub(crate) fn write_scene(dir: &Path, textures: &[&str]) -> PathBuf {

@@ -465,3 +465,17 @@ fn check_frames(dir: &Path, scene: &Path, frames: &[u32], samples: Option<u32>) 
         );
     }
 }
+
+/// Deterministic bytes that do not repeat (xorshift64).
+pub fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    let mut out = Vec::with_capacity(len + 8);
+    while out.len() < len {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+    out.truncate(len);
+    out
+}

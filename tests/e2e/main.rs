@@ -22,3 +22,5 @@ mod partition;
 mod passes;
 mod requires;
 mod tiles;
+mod unreal;
+mod unreal_dedupe;

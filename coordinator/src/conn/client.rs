@@ -214,10 +214,16 @@ fn frames(shared: &Shared, id: u64) -> ClientResponse {
     let answer = || -> anyhow::Result<ClientResponse> {
         // The database holds every job's spec, running or finished.
         let spec = shared.db().job(id)?.map(|j| j.spec);
-        let Some((format, template)) = spec.map(|s| (s.output, s.output_name)) else {
+        let Some(spec) = spec else {
             return Ok(ClientResponse::Error(format!(
                 "no job {id} on this coordinator"
             )));
+        };
+        let (format, template) = (spec.output, spec.output_name.as_deref());
+        // Unreal frames are named as Movie Render Queue names them.
+        let name = |frame: u32| match &spec.unreal {
+            Some(u) => Some(u.frame_file_name(&spec.frames, frame, format)),
+            None => template.and_then(|t| tessera_protocol::job::frame_file_name(t, frame)),
         };
         let frames = shared.db().frames(id)?;
         Ok(ClientResponse::Frames(
@@ -228,9 +234,7 @@ fn frames(shared: &Shared, id: u64) -> ClientResponse {
                     digest: f.digest,
                     size: f.size,
                     format,
-                    name: template
-                        .as_deref()
-                        .and_then(|t| tessera_protocol::job::frame_file_name(t, f.frame)),
+                    name: name(f.frame),
                 })
                 .collect(),
         ))

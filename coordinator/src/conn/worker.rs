@@ -85,10 +85,13 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
         } => {
             // The lease first: a result for a task this worker does not
             // hold stores nothing.
-            let expected = shared.read(|core, _| {
-                core.holds(id, task)
-                    .then(|| core.expected_output(task))
-                    .flatten()
+            let (expected, bundle) = shared.read(|core, _| {
+                let holds = core.holds(id, task);
+                let expected = holds.then(|| core.expected_output(task)).flatten();
+                (
+                    expected,
+                    holds.then(|| core.expected_bundle(task)).flatten(),
+                )
             });
             let Some((rect, whole)) = expected else {
                 let reason = "this worker holds no current lease on the task".to_string();
@@ -96,6 +99,10 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
                 return;
             };
             let stored = check_output(shared, output, inline.as_deref(), rect, whole)
+                .and_then(|()| match &bundle {
+                    Some(due) => check_bundle(shared, output, inline.as_deref(), due),
+                    None => Ok(()),
+                })
                 .and_then(|()| store_output(shared, output, inline));
             shared.update(|core, now| match stored {
                 Ok(()) => core.result_offered(id, task, output, render_ms, now),
@@ -197,6 +204,28 @@ fn check_output(
         )),
         _ => Ok(()),
     }
+}
+
+/// An Unreal chunk's bundle must hold exactly the chunk's frames, each
+/// under the job's name for it and in its format, before it is stored: a
+/// bad one is the worker's failed attempt, not the job's.
+fn check_bundle(
+    shared: &Shared,
+    output: Digest,
+    inline: Option<&[u8]>,
+    (frames, format): &(Vec<(u32, String)>, tessera_protocol::job::OutputFormat),
+) -> Result<(), String> {
+    let read;
+    let bytes = match inline {
+        Some(b) => b,
+        None => {
+            read =
+                (shared.store.get(&output)).map_err(|e| format!("cannot read the output: {e}"))?;
+            &read[..]
+        }
+    };
+    let bundle = tessera_protocol::unreal::Bundle::decode(bytes)?;
+    bundle.check(frames, *format)
 }
 
 /// A PNG's signature and header chunk: enough for its dimensions.

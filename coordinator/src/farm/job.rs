@@ -4,8 +4,9 @@
 
 use std::sync::Arc;
 
-use tessera_protocol::job::{sample_range, JobSpec};
+use tessera_protocol::job::{sample_range, JobSpec, TileRect};
 use tessera_protocol::messages::{JobState, JobStatus, TaskRef, TaskSpec};
+use tessera_protocol::unreal::Chunk;
 
 use crate::scheduler::Millis;
 
@@ -17,6 +18,9 @@ pub(crate) struct Job {
     pub final_state: Option<JobState>,
     pub error: Option<String>,
     pub tasks_per_frame: u32,
+    /// For Unreal jobs: each task's chunk of frames (shot, first frame
+    /// position, length); `None` for jobs whose tasks are one frame's.
+    pub chunks: Option<Vec<Chunk>>,
     pub tasks_done: u32,
     /// Accepted results per frame position.
     pub done_per_frame: Vec<u32>,
@@ -44,11 +48,13 @@ impl Job {
     ) -> Job {
         let tasks_per_frame = spec.tiles.count() * spec.sample_ranges;
         let frames = spec.frames.len();
+        let chunks = spec.unreal.as_ref().map(|u| u.chunks(&spec.frames));
         Job {
             spec: Arc::new(spec),
             final_state: None,
             error: None,
             tasks_per_frame,
+            chunks,
             tasks_done: 0,
             done_per_frame: vec![0; frames],
             stitched: vec![false; frames],
@@ -65,12 +71,54 @@ impl Job {
     }
 
     pub fn tasks_total(&self) -> u32 {
-        self.tasks_per_frame * self.spec.frames.len() as u32
+        match &self.chunks {
+            Some(chunks) => chunks.len() as u32,
+            None => self.tasks_per_frame * self.spec.frames.len() as u32,
+        }
+    }
+
+    /// The frame positions task `index` renders.
+    pub fn frame_positions(&self, index: u32) -> std::ops::Range<usize> {
+        match self.chunks.as_ref().and_then(|c| c.get(index as usize)) {
+            Some(c) => c.first_pos as usize..(c.first_pos + c.len) as usize,
+            None if self.chunks.is_some() => 0..0,
+            None => {
+                let pos = (index / self.tasks_per_frame) as usize;
+                pos..pos + 1
+            }
+        }
+    }
+
+    /// Whether every task of frame position `pos` is done.
+    pub fn frame_complete(&self, pos: usize) -> bool {
+        let need = if self.chunks.is_some() {
+            1
+        } else {
+            self.tasks_per_frame
+        };
+        self.done_per_frame.get(pos) == Some(&need)
     }
 
     /// Frame, tile and sample range of task `index`.
     pub fn task_spec(&self, task: TaskRef) -> TaskSpec {
         let spec = &self.spec;
+        if let (Some(chunks), Some(unreal)) = (&self.chunks, &spec.unreal) {
+            let (w, h) = spec.resolution;
+            let chunk = chunks[task.index as usize];
+            return TaskSpec {
+                task,
+                frame: spec.frames[chunk.first_pos as usize],
+                tile: TileRect {
+                    x: 0,
+                    y: 0,
+                    width: w,
+                    height: h,
+                },
+                samples: (0, spec.samples),
+                total_samples: spec.samples,
+                unreal: Some(unreal.task(&spec.frames, chunk)),
+            };
+        }
         let frame_pos = task.index / self.tasks_per_frame;
         let rest = task.index % self.tasks_per_frame;
         let (tile, range) = (rest / spec.sample_ranges, rest % spec.sample_ranges);
@@ -81,6 +129,7 @@ impl Job {
             tile: spec.tiles.rect(tile, w, h),
             samples: sample_range(spec.samples, range, spec.sample_ranges),
             total_samples: spec.samples,
+            unreal: None,
         }
     }
 

@@ -68,18 +68,20 @@ impl FarmCore {
         };
         self.emit(now, event);
         if let Some(job) = self.jobs.get_mut(&c.task.job) {
-            let pos = (c.task.index / job.tasks_per_frame) as usize;
-            let Some(n) = job.done_per_frame.get_mut(pos) else {
+            let positions = job.frame_positions(c.task.index);
+            if positions.is_empty() || positions.end > job.done_per_frame.len() {
                 return;
-            };
-            *n += 1;
+            }
             job.tasks_done += 1;
             job.render_ms += c.render_ms;
-            if *n == job.tasks_per_frame {
-                self.effects.push(Effect::Stitch {
-                    job: c.task.job,
-                    frame_pos: pos,
-                });
+            for pos in positions {
+                job.done_per_frame[pos] += 1;
+                if job.frame_complete(pos) {
+                    self.effects.push(Effect::Stitch {
+                        job: c.task.job,
+                        frame_pos: pos,
+                    });
+                }
             }
         }
     }
@@ -96,6 +98,14 @@ impl FarmCore {
             return None;
         }
         Some((job.spec.clone(), job.tasks_per_frame))
+    }
+
+    /// The chunk task of an Unreal job that renders frame position `pos`.
+    pub fn chunk_task(&self, job: u64, pos: usize) -> Option<u32> {
+        let chunks = self.jobs.get(&job)?.chunks.as_ref()?;
+        let i = chunks.partition_point(|c| c.first_pos as usize <= pos);
+        let c = chunks.get(i.checked_sub(1)?)?;
+        (pos < (c.first_pos + c.len) as usize).then_some(i as u32 - 1)
     }
 
     /// A frame is stitched and stored; the job is done with its last one.

@@ -226,7 +226,9 @@ impl FarmCore {
                     *slot = true;
                     job.tasks_done += 1;
                     job.render_ms += render_ms;
-                    job.done_per_frame[(index / job.tasks_per_frame) as usize] += 1;
+                    for pos in job.frame_positions(index) {
+                        job.done_per_frame[pos] += 1;
+                    }
                 }
             }
         }
@@ -247,8 +249,8 @@ impl FarmCore {
             let pending: Vec<u32> = (0..job.tasks_total())
                 .filter(|&i| !done[i as usize])
                 .collect();
-            for (pos, &n) in job.done_per_frame.iter().enumerate() {
-                if n == job.tasks_per_frame && !job.stitched[pos] {
+            for pos in 0..job.done_per_frame.len() {
+                if job.frame_complete(pos) && !job.stitched[pos] {
                     self.effects.push(Effect::Stitch {
                         job: id,
                         frame_pos: pos,
@@ -409,6 +411,7 @@ impl FarmCore {
                 resolution: spec.resolution,
                 output: spec.output,
                 blender: spec.blender,
+                unreal: spec.unreal.clone(),
             });
             self.effects.push(Effect::Send {
                 worker: a.worker,

@@ -127,7 +127,13 @@ impl FarmCore {
             let state = if stitched {
                 TileState::Done
             } else {
-                let first = pos as u32 * job.tasks_per_frame + tile * spec.sample_ranges;
+                let first = match &job.chunks {
+                    // An Unreal frame is one tile of the chunk task holding it.
+                    Some(chunks) => {
+                        chunks.partition_point(|c| c.first_pos as usize <= pos) as u32 - 1
+                    }
+                    None => pos as u32 * job.tasks_per_frame + tile * spec.sample_ranges,
+                };
                 self.tile_state(job_id, first..first + spec.sample_ranges, job.final_state)
             };
             out.push(TileStatus {

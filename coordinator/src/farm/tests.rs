@@ -61,6 +61,7 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         output: OutputFormat::Png,
         blender: None,
         output_name: None,
+        unreal: None,
     }
 }
 

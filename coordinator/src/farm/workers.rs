@@ -313,7 +313,27 @@ impl FarmCore {
         if task.index >= job.tasks_total() {
             return None;
         }
-        Some((job.task_spec(task).tile, job.tasks_per_frame == 1))
+        let mut rect = job.task_spec(task).tile;
+        // A chunk's bundle holds a whole frame per frame of the chunk.
+        let frames = job.frame_positions(task.index).len() as u32;
+        rect.height = rect.height.saturating_mul(frames.max(1));
+        Some((rect, job.tasks_per_frame == 1))
+    }
+
+    /// For a chunk task of an Unreal job: the frames its bundle must hold,
+    /// each with the job's name for it, and their format.
+    pub fn expected_bundle(
+        &self,
+        task: TaskRef,
+    ) -> Option<(Vec<(u32, String)>, tessera_protocol::job::OutputFormat)> {
+        let job = self.jobs.get(&task.job)?;
+        let chunk = *job.chunks.as_ref()?.get(task.index as usize)?;
+        let spec = &job.spec;
+        let unreal = spec.unreal.as_ref()?;
+        Some((
+            unreal.expected_frames(&spec.frames, chunk, spec.output),
+            spec.output,
+        ))
     }
 
     /// A result whose output is not what its task asked for (wrong

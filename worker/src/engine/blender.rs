@@ -877,6 +877,7 @@ mod tests {
             },
             samples,
             total_samples: samples.1,
+            unreal: None,
         }
     }
 
@@ -1104,6 +1105,7 @@ mod runtime_tests {
             output: OutputFormat::Png,
             // As an old coordinator would send it: no needs at all.
             blender: None,
+            unreal: None,
         };
         let tile = TileRect {
             x: 0,
@@ -1121,6 +1123,7 @@ mod runtime_tests {
             tile,
             samples: (0, 16),
             total_samples: 16,
+            unreal: None,
         };
         let err = engine
             .render(&job, &dir, &task, &|_, _| {}, &Default::default())
