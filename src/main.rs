@@ -603,8 +603,9 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             });
             let cache_dir = cache_dir.unwrap_or_else(|| default_cache_dir(&name));
             let unreal = unreal_editor.map(|editor| {
-                Arc::new(engine::unreal::Unreal::new(editor, &cache_dir, cache_max))
-                    as Arc<dyn engine::Engine>
+                Arc::new(engine::unreal::Unreal::new(
+                    editor, &cache_dir, cache_max, slots,
+                )) as Arc<dyn engine::Engine>
             });
             let (engines, blender_engine) = worker_engines(EngineChoice {
                 unreal,

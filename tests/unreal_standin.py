@@ -10,9 +10,18 @@ the Unreal adapter relies on, as Epic documents it:
   PROJECT.uproject [MAP] -game -LevelSequence=... -MoviePipelineConfig=...
   [-MoviePipelineLocalExecutorClass=/Script/MovieRenderPipelineCore.MoviePipelinePythonHostExecutor
    -ExecutorPythonClass=...] [-windowed] [-resx=N] [-resy=N]
-  [-RenderOffscreen] [-Unattended] [-StdOut] [-log]
+  [-RenderOffscreen] [-Unattended] [-StdOut] [-log] [-graphicsadapter=N]
   (https://dev.epicgames.com/documentation/en-us/unreal-engine/using-command-line-rendering-with-move-render-queue-in-unreal-engine,
-  https://dev.epicgames.com/documentation/en-us/unreal-engine/command-line-arguments-in-unreal-engine).
+  https://dev.epicgames.com/documentation/en-us/unreal-engine/command-line-arguments-in-unreal-engine;
+  -graphicsadapter sets r.GraphicsAdapter,
+  https://dev.epicgames.com/documentation/unreal-engine/API/Plugins/DisplayClusterConfiguration/UDisplayClusterConfigurationClus-_1/GraphicsAdapter).
+- Its machine's GPUs are STANDIN_GPU (comma-separated names; default one
+  GPU, gpu0); -graphicsadapter=N renders on the Nth (a missing one is an
+  error, as Unreal falls back to none), otherwise on the first.
+- With STANDIN_SEEN naming a folder, it records there what it saw (its
+  adapter, the GPU it rendered on, CUDA_VISIBLE_DEVICES, its frames) as one
+  JSON file per process; with STANDIN_SEEN_TOGETHER=K it then waits (at most
+  20 s) until K processes have recorded, so a test sees them run at once.
 - Without an executor class it renders the whole level sequence, shot after
   shot, into PROJECT/Saved/MovieRenders (MRQ's default output folder): the
   "continuous render" the tests compare against.
@@ -67,6 +76,7 @@ VALUES = {
     "-executorpythonclass",
     "-resx",
     "-resy",
+    "-graphicsadapter",
 }
 
 
@@ -260,7 +270,15 @@ def main():
     lost_file = os.path.join(marker, "DeviceLost")
     if os.path.isfile(lost_file):
         lost_on = open(lost_file).read().strip()
-    gpu = os.environ.get("STANDIN_GPU", "gpu0")
+    gpus = os.environ.get("STANDIN_GPU", "gpu0").split(",")
+    adapter = values.get("-graphicsadapter")
+    if adapter is not None:
+        if not adapter.isdigit() or int(adapter) >= len(gpus):
+            fail("LogRHI: Error: -graphicsadapter=%s: no such adapter (this machine has %d)" % (adapter, len(gpus)))
+        gpu = gpus[int(adapter)]
+    else:
+        gpu = gpus[0]
+    log("LogRHI: Display: Using adapter %s (%s)" % (adapter or "default", gpu))
 
     if task is None:
         first, last = shots[0][1], shots[-1][2]
@@ -269,6 +287,20 @@ def main():
         first, last = task["start_frame"], task["end_frame"]
         out_dir = task["output_directory"]
     os.makedirs(out_dir, exist_ok=True)
+    seen = os.environ.get("STANDIN_SEEN")
+    if seen:
+        os.makedirs(seen, exist_ok=True)
+        record = {"adapter": adapter, "gpu": gpu, "frames": [first, last],
+                  "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        tmp = os.path.join(seen, "%d.tmp" % os.getpid())
+        with open(tmp, "w") as f:
+            json.dump(record, f)
+        os.rename(tmp, os.path.join(seen, "%d.json" % os.getpid()))
+        together = int(os.environ.get("STANDIN_SEEN_TOGETHER", "0"))
+        deadline = time.time() + 20
+        while time.time() < deadline and len([n for n in os.listdir(seen) if n.endswith(".json")]) < together:
+            log("LogMovieRenderPipeline: Display: waiting for the other slots")
+            time.sleep(0.05)
     history = max(1, int(cfg.get("history", "1")))
     warm = int(cfg.get("engine_warm_up", "0")) + int(cfg.get("render_warm_up", "0"))
     window = []

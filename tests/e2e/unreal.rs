@@ -199,6 +199,70 @@ fn a_three_shot_sequence_split_into_chunks_on_two_workers_equals_the_continuous_
 
 #[test]
 #[ignore = "needs python3"]
+fn each_slot_of_an_unreal_worker_renders_on_its_own_gpu() {
+    require(Need::Python3);
+    let mut farm = Farm::start("unreal-slots", &[]);
+    let uproject = project(&farm.dir.join("Film"), &[]);
+    let reference = continuous_render(&uproject);
+    // A (stand-in) machine with two GPUs; each stand-in process records
+    // the adapter it was given, the GPU it rendered on and the CUDA
+    // devices it could see, and the first two wait for each other, so both
+    // slots are busy at once.
+    let seen = farm.dir.join("seen");
+    let editor = standin();
+    farm.add_worker_env(
+        "ue-2gpu",
+        &[
+            "--engine",
+            "unreal",
+            "--unreal-editor",
+            editor.to_str().unwrap(),
+            "--slots",
+            "2",
+        ],
+        &[
+            ("STANDIN_GPU", "gpu0,gpu1"),
+            ("STANDIN_SEEN", seen.to_str().unwrap()),
+            ("STANDIN_SEEN_TOGETHER", "2"),
+        ],
+    );
+    farm.wait_workers(1);
+    let job = submit(&farm, &uproject, &[]);
+    assert_eq!(job["tasks_total"], 3, "{job}");
+    let out = farm.dir.join("out");
+    let done = farm.wait_done(job["id"].as_u64().unwrap(), &out);
+    assert_eq!(done["frames_done"], 18, "{done}");
+    for frame in 1..=18 {
+        let name = format!("Main.{frame:04}.png");
+        let got = std::fs::read(out.join(&name)).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert!(
+            got == std::fs::read(reference.join(&name)).unwrap(),
+            "{name}"
+        );
+    }
+    let records: Vec<Value> = std::fs::read_dir(&seen)
+        .unwrap()
+        .map(|e| serde_json::from_slice(&std::fs::read(e.unwrap().path()).unwrap()).unwrap())
+        .collect();
+    assert_eq!(records.len(), 3, "{records:?}");
+    let mut gpus: Vec<&str> = Vec::new();
+    for r in &records {
+        let adapter = r["adapter"].as_str().expect("a -graphicsadapter per slot");
+        assert_eq!(r["gpu"], format!("gpu{adapter}"), "{r}");
+        assert_eq!(r["CUDA_VISIBLE_DEVICES"], adapter, "{r}");
+        gpus.push(r["gpu"].as_str().unwrap());
+    }
+    gpus.sort();
+    gpus.dedup();
+    assert_eq!(
+        gpus,
+        ["gpu0", "gpu1"],
+        "both slots rendered, each on its own GPU"
+    );
+}
+
+#[test]
+#[ignore = "needs python3"]
 fn a_chunk_without_warm_up_differs_from_the_continuous_render_and_with_it_equals_it() {
     require(Need::Python3);
     let dir = std::env::temp_dir().join(format!("tessera-standin-warm-{}", std::process::id()));
@@ -228,11 +292,15 @@ fn a_chunk_without_warm_up_differs_from_the_continuous_render_and_with_it_equals
             .to_string(),
         )
         .unwrap();
-        let args: Vec<String> =
-            tessera_worker::engine::unreal::mrq_arguments(&uproject, &standin_job(), (24, 16))
-                .into_iter()
-                .map(|a| a.value)
-                .collect();
+        let args: Vec<String> = tessera_worker::engine::unreal::mrq_arguments(
+            &uproject,
+            &standin_job(),
+            (24, 16),
+            None,
+        )
+        .into_iter()
+        .map(|a| a.value)
+        .collect();
         let run = Command::new(standin())
             .args(&args)
             .env("TESSERA_MRQ_TASK", &task)
@@ -265,7 +333,7 @@ fn the_stand_in_refuses_undocumented_arguments_and_the_adapter_sends_only_docume
     let _ = std::fs::remove_dir_all(&dir);
     let uproject = project(&dir, &[]);
     let job = standin_job();
-    let args = tessera_worker::engine::unreal::mrq_arguments(&uproject, &job, (1280, 720));
+    let args = tessera_worker::engine::unreal::mrq_arguments(&uproject, &job, (1280, 720), None);
     let shown: Vec<(String, &str)> = args
         .iter()
         .skip(2)
@@ -296,6 +364,18 @@ fn the_stand_in_refuses_undocumented_arguments_and_the_adapter_sends_only_docume
     ];
     let shown_ref: Vec<(&str, &str)> = shown.iter().map(|(v, d)| (v.as_str(), *d)).collect();
     assert_eq!(shown_ref, expected);
+    // A worker with one slot per GPU adds slot i's adapter, documented too.
+    let pinned =
+        tessera_worker::engine::unreal::mrq_arguments(&uproject, &job, (1280, 720), Some(1));
+    let last = pinned.last().unwrap();
+    assert_eq!(
+        (last.value.as_str(), last.doc),
+        (
+            "-graphicsadapter=1",
+            tessera_worker::engine::unreal::DOC_GRAPHICS_ADAPTER
+        )
+    );
+    assert_eq!(pinned.len(), args.len() + 1);
     assert_eq!(args[0].value, uproject.display().to_string());
     assert_eq!(args[1].value, "/Game/Maps/Main");
     let values: Vec<String> = args.iter().map(|a| a.value.clone()).collect();

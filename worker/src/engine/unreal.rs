@@ -40,6 +40,11 @@ pub const DOC_COMMAND_LINE: &str =
 /// Offscreen rendering (`-RenderOffscreen`), reviewed by Epic.
 pub const DOC_RENDER_OFFSCREEN: &str =
     "https://unrealcontainers.com/blog/offscreen-rendering-in-windows-containers/";
+/// `-graphicsadapter=N`: Epic documents the `r.GraphicsAdapter` console
+/// variable it sets (here as nDisplay's per-node "Graphics Adapter", which
+/// launches each node with it); what each value means (-1 the default, N
+/// adapter N) is the engine's help text for the variable.
+pub const DOC_GRAPHICS_ADAPTER: &str = "https://dev.epicgames.com/documentation/unreal-engine/API/Plugins/DisplayClusterConfiguration/UDisplayClusterConfigurationClus-_1/GraphicsAdapter";
 /// Where Unreal keeps its local derived data cache: this environment
 /// variable (Epic's derived data cache documentation).
 pub const DDC_ENV: &str = "UE-LocalDataCachePath";
@@ -68,13 +73,18 @@ pub struct Argument {
 /// The command line for one chunk: `UnrealEditor-Cmd PROJECT MAP -game
 /// -LevelSequence=… -MoviePipelineConfig=… …`, each argument with the page
 /// documenting it (`editor` itself not included).
+///
+/// `adapter`: the GPU this process renders on (`-graphicsadapter=N`, the
+/// `r.GraphicsAdapter` console variable), given when the worker has one
+/// slot per GPU; without it Unreal picks its default (a discrete GPU).
 pub fn mrq_arguments(
     project: &Path,
     unreal: &tessera_protocol::unreal::UnrealJob,
     resolution: (u32, u32),
+    adapter: Option<usize>,
 ) -> Vec<Argument> {
     let arg = |value: String, doc: &'static str| Argument { value, doc };
-    vec![
+    let mut args = vec![
         // `<EXECUTABLE> [URL_PARAMETERS] [ARGUMENTS]`: the project, then
         // the map as the URL parameter.
         arg(project.display().to_string(), DOC_COMMAND_LINE),
@@ -103,7 +113,11 @@ pub fn mrq_arguments(
         arg("-Unattended".into(), DOC_COMMAND_LINE),
         arg("-StdOut".into(), DOC_COMMAND_LINE),
         arg("-log".into(), DOC_MRQ_COMMAND_LINE),
-    ]
+    ];
+    if let Some(n) = adapter {
+        args.push(arg(format!("-graphicsadapter={n}"), DOC_GRAPHICS_ADAPTER));
+    }
+    args
 }
 
 /// Movie Render Queue on this worker.
@@ -113,15 +127,62 @@ pub struct Unreal {
     ddc_root: PathBuf,
     /// Their total size is kept under this (from `--cache-max`).
     ddc_max: Option<u64>,
+    /// One slot per GPU: which are busy. With more than one, slot i's
+    /// Unreal renders on GPU i only.
+    slots: std::sync::Mutex<Vec<bool>>,
+    slot_freed: std::sync::Condvar,
+}
+
+/// A slot taken for one render, given back when dropped.
+struct SlotGuard<'a> {
+    unreal: &'a Unreal,
+    index: usize,
+}
+
+impl Drop for SlotGuard<'_> {
+    fn drop(&mut self) {
+        let mut slots = self.unreal.slots.lock().expect("slots lock");
+        slots[self.index] = false;
+        self.unreal.slot_freed.notify_one();
+    }
 }
 
 impl Unreal {
-    pub fn new(editor: PathBuf, cache_dir: &Path, cache_max: Option<u64>) -> Unreal {
+    pub fn new(editor: PathBuf, cache_dir: &Path, cache_max: Option<u64>, slots: u32) -> Unreal {
         Unreal {
             editor,
             ddc_root: cache_dir.join("unreal-ddc"),
             ddc_max: cache_max,
+            slots: std::sync::Mutex::new(vec![false; slots.max(1) as usize]),
+            slot_freed: std::sync::Condvar::new(),
         }
+    }
+
+    /// Takes a free slot, waiting for one (a canceled render may still be
+    /// finishing in its slot).
+    fn take_slot(&self) -> SlotGuard<'_> {
+        let mut slots = self.slots.lock().expect("slots lock");
+        loop {
+            if let Some(i) = slots.iter().position(|busy| !busy) {
+                slots[i] = true;
+                return SlotGuard {
+                    unreal: self,
+                    index: i,
+                };
+            }
+            slots = self.slot_freed.wait(slots).expect("slots lock");
+        }
+    }
+
+    /// Slot `slot`'s GPU pinning: `-graphicsadapter=slot` for the renderer,
+    /// and only that GPU visible to CUDA in the process (plugins such as
+    /// denoisers use CUDA), numbered as nvidia-smi numbers them, the same
+    /// environment Blender's slots get. Nothing with a single slot.
+    fn slot_pinning(&self, slot: usize) -> (Option<usize>, Vec<(&'static str, String)>) {
+        if self.slots.lock().expect("slots lock").len() < 2 {
+            return (None, Vec::new());
+        }
+        (Some(slot), super::blender::Device::Cuda.slot_env(slot))
     }
 
     /// The project's derived data cache: kept between its jobs. Its folder
@@ -343,9 +404,12 @@ impl Engine for Unreal {
         // Used now: its folder's time orders the caches for eviction.
         let _ =
             std::fs::File::open(&ddc).and_then(|f| f.set_modified(std::time::SystemTime::now()));
-        let args = mrq_arguments(&project, unreal, job.resolution);
+        let slot = self.take_slot();
+        let (adapter, pin) = self.slot_pinning(slot.index);
+        let args = mrq_arguments(&project, unreal, job.resolution, adapter);
         let mut child = Command::new(&self.editor)
             .args(args.iter().map(|a| &a.value))
+            .envs(pin)
             .current_dir(job_dir)
             .env(TASK_ENV, &task_file)
             .env(DDC_ENV, &ddc)
@@ -517,11 +581,22 @@ fn install_executor(job_dir: &Path) -> anyhow::Result<()> {
             {"Name": "PythonScriptPlugin", "Enabled": true}
         ]
     });
-    std::fs::write(
+    // Written aside and renamed: another slot's Unreal may be reading them.
+    let put = |path: PathBuf, bytes: &[u8]| -> std::io::Result<()> {
+        if std::fs::read(&path).is_ok_and(|b| b == bytes) {
+            return Ok(());
+        }
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let tmp = path.with_extension(format!("tmp-{}-{n}", std::process::id()));
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(&tmp, &path)
+    };
+    put(
         dir.join("TesseraMRQ.uplugin"),
-        serde_json::to_vec_pretty(&uplugin)?,
+        &serde_json::to_vec_pretty(&uplugin)?,
     )?;
-    std::fs::write(py.join("init_unreal.py"), EXECUTOR_PY)?;
+    put(py.join("init_unreal.py"), EXECUTOR_PY.as_bytes())?;
     Ok(())
 }
 
@@ -541,7 +616,7 @@ mod tests {
     fn derived_data_caches_are_kept_per_project_under_the_cap_least_recently_used_first() {
         let root = std::env::temp_dir().join(format!("tessera-ddc-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&root);
-        let engine = Unreal::new("UnrealEditor-Cmd".into(), &root, Some(250_000));
+        let engine = Unreal::new("UnrealEditor-Cmd".into(), &root, Some(250_000), 1);
         let ddc = |name: &str, bytes: usize| {
             let dir = engine.ddc_for(Path::new(&format!("/p/{name}.uproject")));
             std::fs::create_dir_all(dir.join("sub")).unwrap();
@@ -559,7 +634,7 @@ mod tests {
         assert!(mid.exists() && now.exists());
         assert_eq!(dir_size(&root.join("unreal-ddc")), 200_000);
         // The one in use is never removed, even alone above the cap.
-        let big = Unreal::new("x".into(), &root, Some(1));
+        let big = Unreal::new("x".into(), &root, Some(1), 1);
         big.trim_ddcs(&now);
         assert!(now.exists() && !mid.exists());
         let _ = std::fs::remove_dir_all(&root);
