@@ -58,7 +58,7 @@ fn worker_json(w: &WorkerStatus) -> serde_json::Value {
         "tasks": w.tasks.iter().map(|t| json!({
             "job": t.job, "task": t.index, "frame": t.frame,
             "tile": [t.tile.x, t.tile.y, t.tile.width, t.tile.height],
-            "progress": t.progress.map(|(d, n)| json!({"done": d, "total": n})),
+            "progress": t.progress.map(|(d, n)| json!({"done": d, "total": n, "stage": t.stage})),
         })).collect::<Vec<_>>(),
         "telemetry": w.telemetry.as_ref().map(|t| json!({
             "cpu_model": t.host.cpu_model, "cores": t.host.cores, "load_1m": t.host.load_1m,
@@ -263,9 +263,14 @@ pub fn blender_features(b: &tessera_protocol::blender::BlenderOffer) -> String {
 
 /// Running tasks, with the samples of the first one when reported: `1 (12/64)`.
 fn running_text(w: &WorkerStatus) -> String {
-    match w.tasks.first().and_then(|t| t.progress) {
-        Some((done, total)) => format!("{} ({done}/{total})", w.running),
-        None => w.running.to_string(),
+    let first = w.tasks.first();
+    match (
+        first.and_then(|t| t.progress),
+        first.and_then(|t| t.stage.as_deref()),
+    ) {
+        (Some(_), Some(stage)) => format!("{} ({})", w.running, truncate(stage, 40)),
+        (Some((done, total)), None) => format!("{} ({done}/{total})", w.running),
+        (None, _) => w.running.to_string(),
     }
 }
 

@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -130,11 +130,13 @@ pub enum WorkerMsg {
         added: Vec<Digest>,
         removed: Vec<Digest>,
     },
-    /// Samples rendered so far of a running task.
+    /// Samples rendered so far of a running task, and what it is doing
+    /// before it renders any (an Unreal shader compile).
     Progress {
         task: TaskRef,
         done: u32,
         total: u32,
+        stage: Option<String>,
     },
 }
 
@@ -309,7 +311,13 @@ pub struct RunningTask {
     pub tile: TileRect,
     /// Samples done / total, as last reported by the engine.
     pub progress: Option<(u32, u32)>,
+    /// What it is doing before rendering, as last reported (at most
+    /// [`MAX_STAGE`] bytes): "compiling shaders: 1200 left".
+    pub stage: Option<String>,
 }
+
+/// The longest task stage the coordinator keeps from a worker.
+pub const MAX_STAGE: usize = 120;
 
 /// Farm-wide figures.
 #[derive(Debug, Clone, Serialize, Deserialize)]

@@ -137,6 +137,7 @@ fn farm() -> Snapshot {
             height: 270,
         },
         progress: Some((48, 128)),
+        stage: None,
     }];
     let mut cpu = worker(2, "cpu-node", cpu_only());
     cpu.engines = vec![Engine::Builtin];
@@ -797,6 +798,7 @@ fn the_mosaic_stays_on_a_frame_until_it_is_done() {
             height: 270,
         },
         progress: None,
+        stage: None,
     }];
     app.update(Msg::Snapshot(s));
     assert_eq!(

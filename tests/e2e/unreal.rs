@@ -263,6 +263,57 @@ fn each_slot_of_an_unreal_worker_renders_on_its_own_gpu() {
 
 #[test]
 #[ignore = "needs python3"]
+fn a_shader_compile_shows_in_status_as_the_tasks_progress() {
+    require(Need::Python3);
+    let mut farm = Farm::start("unreal-shader-progress", &[]);
+    let uproject = project(&farm.dir.join("Film"), &[]);
+    // 8000 shaders: the stand-in prints "Shaders left to compile N" every
+    // 0.2 s for about 4 s (400 a step) before the first frame.
+    let marker = farm.dir.join("Film/Content/StandIn");
+    std::fs::create_dir_all(&marker).unwrap();
+    std::fs::write(marker.join("ShaderCompile"), "8000").unwrap();
+    unreal_worker(&mut farm, "ue-cold", &[]);
+    farm.wait_workers(1);
+    let job = submit(&farm, &uproject, &[]);
+    let id = job["id"].as_u64().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut stages = Vec::new();
+    loop {
+        let all = farm.json(&["status", "--json"]);
+        for w in all["workers"].as_array().unwrap() {
+            for t in w["tasks"].as_array().unwrap() {
+                if let Some(stage) = t["progress"]["stage"].as_str() {
+                    assert_eq!(t["job"], id, "{t}");
+                    assert_eq!(t["progress"]["done"], 0, "{t}");
+                    stages.push(stage.to_string());
+                }
+            }
+        }
+        let state = all["jobs"][0]["state"].as_str().unwrap_or("").to_string();
+        if state == "done" || state == "failed" {
+            assert_eq!(state, "done", "{all}");
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{all}");
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let compiling: Vec<u64> = (stages.iter())
+        .filter_map(|s| {
+            s.strip_prefix("compiling shaders: ")?
+                .strip_suffix(" left")?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert!(!compiling.is_empty(), "no shader compile shown: {stages:?}");
+    assert!(
+        compiling.iter().all(|n| *n <= 8000 && n % 400 == 0),
+        "{stages:?}"
+    );
+}
+
+#[test]
+#[ignore = "needs python3"]
 fn a_chunk_without_warm_up_differs_from_the_continuous_render_and_with_it_equals_it() {
     require(Need::Python3);
     let dir = std::env::temp_dir().join(format!("tessera-standin-warm-{}", std::process::id()));

@@ -530,7 +530,7 @@ async fn render(
     let last_sent = std::sync::Mutex::new(None::<Instant>);
     // Samples done, at most four reports a second, on whichever connection
     // is current.
-    let progress = move |done: u32, total: u32| {
+    let progress = move |done: u32, total: u32, stage: Option<&str>| {
         let mut last = last_sent.lock().expect("progress lock");
         if last.is_none_or(|l| l.elapsed() >= Duration::from_millis(250)) || done == total {
             *last = Some(Instant::now());
@@ -539,6 +539,7 @@ async fn render(
                     task: t,
                     done,
                     total,
+                    stage: stage.map(str::to_string),
                 });
             }
         }

@@ -115,7 +115,7 @@ pub(crate) struct WorkerEntry {
     pub jobs_sent: HashSet<u64>,
     pub tasks_done: u64,
     /// Last reported (samples done, total) per running lease.
-    pub progress: HashMap<TaskRef, (u32, u32)>,
+    pub progress: HashMap<TaskRef, (u32, u32, Option<String>)>,
     pub joined_ms: Millis,
     pub telemetry: Option<Telemetry>,
     pub draining: bool,

@@ -76,7 +76,8 @@ impl FarmCore {
                             index: key.index,
                             frame: spec.frame,
                             tile: spec.tile,
-                            progress: w.progress.get(&lease).copied(),
+                            progress: w.progress.get(&lease).map(|p| (p.0, p.1)),
+                            stage: w.progress.get(&lease).and_then(|p| p.2.clone()),
                         })
                     })
                     .collect();
@@ -169,8 +170,8 @@ impl FarmCore {
                 index,
                 epoch: epoch.0,
             };
-            let progress =
-                (self.workers.get(&worker)).and_then(|w| w.progress.get(&lease).copied());
+            let progress = (self.workers.get(&worker))
+                .and_then(|w| w.progress.get(&lease).map(|p| (p.0, p.1)));
             return TileState::Rendering(progress);
         }
         if views.iter().any(|(_, v)| v.failures > 0) || final_state == Some(JobState::Failed) {

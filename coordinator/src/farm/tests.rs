@@ -567,6 +567,7 @@ fn tiles_show_rendering_with_progress_then_done() {
         task: lease,
         done: 2,
         total: 4,
+        stage: None,
     };
     farm.msg(w, progress);
     let states: Vec<_> = (farm.core.tiles(job, 1).unwrap().into_iter())
@@ -576,6 +577,24 @@ fn tiles_show_rendering_with_progress_then_done() {
         states,
         [TileState::Rendering(Some((2, 4))), TileState::Queued]
     );
+    // A stage (a shader compile) is shown with the task, bounded however
+    // long the worker sent it.
+    let stage = format!("compiling shaders: {}", "é".repeat(500));
+    farm.msg(
+        w,
+        WorkerMsg::Progress {
+            task: lease,
+            done: 0,
+            total: 4,
+            stage: Some(stage.clone()),
+        },
+    );
+    let shown = (farm.core.worker_statuses(farm.now()).into_iter())
+        .find_map(|s| s.tasks.into_iter().next())
+        .and_then(|t| t.stage)
+        .expect("the stage is shown");
+    assert!(stage.starts_with(&shown) && shown.len() <= tessera_protocol::messages::MAX_STAGE);
+    assert!(shown.starts_with("compiling shaders: é"));
     farm.done(w, lease);
     farm.commit_all(&mut db);
     let states: Vec<_> = (farm.core.tiles(job, 1).unwrap().into_iter())

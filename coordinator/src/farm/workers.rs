@@ -265,12 +265,25 @@ impl FarmCore {
                     );
                 }
             }
-            WorkerMsg::Progress { task, done, total } => {
+            WorkerMsg::Progress {
+                task,
+                done,
+                total,
+                mut stage,
+            } => {
                 // Kept only for a task the worker holds, so the map is
                 // bounded by its leases.
                 if self.holds(id, task) {
                     if let Some(w) = self.workers.get_mut(&id) {
-                        w.progress.insert(task, (done, total));
+                        // From the network: bounded, cut at a character.
+                        if let Some(s) = stage.as_mut() {
+                            let mut end = s.len().min(tessera_protocol::messages::MAX_STAGE);
+                            while !s.is_char_boundary(end) {
+                                end -= 1;
+                            }
+                            s.truncate(end);
+                        }
+                        w.progress.insert(task, (done, total, stage));
                     }
                 }
             }

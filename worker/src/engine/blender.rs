@@ -308,7 +308,7 @@ impl Session {
     fn render(
         &mut self,
         command: &RenderCommand<'_>,
-        progress: &(dyn Fn(u32, u32) + Sync),
+        progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
     ) -> Result<Rendered, SessionError> {
         let died = |s: &mut Session, what: &str| {
             let status = s
@@ -354,7 +354,7 @@ impl Session {
             }
             remember(&self.log, text);
             if let Some((done, total)) = parse_progress(text) {
-                progress(done, total);
+                progress(done, total, None);
             }
         }
     }
@@ -606,7 +606,7 @@ impl Blender {
         job: &JobInfo,
         job_dir: &Path,
         command: &RenderCommand<'_>,
-        progress: &(dyn Fn(u32, u32) + Sync),
+        progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
     ) -> anyhow::Result<Rendered> {
         let install = self.install_for(job, job_dir)?;
         if session
@@ -674,7 +674,7 @@ impl Engine for Blender {
         job: &JobInfo,
         job_dir: &Path,
         task: &TaskSpec,
-        progress: &(dyn Fn(u32, u32) + Sync),
+        progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
         // A Blender render runs to the end of its tile; the worker drops
         // the result of a canceled one.
         _canceled: &std::sync::atomic::AtomicBool,
@@ -1126,7 +1126,7 @@ mod runtime_tests {
             unreal: None,
         };
         let err = engine
-            .render(&job, &dir, &task, &|_, _| {}, &Default::default())
+            .render(&job, &dir, &task, &|_, _, _| {}, &Default::default())
             .unwrap_err();
         assert_eq!(
             err.to_string(),

@@ -49,7 +49,8 @@ pub trait Engine: Send + Sync {
     fn kind(&self) -> EngineKind;
 
     /// Renders `task` of `job`, whose files are laid out under `job_dir`.
-    /// `progress(done, total)` reports samples as the engine learns them.
+    /// `progress(done, total, stage)` reports samples as the engine learns
+    /// them, and what it does before it renders any (`stage`, short text).
     /// `canceled` turns true when the coordinator no longer wants the task;
     /// an engine that can stop early returns an error soon after.
     fn render(
@@ -57,7 +58,7 @@ pub trait Engine: Send + Sync {
         job: &JobInfo,
         job_dir: &Path,
         task: &TaskSpec,
-        progress: &(dyn Fn(u32, u32) + Sync),
+        progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>>;
 
@@ -108,7 +109,7 @@ impl Engine for Builtin {
         job: &JobInfo,
         job_dir: &Path,
         task: &TaskSpec,
-        _progress: &(dyn Fn(u32, u32) + Sync),
+        _progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
         if std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_ABORT_IN_RENDER) {
@@ -188,7 +189,7 @@ impl Engine for Noop {
         _job: &JobInfo,
         _job_dir: &Path,
         task: &TaskSpec,
-        _progress: &(dyn Fn(u32, u32) + Sync),
+        _progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
         let until = std::time::Instant::now() + self.per_task;

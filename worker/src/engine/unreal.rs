@@ -352,6 +352,11 @@ pub fn read_line(state: &mut LogState, line: &str) {
     }
 }
 
+/// A shader compile as task progress shows it.
+pub fn shader_stage(left: u64) -> String {
+    format!("compiling shaders: {left} left")
+}
+
 impl Engine for Unreal {
     fn kind(&self) -> EngineKind {
         EngineKind::Unreal
@@ -362,7 +367,7 @@ impl Engine for Unreal {
         job: &JobInfo,
         job_dir: &Path,
         task: &TaskSpec,
-        progress: &(dyn Fn(u32, u32) + Sync),
+        progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>> {
         let unreal = job
@@ -456,9 +461,16 @@ impl Engine for Unreal {
             match rx.recv_timeout(Duration::from_millis(100)) {
                 Ok(line) => {
                     heard = Instant::now();
+                    let shaders_before = state.shaders_left;
                     read_line(&mut state, &line);
                     if let Some((done, _)) = state.progress {
-                        progress(done, frames_total);
+                        progress(done, frames_total, None);
+                    } else if let Some(n) = state
+                        .shaders_left
+                        .filter(|_| state.shaders_left != shaders_before)
+                    {
+                        // A compile before the first frame: progress, shown.
+                        progress(0, frames_total, Some(&shader_stage(n)));
                     }
                     if tail.len() == LOG_TAIL_LINES {
                         tail.pop_front();
