@@ -653,6 +653,29 @@ mod tests {
     }
 
     #[test]
+    fn each_busy_slot_has_its_own_gpu_and_one_slot_pins_none() {
+        let root = std::env::temp_dir();
+        let one = Unreal::new("x".into(), &root, None, 1);
+        assert_eq!(one.slot_pinning(one.take_slot().index), (None, vec![]));
+        let two = Unreal::new("x".into(), &root, None, 2);
+        let a = two.take_slot();
+        let b = two.take_slot();
+        assert_eq!((a.index, b.index), (0, 1));
+        let (adapter, env) = two.slot_pinning(b.index);
+        assert_eq!(adapter, Some(1));
+        assert!(env.contains(&("CUDA_VISIBLE_DEVICES", "1".to_string())));
+        // A third render waits for a slot; the one given back is reused.
+        std::thread::scope(|s| {
+            let third = s.spawn(|| two.take_slot().index);
+            std::thread::sleep(Duration::from_millis(50));
+            assert!(!third.is_finished(), "a third render got a slot of two");
+            drop(a);
+            assert_eq!(third.join().unwrap(), 0);
+        });
+        drop(b);
+    }
+
+    #[test]
     fn log_lines_become_progress_frames_and_readable_errors() {
         let s = read(&[
             "LogShaderCompilers: Display: Shaders left to compile 1200",
