@@ -57,7 +57,7 @@ impl StoredJob {
     /// running is the farm core's to describe).
     pub fn status(&self) -> JobStatus {
         let counts = self.counts.unwrap_or_default();
-        let tasks_per_frame = self.spec.tiles.count() * self.spec.sample_ranges;
+        let tasks_per_frame = self.spec.tasks_per_frame();
         JobStatus {
             id: self.id,
             name: self.spec.name.clone(),
@@ -159,6 +159,18 @@ CREATE TABLE IF NOT EXISTS task_logs (
 );
 CREATE INDEX IF NOT EXISTS task_logs_job ON task_logs (job, idx);
 ";
+
+/// A frame's stitched passes, the input of its finishing task: kept apart
+/// from `frames`, so clients never see them as a frame. Created whenever
+/// missing (only the finishing step reads it), so it needs no schema
+/// version of its own.
+const PASSES_TABLE: &str = "CREATE TABLE IF NOT EXISTS passes (
+    job INTEGER NOT NULL,
+    frame INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    PRIMARY KEY (job, frame)
+);";
 
 /// Version 3: Blender builds shipped through the farm (`blender add`).
 const BUILDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS blender_builds (
@@ -313,6 +325,7 @@ impl Db {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         migrate(&conn)?;
+        conn.execute_batch(PASSES_TABLE)?;
         Ok(Db { conn })
     }
 
@@ -422,7 +435,11 @@ impl Db {
         let kept = "SELECT id FROM jobs WHERE state NOT IN ('done', 'failed', 'canceled')
                     OR finished_ms IS NULL OR finished_ms > ?1";
         let mut out = Vec::new();
-        for table in ["SELECT output FROM results", "SELECT digest FROM frames"] {
+        for table in [
+            "SELECT output FROM results",
+            "SELECT digest FROM frames",
+            "SELECT digest FROM passes",
+        ] {
             let mut stmt = self
                 .conn
                 .prepare(&format!("{table} WHERE job IN ({kept})"))?;
@@ -608,6 +625,36 @@ impl Db {
             ],
         )?;
         Ok(())
+    }
+
+    /// Records a frame's stitched passes (its finishing task's input).
+    pub fn insert_passes(
+        &mut self,
+        job: u64,
+        frame: u32,
+        digest: Digest,
+        size: u64,
+    ) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO passes (job, frame, digest, size) VALUES (?1, ?2, ?3, ?4)",
+            params![job as i64, frame, digest.to_hex(), size as i64],
+        )?;
+        Ok(())
+    }
+
+    /// The stitched passes of `job`'s frames that have them.
+    pub fn passes(&self, job: u64) -> Result<Vec<StoredFrame>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT frame, digest, size FROM passes WHERE job = ?1 ORDER BY frame")?;
+        let rows = stmt.query_map([job as i64], |r| {
+            Ok(StoredFrame {
+                frame: r.get(0)?,
+                digest: digest_col(r, 1)?,
+                size: r.get::<_, i64>(2)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// Keeps a failed attempt's error and renderer log (cut to

@@ -274,9 +274,21 @@ pub struct JobSpec {
     /// one; frames are then named by [`frame_file_name`].
     #[serde(default)]
     pub output_name: Option<String>,
+    /// Each frame ends with a finishing task (Blender jobs split into
+    /// tiles or sample ranges with the compositor or denoising on): the
+    /// tiles render their passes only, and once a frame's passes are
+    /// stitched one task composites and denoises the whole frame and writes
+    /// the scene's output.
+    #[serde(default)]
+    pub finish: bool,
 }
 
 impl JobSpec {
+    /// Tasks per frame: every tile's sample ranges, and the finishing task.
+    pub fn tasks_per_frame(&self) -> u32 {
+        self.tiles.count() * self.sample_ranges + u32::from(self.finish)
+    }
+
     /// Checks every number of the job against [`limits`] and returns its
     /// task count (never zero). Called by the client before uploading and
     /// by the coordinator before recording the job; nothing computed from a
@@ -323,9 +335,8 @@ impl JobSpec {
                 self.sample_ranges
             ));
         }
-        let tasks = u64::from(cols)
-            * u64::from(rows)
-            * u64::from(self.sample_ranges.max(1))
+        let tasks = (u64::from(cols) * u64::from(rows) * u64::from(self.sample_ranges.max(1))
+            + u64::from(self.finish))
             * self.frames.len() as u64;
         if tasks == 0 {
             return Err("the job would have no tasks".into());

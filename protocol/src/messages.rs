@@ -146,6 +146,18 @@ pub struct JobInfo {
     pub output: OutputFormat,
     /// For Blender jobs: which Blender may render it.
     pub blender: Option<BlenderNeeds>,
+    /// Frames end with a finishing task: every other task renders the
+    /// scene's passes only (no compositor, no denoising, the denoising
+    /// data kept), as an uncompressed multilayer OpenEXR.
+    pub finish: bool,
+}
+
+/// What a finishing task composites: its frame's stitched passes, a
+/// multilayer OpenEXR blob the worker fetches like a job file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StitchedPasses {
+    pub digest: Digest,
+    pub size: u64,
 }
 
 /// One task under one lease.
@@ -157,6 +169,9 @@ pub struct TaskSpec {
     /// Samples `[start, end)` of `total`.
     pub samples: (u32, u32),
     pub total_samples: u32,
+    /// A finishing task: run the scene's compositor and denoising on these
+    /// passes of the whole frame and write the scene's output.
+    pub finish: Option<StitchedPasses>,
 }
 
 /// Coordinator → worker, on the control stream.

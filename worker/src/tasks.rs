@@ -236,6 +236,7 @@ mod tests {
             resolution: (8, 8),
             output: OutputFormat::Png,
             blender: None,
+            finish: false,
         }
     }
 
@@ -251,6 +252,7 @@ mod tests {
             },
             samples: (0, 1),
             total_samples: 1,
+            finish: None,
         }
     }
 

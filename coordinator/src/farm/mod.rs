@@ -25,12 +25,13 @@ pub use lost::{GONE_AFTER_MS, LOST_IN_A_ROW_FAILS};
 
 use tessera_protocol::job::{Engine, JobSpec};
 use tessera_protocol::messages::{
-    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, TaskRef, WorkerInfo,
+    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, StitchedPasses, TaskRef, WorkerInfo,
 };
 use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::Digest;
 
 pub(crate) use job::Job;
+pub use jobs::{StitchPlan, StitchStage};
 
 use crate::cost::Ledger;
 use crate::db::FinalCounts;
@@ -105,6 +106,8 @@ pub struct RestoredJob {
     pub results: Vec<(u32, u64)>,
     /// Frames already stitched.
     pub frames: Vec<u32>,
+    /// Frames whose passes are stitched for their finishing task.
+    pub passes: Vec<(u32, StitchedPasses)>,
 }
 
 pub(crate) struct WorkerEntry {
@@ -233,6 +236,11 @@ impl FarmCore {
                 }
             }
         }
+        for (frame, passes) in stored.passes {
+            if let Some(pos) = job.spec.frames.iter().position(|&x| x == frame) {
+                job.passes[pos] = Some(passes);
+            }
+        }
         self.ledger.restore_job(id, stored.cost_usd, job.tasks_done);
         if stored.state.is_final() {
             job.final_state = Some(stored.state);
@@ -242,8 +250,8 @@ impl FarmCore {
             let pending: Vec<u32> = (0..job.tasks_total())
                 .filter(|&i| !done[i as usize])
                 .collect();
-            for (pos, &n) in job.done_per_frame.iter().enumerate() {
-                if n == job.tasks_per_frame && !job.stitched[pos] {
+            for pos in 0..job.spec.frames.len() {
+                if job.stitch_due(pos) {
                     self.effects.push(Effect::Stitch {
                         job: id,
                         frame_pos: pos,
@@ -286,6 +294,12 @@ impl FarmCore {
             },
             now.ms,
         );
+        // A finishing task waits until its frame's passes are stitched.
+        let held: Vec<u32> = (job.finishing_tasks().into_iter().enumerate())
+            .filter(|&(pos, _)| job.passes[pos].is_none())
+            .map(|(_, index)| index)
+            .collect();
+        self.sched.hold(id, &held);
         self.sched.set_job_assets(id, job_assets(&job.spec));
         if let Some(needs) = job.spec.blender {
             self.sched.set_job_blender(id, needs);
@@ -404,6 +418,7 @@ impl FarmCore {
                 resolution: spec.resolution,
                 output: spec.output,
                 blender: spec.blender,
+                finish: spec.finish,
             });
             self.effects.push(Effect::Send {
                 worker: a.worker,

@@ -302,14 +302,20 @@ impl FarmCore {
     }
 
     /// What the output of `task` must be: its tile rectangle, and whether
-    /// the task is its frame's only one (then the renderer's file is the
-    /// frame, in whatever format it wrote). `None` for an unknown task.
+    /// the task is its frame's only one or its finishing task (then the
+    /// renderer's file is the frame, in whatever format it wrote). `None`
+    /// for an unknown task.
     pub fn expected_output(&self, task: TaskRef) -> Option<(TileRect, bool)> {
         let job = self.jobs.get(&task.job)?;
         if task.index >= job.tasks_total() {
             return None;
         }
-        Some((job.task_spec(task).tile, job.tasks_per_frame == 1))
+        let finishing =
+            job.spec.finish && task.index % job.tasks_per_frame == job.renders_per_frame();
+        Some((
+            job.task_spec(task).tile,
+            job.tasks_per_frame == 1 || finishing,
+        ))
     }
 
     /// A result whose output is not what its task asked for (wrong

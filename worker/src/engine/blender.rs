@@ -130,6 +130,19 @@ struct RenderCommand<'a> {
     /// A tile or sample range of an OpenEXR frame: travel as an
     /// uncompressed OpenEXR of every layer and pass (not 4-channel float).
     layers: bool,
+    /// A task of a frame with a finishing task: the render layers only (no
+    /// compositor, no denoising), with the denoising data.
+    passes: bool,
+}
+
+/// A finishing task: the compositor and denoising on a frame's stitched
+/// passes, written in the scene's own output format.
+#[derive(Serialize)]
+struct FinishCommand<'a> {
+    op: &'static str,
+    frame: u32,
+    passes: &'a Path,
+    out: &'a Path,
 }
 
 #[derive(Deserialize)]
@@ -162,6 +175,10 @@ struct Rendered {
     /// the session knows them (Cycles to multilayer OpenEXR).
     #[serde(default)]
     asked_passes: Option<Vec<String>>,
+    /// A finishing task's output: composited, not rendered (Cycles stamps
+    /// no samples into it).
+    #[serde(default)]
+    finished: bool,
 }
 
 /// Read back from the written image: its size and channels, and the stamp
@@ -307,7 +324,7 @@ impl Session {
 
     fn render(
         &mut self,
-        command: &RenderCommand<'_>,
+        command: &impl Serialize,
         progress: &(dyn Fn(u32, u32) + Sync),
     ) -> Result<Rendered, SessionError> {
         let died = |s: &mut Session, what: &str| {
@@ -489,7 +506,7 @@ impl Blender {
         session: &mut Option<Session>,
         job: &JobInfo,
         job_dir: &Path,
-        command: &RenderCommand<'_>,
+        command: &impl Serialize,
         progress: &(dyn Fn(u32, u32) + Sync),
     ) -> anyhow::Result<Rendered> {
         let install = self.install_for(job, job_dir)?;
@@ -565,8 +582,10 @@ impl Engine for Blender {
         // file, in the scene's format with everything in it.
         let whole = (task.tile.width, task.tile.height) == job.resolution;
         let ranged = task.samples != (0, task.total_samples);
-        let raw = ranged || (job.output == OutputFormat::Exr && !whole);
-        let layers = raw && job.output == OutputFormat::Exr;
+        // A frame with a finishing task: every tile its passes, in float.
+        let passes = job.finish;
+        let raw = passes || ranged || (job.output == OutputFormat::Exr && !whole);
+        let layers = passes || (raw && job.output == OutputFormat::Exr);
         let out = job_dir.with_extension(format!(
             "out-{}-{}.{}",
             task.task.index,
@@ -582,6 +601,7 @@ impl Engine for Blender {
             out: &out,
             raw,
             layers,
+            passes,
         };
         let (slot, mut session) = self.checkout()?;
         let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, progress);
@@ -601,6 +621,40 @@ impl Engine for Blender {
             Some([x, y, w, h]) => crop_png(&bytes, x, y, w, h),
             None => Ok(bytes),
         }
+    }
+
+    fn finish(
+        &self,
+        job: &JobInfo,
+        job_dir: &Path,
+        task: &TaskSpec,
+        passes: &Path,
+    ) -> anyhow::Result<Vec<u8>> {
+        let out = job_dir.with_extension(format!(
+            "out-{}-{}.img",
+            task.task.index, task.task.epoch
+        ));
+        let command = FinishCommand {
+            op: "finish",
+            frame: task.frame,
+            passes,
+            out: &out,
+        };
+        let (slot, mut session) = self.checkout()?;
+        let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, &|_, _| {});
+        // The finishing step rebuilt the scene's compositor: that session
+        // renders nothing more.
+        if let Some(s) = session.take() {
+            s.quit();
+        }
+        self.checkin(slot, None);
+        let rendered = result?;
+        let bytes = std::fs::read(&out)
+            .with_context(|| format!("blender wrote no output at {}", out.display()));
+        let _ = std::fs::remove_file(&out);
+        let bytes = bytes?;
+        check_evidence(&rendered, task, job.resolution)?;
+        Ok(bytes)
     }
 }
 
@@ -652,7 +706,13 @@ fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::R
             }
         );
     }
-    if r.engine == "CYCLES" {
+    anyhow::ensure!(
+        r.finished == task.finish.is_some(),
+        "blender's reply is {}, the task is {}",
+        if r.finished { "a finished frame" } else { "a render" },
+        if task.finish.is_some() { "a finishing task" } else { "a render" }
+    );
+    if r.engine == "CYCLES" && !r.finished {
         let want = task.samples.1 - task.samples.0;
         if !e.stamped {
             anyhow::ensure!(
@@ -758,6 +818,7 @@ mod tests {
             },
             samples,
             total_samples: samples.1,
+            finish: None,
         }
     }
 
@@ -984,6 +1045,7 @@ mod runtime_tests {
             output: OutputFormat::Png,
             // As an old coordinator would send it: no needs at all.
             blender: None,
+            finish: false,
         };
         let tile = TileRect {
             x: 0,
@@ -1001,6 +1063,7 @@ mod runtime_tests {
             tile,
             samples: (0, 16),
             total_samples: 16,
+            finish: None,
         };
         let err = engine
             .render(&job, &dir, &task, &|_, _| {}, &Default::default())
