@@ -728,6 +728,7 @@ mod tests {
             output: OutputFormat::Png,
             blender: None,
             output_name: None,
+            finish: false,
         }
     }
 

@@ -488,6 +488,7 @@ mod tests {
             output: OutputFormat::Png,
             blender: None,
             output_name: None,
+            finish: false,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {
