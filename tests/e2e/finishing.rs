@@ -105,6 +105,8 @@ fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full
     let job = farm.json(&[
         "submit",
         dir.join("scene.blend").to_str().unwrap(),
+        "--frames",
+        "1",
         "--tiles",
         "4x4",
         "--sample-ranges",

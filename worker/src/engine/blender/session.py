@@ -904,8 +904,6 @@ def finishing_compositor(scene, passes):
     r.use_compositing = True
     t = scene.node_tree
     image = bpy.data.images.load(passes, check_existing=False)
-    if image.type != "MULTILAYER":
-        raise RuntimeError("the stitched passes are not a multilayer OpenEXR")
     cycles = scene.cycles if r.engine == "CYCLES" else None
     for rl in [n for n in t.nodes if n.bl_idname == "CompositorNodeRLayers"]:
         layer = scene.view_layers.get(rl.layer)
@@ -914,7 +912,8 @@ def finishing_compositor(scene, passes):
         src.layer = rl.layer
         outs = {o.name: o for o in src.outputs if o.enabled}
         if "Combined" not in outs:
-            raise RuntimeError("the stitched passes lack view layer %r's Combined pass" % rl.layer)
+            raise RuntimeError("the stitched passes lack view layer %r's Combined pass (%s)" % (
+                rl.layer, image.type))
         image_out = outs["Combined"]
         denoise = (cycles is not None and cycles.use_denoising and layer is not None
                    and getattr(layer.cycles, "use_denoising", True))
