@@ -796,6 +796,31 @@ mod tests {
     }
 
     #[test]
+    fn stitched_passes_survive_reopening_apart_from_frames_and_are_kept_by_gc() {
+        let (dir, path) = temp_db("passes");
+        let passes = Digest::of(b"passes");
+        let id = {
+            let mut db = Db::open(&path).unwrap();
+            let id = db.insert_job(&spec(None), 1000, 0, 0).unwrap();
+            db.insert_passes(id, 1, passes, 6).unwrap();
+            id
+        };
+        let db = Db::open(&path).unwrap();
+        let stored = db.passes(id).unwrap();
+        assert_eq!(
+            stored,
+            [StoredFrame {
+                frame: 1,
+                digest: passes,
+                size: 6
+            }]
+        );
+        assert!(db.frames(id).unwrap().is_empty(), "clients never see them");
+        assert!(db.outputs_kept(0).unwrap().contains(&passes));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
     fn a_blender_build_is_recorded_once_and_survives_reopening() {
         use tessera_protocol::blender::BlenderVersion;
         use tessera_protocol::build::BuildKind;
