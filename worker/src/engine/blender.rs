@@ -791,6 +791,7 @@ impl Drop for Blender {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_protocol::messages::StitchedPasses;
 
     #[test]
     fn progress_lines_are_parsed() {
@@ -912,6 +913,35 @@ mod tests {
         let failed: Reply =
             serde_json::from_str(r#"{"ok":false,"error":"x","unsupported":true}"#).unwrap();
         assert!(failed.rendered.is_none() && failed.unsupported);
+    }
+
+    #[test]
+    fn a_finished_frame_is_accepted_without_a_samples_stamp_only_for_a_finishing_task() {
+        let mut t = task(3, [0, 0, 96, 64], (0, 16));
+        t.finish = Some(StitchedPasses {
+            digest: tessera_protocol::Digest::of(b"passes"),
+            size: 6,
+        });
+        // Composited, not rendered: Cycles stamps no samples.
+        let finished = r#"{"ok":true,"width":96,"height":64,"samples":0,"engine":"CYCLES","crop":null,"finished":true,
+            "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{},"stamped":true}}"#;
+        check_evidence(&reply(finished), &t, (96, 64)).unwrap();
+        let cases = [
+            (finished.replace(r#""frame":3"#, r#""frame":2"#), "stamped frame 2"),
+            (
+                finished.replace(r#""width":96,"height":64,"c"#, r#""width":48,"height":64,"c"#),
+                "output is 48x64",
+            ),
+            // A render's reply to a finishing task, and the other way round.
+            (finished.replace(r#""finished":true"#, r#""finished":false"#), "finishing task"),
+        ];
+        for (json, want) in cases {
+            let err = check_evidence(&reply(&json), &t, (96, 64)).unwrap_err();
+            assert!(err.to_string().contains(want), "{want}: {err}");
+        }
+        t.finish = None;
+        let err = check_evidence(&reply(finished), &t, (96, 64)).unwrap_err();
+        assert!(err.to_string().contains("a finished frame"), "{err}");
     }
 
     #[test]
