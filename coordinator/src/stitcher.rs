@@ -66,12 +66,23 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
     if plan.stage == StitchStage::Passes {
         // The finishing task's input: kept out of the job's frames.
         shared.db().insert_passes(job_id, frame, digest, size)?;
-        tracing::info!(job = job_id, frame, "passes stitched; finishing task queued");
+        tracing::info!(
+            job = job_id,
+            frame,
+            "passes stitched; finishing task queued"
+        );
         let passes = StitchedPasses { digest, size };
         shared.update(|core, _| core.passes_stitched(job_id, frame_pos, passes));
         return Ok(());
     }
-    shared.db().insert_frame(job_id, &StoredFrame { frame, digest, size })?;
+    shared.db().insert_frame(
+        job_id,
+        &StoredFrame {
+            frame,
+            digest,
+            size,
+        },
+    )?;
     tracing::info!(job = job_id, frame, "frame stitched");
     let ((), recorded) = shared.act(|core, now| core.frame_stitched(job_id, frame_pos, now));
     recorded

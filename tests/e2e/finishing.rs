@@ -51,7 +51,8 @@ fn figures(got: &Path, want: &Path) -> Figures {
     let near_edge = |x: u32, y: u32| {
         (1..GRID).any(|i| {
             let (ex, ey) = (w * i / GRID, h * i / GRID);
-            (ex.saturating_sub(2)..ex + 2).contains(&x) || (ey.saturating_sub(2)..ey + 2).contains(&y)
+            (ex.saturating_sub(2)..ex + 2).contains(&x)
+                || (ey.saturating_sub(2)..ey + 2).contains(&y)
         })
     };
     let (mut sq, mut edge, mut rest) = (0f64, (0f64, 0u32), (0f64, 0u32));
@@ -63,7 +64,11 @@ fn figures(got: &Path, want: &Path) -> Figures {
                 .collect();
             sq += d.iter().map(|v| v * v).sum::<f64>();
             let mad = d.iter().map(|v| v.abs()).sum::<f64>() / 3.0;
-            let bucket = if near_edge(x, y) { &mut edge } else { &mut rest };
+            let bucket = if near_edge(x, y) {
+                &mut edge
+            } else {
+                &mut rest
+            };
             bucket.0 += mad;
             bucket.1 += 1;
         }

@@ -140,7 +140,8 @@ impl FarmCore {
         };
         *slot = Some(passes);
         let index = (frame_pos as u32 + 1) * job.tasks_per_frame - 1;
-        self.sched.release(crate::scheduler::TaskKey { job: job_id, index });
+        self.sched
+            .release(crate::scheduler::TaskKey { job: job_id, index });
         self.effects.push(Effect::Wake);
     }
 

@@ -865,9 +865,15 @@ fn a_finishing_task_waits_for_its_frames_passes_also_across_a_restart() {
     farm.commit_all(&mut db);
     assert_eq!(farm.stitches, [(job, 0)]);
     let plan = farm.core.stitch_plan(job, 0).unwrap();
-    assert_eq!((plan.stage, plan.first, plan.renders), (StitchStage::Passes, 0, 2));
+    assert_eq!(
+        (plan.stage, plan.first, plan.renders),
+        (StitchStage::Passes, 0, 2)
+    );
     farm.dispatch();
-    assert!(farm.assigned(w).is_empty(), "still held until the passes are stored");
+    assert!(
+        farm.assigned(w).is_empty(),
+        "still held until the passes are stored"
+    );
     let passes = StitchedPasses {
         digest: Digest::of(b"passes"),
         size: 6,
@@ -875,12 +881,19 @@ fn a_finishing_task_waits_for_its_frames_passes_also_across_a_restart() {
     farm.stitches.clear();
     farm.core.passes_stitched(job, 0, passes);
     farm.collect();
-    assert!(farm.core.stitch_plan(job, 0).is_none(), "nothing to stitch meanwhile");
+    assert!(
+        farm.core.stitch_plan(job, 0).is_none(),
+        "nothing to stitch meanwhile"
+    );
     farm.dispatch();
     let fin = farm.assigned(w);
     assert_eq!(fin.len(), 1);
     assert_eq!((fin[0].task.index, fin[0].finish), (2, Some(passes)));
-    assert_eq!((fin[0].tile.width, fin[0].tile.height), (64, 16), "the whole frame");
+    assert_eq!(
+        (fin[0].tile.width, fin[0].tile.height),
+        (64, 16),
+        "the whole frame"
+    );
 
     // A coordinator restarted now hands out the finishing task again, and
     // nothing that rendered; without stored passes it stitches them first.
@@ -902,7 +915,10 @@ fn a_finishing_task_waits_for_its_frames_passes_also_across_a_restart() {
     farm.commit_all(&mut db);
     assert_eq!(farm.stitches, [(job, 0)]);
     let plan = farm.core.stitch_plan(job, 0).unwrap();
-    assert_eq!((plan.stage, plan.first, plan.renders), (StitchStage::Finished, 0, 2));
+    assert_eq!(
+        (plan.stage, plan.first, plan.renders),
+        (StitchStage::Finished, 0, 2)
+    );
     farm.stitch_all();
     assert_eq!(farm.records, [(job, JobState::Done, None)]);
     assert_eq!(farm.finals[&job].tasks_done, 3);

@@ -888,7 +888,9 @@ impl Scheduler {
             return;
         };
         let hold: HashSet<u32> = indices.iter().copied().collect();
-        known.queue.retain(|i| !hold.contains(i) || !known.held.insert(*i));
+        known
+            .queue
+            .retain(|i| !hold.contains(i) || !known.held.insert(*i));
         sync_ready(&mut self.ready, known);
     }
 

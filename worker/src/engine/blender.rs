@@ -630,10 +630,8 @@ impl Engine for Blender {
         task: &TaskSpec,
         passes: &Path,
     ) -> anyhow::Result<Vec<u8>> {
-        let out = job_dir.with_extension(format!(
-            "out-{}-{}.img",
-            task.task.index, task.task.epoch
-        ));
+        let out =
+            job_dir.with_extension(format!("out-{}-{}.img", task.task.index, task.task.epoch));
         let command = FinishCommand {
             op: "finish",
             frame: task.frame,
@@ -709,8 +707,16 @@ fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::R
     anyhow::ensure!(
         r.finished == task.finish.is_some(),
         "blender's reply is {}, the task is {}",
-        if r.finished { "a finished frame" } else { "a render" },
-        if task.finish.is_some() { "a finishing task" } else { "a render" }
+        if r.finished {
+            "a finished frame"
+        } else {
+            "a render"
+        },
+        if task.finish.is_some() {
+            "a finishing task"
+        } else {
+            "a render"
+        }
     );
     if r.engine == "CYCLES" && !r.finished {
         let want = task.samples.1 - task.samples.0;
@@ -927,13 +933,22 @@ mod tests {
             "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{},"stamped":true}}"#;
         check_evidence(&reply(finished), &t, (96, 64)).unwrap();
         let cases = [
-            (finished.replace(r#""frame":3"#, r#""frame":2"#), "stamped frame 2"),
             (
-                finished.replace(r#""width":96,"height":64,"c"#, r#""width":48,"height":64,"c"#),
+                finished.replace(r#""frame":3"#, r#""frame":2"#),
+                "stamped frame 2",
+            ),
+            (
+                finished.replace(
+                    r#""width":96,"height":64,"c"#,
+                    r#""width":48,"height":64,"c"#,
+                ),
                 "output is 48x64",
             ),
             // A render's reply to a finishing task, and the other way round.
-            (finished.replace(r#""finished":true"#, r#""finished":false"#), "finishing task"),
+            (
+                finished.replace(r#""finished":true"#, r#""finished":false"#),
+                "finishing task",
+            ),
         ];
         for (json, want) in cases {
             let err = check_evidence(&reply(&json), &t, (96, 64)).unwrap_err();
