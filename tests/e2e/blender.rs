@@ -491,6 +491,21 @@ fn a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job() {
         error.contains("failed 3 times") && error.contains("illegal memory access"),
         "{error}"
     );
+    // The real error, said once, in one line a person can read; Blender's
+    // log stays with `tessera logs`.
+    assert_eq!(error.matches("illegal memory access").count(), 1, "{error}");
+    assert!(
+        !error.contains('\n') && error.len() < 600,
+        "{} bytes: {error}",
+        error.len()
+    );
+    let logs = farm.json(&["logs", &id, "--json"]);
+    let attempts = logs["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3, "{logs}");
+    assert!(
+        (attempts.iter()).all(|a| a["log"].as_str().unwrap().contains("illegal memory access")),
+        "{logs}"
+    );
 }
 
 #[test]

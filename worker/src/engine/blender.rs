@@ -341,7 +341,9 @@ impl Session {
             .and_then(|()| self.stdin.flush())
             .is_err()
         {
-            return Err(died(self, "stopped reading commands"));
+            // A closed pipe is the same crash as an exit mid-render: one wording,
+            // so that a job failing the same way says its error once.
+            return Err(died(self, "exited while rendering"));
         }
         let mut buf = String::new();
         loop {
