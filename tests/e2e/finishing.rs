@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::blender::{in_bpy, png_raw, run_ok};
+use crate::blender::{assert_not_blank, in_bpy, png_raw, run_ok};
 use crate::harness::Farm;
 use crate::requires::{require, Need};
 
@@ -144,6 +144,7 @@ fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full
     names.sort();
     assert_eq!(names, ["0001.png"]);
     let reference = dir.join("ref.png");
+    assert_not_blank(&reference, &rgb(&reference).2);
     let farm_way = figures(&out.join("0001.png"), &reference);
     let per_tile = figures(&dir.join("per_tile.png"), &reference);
     eprintln!(
