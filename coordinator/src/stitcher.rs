@@ -17,6 +17,7 @@ use tessera_protocol::messages::StitchedPasses;
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::sums::SumTile;
 
+use crate::commit::{FAILPOINT, FAILPOINT_EXIT_AFTER_PASSES};
 use crate::db::StoredFrame;
 use crate::farm::StitchStage;
 use crate::server::Shared;
@@ -66,6 +67,16 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
     if plan.stage == StitchStage::Passes {
         // The finishing task's input: kept out of the job's frames.
         shared.db().insert_passes(job_id, frame, digest, size)?;
+        if std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_EXIT_AFTER_PASSES) {
+            // The test of a restart between a frame's passes and its
+            // finishing task: die like a killed process, passes recorded.
+            tracing::warn!(
+                job = job_id,
+                frame,
+                "failpoint: exiting after stitching passes"
+            );
+            std::process::abort();
+        }
         tracing::info!(
             job = job_id,
             frame,

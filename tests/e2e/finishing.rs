@@ -6,6 +6,9 @@
 //! Blender tests.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use tessera_coordinator::commit::{FAILPOINT, FAILPOINT_EXIT_AFTER_PASSES};
 
 use crate::blender::{assert_not_blank, in_bpy, png_raw, run_ok};
 use crate::harness::Farm;
@@ -87,7 +90,8 @@ fn figures(got: &Path, want: &Path) -> Figures {
 
 #[test]
 #[ignore = "needs bpy 4.5 (TESSERA_TEST_BPY)"]
-fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full_render() {
+fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full_render_across_a_restart(
+) {
     require(Need::Bpy);
     let py = PathBuf::from(std::env::var_os("TESSERA_TEST_BPY").expect("checked"));
     let py_s = py.to_str().unwrap();
@@ -104,10 +108,14 @@ fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full
         probe.to_str().unwrap()
     );
     run_ok(&mut in_bpy(&py, None, &src));
+    // The coordinator dies once the frame's passes are stitched and
+    // recorded, before its finishing task is handed out.
+    farm.coordinator_env = vec![(FAILPOINT.into(), FAILPOINT_EXIT_AFTER_PASSES.into())];
+    farm.kill_coordinator();
+    farm.start_coordinator();
     farm.add_worker_with("b1", &["--engine", "blender", "--blender-python", py_s]);
     farm.wait_workers(1);
-    let out = farm.dir.join("out");
-    let job = farm.json(&[
+    let submitted = farm.json(&[
         "submit",
         dir.join("scene.blend").to_str().unwrap(),
         "--frames",
@@ -118,16 +126,12 @@ fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full
         "4",
         "--blender-python",
         py_s,
-        "--wait",
         "--json",
-        "--output",
-        out.to_str().unwrap(),
     ]);
-    assert_eq!(job["state"], "done", "{job}");
-    // 16 tiles x 4 sample ranges of passes, and one finishing task.
-    assert_eq!(job["tasks_total"], 65, "{job}");
-    assert_eq!(job["tasks_done"], 65, "{job}");
-    let warnings = job["warnings"].as_array().expect("warnings as a list");
+    let id = submitted["id"].as_u64().unwrap();
+    let warnings = submitted["warnings"]
+        .as_array()
+        .expect("warnings as a list");
     assert!(
         !warnings.iter().any(|w| {
             let w = w.as_str().unwrap_or_default();
@@ -135,6 +139,27 @@ fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full
         }),
         "per-tile warnings for a finished frame: {warnings:?}"
     );
+    let status = farm.wait_coordinator_exit(Duration::from_secs(300));
+    assert!(!status.success(), "the failpoint ended it: {status}");
+    let db = tessera_coordinator::db::Db::open(&farm.data.join("state.sqlite")).unwrap();
+    assert_eq!(db.passes(id).unwrap().len(), 1, "the passes are recorded");
+    assert!(db.frames(id).unwrap().is_empty(), "and are not a frame");
+    drop(db);
+    // Restarted, the farm hands out the finishing task and renders no tile
+    // again.
+    farm.coordinator_env.clear();
+    farm.start_coordinator();
+    let out = farm.dir.join("out");
+    let job = farm.wait_done(id, &out);
+    assert_eq!(job["state"], "done", "{job}");
+    // 16 tiles x 4 sample ranges of passes, and one finishing task.
+    assert_eq!(job["tasks_total"], 65, "{job}");
+    assert_eq!(job["tasks_done"], 65, "{job}");
+    let mut renders = farm.renders();
+    assert_eq!(renders.len(), 65, "each task rendered once: {renders:?}");
+    renders.sort_unstable();
+    renders.dedup();
+    assert_eq!(renders.len(), 65, "each task rendered once");
     // Named as Blender names it (its output path is the default `/tmp/`),
     // and the stitched passes are not among the frames.
     let mut names: Vec<String> = std::fs::read_dir(&out)
