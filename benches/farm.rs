@@ -161,6 +161,7 @@ fn memory() {
                 blender: None,
                 output_name: None,
                 unreal: None,
+                finish: false,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

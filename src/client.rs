@@ -347,6 +347,8 @@ struct Scan {
     /// The scene's frame-name template, if it names its frames.
     output_name: Option<String>,
     unreal: Option<tessera_protocol::unreal::UnrealJob>,
+    /// Frames end with a finishing task (see [`JobSpec::finish`]).
+    finish: bool,
 }
 
 pub(crate) struct SceneFile {
@@ -432,6 +434,7 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 warnings: Vec::new(),
                 output_name: None,
                 unreal: None,
+                finish: false,
             })
         }
         Engine::Blender => scan_blend(opts, path, file_name),
@@ -449,6 +452,7 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 warnings: Vec::new(),
                 output_name: None,
                 unreal: Some(p.unreal),
+                finish: false,
             })
         }
     }
@@ -495,11 +499,20 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     let frames = frames_in_range(opts.frames.as_deref(), s.frame_start, s.frame_end)?;
     let cycles = s.render_engine == "CYCLES";
     let whole = opts.tiles.count() == 1 && opts.sample_ranges <= 1;
+    // Whole-frame effects on a split frame: the tiles render their passes,
+    // and one finishing task per frame composites and denoises the whole
+    // frame and writes the scene's output. A multilayer OpenEXR keeps every
+    // rendered pass, which a finishing compositor does not give back.
+    let finish = cycles
+        && !whole
+        && (s.compositing || s.use_denoising)
+        && !s.is_movie
+        && s.file_format != "OPEN_EXR_MULTILAYER";
     let output = match s.file_format.as_str() {
         "PNG" => OutputFormat::Png,
         "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => OutputFormat::Exr,
         _ if s.is_movie => OutputFormat::Image, // refused below, with the reason
-        _ if whole => OutputFormat::Image,
+        _ if whole || finish => OutputFormat::Image,
         other => {
             bail!("the scene's output format {other} can only be rendered as whole frames: submit without --tiles and --sample-ranges, or set it to PNG or OpenEXR")
         }
@@ -516,10 +529,10 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         );
     }
     if sample_ranges > 1 {
-        if output != OutputFormat::Exr {
+        if output != OutputFormat::Exr && !finish {
             bail!("--sample-ranges merges float images: set the scene's output format to OpenEXR");
         }
-        if s.use_denoising {
+        if s.use_denoising && !finish {
             bail!("--sample-ranges cannot merge denoised renders exactly: turn denoising off in the scene");
         }
         // Blender 4.5 renders a range as a subset of the full render's own
@@ -546,7 +559,10 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
             s.file_format
         );
     }
-    let warnings = blend_warnings(&s, opts.tiles.count() > 1, sample_ranges > 1);
+    let mut warnings = blend_warnings(&s, opts.tiles.count() > 1, sample_ranges > 1, finish);
+    if finish && s.use_denoising && s.denoiser.as_deref() == Some("OPTIX") {
+        warnings.push("the scene denoises with OptiX; the finishing step of a split frame denoises with OpenImageDenoise, so frames differ from a full render: submit without --tiles and --sample-ranges for OptiX's result".into());
+    }
     let small = std::fs::metadata(&blend).map_or(true, |m| m.len() < CHUNK_THRESHOLD);
     if let (Some(kind), true) = (&s.compressed, small) {
         // Large files get the note about chunking when they are hashed.
@@ -569,7 +585,8 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     let needs = BlenderNeeds {
         saved_by: Some(saved),
         version,
-        denoise: cycles && s.use_denoising && s.denoiser.as_deref() != Some("OPTIX"),
+        // The finishing step denoises with the compositor's OpenImageDenoise.
+        denoise: cycles && s.use_denoising && (s.denoiser.as_deref() != Some("OPTIX") || finish),
         osl: cycles && s.use_osl,
         eevee: matches!(
             s.render_engine.as_str(),
@@ -588,18 +605,22 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         warnings,
         output_name: s.output_name.clone(),
         unreal: None,
+        finish,
     })
 }
 
 /// The warnings that apply to a `.blend` job split into tiles (`tiled`)
-/// and/or sample ranges (`ranged`): general ones from the scan, then those
-/// of settings that only matter for the split the job uses.
-fn blend_warnings(s: &blend::Scan, tiled: bool, ranged: bool) -> Vec<String> {
+/// and/or sample ranges (`ranged`), its frames finished whole or not
+/// (`finish`): general ones from the scan, then those of settings that only
+/// matter for the split the job uses.
+fn blend_warnings(s: &blend::Scan, tiled: bool, ranged: bool, finish: bool) -> Vec<String> {
     let mut w = s.warnings.clone();
     let split = tiled || ranged;
     if ranged && s.use_adaptive_sampling {
         w.push("adaptive sampling is on: merged sample ranges differ slightly from a single render (float precision no longer holds)".into());
     }
+    // A finishing step denoises, composites and stamps the whole frame.
+    let tiled = tiled && !finish;
     if tiled && s.use_denoising {
         w.push("denoising is on: each tile is denoised on its own and does not match a full render (measured on a test scene, 2x2 tiles, OpenImageDenoise: up to 42/255 on 63 % of pixels); submit without --tiles for exact frames".into());
     }
@@ -660,6 +681,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         blender: scan.blender,
         output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
         unreal: scan.unreal.map(Box::new),
+        finish: scan.finish,
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

@@ -19,6 +19,9 @@ pub const FAILPOINT: &str = "TESSERA_FAILPOINT";
 /// Ends the process right after the first committed batch, before any of
 /// its results is acknowledged.
 pub const FAILPOINT_EXIT_AFTER_COMMIT: &str = "exit-after-commit";
+/// The stitcher aborts the coordinator once a frame's passes are stitched
+/// and recorded, before its finishing task is handed out.
+pub const FAILPOINT_EXIT_AFTER_PASSES: &str = "exit-after-passes";
 
 /// What the commit thread is given.
 pub(crate) enum CommitMsg {

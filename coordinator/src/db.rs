@@ -57,7 +57,7 @@ impl StoredJob {
     /// running is the farm core's to describe).
     pub fn status(&self) -> JobStatus {
         let counts = self.counts.unwrap_or_default();
-        let tasks_per_frame = self.spec.tiles.count() * self.spec.sample_ranges;
+        let tasks_per_frame = self.spec.tasks_per_frame();
         JobStatus {
             id: self.id,
             name: self.spec.name.clone(),
@@ -162,6 +162,18 @@ CREATE TABLE IF NOT EXISTS task_logs (
 );
 CREATE INDEX IF NOT EXISTS task_logs_job ON task_logs (job, idx);
 ";
+
+/// A frame's stitched passes, the input of its finishing task: kept apart
+/// from `frames`, so clients never see them as a frame. Created whenever
+/// missing (only the finishing step reads it), so it needs no schema
+/// version of its own.
+const PASSES_TABLE: &str = "CREATE TABLE IF NOT EXISTS passes (
+    job INTEGER NOT NULL,
+    frame INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    PRIMARY KEY (job, frame)
+);";
 
 /// Version 3: Blender builds shipped through the farm (`blender add`).
 const BUILDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS blender_builds (
@@ -316,6 +328,7 @@ impl Db {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         migrate(&conn)?;
+        conn.execute_batch(PASSES_TABLE)?;
         Ok(Db { conn })
     }
 
@@ -425,7 +438,11 @@ impl Db {
         let kept = "SELECT id FROM jobs WHERE state NOT IN ('done', 'failed', 'canceled')
                     OR finished_ms IS NULL OR finished_ms > ?1";
         let mut out = Vec::new();
-        for table in ["SELECT output FROM results", "SELECT digest FROM frames"] {
+        for table in [
+            "SELECT output FROM results",
+            "SELECT digest FROM frames",
+            "SELECT digest FROM passes",
+        ] {
             let mut stmt = self
                 .conn
                 .prepare(&format!("{table} WHERE job IN ({kept})"))?;
@@ -613,6 +630,36 @@ impl Db {
         Ok(())
     }
 
+    /// Records a frame's stitched passes (its finishing task's input).
+    pub fn insert_passes(
+        &mut self,
+        job: u64,
+        frame: u32,
+        digest: Digest,
+        size: u64,
+    ) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO passes (job, frame, digest, size) VALUES (?1, ?2, ?3, ?4)",
+            params![job as i64, frame, digest.to_hex(), size as i64],
+        )?;
+        Ok(())
+    }
+
+    /// The stitched passes of `job`'s frames that have them.
+    pub fn passes(&self, job: u64) -> Result<Vec<StoredFrame>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT frame, digest, size FROM passes WHERE job = ?1 ORDER BY frame")?;
+        let rows = stmt.query_map([job as i64], |r| {
+            Ok(StoredFrame {
+                frame: r.get(0)?,
+                digest: digest_col(r, 1)?,
+                size: r.get::<_, i64>(2)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Keeps a failed attempt's error and renderer log (cut to
     /// `MAX_TASK_LOG` bytes) for `tessera logs`.
     pub fn insert_task_log(&mut self, job: u64, entry: &TaskLog) -> Result<(), DbError> {
@@ -685,6 +732,7 @@ mod tests {
             blender: None,
             output_name: None,
             unreal: None,
+            finish: false,
         }
     }
 
@@ -749,6 +797,31 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("state.sqlite");
         (dir, path)
+    }
+
+    #[test]
+    fn stitched_passes_survive_reopening_apart_from_frames_and_are_kept_by_gc() {
+        let (dir, path) = temp_db("passes");
+        let passes = Digest::of(b"passes");
+        let id = {
+            let mut db = Db::open(&path).unwrap();
+            let id = db.insert_job(&spec(None), 1000, 0, 0).unwrap();
+            db.insert_passes(id, 1, passes, 6).unwrap();
+            id
+        };
+        let db = Db::open(&path).unwrap();
+        let stored = db.passes(id).unwrap();
+        assert_eq!(
+            stored,
+            [StoredFrame {
+                frame: 1,
+                digest: passes,
+                size: 6
+            }]
+        );
+        assert!(db.frames(id).unwrap().is_empty(), "clients never see them");
+        assert!(db.outputs_kept(0).unwrap().contains(&passes));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

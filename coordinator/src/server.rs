@@ -15,7 +15,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::BlobDir;
-use tessera_protocol::messages::{CoordMsg, FarmEvent, JobStatus, Snapshot, WorkerInfo};
+use tessera_protocol::messages::{
+    CoordMsg, FarmEvent, JobStatus, Snapshot, StitchedPasses, WorkerInfo,
+};
 use tessera_protocol::store::Verified;
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Identity, Timing};
@@ -394,6 +396,7 @@ fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
         for stored in db.unfinished_jobs()? {
             let results = db.results(stored.id)?;
             let frames = db.frames(stored.id)?;
+            let passes = db.passes(stored.id)?;
             restored.push(RestoredJob {
                 id: stored.id,
                 spec: stored.spec,
@@ -406,6 +409,15 @@ fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
                 cost_usd: stored.cost_usd,
                 results: results.iter().map(|r| (r.index, r.render_ms)).collect(),
                 frames: frames.iter().map(|f| f.frame).collect(),
+                passes: (passes.iter())
+                    .map(|p| {
+                        let passes = StitchedPasses {
+                            digest: p.digest,
+                            size: p.size,
+                        };
+                        (p.frame, passes)
+                    })
+                    .collect(),
             });
         }
     }

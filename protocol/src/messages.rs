@@ -152,6 +152,18 @@ pub struct JobInfo {
     pub blender: Option<BlenderNeeds>,
     /// For Unreal jobs: what Movie Render Queue renders.
     pub unreal: Option<Box<crate::unreal::UnrealJob>>,
+    /// Frames end with a finishing task: every other task renders the
+    /// scene's passes only (no compositor, no denoising, the denoising
+    /// data kept), as an uncompressed multilayer OpenEXR.
+    pub finish: bool,
+}
+
+/// What a finishing task composites: its frame's stitched passes, a
+/// multilayer OpenEXR blob the worker fetches like a job file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StitchedPasses {
+    pub digest: Digest,
+    pub size: u64,
 }
 
 /// One task under one lease.
@@ -167,6 +179,9 @@ pub struct TaskSpec {
     /// its first kept frame).
     #[serde(default)]
     pub unreal: Option<crate::unreal::UnrealTask>,
+    /// A finishing task: run the scene's compositor and denoising on these
+    /// passes of the whole frame and write the scene's output.
+    pub finish: Option<StitchedPasses>,
 }
 
 /// Coordinator → worker, on the control stream.

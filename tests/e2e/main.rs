@@ -10,6 +10,7 @@ mod blender_versions;
 mod durability;
 mod faithful;
 mod faults;
+mod finishing;
 mod formats;
 mod harness;
 mod hostile;

@@ -545,12 +545,28 @@ async fn render(
     };
     // The engine stops early once the task is canceled: the blocking thread
     // is not left rendering what nobody wants while the slot takes new work.
-    let output = tokio::task::spawn_blocking(move || {
-        engine.render(&job2, &dir, &task2, &progress, &canceled)
-    })
-    .await
-    .context("the render thread panicked")
-    .and_then(|r| r)
+    let output = match task.finish {
+        None => tokio::task::spawn_blocking(move || {
+            engine.render(&job2, &dir, &task2, &progress, &canceled)
+        })
+        .await
+        .context("the render thread panicked")
+        .and_then(|r| r),
+        Some(passes) => {
+            // A finishing task: the frame's stitched passes, from the
+            // coordinator like a job file, beside the job folder.
+            let at = dir.with_extension(format!("passes-{}-{}.exr", t.index, t.epoch));
+            (cache.fetch_passes(conn, t.job, passes, &at).await).map_err(RenderError::Fetch)?;
+            let at2 = at.clone();
+            let finished =
+                tokio::task::spawn_blocking(move || engine.finish(&job2, &dir, &task2, &at2))
+                    .await
+                    .context("the render thread panicked")
+                    .and_then(|r| r);
+            let _ = std::fs::remove_file(&at);
+            finished
+        }
+    }
     .map_err(RenderError::Render)?;
     let render_ms = started.elapsed().as_millis() as u64;
     tracing::info!(

@@ -260,8 +260,9 @@ fn tiles(shared: &Shared, job: u64, frame: u32) -> ClientResponse {
                 "job {job} does not render frame {frame}"
             )));
         };
+        let first_of = |pos: u32| pos * spec.tasks_per_frame();
         let per_frame = spec.tiles.count() * spec.sample_ranges;
-        let first = pos as u32 * per_frame;
+        let first = first_of(pos as u32);
         let done: HashSet<u32> = (shared.db().results(job)?.into_iter())
             .map(|r| r.index)
             .filter(|i| (first..first + per_frame).contains(i))

@@ -26,12 +26,13 @@ pub use lost::{GONE_AFTER_MS, LOST_IN_A_ROW_FAILS};
 
 use tessera_protocol::job::{Engine, JobSpec};
 use tessera_protocol::messages::{
-    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, TaskRef, WorkerInfo,
+    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, StitchedPasses, TaskRef, WorkerInfo,
 };
 use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::Digest;
 
 pub(crate) use job::Job;
+pub use jobs::{StitchPlan, StitchStage};
 
 use crate::cost::Ledger;
 use crate::db::FinalCounts;
@@ -106,6 +107,8 @@ pub struct RestoredJob {
     pub results: Vec<(u32, u64)>,
     /// Frames already stitched.
     pub frames: Vec<u32>,
+    /// Frames whose passes are stitched for their finishing task.
+    pub passes: Vec<(u32, StitchedPasses)>,
 }
 
 pub(crate) struct WorkerEntry {
@@ -240,6 +243,11 @@ impl FarmCore {
                 }
             }
         }
+        for (frame, passes) in stored.passes {
+            if let Some(pos) = job.spec.frames.iter().position(|&x| x == frame) {
+                job.passes[pos] = Some(passes);
+            }
+        }
         self.ledger.restore_job(id, stored.cost_usd, job.tasks_done);
         if stored.state.is_final() {
             job.final_state = Some(stored.state);
@@ -250,7 +258,7 @@ impl FarmCore {
                 .filter(|&i| !done[i as usize])
                 .collect();
             for pos in 0..job.done_per_frame.len() {
-                if job.frame_complete(pos) && !job.stitched[pos] {
+                if job.stitch_due(pos) {
                     self.effects.push(Effect::Stitch {
                         job: id,
                         frame_pos: pos,
@@ -293,6 +301,12 @@ impl FarmCore {
             },
             now.ms,
         );
+        // A finishing task waits until its frame's passes are stitched.
+        let held: Vec<u32> = (job.finishing_tasks().into_iter().enumerate())
+            .filter(|&(pos, _)| job.passes[pos].is_none())
+            .map(|(_, index)| index)
+            .collect();
+        self.sched.hold(id, &held);
         self.sched.set_job_assets(id, job_assets(&job.spec));
         if let Some(needs) = job.spec.blender {
             self.sched.set_job_blender(id, needs);
@@ -412,6 +426,7 @@ impl FarmCore {
                 output: spec.output,
                 blender: spec.blender,
                 unreal: spec.unreal.clone(),
+                finish: spec.finish,
             });
             self.effects.push(Effect::Send {
                 worker: a.worker,

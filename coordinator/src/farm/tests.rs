@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
 use tessera_protocol::messages::{
-    CoordMsg, FarmEvent, JobState, TaskRef, TaskSpec, TileState, WorkerInfo, WorkerMsg, WorkerState,
+    CoordMsg, FarmEvent, JobState, StitchedPasses, TaskRef, TaskSpec, TileState, WorkerInfo,
+    WorkerMsg, WorkerState,
 };
 use tessera_protocol::Digest;
 
@@ -62,6 +63,7 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         blender: None,
         output_name: None,
         unreal: None,
+        finish: false,
     }
 }
 
@@ -888,4 +890,112 @@ fn an_auto_worker_offers_the_stored_builds_and_is_told_of_each() {
     assert_eq!(offers[0].1.len(), 2);
     assert_eq!(offers[0].1[1], name);
     assert!(name.contains("Blender 4.5.4 (bpy, stored build"), "{name}");
+}
+
+/// A restored copy of job 1 (`spec`) with `results` committed and the
+/// passes of frame 1 stored or not.
+fn restored(spec: JobSpec, results: &[u32], passes: Option<StitchedPasses>) -> Farm {
+    let mut farm = Farm::new(3);
+    let now = farm.now();
+    farm.core.restore_job(
+        RestoredJob {
+            id: 1,
+            spec,
+            state: JobState::Running,
+            error: None,
+            submitted_unix_ms: now.unix_ms,
+            finished_unix_ms: None,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            cost_usd: 0.0,
+            results: results.iter().map(|&i| (i, 10)).collect(),
+            frames: Vec::new(),
+            passes: passes.map(|p| (1, p)).into_iter().collect(),
+        },
+        now,
+    );
+    farm.collect();
+    farm
+}
+
+#[test]
+fn a_finishing_task_waits_for_its_frames_passes_also_across_a_restart() {
+    let finishing = JobSpec {
+        finish: true,
+        ..spec("fx", 1, 2)
+    };
+    let mut farm = Farm::new(3);
+    let mut db = BTreeSet::new();
+    let job = farm.submit(finishing.clone());
+    let w = farm.join("w1", worker_info(4, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let leases = farm.assigned(w);
+    let indices: Vec<u32> = leases.iter().map(|s| s.task.index).collect();
+    assert_eq!(indices, [0, 1], "the finishing task (2) is held back");
+    assert!(leases.iter().all(|s| s.finish.is_none()));
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!((status.tasks_total, status.tasks_running), (3, 2));
+    for s in &leases {
+        farm.done(w, s.task);
+    }
+    farm.commit_all(&mut db);
+    assert_eq!(farm.stitches, [(job, 0)]);
+    let plan = farm.core.stitch_plan(job, 0).unwrap();
+    assert_eq!(
+        (plan.stage, plan.first, plan.renders),
+        (StitchStage::Passes, 0, 2)
+    );
+    farm.dispatch();
+    assert!(
+        farm.assigned(w).is_empty(),
+        "still held until the passes are stored"
+    );
+    let passes = StitchedPasses {
+        digest: Digest::of(b"passes"),
+        size: 6,
+    };
+    farm.stitches.clear();
+    farm.core.passes_stitched(job, 0, passes);
+    farm.collect();
+    assert!(
+        farm.core.stitch_plan(job, 0).is_none(),
+        "nothing to stitch meanwhile"
+    );
+    farm.dispatch();
+    let fin = farm.assigned(w);
+    assert_eq!(fin.len(), 1);
+    assert_eq!((fin[0].task.index, fin[0].finish), (2, Some(passes)));
+    assert_eq!(
+        (fin[0].tile.width, fin[0].tile.height),
+        (64, 16),
+        "the whole frame"
+    );
+
+    // A coordinator restarted now hands out the finishing task again, and
+    // nothing that rendered; without stored passes it stitches them first.
+    let mut again = restored(finishing.clone(), &[0, 1], Some(passes));
+    assert!(again.stitches.is_empty());
+    let w2 = again.join("w2", worker_info(4, Engine::Builtin, vec![]));
+    again.dispatch();
+    let specs = again.assigned(w2);
+    assert_eq!(specs.len(), 1);
+    assert_eq!((specs[0].task.index, specs[0].finish), (2, Some(passes)));
+    let mut unstitched = restored(finishing, &[0, 1], None);
+    assert_eq!(unstitched.stitches, [(1, 0)]);
+    let w3 = unstitched.join("w3", worker_info(4, Engine::Builtin, vec![]));
+    unstitched.dispatch();
+    assert!(unstitched.assigned(w3).is_empty(), "renders nothing twice");
+
+    // The finishing task's output is the frame; the job is then done.
+    farm.done(w, fin[0].task);
+    farm.commit_all(&mut db);
+    assert_eq!(farm.stitches, [(job, 0)]);
+    let plan = farm.core.stitch_plan(job, 0).unwrap();
+    assert_eq!(
+        (plan.stage, plan.first, plan.renders),
+        (StitchStage::Finished, 0, 2)
+    );
+    farm.stitch_all();
+    assert_eq!(farm.records, [(job, JobState::Done, None)]);
+    assert_eq!(farm.finals[&job].tasks_done, 3);
 }

@@ -306,8 +306,9 @@ impl FarmCore {
     }
 
     /// What the output of `task` must be: its tile rectangle, and whether
-    /// the task is its frame's only one (then the renderer's file is the
-    /// frame, in whatever format it wrote). `None` for an unknown task.
+    /// the task is its frame's only one or its finishing task (then the
+    /// renderer's file is the frame, in whatever format it wrote). `None`
+    /// for an unknown task.
     pub fn expected_output(&self, task: TaskRef) -> Option<(TileRect, bool)> {
         let job = self.jobs.get(&task.job)?;
         if task.index >= job.tasks_total() {
@@ -317,7 +318,9 @@ impl FarmCore {
         // A chunk's bundle holds a whole frame per frame of the chunk.
         let frames = job.frame_positions(task.index).len() as u32;
         rect.height = rect.height.saturating_mul(frames.max(1));
-        Some((rect, job.tasks_per_frame == 1))
+        let finishing =
+            job.spec.finish && task.index % job.tasks_per_frame == job.renders_per_frame();
+        Some((rect, job.tasks_per_frame == 1 || finishing))
     }
 
     /// For a chunk task of an Unreal job: the frames its bundle must hold,

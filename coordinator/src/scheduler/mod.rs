@@ -171,6 +171,8 @@ pub enum Refused {
         worker: WorkerId,
         holder: WorkerId,
     },
+    #[error("{task} waits for its frame's other tasks; it was never handed out")]
+    Held { task: TaskKey },
 }
 
 fn describe_current(current: &Option<Epoch>) -> String {
@@ -263,6 +265,9 @@ struct Job {
     failed_on: HashMap<u32, Vec<WorkerId>>,
     /// Workers that failed too often to get more of its tasks.
     blocklist: HashSet<WorkerId>,
+    /// Tasks held back (not done, not queued) until [`Scheduler::release`]:
+    /// a frame's finishing task, until its passes are stitched.
+    held: HashSet<u32>,
     /// Lease-to-result times of its accepted results, for stragglers.
     done_ms_sum: u64,
     done_ms_count: u32,
@@ -531,6 +536,7 @@ impl Scheduler {
             worker_failures: HashMap::new(),
             failed_on: HashMap::new(),
             blocklist: HashSet::new(),
+            held: HashSet::new(),
             done_ms_sum: 0,
             done_ms_count: 0,
         };
@@ -878,8 +884,36 @@ impl Scheduler {
             total: known.total(),
             done: known.done_count,
             running: known.running,
-            queued: (known.queue.len() + known.backoff.len()) as u32,
+            queued: (known.queue.len() + known.backoff.len() + known.held.len()) as u32,
         })
+    }
+
+    /// Holds back `job`'s queued tasks `indices`: they are handed out only
+    /// once released (and count as queued meanwhile). Indices that are not
+    /// queued are left as they are.
+    pub fn hold(&mut self, job: JobId, indices: &[u32]) {
+        let Some(known) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let hold: HashSet<u32> = indices.iter().copied().collect();
+        known
+            .queue
+            .retain(|i| !hold.contains(i) || !known.held.insert(*i));
+        sync_ready(&mut self.ready, known);
+    }
+
+    /// Queues a held task next in line; false when it was not held (or its
+    /// job is over).
+    pub fn release(&mut self, task: TaskKey) -> bool {
+        let Some(job) = self.jobs.get_mut(&task.job) else {
+            return false;
+        };
+        if !job.held.remove(&task.index) || !job.state.is_live() {
+            return false;
+        }
+        job.queue.push_front(task.index);
+        sync_ready(&mut self.ready, job);
+        true
     }
 
     /// Pauses or resumes a live job: a paused job hands out no new leases;
@@ -974,6 +1008,9 @@ impl Scheduler {
             }
             None => {
                 let job = self.jobs.get_mut(&task.job).expect("checked above");
+                if job.held.contains(&task.index) {
+                    return Err(Refused::Held { task });
+                }
                 if job.backoff.remove(&task.index).is_none() {
                     let pos = job.queue.iter().position(|&i| i == task.index);
                     job.queue
@@ -1285,6 +1322,7 @@ impl Scheduler {
         job.state = state;
         job.queue.clear();
         job.backoff.clear();
+        job.held.clear();
         sync_ready(&mut self.ready, job);
         ended
     }

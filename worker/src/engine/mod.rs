@@ -61,6 +61,19 @@ pub trait Engine: Send + Sync {
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>>;
 
+    /// A finishing task: runs the scene's whole-frame effects (compositor,
+    /// denoising) on the frame's stitched `passes` and returns the frame in
+    /// the scene's own output format.
+    fn finish(
+        &self,
+        job: &JobInfo,
+        _job_dir: &Path,
+        _task: &TaskSpec,
+        _passes: &Path,
+    ) -> anyhow::Result<Vec<u8>> {
+        anyhow::bail!("the {} engine has no finishing step", job.engine)
+    }
+
     /// The Blenders this engine offers (none for other engines).
     fn blender_offers(&self) -> Vec<tessera_protocol::blender::BlenderOffer> {
         Vec::new()
