@@ -160,6 +160,7 @@ fn memory() {
                 output: OutputFormat::Png,
                 blender: None,
                 output_name: None,
+                verify_percent: 0,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

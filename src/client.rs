@@ -311,6 +311,8 @@ pub struct SubmitOptions {
     pub tiles: TileGrid,
     pub sample_ranges: u32,
     pub samples: Option<u32>,
+    /// `--verify P`: percent of tasks checked on another worker.
+    pub verify: u32,
     pub name: Option<String>,
     pub priority: i32,
     pub request_id: Option<String>,
@@ -638,6 +640,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         output: scan.output,
         blender: scan.blender,
         output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
+        verify_percent: opts.verify,
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

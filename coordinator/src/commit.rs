@@ -24,6 +24,14 @@ pub const FAILPOINT_EXIT_AFTER_COMMIT: &str = "exit-after-commit";
 pub(crate) enum CommitMsg {
     /// A result the scheduler accepted, to be made durable.
     Result(AcceptedResult),
+    /// A lease handed to an enrolled identity (recorded, not waited for).
+    Lease(tessera_protocol::messages::TaskRef, String),
+    /// Committed results withdrawn (and the frames they made).
+    Withdraw {
+        job: u64,
+        tasks: Vec<u32>,
+        frames: Vec<u32>,
+    },
     /// Finish what came before, then end.
     Stop,
 }
@@ -36,20 +44,50 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
         std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_EXIT_AFTER_COMMIT);
     let mut stop = false;
     while !stop {
-        let Some(CommitMsg::Result(first)) = rx.blocking_recv() else {
+        let Some(first) = rx.blocking_recv() else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(CommitMsg::Result(c)) => batch.push(c),
-                Ok(CommitMsg::Stop) => {
+        let mut batch = Vec::new();
+        let mut leases = Vec::new();
+        // A withdrawal ends a batch: it applies after what came before it.
+        let mut withdraw = None;
+        let mut msg = Some(first);
+        while let Some(m) = msg.take() {
+            match m {
+                CommitMsg::Result(c) => batch.push(c),
+                CommitMsg::Lease(t, identity) => leases.push((t.job, t.index, t.epoch, identity)),
+                CommitMsg::Withdraw { job, tasks, frames } => {
+                    withdraw = Some((job, tasks, frames));
+                    break;
+                }
+                CommitMsg::Stop => {
                     stop = true;
                     break;
                 }
-                Err(_) => break,
+            }
+            if batch.len() + leases.len() >= MAX_BATCH {
+                break;
+            }
+            msg = rx.try_recv().ok();
+        }
+        if !leases.is_empty() {
+            if let Err(e) = shared.db().record_leases(&leases) {
+                tracing::warn!("cannot record leases: {e}");
             }
         }
+        if !batch.is_empty() {
+            commit_results(&shared, batch, exit_after_commit);
+        }
+        if let Some((job, tasks, frames)) = withdraw {
+            if let Err(e) = shared.db().withdraw(job, &tasks, &frames) {
+                tracing::error!(job, "cannot withdraw results: {e}");
+            }
+        }
+    }
+}
+
+/// Writes one batch of results, then lets the core acknowledge them.
+fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_commit: bool) {
         let rows: Vec<NewResult<'_>> = batch
             .iter()
             .map(|c| NewResult {
@@ -80,5 +118,4 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
             std::process::abort();
         }
         shared.update(|core, now| core.committed(&batch, outcome, now));
-    }
 }

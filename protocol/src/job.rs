@@ -274,6 +274,11 @@ pub struct JobSpec {
     /// one; frames are then named by [`frame_file_name`].
     #[serde(default)]
     pub output_name: Option<String>,
+    /// `submit --verify P`: the percent of tasks (0–100) rendered again on
+    /// a worker of another identity and compared (each worker's first
+    /// result of the job is checked too).
+    #[serde(default)]
+    pub verify_percent: u32,
 }
 
 impl JobSpec {
@@ -477,6 +482,7 @@ mod tests {
             output: OutputFormat::Png,
             blender: None,
             output_name: None,
+            verify_percent: 0,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

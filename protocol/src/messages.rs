@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 7;
+pub const PROTOCOL_VERSION: u32 = 8;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -245,6 +245,28 @@ pub struct JobStatus {
     /// Remaining tasks at the observed rate, seconds.
     pub eta_secs: Option<f64>,
     pub paused: bool,
+    /// `submit --verify`: what the checks found so far; `None` without.
+    pub verification: Option<Verification>,
+}
+
+/// What a job's result checks (`submit --verify P`) found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    pub percent: u32,
+    /// Tasks whose check settled: two renders on workers of different
+    /// identities agreed (after a third opinion when the first two did not).
+    pub agreed: u32,
+    /// Checks where two renders differed.
+    pub mismatched: u32,
+    /// Checks still waiting for another render.
+    pub pending: u32,
+    /// Results withdrawn and rendered again because their worker was
+    /// caught returning wrong pixels.
+    pub rerendered: u32,
+    /// Workers quarantined by this job's checks (their names).
+    pub quarantined: Vec<String>,
+    /// Checks where three renders all differed: no worker could be blamed.
+    pub inconclusive: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

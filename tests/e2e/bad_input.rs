@@ -204,6 +204,7 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 output: OutputFormat::Png,
                 blender: None,
                 output_name: None,
+                verify_percent: 0,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

@@ -344,6 +344,7 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 output: OutputFormat::Png,
                 blender: None,
                 output_name: None,
+                verify_percent: 0,
             };
         let cases = [
             (

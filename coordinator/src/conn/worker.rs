@@ -26,6 +26,8 @@ pub(super) async fn serve(
     conn: quinn::Connection,
     control: Channel,
     name: String,
+    identity: String,
+    fetch: Arc<super::fetch::Fetch>,
 ) -> anyhow::Result<()> {
     let (mut send, mut recv) = control.split();
     let mut info = match read_frame::<WorkerMsg, _>(&mut recv).await? {
@@ -38,7 +40,8 @@ pub(super) async fn serve(
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (slots, engines) = (info.slots, info.engines.clone());
-    let id = shared.join_worker(tx, &name, info);
+    let id = shared.join_worker(tx, &name, &identity, info);
+    fetch.joined(id);
     tracing::info!(worker = id, %name, slots, ?engines, peer = %conn.remote_address(), "worker joined");
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {

@@ -33,6 +33,8 @@ pub(crate) struct Job {
     /// When this coordinator run first leased one of its tasks, and how many
     /// were done then (for the ETA).
     pub started: Option<(Millis, u32)>,
+    /// `submit --verify`: the checks of its results.
+    pub verify: Option<super::verify::Checks>,
 }
 
 impl Job {
@@ -44,6 +46,7 @@ impl Job {
     ) -> Job {
         let tasks_per_frame = spec.tiles.count() * spec.sample_ranges;
         let frames = spec.frames.len();
+        let verify = (spec.verify_percent > 0).then(|| super::verify::Checks::new(spec.verify_percent));
         Job {
             spec: Arc::new(spec),
             final_state: None,
@@ -61,6 +64,7 @@ impl Job {
             finished_unix_ms: None,
             paused: false,
             started: None,
+            verify,
         }
     }
 
@@ -117,6 +121,7 @@ impl Job {
             cost_to_finish_usd: None,
             eta_secs: None,
             paused: self.paused,
+            verification: self.verify.as_ref().map(|v| v.summary()),
         }
     }
 }

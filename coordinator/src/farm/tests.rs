@@ -61,6 +61,7 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         output: OutputFormat::Png,
         blender: None,
         output_name: None,
+        verify_percent: 0,
     }
 }
 
@@ -91,6 +92,8 @@ struct Farm {
     finals: HashMap<u64, FinalCounts>,
     wakes: usize,
     next_job: u64,
+    quarantined: Vec<String>,
+    withdrawn: Vec<(u64, Vec<u32>)>,
 }
 
 impl Farm {
@@ -106,6 +109,8 @@ impl Farm {
             finals: HashMap::new(),
             wakes: 0,
             next_job: 1,
+            quarantined: Vec::new(),
+            withdrawn: Vec::new(),
         }
     }
 
@@ -140,6 +145,9 @@ impl Farm {
                     self.finals.insert(job, counts);
                 }
                 Effect::Wake => self.wakes += 1,
+                Effect::Leased { .. } => {}
+                Effect::Quarantine { identity, .. } => self.quarantined.push(identity),
+                Effect::Withdraw { job, tasks, .. } => self.withdrawn.push((job, tasks)),
             }
         }
     }
@@ -155,7 +163,8 @@ impl Farm {
 
     fn join(&mut self, name: &str, info: WorkerInfo) -> WorkerId {
         let now = self.now();
-        let id = self.core.worker_joined(name, info, now);
+        // Each test worker is enrolled under its own name.
+        let id = self.core.worker_joined(name, name, info, now);
         self.collect();
         id
     }
@@ -812,4 +821,99 @@ fn random_farm_accepts_each_task_once_and_counts_only_committed_results() {
     assert!(total.cancels > 0, "no lease was canceled");
     assert!(total.refused > 0, "no result was refused");
     assert!(total.failures > 0, "no task failed");
+}
+
+/// `--verify`: runs a farm of honest workers and one liar (its outputs
+/// differ) until the job is done or nothing moves; returns what the
+/// database would hold (task → output) and the job's final verification.
+fn run_checked_farm(
+    workers: &[(&str, bool)],
+    late_honest: Option<&str>,
+) -> (BTreeMap<u32, Digest>, Vec<String>, Option<String>) {
+    let mut farm = Farm::new(3);
+    let mut spec = spec("v", 4, 4);
+    spec.verify_percent = 10;
+    let job = farm.submit(spec);
+    let mut ids: Vec<(WorkerId, bool)> = (workers.iter())
+        .map(|&(name, liar)| (farm.join(name, worker_info(1, Engine::Builtin, vec![])), liar))
+        .collect();
+    let honest = |t: &TaskRef| Digest::of(&t.index.to_le_bytes());
+    let mut db = BTreeSet::new();
+    let mut outputs = BTreeMap::new();
+    let mut blocked = None;
+    for round in 0..400 {
+        farm.dispatch();
+        let mut moved = false;
+        for &(id, liar) in &ids.clone() {
+            for spec in farm.assigned(id) {
+                moved = true;
+                let t = spec.task;
+                let output = if liar { Digest::of(b"altered pixels") } else { honest(&t) };
+                let now = farm.now();
+                farm.core.result_offered(id, t, output, 10, now);
+                farm.collect();
+            }
+        }
+        for c in &farm.commits {
+            outputs.insert(c.task.index, c.output);
+        }
+        farm.commit_all(&mut db);
+        for (_, tasks) in std::mem::take(&mut farm.withdrawn) {
+            for t in tasks {
+                db.remove(&(job, t));
+                outputs.remove(&t);
+            }
+        }
+        farm.stitch_all();
+        if farm.records.iter().any(|r| r.0 == job) {
+            break;
+        }
+        if !moved {
+            blocked = farm.core.job_status(job, farm.now()).and_then(|s| s.blocked);
+            match late_honest {
+                Some(name) if ids.len() == workers.len() => {
+                    let id = farm.join(name, worker_info(1, Engine::Builtin, vec![]));
+                    ids.push((id, false));
+                }
+                _ if round > 50 => break,
+                _ => {}
+            }
+        }
+        let at = farm.now + 1;
+        farm.at(at);
+    }
+    assert!(
+        farm.records.iter().any(|r| r.0 == job && r.1 == JobState::Done),
+        "the job did not finish: {:?} blocked: {blocked:?}",
+        farm.records
+    );
+    for (i, d) in &outputs {
+        let t = TaskRef { job, index: *i, epoch: 0 };
+        assert_eq!(*d, honest(&t), "task {i} kept an altered output");
+    }
+    (outputs, farm.quarantined.clone(), blocked)
+}
+
+/// The acceptance case on virtual time: with one worker returning altered
+/// pixels among two honest ones, every worker's first result is checked,
+/// the liar is outvoted and quarantined by identity, its results are
+/// withdrawn and rendered again, and every task ends with honest pixels.
+#[test]
+fn a_lying_worker_is_outvoted_quarantined_and_its_results_rendered_again() {
+    let (outputs, quarantined, _) =
+        run_checked_farm(&[("a", false), ("liar", true), ("b", false)], None);
+    assert_eq!(outputs.len(), 16);
+    assert_eq!(quarantined, ["liar"]);
+}
+
+/// Two workers disagreeing cannot tell which one lies: the check waits,
+/// saying so, for a third worker, whose render decides.
+#[test]
+fn two_workers_that_disagree_wait_for_a_third_opinion() {
+    let (outputs, quarantined, blocked) =
+        run_checked_farm(&[("a", false), ("liar", true)], Some("c"));
+    assert_eq!(outputs.len(), 16);
+    assert_eq!(quarantined, ["liar"]);
+    let blocked = blocked.expect("the job said why it waited");
+    assert!(blocked.contains("a worker other than"), "{blocked}");
 }
