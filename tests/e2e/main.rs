@@ -22,3 +22,4 @@ mod partition;
 mod passes;
 mod requires;
 mod tiles;
+mod trust;
