@@ -748,6 +748,34 @@ impl Db {
     }
 
     /// The failed attempts of `job` (of task `task` only, if given), oldest first.
+    /// Up to `limit` failed attempts' logs after cursor `after`, each with
+    /// its cursor.
+    pub fn task_logs_page(
+        &self,
+        job: u64,
+        task: Option<u32>,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<(u64, TaskLog)>, DbError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT rowid, idx, worker, unix_ms, error, log FROM task_logs
+             WHERE job = ?1 AND (?2 IS NULL OR idx = ?2) AND rowid > ?3 ORDER BY rowid LIMIT ?4",
+        )?;
+        let rows = stmt.query_map(params![job as i64, task, after as i64, limit], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                TaskLog {
+                    task: r.get(1)?,
+                    worker: r.get::<_, i64>(2)? as u64,
+                    unix_ms: r.get::<_, i64>(3)? as u64,
+                    error: r.get(4)?,
+                    log: r.get(5)?,
+                },
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     pub fn task_logs(&self, job: u64, task: Option<u32>) -> Result<Vec<TaskLog>, DbError> {
         let mut stmt = self.conn.prepare(
             "SELECT idx, worker, unix_ms, error, log FROM task_logs

@@ -184,3 +184,67 @@ fn verify_quarantines_a_worker_returning_altered_pixels_and_the_frames_are_clean
     let shown = farm.json(&["status", &job.to_string(), "--json"]);
     assert_eq!(shown["verification"]["quarantined"], serde_json::json!(["liar"]));
 }
+
+/// Every reply fits its frame: `status` of more jobs than one page holds
+/// is read page by page, and lists every job, each once, in order.
+#[test]
+fn status_of_many_jobs_is_read_page_by_page() {
+    use tessera_protocol::blob::BlobSource;
+    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+    use tessera_protocol::messages::PAGE_ITEMS;
+    let farm = Farm::start("trust-pages", &[]);
+    let ct = ticket(&farm, "client.ticket");
+    let jobs = PAGE_ITEMS * 2 + 10;
+    let rt = runtime();
+    rt.block_on(async {
+        let mut s = transport::connect(&ct, "many", Timing::default()).await.unwrap();
+        let bytes = std::fs::read(scenes().join("demo.scene.json")).unwrap();
+        let digest = Digest::of(&bytes);
+        let len = bytes.len() as u64;
+        blob::put(&s.connection, digest, len, BlobSource::Bytes(&bytes)).await.unwrap();
+        for i in 0..jobs {
+            let spec = JobSpec {
+                request_id: None,
+                name: format!("{i:0>128}"),
+                engine: Engine::Builtin,
+                scene: "demo.scene.json".into(),
+                manifest: vec![ManifestEntry {
+                    path: "demo.scene.json".into(),
+                    digest,
+                    size: len,
+                    origin: None,
+                }],
+                frames: vec![1],
+                tiles: TileGrid::WHOLE,
+                sample_ranges: 1,
+                samples: 1,
+                resolution: (160, 90),
+                priority: 0,
+                output: OutputFormat::Png,
+                blender: None,
+                output_name: None,
+                verify_percent: 0,
+            };
+            s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
+            match s.control.recv::<ClientResponse>().await.unwrap() {
+                Some(ClientResponse::Submitted(_)) => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        // One page holds at most PAGE_ITEMS jobs, and says there are more.
+        let page = ClientRequest::StatusPage { after_job: 0, after_worker: 0 };
+        s.control.send(&page).await.unwrap();
+        match s.control.recv::<ClientResponse>().await.unwrap() {
+            Some(ClientResponse::StatusPage { jobs, more, .. }) => {
+                assert_eq!(jobs.len(), PAGE_ITEMS);
+                assert!(more);
+            }
+            other => panic!("{other:?}"),
+        }
+    });
+    let all = farm.json(&["status", "--json"]);
+    let ids: Vec<u64> = (all["jobs"].as_array().unwrap().iter())
+        .map(|j| j["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, (1..=jobs as u64).collect::<Vec<_>>());
+}
