@@ -17,7 +17,8 @@ use tessera_protocol::job::{
     SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, Collected, FrameOutput, JobState, JobStatus, Role, TileStatus, WorkerStatus,
+    ClientRequest, ClientResponse, Collected, FrameOutput, JobState, JobStatus, Role, TileStatus,
+    WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
@@ -162,7 +163,10 @@ impl Client {
         let mut logs = Vec::new();
         let mut after = 0;
         loop {
-            match self.call(&ClientRequest::LogsPage { job, task, after }).await? {
+            match self
+                .call(&ClientRequest::LogsPage { job, task, after })
+                .await?
+            {
                 ClientResponse::LogsPage { logs: l, next } => {
                     logs.extend(l);
                     match next {

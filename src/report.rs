@@ -179,7 +179,11 @@ fn verification_note(v: &tessera_protocol::messages::Verification) -> String {
         note += &format!(", {} re-rendered", v.rerendered);
     }
     if !v.quarantined.is_empty() {
-        let names: Vec<String> = v.quarantined.iter().map(|n| crate::shown::text(n)).collect();
+        let names: Vec<String> = v
+            .quarantined
+            .iter()
+            .map(|n| crate::shown::text(n))
+            .collect();
         note += &format!(", quarantined: {}", names.join(", "));
     }
     note

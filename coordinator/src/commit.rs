@@ -88,34 +88,34 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
 
 /// Writes one batch of results, then lets the core acknowledge them.
 fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_commit: bool) {
-        let rows: Vec<NewResult<'_>> = batch
-            .iter()
-            .map(|c| NewResult {
-                job: c.task.job,
-                index: c.task.index,
-                output: c.output,
-                render_ms: c.render_ms,
-                worker: &c.worker_name,
-                epoch: c.task.epoch,
-            })
-            .collect();
-        let jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
-        let costs = shared.read(|core, _| core.closed_costs(&jobs));
-        // The outputs first: a result is durable, blob and row, before it
-        // is acknowledged.
-        let outputs: Vec<_> = batch.iter().map(|c| c.output).collect();
-        let outcome = match shared.store.inner().sync(&outputs) {
-            Ok(()) => (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string()),
-            Err(e) => Err(format!("cannot make the outputs durable: {e}")),
-        };
-        if exit_after_commit && outcome.is_ok() {
-            // The test of "durable before acknowledged": die like a killed
-            // process, with the batch committed and nothing acknowledged.
-            tracing::warn!(
-                results = batch.len(),
-                "failpoint: exiting after a commit, before its acknowledgements"
-            );
-            std::process::abort();
-        }
-        shared.update(|core, now| core.committed(&batch, outcome, now));
+    let rows: Vec<NewResult<'_>> = batch
+        .iter()
+        .map(|c| NewResult {
+            job: c.task.job,
+            index: c.task.index,
+            output: c.output,
+            render_ms: c.render_ms,
+            worker: &c.worker_name,
+            epoch: c.task.epoch,
+        })
+        .collect();
+    let jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
+    let costs = shared.read(|core, _| core.closed_costs(&jobs));
+    // The outputs first: a result is durable, blob and row, before it
+    // is acknowledged.
+    let outputs: Vec<_> = batch.iter().map(|c| c.output).collect();
+    let outcome = match shared.store.inner().sync(&outputs) {
+        Ok(()) => (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string()),
+        Err(e) => Err(format!("cannot make the outputs durable: {e}")),
+    };
+    if exit_after_commit && outcome.is_ok() {
+        // The test of "durable before acknowledged": die like a killed
+        // process, with the batch committed and nothing acknowledged.
+        tracing::warn!(
+            results = batch.len(),
+            "failpoint: exiting after a commit, before its acknowledgements"
+        );
+        std::process::abort();
+    }
+    shared.update(|core, now| core.committed(&batch, outcome, now));
 }

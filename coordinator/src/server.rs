@@ -175,7 +175,9 @@ impl Shared {
                         let _ = self.commits.send(CommitMsg::Lease(task, identity));
                     }
                     Effect::Withdraw { job, tasks, frames } => {
-                        let _ = self.commits.send(CommitMsg::Withdraw { job, tasks, frames });
+                        let _ = self
+                            .commits
+                            .send(CommitMsg::Withdraw { job, tasks, frames });
                     }
                     Effect::Wake => self.wake.notify_one(),
                     other => later.push(other),

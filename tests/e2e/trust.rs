@@ -7,8 +7,8 @@ use crate::harness::{assert_frames_match_reference_samples, scenes, Farm};
 use crate::hostile::{runtime, ticket};
 use crate::hostile_worker::rogue;
 
-use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::blob::BlobError;
+use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::messages::{ClientRequest, ClientResponse, CoordMsg, JobInfo};
 use tessera_protocol::transport::{self, Timing};
 use tessera_protocol::Digest;
@@ -44,15 +44,24 @@ fn a_worker_fetches_only_the_blobs_of_tasks_it_holds() {
     assert_frames_match_reference_samples(&out, &scenes().join("demo.scene.json"), &[1], 16);
     farm.kill_worker(0);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
-    while !farm.json(&["status", "--json"])["workers"].as_array().unwrap().is_empty() {
-        assert!(std::time::Instant::now() < deadline, "the killed worker stayed");
+    while !farm.json(&["status", "--json"])["workers"]
+        .as_array()
+        .unwrap()
+        .is_empty()
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the killed worker stayed"
+        );
         std::thread::sleep(std::time::Duration::from_millis(100));
     }
 
     let rt = runtime();
     let ct = ticket(&farm, "client.ticket");
     let frame: Digest = rt.block_on(async {
-        let mut c = transport::connect(&ct, "reader", Timing::default()).await.unwrap();
+        let mut c = transport::connect(&ct, "reader", Timing::default())
+            .await
+            .unwrap();
         c.control.send(&ClientRequest::Frames(first)).await.unwrap();
         match c.control.recv::<ClientResponse>().await.unwrap() {
             Some(ClientResponse::Frames(frames)) => frames[0].digest,
@@ -68,7 +77,10 @@ fn a_worker_fetches_only_the_blobs_of_tasks_it_holds() {
         loop {
             let beat = tessera_protocol::messages::WorkerMsg::Heartbeat { telemetry: None };
             s.control.send(&beat).await.unwrap();
-            let next = tokio::time::timeout(std::time::Duration::from_millis(500), s.control.recv::<CoordMsg>());
+            let next = tokio::time::timeout(
+                std::time::Duration::from_millis(500),
+                s.control.recv::<CoordMsg>(),
+            );
             let Ok(next) = next.await else { continue };
             match next.unwrap().expect("connected") {
                 CoordMsg::Job(info) => job = Some(info),
@@ -81,7 +93,10 @@ fn a_worker_fetches_only_the_blobs_of_tasks_it_holds() {
         }
         let scene = job.expect("the job came before its task").manifest[0].digest;
         let got = blob::get(&s.connection, scene, Some(second), &cache).await;
-        assert!(got.is_ok(), "its own task's scene file was refused: {got:?}");
+        assert!(
+            got.is_ok(),
+            "its own task's scene file was refused: {got:?}"
+        );
         for (what, digest) in [
             ("another job's frame", frame),
             ("an unrelated blob", Digest::of(b"not a blob of any task")),
@@ -136,7 +151,10 @@ fn a_huge_slot_claim_takes_no_more_than_it_has_proven() {
     assert_frames_match_reference_samples(&out, &scenes().join("demo.scene.json"), &[1], 16);
     assert_eq!(done["tasks_done"], 16);
     let accepted = farm.accepted().len();
-    assert!(accepted >= 12, "the honest worker rendered only {accepted} of 16");
+    assert!(
+        accepted >= 12,
+        "the honest worker rendered only {accepted} of 16"
+    );
     drop(rt);
     let assigned = counter.join().unwrap();
     assert!(
@@ -182,7 +200,10 @@ fn verify_quarantines_a_worker_returning_altered_pixels_and_the_frames_are_clean
     assert_eq!(liar["tasks_done"], 0, "{status}");
     assert_eq!(liar["state"], "draining", "{status}");
     let shown = farm.json(&["status", &job.to_string(), "--json"]);
-    assert_eq!(shown["verification"]["quarantined"], serde_json::json!(["liar"]));
+    assert_eq!(
+        shown["verification"]["quarantined"],
+        serde_json::json!(["liar"])
+    );
 }
 
 /// Every reply fits its frame: `status` of more jobs than one page holds
@@ -197,11 +218,15 @@ fn status_of_many_jobs_is_read_page_by_page() {
     let jobs = PAGE_ITEMS * 2 + 10;
     let rt = runtime();
     rt.block_on(async {
-        let mut s = transport::connect(&ct, "many", Timing::default()).await.unwrap();
+        let mut s = transport::connect(&ct, "many", Timing::default())
+            .await
+            .unwrap();
         let bytes = std::fs::read(scenes().join("demo.scene.json")).unwrap();
         let digest = Digest::of(&bytes);
         let len = bytes.len() as u64;
-        blob::put(&s.connection, digest, len, BlobSource::Bytes(&bytes)).await.unwrap();
+        blob::put(&s.connection, digest, len, BlobSource::Bytes(&bytes))
+            .await
+            .unwrap();
         for i in 0..jobs {
             let spec = JobSpec {
                 request_id: None,
@@ -232,7 +257,10 @@ fn status_of_many_jobs_is_read_page_by_page() {
             }
         }
         // One page holds at most PAGE_ITEMS jobs, and says there are more.
-        let page = ClientRequest::StatusPage { after_job: 0, after_worker: 0 };
+        let page = ClientRequest::StatusPage {
+            after_job: 0,
+            after_worker: 0,
+        };
         s.control.send(&page).await.unwrap();
         match s.control.recv::<ClientResponse>().await.unwrap() {
             Some(ClientResponse::StatusPage { jobs, more, .. }) => {

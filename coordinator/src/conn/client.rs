@@ -221,7 +221,9 @@ fn logs_page(shared: &Shared, job: u64, task: Option<u32>, after: u64) -> Client
 fn frames_page(shared: &Shared, id: u64, after: Option<u32>) -> ClientResponse {
     match frames(shared, id) {
         ClientResponse::Frames(all) => {
-            let rest = all.into_iter().filter(|f| after.is_none_or(|a| f.frame > a));
+            let rest = all
+                .into_iter()
+                .filter(|f| after.is_none_or(|a| f.frame > a));
             let (frames, more) = take_page(rest);
             let next = more.then(|| frames.last().map(|f| f.frame)).flatten();
             ClientResponse::FramesPage { frames, next }

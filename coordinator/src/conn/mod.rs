@@ -95,14 +95,27 @@ async fn serve_connection(
     });
     // Blob streams run beside the session, in this same task, until the
     // peer closes the connection.
-    let streams = blob::serve_streams(shared.clone(), conn.clone(), uploaded.clone(), fetch.clone());
+    let streams = blob::serve_streams(
+        shared.clone(),
+        conn.clone(),
+        uploaded.clone(),
+        fetch.clone(),
+    );
     let session = async {
         match role {
             Role::Worker => {
                 // Every worker is enrolled by now; its identity is what the
                 // farm trusts it by.
                 let identity = identity.clone().unwrap_or_else(|| name.clone());
-                worker::serve(shared.clone(), conn.clone(), control, name, identity, fetch.clone()).await
+                worker::serve(
+                    shared.clone(),
+                    conn.clone(),
+                    control,
+                    name,
+                    identity,
+                    fetch.clone(),
+                )
+                .await
             }
             Role::Client => client::serve(shared.clone(), control, uploaded.clone()).await,
         }

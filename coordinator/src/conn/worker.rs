@@ -206,7 +206,9 @@ fn check_output(
     } else if head.starts_with(tessera_protocol::float_tile::MAGIC) {
         let (dims, channels) = (words(head, 0), words(head, 2).0);
         if channels != 4 {
-            return Err(format!("the output is a float tile of {channels} channels; float tiles have 4 (RGBA)"));
+            return Err(format!(
+                "the output is a float tile of {channels} channels; float tiles have 4 (RGBA)"
+            ));
         }
         check_length("float tile", size, dims, 16, 20)?;
         ("float tile", dims)
@@ -248,10 +250,18 @@ fn words(head: &[u8], at: usize) -> (u32, u32) {
 }
 
 /// A float or sum tile's length must be its header plus its pixels.
-fn check_length(kind: &str, size: u64, (w, h): (u32, u32), per_pixel: u64, header: u64) -> Result<(), String> {
+fn check_length(
+    kind: &str,
+    size: u64,
+    (w, h): (u32, u32),
+    per_pixel: u64,
+    header: u64,
+) -> Result<(), String> {
     let want = u64::from(w) * u64::from(h) * per_pixel + header;
     if size != want {
-        return Err(format!("the output is a {w}x{h} {kind} of {size} bytes; it should be {want}"));
+        return Err(format!(
+            "the output is a {w}x{h} {kind} of {size} bytes; it should be {want}"
+        ));
     }
     Ok(())
 }
@@ -261,7 +271,10 @@ fn check_length(kind: &str, size: u64, (w, h): (u32, u32), per_pixel: u64, heade
 fn exr_dimensions(reader: impl std::io::Read + std::io::Seek) -> Result<(u32, u32), String> {
     let meta = exr::meta::MetaData::read_from_buffered(reader, false)
         .map_err(|e| format!("the output is not a readable OpenEXR image: {e}"))?;
-    let header = meta.headers.first().ok_or("the OpenEXR image has no layer")?;
+    let header = meta
+        .headers
+        .first()
+        .ok_or("the OpenEXR image has no layer")?;
     if header.channels.list.is_empty() {
         return Err("the OpenEXR image has no channels".into());
     }

@@ -46,7 +46,8 @@ impl Job {
     ) -> Job {
         let tasks_per_frame = spec.tiles.count() * spec.sample_ranges;
         let frames = spec.frames.len();
-        let verify = (spec.verify_percent > 0).then(|| super::verify::Checks::new(spec.verify_percent));
+        let verify =
+            (spec.verify_percent > 0).then(|| super::verify::Checks::new(spec.verify_percent));
         Job {
             spec: Arc::new(spec),
             final_state: None,

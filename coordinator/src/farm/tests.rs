@@ -835,7 +835,12 @@ fn run_checked_farm(
     spec.verify_percent = 10;
     let job = farm.submit(spec);
     let mut ids: Vec<(WorkerId, bool)> = (workers.iter())
-        .map(|&(name, liar)| (farm.join(name, worker_info(1, Engine::Builtin, vec![])), liar))
+        .map(|&(name, liar)| {
+            (
+                farm.join(name, worker_info(1, Engine::Builtin, vec![])),
+                liar,
+            )
+        })
         .collect();
     let honest = |t: &TaskRef| Digest::of(&t.index.to_le_bytes());
     let mut db = BTreeSet::new();
@@ -848,7 +853,11 @@ fn run_checked_farm(
             for spec in farm.assigned(id) {
                 moved = true;
                 let t = spec.task;
-                let output = if liar { Digest::of(b"altered pixels") } else { honest(&t) };
+                let output = if liar {
+                    Digest::of(b"altered pixels")
+                } else {
+                    honest(&t)
+                };
                 let now = farm.now();
                 farm.core.result_offered(id, t, output, 10, now);
                 farm.collect();
@@ -869,7 +878,10 @@ fn run_checked_farm(
             break;
         }
         if !moved {
-            blocked = farm.core.job_status(job, farm.now()).and_then(|s| s.blocked);
+            blocked = farm
+                .core
+                .job_status(job, farm.now())
+                .and_then(|s| s.blocked);
             match late_honest {
                 Some(name) if ids.len() == workers.len() => {
                     let id = farm.join(name, worker_info(1, Engine::Builtin, vec![]));
@@ -883,12 +895,18 @@ fn run_checked_farm(
         farm.at(at);
     }
     assert!(
-        farm.records.iter().any(|r| r.0 == job && r.1 == JobState::Done),
+        farm.records
+            .iter()
+            .any(|r| r.0 == job && r.1 == JobState::Done),
         "the job did not finish: {:?} blocked: {blocked:?}",
         farm.records
     );
     for (i, d) in &outputs {
-        let t = TaskRef { job, index: *i, epoch: 0 };
+        let t = TaskRef {
+            job,
+            index: *i,
+            epoch: 0,
+        };
         assert_eq!(*d, honest(&t), "task {i} kept an altered output");
     }
     (outputs, farm.quarantined.clone(), blocked)
@@ -916,4 +934,93 @@ fn two_workers_that_disagree_wait_for_a_third_opinion() {
     assert_eq!(quarantined, ["liar"]);
     let blocked = blocked.expect("the job said why it waited");
     assert!(blocked.contains("a worker other than"), "{blocked}");
+}
+
+/// After a restart, a lease of an earlier run is adopted only by the
+/// enrolled identity it was handed to (recorded in the database), never by
+/// another identity naming it or a queued task under an earlier epoch.
+#[test]
+fn an_earlier_runs_lease_is_adopted_only_by_the_identity_it_was_handed_to() {
+    let mut farm = Farm::new(3);
+    let mut c = config(3);
+    c.scheduler.first_epoch = 2 << 32;
+    farm.core = FarmCore::new(c);
+    let epoch = (1 << 32) + 5;
+    let now = farm.now();
+    farm.core.restore_job(
+        RestoredJob {
+            id: 1,
+            spec: spec("a", 3, 1),
+            state: JobState::Running,
+            error: None,
+            submitted_unix_ms: 0,
+            finished_unix_ms: None,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            cost_usd: 0.0,
+            results: Vec::new(),
+            frames: Vec::new(),
+            leases: vec![(0, epoch, "w1".into())],
+        },
+        now,
+    );
+    farm.collect();
+    let held = |index, epoch| TaskRef {
+        job: 1,
+        index,
+        epoch,
+    };
+    // Another identity names w1's lease, and a queued task under an epoch
+    // of the earlier run it was never given.
+    let rogue = farm.join(
+        "rogue",
+        worker_info(2, Engine::Builtin, vec![held(0, epoch), held(1, epoch - 1)]),
+    );
+    assert_eq!(
+        kinds(&farm.read(rogue)),
+        ["joined", "cancel 1/0", "cancel 1/1"],
+        "nothing adopted"
+    );
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![held(0, epoch)]));
+    assert_eq!(
+        kinds(&farm.read(w1)),
+        ["joined"],
+        "its own lease is adopted"
+    );
+    assert!(farm.core.holds(w1, held(0, epoch)));
+}
+
+/// A worker blocklisted for a job stays blocklisted when it reconnects:
+/// the blocklist hangs on its enrolled identity, not its connection.
+#[test]
+fn a_blocklist_follows_the_identity_across_connections() {
+    let mut farm = Farm::new(10);
+    let job = farm.submit(spec("a", 8, 1));
+    let w = farm.join("flaky", worker_info(1, Engine::Builtin, vec![]));
+    for _ in 0..scheduler::BLOCKLIST_AFTER {
+        farm.dispatch();
+        let task = farm.assigned(w)[0].task;
+        let failed = WorkerMsg::Failed {
+            task,
+            error: "boom".into(),
+            log: String::new(),
+            unsupported: false,
+        };
+        farm.msg(w, failed);
+    }
+    farm.dispatch();
+    assert!(
+        farm.assigned(w).is_empty(),
+        "blocklisted on this connection"
+    );
+    farm.leave(w);
+    let again = farm.join("flaky", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert!(farm.assigned(again).is_empty(), "and on its next one");
+    let blocked = farm.core.job_status(job, farm.now()).unwrap().blocked;
+    assert!(blocked.unwrap().contains("blocklisted"));
+    // Another identity gets the job's tasks.
+    let other = farm.join("steady", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert_eq!(farm.assigned(other).len(), 1);
 }

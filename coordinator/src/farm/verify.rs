@@ -119,7 +119,11 @@ impl FarmCore {
         if self.quarantined.contains_key(&identity) {
             // A quarantined worker's result is not taken; its task goes on
             // elsewhere.
-            if self.sched.release(id, key(task), Epoch(task.epoch), now.ms).is_ok() {
+            if self
+                .sched
+                .release(id, key(task), Epoch(task.epoch), now.ms)
+                .is_ok()
+            {
                 self.lease_ended(key(task), id, false, now);
             }
             self.refuse(id, task, "this worker is quarantined".into());

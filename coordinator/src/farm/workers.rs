@@ -28,7 +28,8 @@ impl FarmCore {
         self.next_worker += 1;
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         self.sched.add_worker(id, info.slots, engines, now.ms);
-        self.sched.set_worker_tag(id, super::verify::tag_of(identity));
+        self.sched
+            .set_worker_tag(id, super::verify::tag_of(identity));
         for (&job, identities) in &self.blocklists {
             if identities.contains(identity) {
                 self.sched.blocklist(job, id);
@@ -70,7 +71,11 @@ impl FarmCore {
             },
         );
         if let Some(reason) = self.quarantined.get(identity) {
-            tracing::warn!(worker = id, name, "a quarantined worker joined: no work for it ({reason})");
+            tracing::warn!(
+                worker = id,
+                name,
+                "a quarantined worker joined: no work for it ({reason})"
+            );
             self.stop_giving_work(id, now);
             for &task in &holding {
                 self.send(id, CoordMsg::Cancel(task));
@@ -164,9 +169,10 @@ impl FarmCore {
         match view.lease {
             // Its lease is live: only the worker that holds it, under
             // another connection that has not ended yet.
-            Some((holder, epoch)) if epoch.0 == task.epoch => {
-                self.workers.get(&holder).is_none_or(|w| w.identity == identity)
-            }
+            Some((holder, epoch)) if epoch.0 == task.epoch => self
+                .workers
+                .get(&holder)
+                .is_none_or(|w| w.identity == identity),
             // Another lease is live: the scheduler refuses it, or adopts
             // the straggler's second lease it names.
             Some(_) => true,

@@ -292,7 +292,12 @@ impl Job {
 
     /// Whether one of the next queued tasks may go to a worker tagged `tag`.
     fn has_task_for(&self, tag: Tag) -> bool {
-        self.excluded.is_empty() || self.queue.iter().take(64).any(|&i| !self.is_excluded(i, tag))
+        self.excluded.is_empty()
+            || self
+                .queue
+                .iter()
+                .take(64)
+                .any(|&i| !self.is_excluded(i, tag))
     }
 }
 

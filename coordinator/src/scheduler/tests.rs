@@ -161,10 +161,20 @@ fn a_huge_slot_claim_is_filled_only_as_far_as_it_is_proven() {
     // The greedy worker never delivers: the honest one renders every other
     // task, one at a time.
     for _ in 0..(16 - TRUSTED_SLOTS) {
-        let (_, job, index) = *farm.sched.running_on(11).iter().map(|(t, _)| (11, t.job, t.index)).collect::<Vec<_>>().first().expect("the honest worker holds a task");
+        let (_, job, index) = *farm
+            .sched
+            .running_on(11)
+            .iter()
+            .map(|(t, _)| (11, t.job, t.index))
+            .collect::<Vec<_>>()
+            .first()
+            .expect("the honest worker holds a task");
         farm.complete(11, key(job, index)).unwrap();
         let given = farm.assign();
-        assert!(given.iter().all(|g| g.0 == 11), "the greedy worker got more: {given:?}");
+        assert!(
+            given.iter().all(|g| g.0 == 11),
+            "the greedy worker got more: {given:?}"
+        );
     }
     assert_eq!(farm.sched.running_on(10).len() as u32, TRUSTED_SLOTS);
     // A worker that delivers is trusted with one more slot per result.

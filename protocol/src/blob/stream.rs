@@ -238,7 +238,11 @@ pub async fn answer_gated(
             let reason = format!("blob {digest} is not needed by a task this peer holds");
             ch.send(&BlobReply::Refused { reason }).await?;
             ch.send.finish().map_err(lost)?;
-            Answered::Get { digest, job, sent: 0 }
+            Answered::Get {
+                digest,
+                job,
+                sent: 0,
+            }
         }
         BlobRequest::Recipe { digest } if !gate.may_read(&digest) => {
             let reason = format!("file {digest} is not needed by a task this peer holds");
