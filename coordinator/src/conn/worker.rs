@@ -9,8 +9,8 @@ use anyhow::bail;
 use tessera_protocol::codec::{read_frame, write_frame};
 use tessera_protocol::job::TileRect;
 use tessera_protocol::messages::{
-    check_price, TaskLog, WorkerInfo, WorkerMsg, MAX_CACHED_DIGESTS, MAX_INLINE_OUTPUT, MAX_SLOTS,
-    MAX_TASK_LOG,
+    check_price, TaskLog, TaskRef, WorkerInfo, WorkerMsg, MAX_CACHED_DIGESTS, MAX_INLINE_OUTPUT,
+    MAX_SLOTS, MAX_TASK_LOG,
 };
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::text::{self, MAX_ERROR, MAX_NAME};
@@ -100,8 +100,12 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
             };
             let stored = check_output(shared, output, inline.as_deref(), rect, whole)
                 .and_then(|()| store_output(shared, output, inline));
+            let similar = match stored {
+                Ok(()) => similar_renders(shared, id, task, output),
+                Err(_) => Vec::new(),
+            };
             shared.update(|core, now| match stored {
-                Ok(()) => core.result_offered(id, task, output, render_ms, now),
+                Ok(()) => core.result_offered_similar(id, task, output, render_ms, &similar, now),
                 Err(reason) => core.result_rejected(id, task, reason, now),
             });
         }
@@ -138,6 +142,25 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
         }
         msg => shared.update(|core, now| core.worker_msg(id, msg, now)),
     }
+}
+
+/// The earlier renders of a task being checked (`--verify`) that `output`
+/// agrees with within `compare::TOLERANCE`, for the pairs whose engine is
+/// not deterministic between their workers.
+fn similar_renders(shared: &Shared, id: WorkerId, task: TaskRef, output: Digest) -> Vec<Digest> {
+    let earlier = shared.read(|core, _| core.inexact_opinions(id, task));
+    if earlier.is_empty() {
+        return earlier;
+    }
+    let Ok(mine) = shared.store.get(&output) else {
+        return Vec::new();
+    };
+    (earlier.into_iter())
+        .filter(|d| {
+            (shared.store.get(d))
+                .is_ok_and(|theirs| crate::compare::within_tolerance(&mine, &theirs))
+        })
+        .collect()
 }
 
 /// Cuts `log` to its last `max` bytes (on a character boundary): the end

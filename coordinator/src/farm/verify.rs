@@ -25,6 +25,8 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
+use tessera_protocol::blender::BlenderOffer;
+use tessera_protocol::job::Engine;
 use tessera_protocol::messages::{CoordMsg, TaskRef, Verification};
 use tessera_protocol::Digest;
 
@@ -37,6 +39,8 @@ struct Opinion {
     identity: String,
     name: String,
     output: Digest,
+    /// What renders it deterministically (see [`device_class`]).
+    device: Option<String>,
 }
 
 /// A job's checks.
@@ -55,6 +59,20 @@ pub(crate) struct Checks {
     /// Results counted in this run.
     counted: HashSet<u32>,
     summary: Verification,
+}
+
+/// What a worker renders `engine` on, when its renders are deterministic
+/// there: the builtin engine always, Blender only on CPU (the exact-tile
+/// rules). `None`: its renders are compared within a tolerance.
+fn device_class(engine: Engine, blenders: &[BlenderOffer]) -> Option<String> {
+    match engine {
+        Engine::Builtin | Engine::Noop => Some(engine.name().to_string()),
+        Engine::Blender => {
+            let cpu = !blenders.is_empty() && blenders.iter().all(|b| b.render_device == "CPU");
+            cpu.then(|| "blender-cpu".to_string())
+        }
+        _ => None,
+    }
 }
 
 /// The tag the scheduler knows an identity's connections by.
@@ -110,12 +128,17 @@ impl FarmCore {
         id: WorkerId,
         task: TaskRef,
         output: Digest,
+        similar: &[Digest],
         now: Now,
     ) -> Verdict {
         let Some(w) = self.workers.get(&id) else {
             return Verdict::Accept;
         };
         let (identity, name) = (w.identity.clone(), w.name.clone());
+        let device = self
+            .jobs
+            .get(&task.job)
+            .and_then(|j| device_class(j.spec.engine, &w.info.blenders));
         if self.quarantined.contains_key(&identity) {
             // A quarantined worker's result is not taken; its task goes on
             // elsewhere.
@@ -150,14 +173,19 @@ impl FarmCore {
             identity: identity.clone(),
             name,
             output,
+            device,
         };
-        let agreeing = earlier.iter().position(|o| o.output == output);
+        // Bit-exact where both render deterministically on the same device
+        // class; within `compare::TOLERANCE` otherwise (the shell compared
+        // those pixels and names the outputs that agree in `similar`).
+        let agrees = |o: &Opinion| {
+            o.output == output
+                || (!(o.device.is_some() && o.device == mine.device) && similar.contains(&o.output))
+        };
+        let agreeing = earlier.iter().position(agrees);
         if let Some(_pos) = agreeing {
             // Settled: the outvoted opinions are liars.
-            let liars: Vec<Opinion> = (earlier.iter())
-                .filter(|o| o.output != output)
-                .cloned()
-                .collect();
+            let liars: Vec<Opinion> = (earlier.iter()).filter(|o| !agrees(o)).cloned().collect();
             checks.pending.remove(&task.index);
             checks.summary.agreed += 1;
             for liar in liars {
@@ -224,6 +252,23 @@ impl FarmCore {
             }
         }
         Verdict::Held
+    }
+
+    /// The earlier opinions on `task` that worker `id`'s render must be
+    /// compared with within a tolerance (their pair is not deterministic):
+    /// the shell compares their pixels before offering the result.
+    pub fn inexact_opinions(&self, id: WorkerId, task: TaskRef) -> Vec<Digest> {
+        let (Some(w), Some(job)) = (self.workers.get(&id), self.jobs.get(&task.job)) else {
+            return Vec::new();
+        };
+        let Some(checks) = job.verify.as_ref() else {
+            return Vec::new();
+        };
+        let mine = device_class(job.spec.engine, &w.info.blenders);
+        (checks.pending.get(&task.index).into_iter().flatten())
+            .filter(|o| o.identity != w.identity && !(o.device.is_some() && o.device == mine))
+            .map(|o| o.output)
+            .collect()
     }
 
     /// Remembers who delivered a result counted for a job being checked.

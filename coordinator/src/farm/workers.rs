@@ -403,11 +403,27 @@ impl FarmCore {
         render_ms: u64,
         now: Now,
     ) {
+        self.result_offered_similar(id, task, output, render_ms, &[], now);
+    }
+
+    /// [`FarmCore::result_offered`], with the earlier renders of a task
+    /// being checked that this output agrees with within the tolerance
+    /// (see [`FarmCore::inexact_opinions`]).
+    pub fn result_offered_similar(
+        &mut self,
+        id: WorkerId,
+        task: TaskRef,
+        output: Digest,
+        render_ms: u64,
+        similar: &[Digest],
+        now: Now,
+    ) {
         if let Some(w) = self.workers.get_mut(&id) {
             w.progress.remove(&task);
         }
         if self.holds(id, task) {
-            if let super::verify::Verdict::Held = self.check_result(id, task, output, now) {
+            if let super::verify::Verdict::Held = self.check_result(id, task, output, similar, now)
+            {
                 return;
             }
         }
