@@ -1024,3 +1024,46 @@ fn a_blocklist_follows_the_identity_across_connections() {
     farm.dispatch();
     assert_eq!(farm.assigned(other).len(), 1);
 }
+
+/// The case: millions of `Progress` messages for tasks a worker
+/// does not hold. Progress is kept only for its leases, so the map stays
+/// bounded by them (here 200,000 messages, one kept).
+#[test]
+fn progress_for_tasks_a_worker_does_not_hold_is_not_kept() {
+    let mut farm = Farm::new(3);
+    farm.submit(spec("a", 1, 1));
+    let w = farm.join("w", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let held = farm.assigned(w)[0].task;
+    for i in 0..200_000u32 {
+        let task = TaskRef {
+            job: 1 + u64::from(i % 7),
+            index: i,
+            epoch: u64::from(i),
+        };
+        let now = farm.now();
+        (farm.core).worker_msg(
+            w,
+            WorkerMsg::Progress {
+                task,
+                done: 1,
+                total: 2,
+            },
+            now,
+        );
+    }
+    let now = farm.now();
+    (farm.core).worker_msg(
+        w,
+        WorkerMsg::Progress {
+            task: held,
+            done: 1,
+            total: 2,
+        },
+        now,
+    );
+    farm.collect();
+    let kept = &farm.core.workers[&w].progress;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept.get(&held), Some(&(1, 2)));
+}
