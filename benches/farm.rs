@@ -162,6 +162,7 @@ fn memory() {
                 output_name: None,
                 unreal: None,
                 finish: false,
+                verify_percent: 0,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

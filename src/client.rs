@@ -17,7 +17,8 @@ use tessera_protocol::job::{
     SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, Collected, JobState, JobStatus, Role, TileStatus, WorkerStatus,
+    ClientRequest, ClientResponse, Collected, FrameOutput, JobState, JobStatus, Role, TileStatus,
+    WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
@@ -85,9 +86,55 @@ impl Client {
         &mut self,
         job: Option<u64>,
     ) -> anyhow::Result<(Vec<JobStatus>, Vec<WorkerStatus>)> {
-        match self.call(&ClientRequest::Status(job)).await? {
-            ClientResponse::Status { jobs, workers } => Ok((jobs, workers)),
-            other => bail!("unexpected reply {other:?}"),
+        if job.is_some() {
+            return match self.call(&ClientRequest::Status(job)).await? {
+                ClientResponse::Status { jobs, workers } => Ok((jobs, workers)),
+                other => bail!("unexpected reply {other:?}"),
+            };
+        }
+        // Every job and worker, page by page: each reply fits its frame.
+        let (mut jobs, mut workers) = (Vec::new(), Vec::new());
+        let (mut after_job, mut after_worker) = (0, 0);
+        loop {
+            let request = ClientRequest::StatusPage {
+                after_job,
+                after_worker,
+            };
+            match self.call(&request).await? {
+                ClientResponse::StatusPage {
+                    jobs: j,
+                    workers: w,
+                    more,
+                } => {
+                    after_job = j.last().map_or(after_job, |s| s.id);
+                    after_worker = w.last().map_or(after_worker, |s| s.id);
+                    let empty = j.is_empty() && w.is_empty();
+                    jobs.extend(j);
+                    workers.extend(w);
+                    if !more || empty {
+                        return Ok((jobs, workers));
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+    }
+
+    /// The stitched frames of a job so far, page by page.
+    pub async fn frames(&mut self, job: u64) -> anyhow::Result<Vec<FrameOutput>> {
+        let mut frames = Vec::new();
+        let mut after = None;
+        loop {
+            match self.call(&ClientRequest::FramesPage { job, after }).await? {
+                ClientResponse::FramesPage { frames: f, next } => {
+                    frames.extend(f);
+                    match next {
+                        Some(n) if after.is_none_or(|a| n > a) => after = Some(n),
+                        _ => return Ok(frames),
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
         }
     }
 
@@ -113,9 +160,22 @@ impl Client {
         job: u64,
         task: Option<u32>,
     ) -> anyhow::Result<Vec<tessera_protocol::messages::TaskLog>> {
-        match self.call(&ClientRequest::Logs { job, task }).await? {
-            ClientResponse::Logs(l) => Ok(l),
-            other => bail!("unexpected reply {other:?}"),
+        let mut logs = Vec::new();
+        let mut after = 0;
+        loop {
+            match self
+                .call(&ClientRequest::LogsPage { job, task, after })
+                .await?
+            {
+                ClientResponse::LogsPage { logs: l, next } => {
+                    logs.extend(l);
+                    match next {
+                        Some(n) if n > after => after = n,
+                        _ => return Ok(logs),
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
         }
     }
 
@@ -209,10 +269,7 @@ impl Client {
         dir: &Path,
         overwrite: bool,
     ) -> anyhow::Result<Vec<PathBuf>> {
-        let frames = match self.call(&ClientRequest::Frames(job)).await? {
-            ClientResponse::Frames(f) => f,
-            other => bail!("unexpected reply {other:?}"),
-        };
+        let frames = self.frames(job).await?;
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let staging = Staging::create(dir, job)?;
         let staged = BlobDir::open(&staging.0)?;
@@ -311,6 +368,8 @@ pub struct SubmitOptions {
     pub tiles: TileGrid,
     pub sample_ranges: u32,
     pub samples: Option<u32>,
+    /// `--verify P`: percent of tasks checked on another worker.
+    pub verify: u32,
     pub name: Option<String>,
     pub priority: i32,
     pub request_id: Option<String>,
@@ -682,6 +741,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
         unreal: scan.unreal.map(Box::new),
         finish: scan.finish,
+        verify_percent: opts.verify,
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

@@ -285,6 +285,11 @@ pub struct JobSpec {
     /// the scene's output.
     #[serde(default)]
     pub finish: bool,
+    /// `submit --verify P`: the percent of tasks (0–100) rendered again on
+    /// a worker of another identity and compared (each worker's first
+    /// result of the job is checked too).
+    #[serde(default)]
+    pub verify_percent: u32,
 }
 
 impl JobSpec {
@@ -506,6 +511,7 @@ mod tests {
             output_name: None,
             unreal: None,
             finish: false,
+            verify_percent: 0,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

@@ -346,6 +346,7 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 output_name: None,
                 unreal: None,
                 finish: false,
+                verify_percent: 0,
             };
         let cases = [
             (

@@ -23,5 +23,6 @@ mod partition;
 mod passes;
 mod requires;
 mod tiles;
+mod trust;
 mod unreal;
 mod unreal_dedupe;

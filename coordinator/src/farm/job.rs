@@ -40,6 +40,8 @@ pub(crate) struct Job {
     /// When this coordinator run first leased one of its tasks, and how many
     /// were done then (for the ETA).
     pub started: Option<(Millis, u32)>,
+    /// `submit --verify`: the checks of its results.
+    pub verify: Option<super::verify::Checks>,
 }
 
 impl Job {
@@ -52,6 +54,8 @@ impl Job {
         let tasks_per_frame = spec.tasks_per_frame();
         let frames = spec.frames.len();
         let chunks = spec.unreal.as_ref().map(|u| u.chunks(&spec.frames));
+        let verify =
+            (spec.verify_percent > 0).then(|| super::verify::Checks::new(spec.verify_percent));
         Job {
             spec: Arc::new(spec),
             final_state: None,
@@ -71,6 +75,7 @@ impl Job {
             finished_unix_ms: None,
             paused: false,
             started: None,
+            verify,
         }
     }
 
@@ -217,6 +222,7 @@ impl Job {
             cost_to_finish_usd: None,
             eta_secs: None,
             paused: self.paused,
+            verification: self.verify.as_ref().map(|v| v.summary()),
         }
     }
 }

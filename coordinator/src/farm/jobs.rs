@@ -53,7 +53,7 @@ impl FarmCore {
         for (i, c) in batch.iter().enumerate() {
             let (accepted, reason) = match &outcome {
                 Ok(fresh) => {
-                    if fresh.get(i).copied().unwrap_or(false) {
+                    if fresh.get(i).copied().unwrap_or(false) && self.still_counts(c.task) {
                         self.count_result(c, now);
                     }
                     (true, None)
@@ -143,7 +143,7 @@ impl FarmCore {
         *slot = Some(passes);
         let index = (frame_pos as u32 + 1) * job.tasks_per_frame - 1;
         self.sched
-            .release(crate::scheduler::TaskKey { job: job_id, index });
+            .release_held(crate::scheduler::TaskKey { job: job_id, index });
         self.effects.push(Effect::Wake);
     }
 
@@ -160,7 +160,10 @@ impl FarmCore {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
-        if job.stitched.get(frame_pos) == Some(&false) {
+        // A frame whose results were withdrawn while it was stitched waits
+        // for them to be rendered again.
+        let complete = job.done_per_frame.get(frame_pos) == Some(&job.tasks_per_frame);
+        if complete && job.stitched.get(frame_pos) == Some(&false) {
             job.stitched[frame_pos] = true;
             job.frames_done += 1;
         }
@@ -227,6 +230,7 @@ impl FarmCore {
         };
         let status = self.job_status(id, now);
         let cost_usd = self.ledger.job_cost(id, now.ms);
+        let job = self.jobs.get(&id)?;
         self.effects.push(Effect::Record {
             job: id,
             state,
@@ -234,6 +238,7 @@ impl FarmCore {
             error,
             cost_usd,
             counts,
+            verification: job.verify.as_ref().map(|v| v.summary()),
         });
         self.jobs.remove(&id);
         for w in self.workers.values_mut() {
@@ -242,6 +247,8 @@ impl FarmCore {
         self.sched.forget_job(id);
         self.ledger.forget_job(id);
         self.released.retain(|t, _| t.job != id);
+        self.earlier.retain(|t, _| t.job != id);
+        self.blocklists.remove(&id);
         status
     }
 

@@ -17,6 +17,7 @@ mod lost;
 mod status;
 #[cfg(test)]
 mod tests;
+mod verify;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -87,9 +88,28 @@ pub enum Effect {
         error: Option<String>,
         cost_usd: f64,
         counts: FinalCounts,
+        /// A checked job's verification summary.
+        verification: Option<tessera_protocol::messages::Verification>,
     },
     /// Something changed that may let the dispatcher hand out work.
     Wake,
+    /// A lease was handed to this enrolled identity: recorded, so that
+    /// after a restart only that identity may adopt it.
+    Leased { task: TaskRef, identity: String },
+    /// An identity was caught returning wrong pixels: record it for good.
+    Quarantine {
+        identity: String,
+        name: String,
+        reason: String,
+        unix_ms: u64,
+    },
+    /// These committed results were withdrawn: delete their rows, and
+    /// these frames' (they are stitched again once re-rendered).
+    Withdraw {
+        job: u64,
+        tasks: Vec<u32>,
+        frames: Vec<u32>,
+    },
 }
 
 /// A job read back from the database on start.
@@ -109,10 +129,16 @@ pub struct RestoredJob {
     pub frames: Vec<u32>,
     /// Frames whose passes are stitched for their finishing task.
     pub passes: Vec<(u32, StitchedPasses)>,
+    /// Leases handed out by earlier runs and not ended by a result:
+    /// (task index, epoch, identity).
+    pub leases: Vec<(u32, u64, String)>,
 }
 
 pub(crate) struct WorkerEntry {
     pub name: String,
+    /// The enrolled identity it connected with: what its blocklists,
+    /// adoptable leases and quarantine hang on.
+    pub identity: String,
     pub info: WorkerInfo,
     /// Jobs whose `JobInfo` this connection has already been sent.
     pub jobs_sent: HashSet<u64>,
@@ -149,6 +175,15 @@ pub struct FarmCore {
     /// The Blender builds stored with `blender add`, oldest first: what a
     /// worker started with `--blender auto` offers besides its own.
     builds: Vec<tessera_protocol::build::BuildInfo>,
+    /// Leases of earlier runs (task → epoch and identity), read back on
+    /// start: a rejoining worker may adopt only those handed to its
+    /// identity. Bounded by the live jobs' tasks.
+    earlier: HashMap<TaskKey, (Epoch, String)>,
+    /// Identities quarantined by a failed check, with the reason.
+    quarantined: HashMap<String, String>,
+    /// Per job, the identities blocklisted for it (they failed it too
+    /// often, or cannot render it): applied to each connection they make.
+    blocklists: HashMap<u64, HashSet<String>>,
     effects: Vec<Effect>,
 }
 
@@ -189,6 +224,9 @@ impl FarmCore {
             released: HashMap::new(),
             lost: LostLeases::default(),
             builds: Vec::new(),
+            earlier: HashMap::new(),
+            quarantined: HashMap::new(),
+            blocklists: HashMap::new(),
             effects: Vec::new(),
         }
     }
@@ -216,6 +254,10 @@ impl FarmCore {
     /// but which were not stitched yet.
     pub fn restore_job(&mut self, stored: RestoredJob, now: Now) {
         let id = stored.id;
+        for (index, epoch, identity) in stored.leases {
+            self.earlier
+                .insert(TaskKey { job: id, index }, (Epoch(epoch), identity));
+        }
         let mut job = Job::new(
             stored.spec,
             stored.submitted_unix_ms,
@@ -274,6 +316,11 @@ impl FarmCore {
             );
         }
         self.jobs.insert(id, job);
+    }
+
+    /// Identities quarantined in earlier runs: they get no work.
+    pub fn restore_quarantine(&mut self, quarantined: Vec<(String, String)>) {
+        self.quarantined.extend(quarantined);
     }
 
     /// After restoring: with unfinished jobs, hand out nothing for one lease
@@ -345,7 +392,7 @@ impl FarmCore {
         let expired = self.sched.expire(now.ms);
         for lost in &expired {
             if let Some(w) = self.workers.get(&lost.worker) {
-                self.lost.ended_with_worker(&w.name, lost.task, now.ms);
+                self.lost.ended_with_worker(&w.identity, lost.task, now.ms);
             }
             let name = (self.workers.get(&lost.worker)).map_or("(gone)", |w| w.name.as_str());
             tracing::info!(
@@ -433,6 +480,10 @@ impl FarmCore {
                 msg: info,
             });
         }
+        self.effects.push(Effect::Leased {
+            task: lease_ref(a.task, a.epoch),
+            identity: worker.identity.clone(),
+        });
         let assign = CoordMsg::Assign(job.task_spec(lease_ref(a.task, a.epoch)));
         self.effects.push(Effect::Send {
             worker: a.worker,
@@ -459,6 +510,9 @@ impl FarmCore {
             return Some(format!("no connected worker offers the {engine} engine"));
         }
         if let Some(reason) = self.sched.blender_blocked(job) {
+            return Some(reason);
+        }
+        if let Some(reason) = self.check_blocked(job) {
             return Some(reason);
         }
         offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {

@@ -21,6 +21,9 @@ use tessera_protocol::messages::{JobInfo, TaskSpec};
 pub const FAILPOINT: &str = "TESSERA_FAILPOINT";
 /// The builtin engine aborts the worker process when it starts a render.
 pub const FAILPOINT_ABORT_IN_RENDER: &str = "abort-in-render";
+/// A lying worker, for the `--verify` tests: the builtin engine inverts the
+/// first row of every tile it renders whole, keeping its size and format.
+pub const FAILPOINT_ALTER_PIXELS: &str = "alter-pixels";
 
 /// The error of a render stopped because its task was canceled.
 pub const CANCELED: &str = "canceled by the coordinator";
@@ -174,11 +177,12 @@ impl Engine for Builtin {
             canceled,
         )
         .context(CANCELED)?;
-        Ok(builtin::encode_png(
-            rect.width,
-            rect.height,
-            &sums.to_srgb8(),
-        ))
+        let mut pixels = sums.to_srgb8();
+        if std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_ALTER_PIXELS) {
+            let row = rect.width as usize * 3;
+            pixels[..row].iter_mut().for_each(|p| *p = 255 - *p);
+        }
+        Ok(builtin::encode_png(rect.width, rect.height, &pixels))
     }
 }
 
