@@ -58,6 +58,8 @@ pub(crate) struct Shared {
     /// Held by garbage collection and by each submit: a job's blobs are
     /// either seen as referenced by a collection or submitted after it.
     pub gc: Mutex<()>,
+    /// Farm scans handed to workers and not yet answered.
+    pub scans: crate::conn::scan::Scans,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -196,6 +198,11 @@ impl Shared {
         Ok(snapshot)
     }
 
+    /// Sends `msg` to worker `id`; false when it is not connected.
+    pub fn send_to_worker(&self, id: WorkerId, msg: CoordMsg) -> bool {
+        (self.locked().outbox.get(&id)).is_some_and(|tx| tx.send(msg).is_ok())
+    }
+
     /// Forgets a worker's writer once it has left.
     pub fn forget_outbox(&self, id: WorkerId) {
         self.locked().outbox.remove(&id);
@@ -308,6 +315,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         stitches: stitch_tx,
         events: broadcast::channel(4096).0,
         gc: Mutex::new(()),
+        scans: Default::default(),
     });
     restore(&shared)?;
     let builds = shared.db().builds()?;

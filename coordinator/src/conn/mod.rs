@@ -8,6 +8,7 @@ mod client;
 mod feed;
 mod gate;
 mod handshake;
+pub(crate) mod scan;
 mod worker;
 
 use std::sync::atomic::AtomicU64;
