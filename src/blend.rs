@@ -144,7 +144,9 @@ pub fn from_farm(json: &str) -> anyhow::Result<Scan> {
         );
     }
     for f in &s.files {
-        let long = [&f.path, &f.kind, &f.user].iter().any(|t| t.len() > MAX_FARM_TEXT);
+        let long = [&f.path, &f.kind, &f.user]
+            .iter()
+            .any(|t| t.len() > MAX_FARM_TEXT);
         if long || !f.path.starts_with('/') {
             bail!("the farm's scan names a path that is not absolute or is too long");
         }
@@ -215,7 +217,12 @@ pub fn check_on_disk(s: &mut Scan) {
 pub fn merge(into: &mut Scan, library: Scan) {
     let known: std::collections::HashSet<String> =
         into.files.iter().map(|f| f.path.clone()).collect();
-    (into.files).extend(library.files.into_iter().filter(|f| !known.contains(&f.path)));
+    (into.files).extend(
+        library
+            .files
+            .into_iter()
+            .filter(|f| !known.contains(&f.path)),
+    );
     into.files.sort_by(|a, b| a.path.cmp(&b.path));
     into.warnings.extend(library.warnings);
 }
@@ -360,5 +367,77 @@ mod tests {
             absolute(Path::new("/a/b/../c/./d.png")).unwrap(),
             PathBuf::from("/a/c/d.png")
         );
+    }
+
+    /// A farm scan's list is checked on this machine's disk as the local
+    /// scan checks it: existence, sequences, cache folders, blend_paths'
+    /// finds; and what a worker sends is bounded.
+    #[test]
+    fn a_farm_scan_is_checked_on_this_disk_and_bounded() {
+        let dir = std::env::temp_dir().join(format!("tessera-farm-scan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("seq")).unwrap();
+        std::fs::create_dir_all(dir.join("cache/sub")).unwrap();
+        for f in [
+            "rel.png",
+            "seq/s_0001.png",
+            "seq/s_0002.png",
+            "seq/s_x.png",
+            "seq/t_0001.png",
+        ] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+        }
+        std::fs::write(dir.join("cache/sub/a.vdb"), b"x").unwrap();
+        let d = dir.display();
+        let json = format!(
+            r#"{{"blender_version": "4.5.4", "render_engine": "CYCLES", "frame_start": 1,
+            "frame_end": 1, "resolution": [4, 4], "samples": 1, "file_format": "PNG",
+            "time_limit": false, "compressed": null, "warnings": [],
+            "files": [
+             {{"path": "{d}/rel.png", "kind": "image", "user": "Image 'a'", "exists": false, "check": "file"}},
+             {{"path": "{d}/nope.png", "kind": "image", "user": "Image 'b'", "exists": true, "check": "file"}},
+             {{"path": "{d}/seq/s_0007.png", "kind": "image", "user": "Image 's'", "exists": false, "check": "sequence"}},
+             {{"path": "{d}/cache", "kind": "cache", "user": "Fluid", "exists": false, "check": "dir"}},
+             {{"path": "{d}/gone.blend", "kind": "library", "user": "Library 'g'", "exists": true, "check": "file"}},
+             {{"path": "{d}/seq", "kind": "other", "user": "unknown", "exists": false, "check": "optional"}},
+             {{"path": "{d}/lost.abc", "kind": "other", "user": "unknown", "exists": false, "check": "optional"}}
+            ]}}"#
+        );
+        let s = from_farm(&json).unwrap();
+        let got: Vec<(String, bool)> = (s.files.iter())
+            .map(|f| {
+                (
+                    f.path.strip_prefix(&*d.to_string()).unwrap().to_string(),
+                    f.exists,
+                )
+            })
+            .collect();
+        let want = [
+            ("/cache/sub/a.vdb", true),
+            ("/gone.blend", false),
+            ("/nope.png", false),
+            ("/rel.png", true),
+            ("/seq/s_0001.png", true),
+            ("/seq/s_0002.png", true),
+        ];
+        let want: Vec<(String, bool)> = want.iter().map(|(p, e)| (p.to_string(), *e)).collect();
+        assert_eq!(got, want, "the worker's `exists` is never believed");
+        assert!(s
+            .warnings
+            .iter()
+            .any(|w| w.contains("library") && w.contains("gone.blend")));
+        assert!(s
+            .warnings
+            .iter()
+            .any(|w| w.contains("referenced path not found") && w.contains("lost.abc")));
+        // A relative path or an over-long one is refused.
+        let bad = json.replace(&format!("{d}/rel.png"), "rel.png");
+        assert!(from_farm(&bad).is_err());
+        let long = json.replace(
+            &format!("{d}/rel.png"),
+            &format!("/{}", "a".repeat(MAX_FARM_TEXT)),
+        );
+        assert!(from_farm(&long).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

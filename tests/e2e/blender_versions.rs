@@ -267,7 +267,15 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
     .unwrap();
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
-    farm.add_worker_with("bpy45", &["--engine", "blender", "--blender-python", py.to_str().unwrap()]);
+    farm.add_worker_with(
+        "bpy45",
+        &[
+            "--engine",
+            "blender",
+            "--blender-python",
+            py.to_str().unwrap(),
+        ],
+    );
     farm.wait_workers(1);
     let submit = |blend: &Path| {
         crate::harness::tessera()
@@ -287,11 +295,18 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
     assert!(!out.status.success(), "{err}");
     assert!(
         err.contains("file(s) the scene uses are missing; nothing was uploaded")
-            && err.contains(&format!("{} (image used by", p45.join("textures/nope.png").display())),
+            && err.contains(&format!(
+                "{} (image used by",
+                p45.join("textures/nope.png").display()
+            )),
         "{err}"
     );
     let all = farm.json(&["status", "--json"]);
-    assert_eq!(all["jobs"].as_array().unwrap().len(), 0, "nothing was submitted: {all}");
+    assert_eq!(
+        all["jobs"].as_array().unwrap().len(),
+        0,
+        "nothing was submitted: {all}"
+    );
 
     let out = submit(&p45.join("shot.blend"));
     let err = String::from_utf8_lossy(&out.stderr);
@@ -305,7 +320,10 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
     let got = png_pixels(&dir.join("frame_0002.png"));
     assert_eq!((got.0, got.1), (want.0, want.1));
     let differing = got.2.iter().zip(&want.2).filter(|(a, b)| a != b).count();
-    assert_eq!(differing, 0, "{differing} samples differ from 4.5's own render");
+    assert_eq!(
+        differing, 0,
+        "{differing} samples differ from 4.5's own render"
+    );
     // Every file the scene uses reached the worker's job folder, those of
     // the libraries (found by their own farm scans) too.
     let jobs = farm.dir.join("cache-bpy45/jobs");
@@ -315,7 +333,9 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
         .expect("the job's folder");
     let external = farm.dir.join("v45/external/ext.png");
     let ext = format!("_abs{}", external.display());
-    let seq: Vec<String> = (1..=6).map(|f| format!("textures/seq/seq_{f:04}.png")).collect();
+    let seq: Vec<String> = (1..=6)
+        .map(|f| format!("textures/seq/seq_{f:04}.png"))
+        .collect();
     let wanted = [
         "shot.blend",
         "textures/rel.png",
@@ -328,7 +348,11 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
         "lib/deep/tex/deep.png",
     ];
     for f in wanted.iter().copied().chain(seq.iter().map(String::as_str)) {
-        assert!(folder.join(f).is_file(), "{f} is not in {}", folder.display());
+        assert!(
+            folder.join(f).is_file(),
+            "{f} is not in {}",
+            folder.display()
+        );
     }
     // The client asked its 3.4 which Blender it is, and never gave it a file.
     let calls = std::fs::read_to_string(&calls).unwrap();
