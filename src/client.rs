@@ -462,9 +462,13 @@ async fn scan_blend(
             );
         }
     }
-    let s = match blend::scanner(&blend, saved, opts.blender_python.as_deref())? {
-        Some(runtime) => blend::scan(&blend, &runtime)?,
-        None => farm_scan(client, &blend, saved).await?,
+    let (s, nothing) = match blend::scanner(&blend, saved, opts.blender_python.as_deref())? {
+        Some(runtime) => (blend::scan(&blend, &runtime)?, "nothing was uploaded"),
+        // The .blend and its libraries went up for their scans.
+        None => (
+            farm_scan(client, &blend, saved).await?,
+            "nothing was submitted",
+        ),
     };
     let missing: Vec<String> = s
         .files
@@ -474,7 +478,7 @@ async fn scan_blend(
         .collect();
     if !missing.is_empty() && !opts.allow_missing {
         bail!(
-            "{} file(s) the scene uses are missing; nothing was uploaded: {} (pass --allow-missing to render without them)",
+            "{} file(s) the scene uses are missing; {nothing}: {} (pass --allow-missing to render without them)",
             missing.len(),
             missing.join(", ")
         );

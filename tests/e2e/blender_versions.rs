@@ -294,7 +294,7 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "{err}");
     assert!(
-        err.contains("file(s) the scene uses are missing; nothing was uploaded")
+        err.contains("file(s) the scene uses are missing; nothing was submitted")
             && err.contains(&format!(
                 "{} (image used by",
                 p45.join("textures/nope.png").display()
