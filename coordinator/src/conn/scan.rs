@@ -133,3 +133,51 @@ pub(super) async fn scan(
         )),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the worker a scan was handed to answers it, within
+    /// `MAX_SCAN_JSON`; it may fetch only that scan's blob, until it
+    /// answers or leaves.
+    #[test]
+    fn a_scan_is_answered_only_by_its_worker_and_bounded() {
+        let scans = Scans::default();
+        let blend = Digest::of(b"shot.blend");
+        let ask = |id, worker| {
+            let (tx, rx) = oneshot::channel();
+            let reply = tx;
+            scans.pending().insert(
+                id,
+                Pending {
+                    worker,
+                    blend,
+                    reply,
+                },
+            );
+            rx
+        };
+        let mut rx = ask(1, 7);
+        assert!(scans.may_fetch(7, &blend));
+        assert!(!scans.may_fetch(8, &blend), "another worker");
+        assert!(!scans.may_fetch(7, &Digest::of(b"other")), "another blob");
+        scans.answered(8, 1, Ok("{}".into()));
+        assert!(
+            rx.try_recv().is_err(),
+            "an answer from another worker is dropped"
+        );
+        scans.answered(7, 1, Ok("x".repeat(MAX_SCAN_JSON + 1)));
+        assert!(rx.try_recv().unwrap().unwrap_err().contains("at most"));
+        assert!(
+            !scans.may_fetch(7, &blend),
+            "answered: the blob is no longer its"
+        );
+        let mut rx = ask(2, 7);
+        scans.worker_left(7);
+        assert!(matches!(
+            rx.try_recv(),
+            Err(oneshot::error::TryRecvError::Closed)
+        ));
+    }
+}
