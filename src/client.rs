@@ -439,7 +439,7 @@ fn frames_in_range(requested: Option<&str>, first: u32, last: u32) -> anyhow::Re
     Ok(frames)
 }
 
-fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
+async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Scan> {
     let path = &opts.scene;
     let file_name = path
         .file_name()
@@ -496,7 +496,7 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 finish: false,
             })
         }
-        Engine::Blender => scan_blend(opts, path, file_name),
+        Engine::Blender => scan_blend(client, opts, path, file_name).await,
         Engine::Unreal => {
             let p = crate::uproject::scan(path, opts.frames.as_deref(), &opts.unreal)?;
             Ok(Scan {
@@ -517,7 +517,12 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
     }
 }
 
-fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::Result<Scan> {
+async fn scan_blend(
+    client: &mut Client,
+    opts: &SubmitOptions,
+    path: &Path,
+    file_name: String,
+) -> anyhow::Result<Scan> {
     let blend = blend::absolute(path)?;
     let project = blend.parent().context("a .blend file lies in a folder")?;
     let saved = blender_runtime::file_version(&blend).map_err(|e| {
@@ -540,8 +545,14 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
             );
         }
     }
-    let runtime = blend::scanner(&blend, saved, opts.blender_python.as_deref())?;
-    let s = blend::scan(&blend, &runtime)?;
+    let (s, nothing) = match blend::scanner(&blend, saved, opts.blender_python.as_deref())? {
+        Some(runtime) => (blend::scan(&blend, &runtime)?, "nothing was uploaded"),
+        // The .blend and its libraries went up for their scans.
+        None => (
+            farm_scan(client, &blend, saved).await?,
+            "nothing was submitted",
+        ),
+    };
     let missing: Vec<String> = s
         .files
         .iter()
@@ -550,7 +561,7 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         .collect();
     if !missing.is_empty() && !opts.allow_missing {
         bail!(
-            "{} file(s) the scene uses are missing; nothing was uploaded: {} (pass --allow-missing to render without them)",
+            "{} file(s) the scene uses are missing; {nothing}: {} (pass --allow-missing to render without them)",
             missing.len(),
             missing.join(", ")
         );
@@ -668,6 +679,94 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     })
 }
 
+/// Scans `blend` on a worker whose Blender reads it (this machine has
+/// none): uploads it, has the farm list what it references, checks those
+/// files here as the local scan does, and does the same for each linked
+/// library it finds (at most [`blend::MAX_FARM_LIBRARIES`], nested at
+/// most [`blend::MAX_LIBRARY_DEPTH`] deep).
+async fn farm_scan(
+    client: &mut Client,
+    blend: &Path,
+    saved: tessera_protocol::blender::BlenderVersion,
+) -> anyhow::Result<blend::Scan> {
+    let (mut main, worker) = match scan_on_farm(client, blend, saved).await {
+        Ok(scanned) => scanned,
+        Err(e) => {
+            let why = crate::shown::text(&format!("{e:#}"));
+            return Err(blend::farm_scan_failed(blend, saved, &why));
+        }
+    };
+    eprintln!(
+        "note: this machine's Blender cannot read `{}` (saved by Blender {}): worker {} scanned it",
+        blend.display(),
+        saved.short(),
+        crate::shown::text(&worker)
+    );
+    let mut scanned: HashSet<PathBuf> = HashSet::from([blend.to_path_buf()]);
+    let mut level: Vec<PathBuf> = libraries_of(&main, &scanned);
+    for _depth in 0..blend::MAX_LIBRARY_DEPTH {
+        if level.is_empty() {
+            break;
+        }
+        let mut next = Vec::new();
+        for lib in level {
+            if !scanned.insert(lib.clone()) {
+                continue;
+            }
+            if scanned.len() > blend::MAX_FARM_LIBRARIES + 1 {
+                bail!(
+                    "`{}` links more than {} libraries; nothing was submitted",
+                    blend.display(),
+                    blend::MAX_FARM_LIBRARIES
+                );
+            }
+            let version = blender_runtime::file_version(&lib).unwrap_or(saved);
+            let (s, _) = scan_on_farm(client, &lib, version)
+                .await
+                .with_context(|| format!("scanning the library `{}` on the farm", lib.display()))?;
+            next.extend(libraries_of(&s, &scanned));
+            blend::merge(&mut main, s);
+        }
+        level = next;
+    }
+    Ok(main)
+}
+
+/// The libraries a scan lists that exist here and are not scanned yet.
+fn libraries_of(s: &blend::Scan, scanned: &HashSet<PathBuf>) -> Vec<PathBuf> {
+    (s.files.iter())
+        .filter(|f| f.kind == "library" && f.exists)
+        .map(|f| PathBuf::from(&f.path))
+        .filter(|p| !scanned.contains(p))
+        .collect()
+}
+
+/// Uploads one `.blend` and has a worker scan it; the checked scan and the
+/// worker's name.
+async fn scan_on_farm(
+    client: &mut Client,
+    blend: &Path,
+    version: tessera_protocol::blender::BlenderVersion,
+) -> anyhow::Result<(blend::Scan, String)> {
+    let path = blend.to_str().context("the .blend's path is not UTF-8")?;
+    let mut hashed = hash_files(&[SceneFile {
+        job_path: "scan.blend".into(),
+        on_disk: blend.to_path_buf(),
+        origin: None,
+    }])
+    .await?;
+    send_missing(client, &mut hashed, false).await?;
+    let request = ClientRequest::Scan {
+        blend: hashed[0].entry.digest,
+        path: path.to_string(),
+        version,
+    };
+    match client.call(&request).await? {
+        ClientResponse::Scanned { worker, json } => Ok((blend::from_farm(&json)?, worker)),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
 /// The warnings that apply to a `.blend` job split into tiles (`tiled`)
 /// and/or sample ranges (`ranged`), its frames finished whole or not
 /// (`finish`): general ones from the scan, then those of settings that only
@@ -712,7 +811,7 @@ pub struct Submitted {
 /// Scans, hashes, uploads what is missing, and submits. Returns the job's
 /// status; warnings are printed once on stderr and returned.
 pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Submitted> {
-    let scan = scan(opts)?;
+    let scan = scan(client, opts).await?;
     for w in &scan.warnings {
         eprintln!("warning: {w}");
     }

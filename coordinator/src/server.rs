@@ -62,6 +62,8 @@ pub(crate) struct Shared {
     pub gc: Mutex<()>,
     /// What workers may fetch of the recorded Blender builds.
     pub build_digests: conn::fetch::BuildDigests,
+    /// Farm scans handed to workers and not yet answered.
+    pub scans: crate::conn::scan::Scans,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -216,6 +218,11 @@ impl Shared {
         Ok(snapshot)
     }
 
+    /// Sends `msg` to worker `id`; false when it is not connected.
+    pub fn send_to_worker(&self, id: WorkerId, msg: CoordMsg) -> bool {
+        (self.locked().outbox.get(&id)).is_some_and(|tx| tx.send(msg).is_ok())
+    }
+
     /// Forgets a worker's writer once it has left.
     pub fn forget_outbox(&self, id: WorkerId) {
         self.locked().outbox.remove(&id);
@@ -349,6 +356,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         events: broadcast::channel(4096).0,
         gc: Mutex::new(()),
         build_digests: Default::default(),
+        scans: Default::default(),
     });
     restore(&shared)?;
     let builds = shared.db().builds()?;

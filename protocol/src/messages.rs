@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 8;
+pub const PROTOCOL_VERSION: u32 = 9;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -136,7 +136,16 @@ pub enum WorkerMsg {
         done: u32,
         total: u32,
     },
+    /// The answer to [`CoordMsg::Scan`]: the scan's JSON (at most
+    /// [`MAX_SCAN_JSON`] bytes), or why the worker could not scan.
+    Scanned {
+        id: u64,
+        result: Result<String, String>,
+    },
 }
+
+/// The most a farm scan's JSON may take (a worker is not trusted).
+pub const MAX_SCAN_JSON: usize = 4 << 20;
 
 /// What a worker needs to know about a job, sent once per connection before
 /// its first task.
@@ -213,6 +222,17 @@ pub enum CoordMsg {
     /// To a worker started with `--blender auto`, after `Joined` and
     /// whenever `blender add` records one: every stored Blender build.
     Builds(Vec<BuildInfo>),
+    /// Scan the `.blend` blob `blend` for a client whose Blender cannot
+    /// read it: list what it references as stored, with paths resolved
+    /// against `path`, the artist's path of the file (nothing is looked up
+    /// on the worker's disk). Saved by Blender `version`; the worker
+    /// answers with [`WorkerMsg::Scanned`].
+    Scan {
+        id: u64,
+        blend: Digest,
+        path: String,
+        version: crate::blender::BlenderVersion,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -523,6 +543,13 @@ pub enum ClientRequest {
         job: u64,
         after: Option<u32>,
     },
+    /// Scan an uploaded `.blend` on a worker whose Blender can read it
+    /// (see [`CoordMsg::Scan`]). Answered by `Scanned`.
+    Scan {
+        blend: Digest,
+        path: String,
+        version: crate::blender::BlenderVersion,
+    },
 }
 
 /// The most items one page carries; fewer when their encoding would pass
@@ -583,6 +610,12 @@ pub enum ClientResponse {
     FramesPage {
         frames: Vec<FrameOutput>,
         next: Option<u32>,
+    },
+    /// A farm scan's JSON (unchecked beyond its size: the client bounds
+    /// what it reads), and the worker that ran it.
+    Scanned {
+        worker: String,
+        json: String,
     },
 }
 

@@ -102,6 +102,11 @@ pub(super) async fn serve(
             }
             ClientRequest::RevokeWorker { name } => revoke(&shared, &name).await,
             ClientRequest::RotateTickets => rotate_tickets(&shared),
+            ClientRequest::Scan {
+                blend,
+                path,
+                version,
+            } => super::scan::scan(&shared, blend, path, version).await,
             ClientRequest::Subscribe => return super::feed::feed(&shared, control).await,
             ClientRequest::StatusPage {
                 after_job,

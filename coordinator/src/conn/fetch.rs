@@ -5,7 +5,8 @@
 //! frames). A worker may read only what the tasks it holds right now need —
 //! the files of their jobs' manifests, and the chunks of those files, granted
 //! when it is served their recipe — and the files and chunks of recorded
-//! Blender builds (`tessera blender add`), which any worker may run. Anything
+//! Blender builds (`tessera blender add`), which any worker may run, and the
+//! `.blend` of a farm scan it was asked for and has not answered. Anything
 //! else, another job's output frames included, is refused.
 
 use std::collections::HashSet;
@@ -62,6 +63,7 @@ impl Fetch {
         };
         relock(&self.granted).contains(digest)
             || shared.read(|core, _| core.task_needs(id, digest))
+            || shared.scans.may_fetch(id, digest)
             || shared.build_digests.holds(shared, digest)
     }
 

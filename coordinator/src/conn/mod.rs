@@ -9,6 +9,7 @@ mod feed;
 pub(crate) mod fetch;
 mod gate;
 mod handshake;
+pub(crate) mod scan;
 mod worker;
 
 use std::sync::atomic::AtomicU64;

@@ -59,6 +59,7 @@ pub(super) async fn serve(
     .await;
     let requeued = shared.update(|core, now| core.worker_left(id, now));
     shared.forget_outbox(id);
+    shared.scans.worker_left(id);
     tracing::info!(worker = id, %name, requeued, "worker left");
     writer.abort();
     result
@@ -147,6 +148,7 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
             let msg = WorkerMsg::Cached { added, removed };
             shared.update(|core, now| core.worker_msg(id, msg, now));
         }
+        WorkerMsg::Scanned { id: scan, result } => shared.scans.answered(id, scan, result),
         msg => shared.update(|core, now| core.worker_msg(id, msg, now)),
     }
 }

@@ -256,6 +256,7 @@ fn kinds(msgs: &[CoordMsg]) -> Vec<String> {
                 format!("ack {}/{} {accepted}", task.job, task.index)
             }
             CoordMsg::Builds(b) => format!("builds {}", b.len()),
+            CoordMsg::Scan { id, .. } => format!("scan {id}"),
         })
         .collect()
 }
@@ -725,7 +726,8 @@ fn simulate(seed: u64) -> Seen {
                     CoordMsg::Job(_)
                     | CoordMsg::Drain
                     | CoordMsg::Enrolled { .. }
-                    | CoordMsg::Builds(_) => {}
+                    | CoordMsg::Builds(_)
+                    | CoordMsg::Scan { .. } => {}
                 }
             }
             farm.collect();
@@ -1254,4 +1256,40 @@ fn progress_for_tasks_a_worker_does_not_hold_is_not_kept() {
     let kept = &farm.core.workers[&w].progress;
     assert_eq!(kept.len(), 1);
     assert_eq!(kept.get(&held), Some(&(1, 2)));
+}
+
+/// A farm scan goes to a worker whose own Blender is the file's series or
+/// the closest newer one, never an older one, and never a draining worker.
+#[test]
+fn a_farm_scan_goes_to_the_closest_blender_not_older_than_the_file() {
+    use tessera_protocol::blender::{BlenderOffer, BlenderVersion};
+    let offer = |major, minor| BlenderOffer {
+        version: BlenderVersion::new(major, minor, 0),
+        name: format!("Blender {major}.{minor}"),
+        device_types: vec![],
+        devices: vec![],
+        render_device: "CPU".into(),
+        oidn: false,
+        osl: false,
+        eevee: false,
+    };
+    let with = |offers: Vec<BlenderOffer>| {
+        let mut info = worker_info(1, Engine::Blender, vec![]);
+        info.blenders = offers;
+        info
+    };
+    let mut farm = Farm::new(3);
+    let v = |major, minor| BlenderVersion::new(major, minor, 4);
+    assert_eq!(farm.core.scanner_for(v(4, 5)), None, "no workers");
+    farm.join("old", with(vec![offer(3, 4), offer(4, 2)]));
+    assert_eq!(farm.core.scanner_for(v(4, 5)), None, "only older Blenders");
+    let five = farm.join("five", with(vec![offer(5, 0)]));
+    let both = farm.join("both", with(vec![offer(3, 4), offer(4, 5)]));
+    assert_eq!(farm.core.scanner_for(v(4, 5)), Some((both, "both".into())));
+    assert_eq!(farm.core.scanner_for(v(4, 3)).map(|w| w.0), Some(both));
+    assert_eq!(farm.core.scanner_for(v(5, 0)).map(|w| w.0), Some(five));
+    farm.msg(both, WorkerMsg::Draining);
+    assert_eq!(farm.core.scanner_for(v(4, 5)).map(|w| w.0), Some(five));
+    farm.leave(five);
+    assert_eq!(farm.core.scanner_for(v(4, 5)), None);
 }

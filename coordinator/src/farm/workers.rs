@@ -2,6 +2,7 @@
 //! rejoining worker still holds), leaving, heartbeats, progress, results
 //! offered and tasks failed.
 
+use tessera_protocol::blender::BlenderVersion;
 use tessera_protocol::job::TileRect;
 use tessera_protocol::messages::{CoordMsg, FarmEvent, TaskRef, WorkerInfo, WorkerMsg};
 use tessera_protocol::Digest;
@@ -283,7 +284,8 @@ impl FarmCore {
             }
         }
         match msg {
-            WorkerMsg::Join(_) => {}
+            // Scans are answered by the shell (`conn/scan.rs`), not here.
+            WorkerMsg::Join(_) | WorkerMsg::Scanned { .. } => {}
             WorkerMsg::Cached { added, removed } => {
                 self.sched.worker_holds(id, &added, &removed);
             }
@@ -354,6 +356,24 @@ impl FarmCore {
     }
 
     /// Whether worker `id` holds a current lease on `task` under its epoch.
+    /// The worker to scan a file saved by Blender `saved` for the farm: a
+    /// connected one, not draining, with a Blender of its own of that
+    /// series or newer (never older: an older Blender may crash on the
+    /// file), the closest series first, then the lowest id. Its id and name.
+    pub fn scanner_for(&self, saved: BlenderVersion) -> Option<(WorkerId, String)> {
+        let fits = |w: &WorkerEntry| {
+            (w.info.blenders.iter())
+                .map(|b| b.version.series())
+                .filter(|s| *s >= saved.series())
+                .min()
+        };
+        (self.workers.iter())
+            .filter(|(_, w)| !w.draining)
+            .filter_map(|(id, w)| Some((fits(w)?, *id, w)))
+            .min_by_key(|(series, id, _)| (*series, *id))
+            .map(|(_, id, w)| (id, w.name.clone()))
+    }
+
     pub fn holds(&self, id: WorkerId, task: TaskRef) -> bool {
         self.sched.holds_lease(id, key(task), Epoch(task.epoch))
     }

@@ -688,6 +688,58 @@ impl Engine for Blender {
             .collect()
     }
 
+    /// In the worker's own Blender of the file's series, else the closest
+    /// newer one (never an older one: it may crash on the file); the same
+    /// choice as the coordinator's `scanner_for`.
+    fn scan(
+        &self,
+        blend: &Path,
+        saved: tessera_protocol::blender::BlenderVersion,
+        artist_path: &str,
+    ) -> anyhow::Result<String> {
+        let runtime = {
+            let installs = self.installs.lock().expect("installs lock");
+            (installs[..self.local].iter())
+                .filter(|i| i.offer.version.series() >= saved.series())
+                .min_by_key(|i| i.offer.version.series())
+                .map(|i| i.runtime.clone())
+                .with_context(|| {
+                    format!(
+                        "this worker has no Blender {} or newer to scan it",
+                        saved.short()
+                    )
+                })?
+        };
+        let out = blend.with_extension("scan.json");
+        let output = runtime
+            .command(
+                Some(blend),
+                tessera_scan::blender::SCAN_PY,
+                &[out.as_os_str(), "--remote".as_ref(), artist_path.as_ref()],
+                0,
+            )
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {}", runtime.path().display()))?;
+        let json = std::fs::read(&out);
+        let _ = std::fs::remove_file(&out);
+        match json {
+            Ok(bytes) if output.status.success() => {
+                String::from_utf8(bytes).context("the scan wrote JSON that is not UTF-8")
+            }
+            _ => {
+                let text = String::from_utf8_lossy(&output.stderr).into_owned()
+                    + &String::from_utf8_lossy(&output.stdout);
+                let line = (text.lines())
+                    .find(|l| l.contains("Error:") || l.contains("error:"))
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                anyhow::bail!("the scan failed ({}): {line}", output.status)
+            }
+        }
+    }
+
     fn render(
         &self,
         job: &JobInfo,

@@ -81,6 +81,19 @@ pub trait Engine: Send + Sync {
     fn blender_offers(&self) -> Vec<tessera_protocol::blender::BlenderOffer> {
         Vec::new()
     }
+
+    /// Scans `blend` (saved by Blender `saved`) for the farm: what it
+    /// references as stored, with relative paths resolved against
+    /// `artist_path`, the file's path on the submitting machine. Returns
+    /// the scan's JSON. Only a Blender engine can.
+    fn scan(
+        &self,
+        _blend: &Path,
+        _saved: tessera_protocol::blender::BlenderVersion,
+        _artist_path: &str,
+    ) -> anyhow::Result<String> {
+        anyhow::bail!("this engine cannot scan .blend files")
+    }
 }
 
 /// The embedded path tracer. Keeps the last few parsed scenes so successive
