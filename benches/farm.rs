@@ -161,6 +161,8 @@ fn memory() {
                 blender: None,
                 output_name: None,
                 unreal: None,
+                finish: false,
+                verify_percent: 0,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

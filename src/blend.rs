@@ -57,25 +57,39 @@ pub struct Dependency {
     pub kind: String,
     pub user: String,
     pub exists: bool,
+    /// From a farm scan: what this machine must check (`file`,
+    /// `sequence`, `dir`, `optional`); see [`check_on_disk`].
+    #[serde(default)]
+    pub check: Option<String>,
 }
+
+/// The most files a farm scan may list, and the longest path or text in it:
+/// what a worker sends back is not trusted.
+pub const MAX_FARM_FILES: usize = 100_000;
+pub const MAX_FARM_TEXT: usize = 4096;
+/// The most libraries a farm scan follows, and how deep.
+pub const MAX_FARM_LIBRARIES: usize = 256;
+pub const MAX_LIBRARY_DEPTH: usize = 16;
 
 /// The Blender that lists a file's dependencies: one that can read it, never
 /// one older than the file. This machine's own Blender when its version is
 /// the file's; else the `bpy` interpreter named by `--blender-python` or
 /// `TESSERA_BLENDER_PYTHON` (when it is not older than the file); else this
-/// machine's Blender when it is newer than the file.
+/// machine's Blender when it is newer than the file. `None` when none of
+/// those can read it: a worker scans it for the farm ([`farm_scan_failed`]
+/// says why when no worker can either).
 pub fn scanner(
     blend: &Path,
     saved: BlenderVersion,
     python: Option<&Path>,
-) -> anyhow::Result<Runtime> {
+) -> anyhow::Result<Option<Runtime>> {
     let version_of = blender_runtime::version;
     let local = blender::detect().map(|(exe, _)| Runtime::Executable(exe));
     let local_version = local.as_ref().and_then(|r| version_of(r).ok());
     let name = |v: Option<BlenderVersion>| v.map_or("none".to_string(), |v| v.to_string());
     if let (Some(r), Some(v)) = (&local, local_version) {
         if v.series() == saved.series() {
-            return Ok(r.clone());
+            return Ok(Some(r.clone()));
         }
     }
     if let Some(py) = python {
@@ -90,20 +104,177 @@ pub fn scanner(
                 py.display()
             );
         }
-        return Ok(r);
+        return Ok(Some(r));
     }
     if let (Some(r), Some(v)) = (local, local_version) {
         if v.series() > saved.series() {
-            return Ok(r);
+            return Ok(Some(r));
         }
     }
-    bail!(
-        "`{}` was saved by Blender {}; this machine's Blender is {}, which cannot read it: pass --blender-python PATH (or set TESSERA_BLENDER_PYTHON) to a Python where `import bpy` is Blender {} or newer",
+    tracing::info!(local = %name(local_version), "no Blender here reads `{}`: scanning it on the farm", blend.display());
+    Ok(None)
+}
+
+/// The error when neither this machine nor the farm could scan `blend`.
+pub fn farm_scan_failed(blend: &Path, saved: BlenderVersion, farm: &str) -> anyhow::Error {
+    let local = blender::detect()
+        .and_then(|(exe, _)| blender_runtime::version(&Runtime::Executable(exe)).ok())
+        .map_or("none".to_string(), |v| v.to_string());
+    anyhow::anyhow!(
+        "`{}` was saved by Blender {}; this machine's Blender is {local}, which cannot read it, and the farm could not scan it: {farm}; nothing was submitted. Start a worker with Blender {} or newer, or pass --blender-python PATH (or set TESSERA_BLENDER_PYTHON) to a Python where `import bpy` is Blender {} or newer",
         blend.display(),
         saved.short(),
-        name(local_version),
+        saved.short(),
         saved.short()
     )
+}
+
+/// Reads a farm scan's JSON, bounded (a worker is not trusted), and checks
+/// the files it lists against this machine's disk.
+pub fn from_farm(json: &str) -> anyhow::Result<Scan> {
+    if json.len() > tessera_protocol::messages::MAX_SCAN_JSON {
+        bail!("the farm's scan is {} bytes, more than allowed", json.len());
+    }
+    let mut s: Scan = serde_json::from_str(json).context("the farm's scan is unreadable")?;
+    if s.files.len() > MAX_FARM_FILES || s.warnings.len() > MAX_FARM_FILES {
+        bail!(
+            "the farm's scan lists {} files and {} warnings; at most {MAX_FARM_FILES} are accepted",
+            s.files.len(),
+            s.warnings.len()
+        );
+    }
+    for f in &s.files {
+        let long = [&f.path, &f.kind, &f.user]
+            .iter()
+            .any(|t| t.len() > MAX_FARM_TEXT);
+        if long || !f.path.starts_with('/') {
+            bail!("the farm's scan names a path that is not absolute or is too long");
+        }
+    }
+    for w in &mut s.warnings {
+        tessera_protocol::text::truncate_in_place(w, MAX_FARM_TEXT);
+    }
+    check_on_disk(&mut s);
+    Ok(s)
+}
+
+/// What the local scan does on the disk, for a farm scan's list: whether
+/// each file exists, every member of a numbered sequence, every file under
+/// a cache folder, and files `bpy.utils.blend_paths` found.
+pub fn check_on_disk(s: &mut Scan) {
+    let mut files: Vec<Dependency> = Vec::new();
+    let mut warnings = Vec::new();
+    let entry = |path: &Path, d: &Dependency| Dependency {
+        path: path.to_string_lossy().into_owned(),
+        kind: d.kind.clone(),
+        user: d.user.clone(),
+        exists: path.is_file(),
+        check: None,
+    };
+    for d in std::mem::take(&mut s.files) {
+        let path = PathBuf::from(&d.path);
+        match d.check.as_deref() {
+            Some("sequence") => {
+                let members = sequence_members(&path);
+                if members.is_empty() {
+                    files.push(entry(&path, &d));
+                }
+                files.extend(members.iter().map(|m| entry(m, &d)));
+            }
+            Some("dir") if path.is_dir() => {
+                let mut found = Vec::new();
+                walk(&path, &mut found, MAX_FARM_FILES);
+                found.sort();
+                files.extend(found.iter().map(|m| entry(m, &d)));
+            }
+            Some("dir") => warnings.push(format!(
+                "{}: fluid cache directory {} not found",
+                d.user, d.path
+            )),
+            Some("optional") if path.is_file() => files.push(entry(&path, &d)),
+            Some("optional") if !path.is_dir() => {
+                warnings.push(format!("referenced path not found: {}", d.path))
+            }
+            Some("optional") => {}
+            _ => files.push(entry(&path, &d)),
+        }
+    }
+    for f in files.iter().filter(|f| f.kind == "library" && !f.exists) {
+        warnings.push(format!(
+            "library {} is missing: data it links in (and its own libraries) cannot be scanned",
+            f.path
+        ));
+    }
+    let mut seen = std::collections::HashSet::new();
+    files.retain(|f| seen.insert(f.path.clone()));
+    files.sort_by(|a, b| a.path.cmp(&b.path));
+    s.files = files;
+    s.warnings.extend(warnings);
+}
+
+/// Adds a library's farm scan to its file's: the files it uses that are
+/// not listed yet, and its warnings.
+pub fn merge(into: &mut Scan, library: Scan) {
+    let known: std::collections::HashSet<String> =
+        into.files.iter().map(|f| f.path.clone()).collect();
+    (into.files).extend(
+        library
+            .files
+            .into_iter()
+            .filter(|f| !known.contains(&f.path)),
+    );
+    into.files.sort_by(|a, b| a.path.cmp(&b.path));
+    into.warnings.extend(library.warnings);
+}
+
+/// Every file of the numbered sequence `one` is a member of: same folder,
+/// same text around its last run of digits (as the local scan finds them).
+fn sequence_members(one: &Path) -> Vec<PathBuf> {
+    let (Some(dir), Some(base)) = (one.parent(), one.file_name().and_then(|n| n.to_str())) else {
+        return Vec::new();
+    };
+    let Some(end) = base.rfind(|c: char| c.is_ascii_digit()).map(|i| i + 1) else {
+        return Vec::new();
+    };
+    let start = base[..end]
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    let (head, tail) = (&base[..start], &base[end..]);
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            e.file_name().to_str().is_some_and(|n| {
+                let mid = n.strip_prefix(head).and_then(|m| m.strip_suffix(tail));
+                n.len() > head.len() + tail.len()
+                    && mid.is_some_and(|m| !m.is_empty() && m.bytes().all(|b| b.is_ascii_digit()))
+            })
+        })
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    found.sort();
+    found
+}
+
+/// Every file under `dir`, at most `max`.
+fn walk(dir: &Path, out: &mut Vec<PathBuf>, max: usize) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.filter_map(|e| e.ok()) {
+        if out.len() >= max {
+            return;
+        }
+        let p = e.path();
+        match e.file_type() {
+            Ok(t) if t.is_dir() => walk(&p, out, max),
+            Ok(t) if t.is_file() => out.push(p),
+            _ => {}
+        }
+    }
 }
 
 /// Runs the dependency scan on `blend` in `runtime`.
@@ -196,5 +367,77 @@ mod tests {
             absolute(Path::new("/a/b/../c/./d.png")).unwrap(),
             PathBuf::from("/a/c/d.png")
         );
+    }
+
+    /// A farm scan's list is checked on this machine's disk as the local
+    /// scan checks it: existence, sequences, cache folders, blend_paths'
+    /// finds; and what a worker sends is bounded.
+    #[test]
+    fn a_farm_scan_is_checked_on_this_disk_and_bounded() {
+        let dir = std::env::temp_dir().join(format!("tessera-farm-scan-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("seq")).unwrap();
+        std::fs::create_dir_all(dir.join("cache/sub")).unwrap();
+        for f in [
+            "rel.png",
+            "seq/s_0001.png",
+            "seq/s_0002.png",
+            "seq/s_x.png",
+            "seq/t_0001.png",
+        ] {
+            std::fs::write(dir.join(f), b"x").unwrap();
+        }
+        std::fs::write(dir.join("cache/sub/a.vdb"), b"x").unwrap();
+        let d = dir.display();
+        let json = format!(
+            r#"{{"blender_version": "4.5.4", "render_engine": "CYCLES", "frame_start": 1,
+            "frame_end": 1, "resolution": [4, 4], "samples": 1, "file_format": "PNG",
+            "time_limit": false, "compressed": null, "warnings": [],
+            "files": [
+             {{"path": "{d}/rel.png", "kind": "image", "user": "Image 'a'", "exists": false, "check": "file"}},
+             {{"path": "{d}/nope.png", "kind": "image", "user": "Image 'b'", "exists": true, "check": "file"}},
+             {{"path": "{d}/seq/s_0007.png", "kind": "image", "user": "Image 's'", "exists": false, "check": "sequence"}},
+             {{"path": "{d}/cache", "kind": "cache", "user": "Fluid", "exists": false, "check": "dir"}},
+             {{"path": "{d}/gone.blend", "kind": "library", "user": "Library 'g'", "exists": true, "check": "file"}},
+             {{"path": "{d}/seq", "kind": "other", "user": "unknown", "exists": false, "check": "optional"}},
+             {{"path": "{d}/lost.abc", "kind": "other", "user": "unknown", "exists": false, "check": "optional"}}
+            ]}}"#
+        );
+        let s = from_farm(&json).unwrap();
+        let got: Vec<(String, bool)> = (s.files.iter())
+            .map(|f| {
+                (
+                    f.path.strip_prefix(&*d.to_string()).unwrap().to_string(),
+                    f.exists,
+                )
+            })
+            .collect();
+        let want = [
+            ("/cache/sub/a.vdb", true),
+            ("/gone.blend", false),
+            ("/nope.png", false),
+            ("/rel.png", true),
+            ("/seq/s_0001.png", true),
+            ("/seq/s_0002.png", true),
+        ];
+        let want: Vec<(String, bool)> = want.iter().map(|(p, e)| (p.to_string(), *e)).collect();
+        assert_eq!(got, want, "the worker's `exists` is never believed");
+        assert!(s
+            .warnings
+            .iter()
+            .any(|w| w.contains("library") && w.contains("gone.blend")));
+        assert!(s
+            .warnings
+            .iter()
+            .any(|w| w.contains("referenced path not found") && w.contains("lost.abc")));
+        // A relative path or an over-long one is refused.
+        let bad = json.replace(&format!("{d}/rel.png"), "rel.png");
+        assert!(from_farm(&bad).is_err());
+        let long = json.replace(
+            &format!("{d}/rel.png"),
+            &format!("/{}", "a".repeat(MAX_FARM_TEXT)),
+        );
+        assert!(from_farm(&long).is_err());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -17,7 +17,8 @@ use tessera_protocol::job::{
     SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, Collected, JobState, JobStatus, Role, TileStatus, WorkerStatus,
+    ClientRequest, ClientResponse, Collected, FrameOutput, JobState, JobStatus, Role, TileStatus,
+    WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
@@ -85,9 +86,55 @@ impl Client {
         &mut self,
         job: Option<u64>,
     ) -> anyhow::Result<(Vec<JobStatus>, Vec<WorkerStatus>)> {
-        match self.call(&ClientRequest::Status(job)).await? {
-            ClientResponse::Status { jobs, workers } => Ok((jobs, workers)),
-            other => bail!("unexpected reply {other:?}"),
+        if job.is_some() {
+            return match self.call(&ClientRequest::Status(job)).await? {
+                ClientResponse::Status { jobs, workers } => Ok((jobs, workers)),
+                other => bail!("unexpected reply {other:?}"),
+            };
+        }
+        // Every job and worker, page by page: each reply fits its frame.
+        let (mut jobs, mut workers) = (Vec::new(), Vec::new());
+        let (mut after_job, mut after_worker) = (0, 0);
+        loop {
+            let request = ClientRequest::StatusPage {
+                after_job,
+                after_worker,
+            };
+            match self.call(&request).await? {
+                ClientResponse::StatusPage {
+                    jobs: j,
+                    workers: w,
+                    more,
+                } => {
+                    after_job = j.last().map_or(after_job, |s| s.id);
+                    after_worker = w.last().map_or(after_worker, |s| s.id);
+                    let empty = j.is_empty() && w.is_empty();
+                    jobs.extend(j);
+                    workers.extend(w);
+                    if !more || empty {
+                        return Ok((jobs, workers));
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+    }
+
+    /// The stitched frames of a job so far, page by page.
+    pub async fn frames(&mut self, job: u64) -> anyhow::Result<Vec<FrameOutput>> {
+        let mut frames = Vec::new();
+        let mut after = None;
+        loop {
+            match self.call(&ClientRequest::FramesPage { job, after }).await? {
+                ClientResponse::FramesPage { frames: f, next } => {
+                    frames.extend(f);
+                    match next {
+                        Some(n) if after.is_none_or(|a| n > a) => after = Some(n),
+                        _ => return Ok(frames),
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
         }
     }
 
@@ -113,9 +160,22 @@ impl Client {
         job: u64,
         task: Option<u32>,
     ) -> anyhow::Result<Vec<tessera_protocol::messages::TaskLog>> {
-        match self.call(&ClientRequest::Logs { job, task }).await? {
-            ClientResponse::Logs(l) => Ok(l),
-            other => bail!("unexpected reply {other:?}"),
+        let mut logs = Vec::new();
+        let mut after = 0;
+        loop {
+            match self
+                .call(&ClientRequest::LogsPage { job, task, after })
+                .await?
+            {
+                ClientResponse::LogsPage { logs: l, next } => {
+                    logs.extend(l);
+                    match next {
+                        Some(n) if n > after => after = n,
+                        _ => return Ok(logs),
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
         }
     }
 
@@ -209,10 +269,7 @@ impl Client {
         dir: &Path,
         overwrite: bool,
     ) -> anyhow::Result<Vec<PathBuf>> {
-        let frames = match self.call(&ClientRequest::Frames(job)).await? {
-            ClientResponse::Frames(f) => f,
-            other => bail!("unexpected reply {other:?}"),
-        };
+        let frames = self.frames(job).await?;
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         let staging = Staging::create(dir, job)?;
         let staged = BlobDir::open(&staging.0)?;
@@ -311,6 +368,8 @@ pub struct SubmitOptions {
     pub tiles: TileGrid,
     pub sample_ranges: u32,
     pub samples: Option<u32>,
+    /// `--verify P`: percent of tasks checked on another worker.
+    pub verify: u32,
     pub name: Option<String>,
     pub priority: i32,
     pub request_id: Option<String>,
@@ -347,6 +406,8 @@ struct Scan {
     /// The scene's frame-name template, if it names its frames.
     output_name: Option<String>,
     unreal: Option<tessera_protocol::unreal::UnrealJob>,
+    /// Frames end with a finishing task (see [`JobSpec::finish`]).
+    finish: bool,
 }
 
 pub(crate) struct SceneFile {
@@ -378,7 +439,7 @@ fn frames_in_range(requested: Option<&str>, first: u32, last: u32) -> anyhow::Re
     Ok(frames)
 }
 
-fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
+async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Scan> {
     let path = &opts.scene;
     let file_name = path
         .file_name()
@@ -432,9 +493,10 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 warnings: Vec::new(),
                 output_name: None,
                 unreal: None,
+                finish: false,
             })
         }
-        Engine::Blender => scan_blend(opts, path, file_name),
+        Engine::Blender => scan_blend(client, opts, path, file_name).await,
         Engine::Unreal => {
             let p = crate::uproject::scan(path, opts.frames.as_deref(), &opts.unreal)?;
             Ok(Scan {
@@ -449,12 +511,18 @@ fn scan(opts: &SubmitOptions) -> anyhow::Result<Scan> {
                 warnings: Vec::new(),
                 output_name: None,
                 unreal: Some(p.unreal),
+                finish: false,
             })
         }
     }
 }
 
-fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::Result<Scan> {
+async fn scan_blend(
+    client: &mut Client,
+    opts: &SubmitOptions,
+    path: &Path,
+    file_name: String,
+) -> anyhow::Result<Scan> {
     let blend = blend::absolute(path)?;
     let project = blend.parent().context("a .blend file lies in a folder")?;
     let saved = blender_runtime::file_version(&blend).map_err(|e| {
@@ -477,8 +545,14 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
             );
         }
     }
-    let runtime = blend::scanner(&blend, saved, opts.blender_python.as_deref())?;
-    let s = blend::scan(&blend, &runtime)?;
+    let (s, nothing) = match blend::scanner(&blend, saved, opts.blender_python.as_deref())? {
+        Some(runtime) => (blend::scan(&blend, &runtime)?, "nothing was uploaded"),
+        // The .blend and its libraries went up for their scans.
+        None => (
+            farm_scan(client, &blend, saved).await?,
+            "nothing was submitted",
+        ),
+    };
     let missing: Vec<String> = s
         .files
         .iter()
@@ -487,7 +561,7 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         .collect();
     if !missing.is_empty() && !opts.allow_missing {
         bail!(
-            "{} file(s) the scene uses are missing; nothing was uploaded: {} (pass --allow-missing to render without them)",
+            "{} file(s) the scene uses are missing; {nothing}: {} (pass --allow-missing to render without them)",
             missing.len(),
             missing.join(", ")
         );
@@ -495,11 +569,20 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     let frames = frames_in_range(opts.frames.as_deref(), s.frame_start, s.frame_end)?;
     let cycles = s.render_engine == "CYCLES";
     let whole = opts.tiles.count() == 1 && opts.sample_ranges <= 1;
+    // Whole-frame effects on a split frame: the tiles render their passes,
+    // and one finishing task per frame composites and denoises the whole
+    // frame and writes the scene's output. A multilayer OpenEXR keeps every
+    // rendered pass, which a finishing compositor does not give back.
+    let finish = cycles
+        && !whole
+        && (s.compositing || s.use_denoising)
+        && !s.is_movie
+        && s.file_format != "OPEN_EXR_MULTILAYER";
     let output = match s.file_format.as_str() {
         "PNG" => OutputFormat::Png,
         "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => OutputFormat::Exr,
         _ if s.is_movie => OutputFormat::Image, // refused below, with the reason
-        _ if whole => OutputFormat::Image,
+        _ if whole || finish => OutputFormat::Image,
         other => {
             bail!("the scene's output format {other} can only be rendered as whole frames: submit without --tiles and --sample-ranges, or set it to PNG or OpenEXR")
         }
@@ -516,10 +599,10 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         );
     }
     if sample_ranges > 1 {
-        if output != OutputFormat::Exr {
+        if output != OutputFormat::Exr && !finish {
             bail!("--sample-ranges merges float images: set the scene's output format to OpenEXR");
         }
-        if s.use_denoising {
+        if s.use_denoising && !finish {
             bail!("--sample-ranges cannot merge denoised renders exactly: turn denoising off in the scene");
         }
         // Blender 4.5 renders a range as a subset of the full render's own
@@ -546,7 +629,10 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
             s.file_format
         );
     }
-    let warnings = blend_warnings(&s, opts.tiles.count() > 1, sample_ranges > 1);
+    let mut warnings = blend_warnings(&s, opts.tiles.count() > 1, sample_ranges > 1, finish);
+    if finish && s.use_denoising && s.denoiser.as_deref() == Some("OPTIX") {
+        warnings.push("the scene denoises with OptiX; the finishing step of a split frame denoises with OpenImageDenoise, so frames differ from a full render: submit without --tiles and --sample-ranges for OptiX's result".into());
+    }
     let small = std::fs::metadata(&blend).map_or(true, |m| m.len() < CHUNK_THRESHOLD);
     if let (Some(kind), true) = (&s.compressed, small) {
         // Large files get the note about chunking when they are hashed.
@@ -569,7 +655,8 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
     let needs = BlenderNeeds {
         saved_by: Some(saved),
         version,
-        denoise: cycles && s.use_denoising && s.denoiser.as_deref() != Some("OPTIX"),
+        // The finishing step denoises with the compositor's OpenImageDenoise.
+        denoise: cycles && s.use_denoising && (s.denoiser.as_deref() != Some("OPTIX") || finish),
         osl: cycles && s.use_osl,
         eevee: matches!(
             s.render_engine.as_str(),
@@ -588,18 +675,110 @@ fn scan_blend(opts: &SubmitOptions, path: &Path, file_name: String) -> anyhow::R
         warnings,
         output_name: s.output_name.clone(),
         unreal: None,
+        finish,
     })
 }
 
+/// Scans `blend` on a worker whose Blender reads it (this machine has
+/// none): uploads it, has the farm list what it references, checks those
+/// files here as the local scan does, and does the same for each linked
+/// library it finds (at most [`blend::MAX_FARM_LIBRARIES`], nested at
+/// most [`blend::MAX_LIBRARY_DEPTH`] deep).
+async fn farm_scan(
+    client: &mut Client,
+    blend: &Path,
+    saved: tessera_protocol::blender::BlenderVersion,
+) -> anyhow::Result<blend::Scan> {
+    let (mut main, worker) = match scan_on_farm(client, blend, saved).await {
+        Ok(scanned) => scanned,
+        Err(e) => {
+            let why = crate::shown::text(&format!("{e:#}"));
+            return Err(blend::farm_scan_failed(blend, saved, &why));
+        }
+    };
+    eprintln!(
+        "note: this machine's Blender cannot read `{}` (saved by Blender {}): worker {} scanned it",
+        blend.display(),
+        saved.short(),
+        crate::shown::text(&worker)
+    );
+    let mut scanned: HashSet<PathBuf> = HashSet::from([blend.to_path_buf()]);
+    let mut level: Vec<PathBuf> = libraries_of(&main, &scanned);
+    for _depth in 0..blend::MAX_LIBRARY_DEPTH {
+        if level.is_empty() {
+            break;
+        }
+        let mut next = Vec::new();
+        for lib in level {
+            if !scanned.insert(lib.clone()) {
+                continue;
+            }
+            if scanned.len() > blend::MAX_FARM_LIBRARIES + 1 {
+                bail!(
+                    "`{}` links more than {} libraries; nothing was submitted",
+                    blend.display(),
+                    blend::MAX_FARM_LIBRARIES
+                );
+            }
+            let version = blender_runtime::file_version(&lib).unwrap_or(saved);
+            let (s, _) = scan_on_farm(client, &lib, version)
+                .await
+                .with_context(|| format!("scanning the library `{}` on the farm", lib.display()))?;
+            next.extend(libraries_of(&s, &scanned));
+            blend::merge(&mut main, s);
+        }
+        level = next;
+    }
+    Ok(main)
+}
+
+/// The libraries a scan lists that exist here and are not scanned yet.
+fn libraries_of(s: &blend::Scan, scanned: &HashSet<PathBuf>) -> Vec<PathBuf> {
+    (s.files.iter())
+        .filter(|f| f.kind == "library" && f.exists)
+        .map(|f| PathBuf::from(&f.path))
+        .filter(|p| !scanned.contains(p))
+        .collect()
+}
+
+/// Uploads one `.blend` and has a worker scan it; the checked scan and the
+/// worker's name.
+async fn scan_on_farm(
+    client: &mut Client,
+    blend: &Path,
+    version: tessera_protocol::blender::BlenderVersion,
+) -> anyhow::Result<(blend::Scan, String)> {
+    let path = blend.to_str().context("the .blend's path is not UTF-8")?;
+    let mut hashed = hash_files(&[SceneFile {
+        job_path: "scan.blend".into(),
+        on_disk: blend.to_path_buf(),
+        origin: None,
+    }])
+    .await?;
+    send_missing(client, &mut hashed, false).await?;
+    let request = ClientRequest::Scan {
+        blend: hashed[0].entry.digest,
+        path: path.to_string(),
+        version,
+    };
+    match client.call(&request).await? {
+        ClientResponse::Scanned { worker, json } => Ok((blend::from_farm(&json)?, worker)),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
 /// The warnings that apply to a `.blend` job split into tiles (`tiled`)
-/// and/or sample ranges (`ranged`): general ones from the scan, then those
-/// of settings that only matter for the split the job uses.
-fn blend_warnings(s: &blend::Scan, tiled: bool, ranged: bool) -> Vec<String> {
+/// and/or sample ranges (`ranged`), its frames finished whole or not
+/// (`finish`): general ones from the scan, then those of settings that only
+/// matter for the split the job uses.
+fn blend_warnings(s: &blend::Scan, tiled: bool, ranged: bool, finish: bool) -> Vec<String> {
     let mut w = s.warnings.clone();
     let split = tiled || ranged;
     if ranged && s.use_adaptive_sampling {
         w.push("adaptive sampling is on: merged sample ranges differ slightly from a single render (float precision no longer holds)".into());
     }
+    // A finishing step denoises, composites and stamps the whole frame.
+    let tiled = tiled && !finish;
     if tiled && s.use_denoising {
         w.push("denoising is on: each tile is denoised on its own and does not match a full render (measured on a test scene, 2x2 tiles, OpenImageDenoise: up to 42/255 on 63 % of pixels); submit without --tiles for exact frames".into());
     }
@@ -632,7 +811,7 @@ pub struct Submitted {
 /// Scans, hashes, uploads what is missing, and submits. Returns the job's
 /// status; warnings are printed once on stderr and returned.
 pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Submitted> {
-    let scan = scan(opts)?;
+    let scan = scan(client, opts).await?;
     for w in &scan.warnings {
         eprintln!("warning: {w}");
     }
@@ -660,6 +839,8 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
         blender: scan.blender,
         output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
         unreal: scan.unreal.map(Box::new),
+        finish: scan.finish,
+        verify_percent: opts.verify,
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

@@ -168,6 +168,7 @@ pub async fn run(
         tiles,
         sample_ranges: 1,
         samples: None,
+        verify: 0,
         name: Some("demo".into()),
         priority: 0,
         request_id: None,

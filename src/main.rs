@@ -200,6 +200,12 @@ enum Command {
         /// Override the scene's sample count.
         #[arg(long)]
         samples: Option<u32>,
+        /// Check results from untrusted hosts: render P % of the tasks (and
+        /// each worker's first result) again on a worker of another identity
+        /// and compare them bit-exactly; a worker caught returning wrong
+        /// pixels is quarantined and its results are rendered again.
+        #[arg(long, default_value = "0", value_parser = clap::value_parser!(u32).range(0..=100))]
+        verify: u32,
         /// With --wait: download the frames here.
         #[arg(long)]
         output: Option<PathBuf>,
@@ -655,6 +661,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             tiles,
             sample_ranges,
             samples,
+            verify,
             output,
             overwrite,
             name,
@@ -677,6 +684,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 tiles,
                 sample_ranges,
                 samples,
+                verify,
                 name,
                 priority,
                 request_id,

@@ -33,6 +33,15 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "cost_usd": s.cost_usd,
         "cost_to_finish_usd": s.cost_to_finish_usd,
         "eta_secs": s.eta_secs,
+        "verification": s.verification.as_ref().map(|v| json!({
+            "percent": v.percent,
+            "agreed": v.agreed,
+            "mismatched": v.mismatched,
+            "pending": v.pending,
+            "inconclusive": v.inconclusive,
+            "rerendered": v.rerendered,
+            "quarantined": v.quarantined,
+        })),
     })
 }
 
@@ -160,6 +169,26 @@ pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>
     }
 }
 
+/// A checked job's verification results, in one line.
+fn verification_note(v: &tessera_protocol::messages::Verification) -> String {
+    let mut note = format!(
+        "verify {}%: {} agreed, {} mismatched, {} pending",
+        v.percent, v.agreed, v.mismatched, v.pending
+    );
+    if v.rerendered > 0 {
+        note += &format!(", {} re-rendered", v.rerendered);
+    }
+    if !v.quarantined.is_empty() {
+        let names: Vec<String> = v
+            .quarantined
+            .iter()
+            .map(|n| crate::shown::text(n))
+            .collect();
+        note += &format!(", quarantined: {}", names.join(", "));
+    }
+    note
+}
+
 pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatus], json: bool) {
     if json {
         match job {
@@ -189,7 +218,10 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
             .error
             .clone()
             .or_else(|| s.blocked.as_ref().map(|b| format!("blocked: {b}")))
-            .unwrap_or_default();
+            .into_iter()
+            .chain(s.verification.as_ref().map(verification_note))
+            .collect::<Vec<_>>()
+            .join("; ");
         println!(
             "{:<5} {:<24} {:<9} {:>13} {:>13}  {}",
             s.id,

@@ -19,11 +19,22 @@ pub const FAILPOINT: &str = "TESSERA_FAILPOINT";
 /// Ends the process right after the first committed batch, before any of
 /// its results is acknowledged.
 pub const FAILPOINT_EXIT_AFTER_COMMIT: &str = "exit-after-commit";
+/// The stitcher aborts the coordinator once a frame's passes are stitched
+/// and recorded, before its finishing task is handed out.
+pub const FAILPOINT_EXIT_AFTER_PASSES: &str = "exit-after-passes";
 
 /// What the commit thread is given.
 pub(crate) enum CommitMsg {
     /// A result the scheduler accepted, to be made durable.
     Result(AcceptedResult),
+    /// A lease handed to an enrolled identity (recorded, not waited for).
+    Lease(tessera_protocol::messages::TaskRef, String),
+    /// Committed results withdrawn (and the frames they made).
+    Withdraw {
+        job: u64,
+        tasks: Vec<u32>,
+        frames: Vec<u32>,
+    },
     /// Finish what came before, then end.
     Stop,
 }
@@ -36,49 +47,78 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
         std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_EXIT_AFTER_COMMIT);
     let mut stop = false;
     while !stop {
-        let Some(CommitMsg::Result(first)) = rx.blocking_recv() else {
+        let Some(first) = rx.blocking_recv() else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < MAX_BATCH {
-            match rx.try_recv() {
-                Ok(CommitMsg::Result(c)) => batch.push(c),
-                Ok(CommitMsg::Stop) => {
+        let mut batch = Vec::new();
+        let mut leases = Vec::new();
+        // A withdrawal ends a batch: it applies after what came before it.
+        let mut withdraw = None;
+        let mut msg = Some(first);
+        while let Some(m) = msg.take() {
+            match m {
+                CommitMsg::Result(c) => batch.push(c),
+                CommitMsg::Lease(t, identity) => leases.push((t.job, t.index, t.epoch, identity)),
+                CommitMsg::Withdraw { job, tasks, frames } => {
+                    withdraw = Some((job, tasks, frames));
+                    break;
+                }
+                CommitMsg::Stop => {
                     stop = true;
                     break;
                 }
-                Err(_) => break,
+            }
+            if batch.len() + leases.len() >= MAX_BATCH {
+                break;
+            }
+            msg = rx.try_recv().ok();
+        }
+        if !leases.is_empty() {
+            if let Err(e) = shared.db().record_leases(&leases) {
+                tracing::warn!("cannot record leases: {e}");
             }
         }
-        let rows: Vec<NewResult<'_>> = batch
-            .iter()
-            .map(|c| NewResult {
-                job: c.task.job,
-                index: c.task.index,
-                output: c.output,
-                render_ms: c.render_ms,
-                worker: &c.worker_name,
-                epoch: c.task.epoch,
-            })
-            .collect();
-        let jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
-        let costs = shared.read(|core, _| core.closed_costs(&jobs));
-        // The outputs first: a result is durable, blob and row, before it
-        // is acknowledged.
-        let outputs: Vec<_> = batch.iter().map(|c| c.output).collect();
-        let outcome = match shared.store.inner().sync(&outputs) {
-            Ok(()) => (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string()),
-            Err(e) => Err(format!("cannot make the outputs durable: {e}")),
-        };
-        if exit_after_commit && outcome.is_ok() {
-            // The test of "durable before acknowledged": die like a killed
-            // process, with the batch committed and nothing acknowledged.
-            tracing::warn!(
-                results = batch.len(),
-                "failpoint: exiting after a commit, before its acknowledgements"
-            );
-            std::process::abort();
+        if !batch.is_empty() {
+            commit_results(&shared, batch, exit_after_commit);
         }
-        shared.update(|core, now| core.committed(&batch, outcome, now));
+        if let Some((job, tasks, frames)) = withdraw {
+            if let Err(e) = shared.db().withdraw(job, &tasks, &frames) {
+                tracing::error!(job, "cannot withdraw results: {e}");
+            }
+        }
     }
+}
+
+/// Writes one batch of results, then lets the core acknowledge them.
+fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_commit: bool) {
+    let rows: Vec<NewResult<'_>> = batch
+        .iter()
+        .map(|c| NewResult {
+            job: c.task.job,
+            index: c.task.index,
+            output: c.output,
+            render_ms: c.render_ms,
+            worker: &c.worker_name,
+            epoch: c.task.epoch,
+        })
+        .collect();
+    let jobs: Vec<u64> = batch.iter().map(|c| c.task.job).collect();
+    let costs = shared.read(|core, _| core.closed_costs(&jobs));
+    // The outputs first: a result is durable, blob and row, before it
+    // is acknowledged.
+    let outputs: Vec<_> = batch.iter().map(|c| c.output).collect();
+    let outcome = match shared.store.inner().sync(&outputs) {
+        Ok(()) => (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string()),
+        Err(e) => Err(format!("cannot make the outputs durable: {e}")),
+    };
+    if exit_after_commit && outcome.is_ok() {
+        // The test of "durable before acknowledged": die like a killed
+        // process, with the batch committed and nothing acknowledged.
+        tracing::warn!(
+            results = batch.len(),
+            "failpoint: exiting after a commit, before its acknowledgements"
+        );
+        std::process::abort();
+    }
+    shared.update(|core, now| core.committed(&batch, outcome, now));
 }

@@ -7,7 +7,7 @@ use std::path::Path;
 use rusqlite::{params, Connection, OptionalExtension};
 use tessera_protocol::build::BuildInfo;
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::{log_tail, JobState, JobStatus, TaskLog};
+use tessera_protocol::messages::{log_tail, JobState, JobStatus, TaskLog, Verification};
 use tessera_protocol::Digest;
 
 #[derive(Debug, thiserror::Error)]
@@ -57,7 +57,7 @@ impl StoredJob {
     /// running is the farm core's to describe).
     pub fn status(&self) -> JobStatus {
         let counts = self.counts.unwrap_or_default();
-        let tasks_per_frame = self.spec.tiles.count() * self.spec.sample_ranges;
+        let tasks_per_frame = self.spec.tasks_per_frame();
         JobStatus {
             id: self.id,
             name: self.spec.name.clone(),
@@ -84,6 +84,7 @@ impl StoredJob {
             cost_to_finish_usd: None,
             eta_secs: None,
             paused: false,
+            verification: None,
         }
     }
 }
@@ -163,10 +164,46 @@ CREATE TABLE IF NOT EXISTS task_logs (
 CREATE INDEX IF NOT EXISTS task_logs_job ON task_logs (job, idx);
 ";
 
+/// A frame's stitched passes, the input of its finishing task: kept apart
+/// from `frames`, so clients never see them as a frame. Created whenever
+/// missing (only the finishing step reads it), so it needs no schema
+/// version of its own.
+const PASSES_TABLE: &str = "CREATE TABLE IF NOT EXISTS passes (
+    job INTEGER NOT NULL,
+    frame INTEGER NOT NULL,
+    digest TEXT NOT NULL,
+    size INTEGER NOT NULL,
+    PRIMARY KEY (job, frame)
+);";
+
 /// Version 3: Blender builds shipped through the farm (`blender add`).
 const BUILDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS blender_builds (
     digest TEXT PRIMARY KEY,
     info TEXT NOT NULL
+);";
+
+/// What workers are trusted with, beside the schema's tables (created when
+/// missing; an older coordinator ignores them): the leases handed to each
+/// enrolled identity, so that after a restart only that identity adopts
+/// them; identities quarantined by `--verify` checks; and each checked
+/// job's verification summary once it finished.
+const TRUST_TABLES: &str = "
+CREATE TABLE IF NOT EXISTS leases (
+    job INTEGER NOT NULL,
+    idx INTEGER NOT NULL,
+    epoch INTEGER NOT NULL,
+    identity TEXT NOT NULL,
+    PRIMARY KEY (job, idx, epoch)
+);
+CREATE TABLE IF NOT EXISTS quarantined (
+    identity TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    reason TEXT NOT NULL,
+    unix_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS verifications (
+    job INTEGER PRIMARY KEY,
+    summary TEXT NOT NULL
 );";
 
 fn state_name(s: JobState) -> &'static str {
@@ -316,6 +353,8 @@ impl Db {
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
         migrate(&conn)?;
+        conn.execute_batch(PASSES_TABLE)?;
+        conn.execute_batch(TRUST_TABLES)?;
         Ok(Db { conn })
     }
 
@@ -425,7 +464,11 @@ impl Db {
         let kept = "SELECT id FROM jobs WHERE state NOT IN ('done', 'failed', 'canceled')
                     OR finished_ms IS NULL OR finished_ms > ?1";
         let mut out = Vec::new();
-        for table in ["SELECT output FROM results", "SELECT digest FROM frames"] {
+        for table in [
+            "SELECT output FROM results",
+            "SELECT digest FROM frames",
+            "SELECT digest FROM passes",
+        ] {
             let mut stmt = self
                 .conn
                 .prepare(&format!("{table} WHERE job IN ({kept})"))?;
@@ -529,7 +572,101 @@ impl Db {
                 counts.bytes_to_workers as i64
             ],
         )?;
+        self.conn
+            .execute("DELETE FROM leases WHERE job = ?1", [job as i64])?;
         Ok(())
+    }
+
+    /// Records leases handed out (task, epoch, identity).
+    pub fn record_leases(&mut self, leases: &[(u64, u32, u64, String)]) -> Result<(), DbError> {
+        let tx = self.conn.transaction()?;
+        {
+            let mut stmt = tx.prepare_cached(
+                "INSERT OR REPLACE INTO leases (job, idx, epoch, identity) VALUES (?1, ?2, ?3, ?4)",
+            )?;
+            for (job, idx, epoch, identity) in leases {
+                stmt.execute(params![*job as i64, idx, *epoch as i64, identity])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The leases of `job` that no committed result ended: (task, epoch,
+    /// identity).
+    pub fn open_leases(&self, job: u64) -> Result<Vec<(u32, u64, String)>, DbError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT l.idx, l.epoch, l.identity FROM leases l WHERE l.job = ?1
+             AND NOT EXISTS (SELECT 1 FROM results r WHERE r.job = l.job AND r.idx = l.idx)",
+        )?;
+        let rows = stmt.query_map([job as i64], |r| {
+            Ok((r.get(0)?, r.get::<_, i64>(1)? as u64, r.get(2)?))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Withdraws committed results of `job` and the frames they made.
+    pub fn withdraw(&mut self, job: u64, tasks: &[u32], frames: &[u32]) -> Result<(), DbError> {
+        let tx = self.conn.transaction()?;
+        for idx in tasks {
+            tx.execute(
+                "DELETE FROM results WHERE job = ?1 AND idx = ?2",
+                params![job as i64, idx],
+            )?;
+        }
+        for frame in frames {
+            tx.execute(
+                "DELETE FROM frames WHERE job = ?1 AND frame = ?2",
+                params![job as i64, frame],
+            )?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    pub fn quarantine(
+        &self,
+        identity: &str,
+        name: &str,
+        reason: &str,
+        unix_ms: u64,
+    ) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT OR IGNORE INTO quarantined (identity, name, reason, unix_ms) VALUES (?1, ?2, ?3, ?4)",
+            params![identity, name, reason, unix_ms as i64],
+        )?;
+        Ok(())
+    }
+
+    /// Every quarantined identity with its reason.
+    pub fn quarantined(&self) -> Result<Vec<(String, String)>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT identity, reason FROM quarantined")?;
+        let rows = stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?)))?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Keeps a finished job's verification summary.
+    pub fn set_verification(&self, job: u64, summary: &Verification) -> Result<(), DbError> {
+        let text = serde_json::to_string(summary).expect("a summary serializes");
+        self.conn.execute(
+            "INSERT OR REPLACE INTO verifications (job, summary) VALUES (?1, ?2)",
+            params![job as i64, text],
+        )?;
+        Ok(())
+    }
+
+    pub fn verification(&self, job: u64) -> Result<Option<Verification>, DbError> {
+        let text: Option<String> = self
+            .conn
+            .query_row(
+                "SELECT summary FROM verifications WHERE job = ?1",
+                [job as i64],
+                |r| r.get(0),
+            )
+            .optional()?;
+        Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
     }
 
     /// Commits one accepted result. Returns false if the task already had
@@ -613,6 +750,36 @@ impl Db {
         Ok(())
     }
 
+    /// Records a frame's stitched passes (its finishing task's input).
+    pub fn insert_passes(
+        &mut self,
+        job: u64,
+        frame: u32,
+        digest: Digest,
+        size: u64,
+    ) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO passes (job, frame, digest, size) VALUES (?1, ?2, ?3, ?4)",
+            params![job as i64, frame, digest.to_hex(), size as i64],
+        )?;
+        Ok(())
+    }
+
+    /// The stitched passes of `job`'s frames that have them.
+    pub fn passes(&self, job: u64) -> Result<Vec<StoredFrame>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT frame, digest, size FROM passes WHERE job = ?1 ORDER BY frame")?;
+        let rows = stmt.query_map([job as i64], |r| {
+            Ok(StoredFrame {
+                frame: r.get(0)?,
+                digest: digest_col(r, 1)?,
+                size: r.get::<_, i64>(2)? as u64,
+            })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     /// Keeps a failed attempt's error and renderer log (cut to
     /// `MAX_TASK_LOG` bytes) for `tessera logs`.
     pub fn insert_task_log(&mut self, job: u64, entry: &TaskLog) -> Result<(), DbError> {
@@ -631,6 +798,34 @@ impl Db {
     }
 
     /// The failed attempts of `job` (of task `task` only, if given), oldest first.
+    /// Up to `limit` failed attempts' logs after cursor `after`, each with
+    /// its cursor.
+    pub fn task_logs_page(
+        &self,
+        job: u64,
+        task: Option<u32>,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<(u64, TaskLog)>, DbError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT rowid, idx, worker, unix_ms, error, log FROM task_logs
+             WHERE job = ?1 AND (?2 IS NULL OR idx = ?2) AND rowid > ?3 ORDER BY rowid LIMIT ?4",
+        )?;
+        let rows = stmt.query_map(params![job as i64, task, after as i64, limit], |r| {
+            Ok((
+                r.get::<_, i64>(0)? as u64,
+                TaskLog {
+                    task: r.get(1)?,
+                    worker: r.get::<_, i64>(2)? as u64,
+                    unix_ms: r.get::<_, i64>(3)? as u64,
+                    error: r.get(4)?,
+                    log: r.get(5)?,
+                },
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     pub fn task_logs(&self, job: u64, task: Option<u32>) -> Result<Vec<TaskLog>, DbError> {
         let mut stmt = self.conn.prepare(
             "SELECT idx, worker, unix_ms, error, log FROM task_logs
@@ -685,6 +880,8 @@ mod tests {
             blender: None,
             output_name: None,
             unreal: None,
+            finish: false,
+            verify_percent: 0,
         }
     }
 
@@ -749,6 +946,31 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("state.sqlite");
         (dir, path)
+    }
+
+    #[test]
+    fn stitched_passes_survive_reopening_apart_from_frames_and_are_kept_by_gc() {
+        let (dir, path) = temp_db("passes");
+        let passes = Digest::of(b"passes");
+        let id = {
+            let mut db = Db::open(&path).unwrap();
+            let id = db.insert_job(&spec(None), 1000, 0, 0).unwrap();
+            db.insert_passes(id, 1, passes, 6).unwrap();
+            id
+        };
+        let db = Db::open(&path).unwrap();
+        let stored = db.passes(id).unwrap();
+        assert_eq!(
+            stored,
+            [StoredFrame {
+                frame: 1,
+                digest: passes,
+                size: 6
+            }]
+        );
+        assert!(db.frames(id).unwrap().is_empty(), "clients never see them");
+        assert!(db.outputs_kept(0).unwrap().contains(&passes));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

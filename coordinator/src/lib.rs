@@ -10,6 +10,7 @@
 pub mod backup;
 mod builds;
 pub mod commit;
+pub mod compare;
 pub mod config;
 mod conn;
 pub mod cost;

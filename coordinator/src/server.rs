@@ -15,7 +15,9 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::BlobDir;
-use tessera_protocol::messages::{CoordMsg, FarmEvent, JobStatus, Snapshot, WorkerInfo};
+use tessera_protocol::messages::{
+    CoordMsg, FarmEvent, JobStatus, Snapshot, StitchedPasses, WorkerInfo,
+};
 use tessera_protocol::store::Verified;
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Identity, Timing};
@@ -58,6 +60,10 @@ pub(crate) struct Shared {
     /// Held by garbage collection and by each submit: a job's blobs are
     /// either seen as referenced by a collection or submitted after it.
     pub gc: Mutex<()>,
+    /// What workers may fetch of the recorded Blender builds.
+    pub build_digests: conn::fetch::BuildDigests,
+    /// Farm scans handed to workers and not yet answered.
+    pub scans: crate::conn::scan::Scans,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -112,10 +118,11 @@ impl Shared {
         self: &Arc<Self>,
         tx: mpsc::UnboundedSender<CoordMsg>,
         name: &str,
+        identity: &str,
         info: WorkerInfo,
     ) -> WorkerId {
         let (id, recorded) = self.locked_act(|locked, now| {
-            let id = locked.core.worker_joined(name, info, now);
+            let id = locked.core.worker_joined(name, identity, info, now);
             locked.outbox.insert(id, tx);
             id
         });
@@ -167,6 +174,15 @@ impl Shared {
                     Effect::Commit(result) => {
                         let _ = self.commits.send(CommitMsg::Result(result));
                     }
+                    // Through the commit thread, in order with the results.
+                    Effect::Leased { task, identity } => {
+                        let _ = self.commits.send(CommitMsg::Lease(task, identity));
+                    }
+                    Effect::Withdraw { job, tasks, frames } => {
+                        let _ = self
+                            .commits
+                            .send(CommitMsg::Withdraw { job, tasks, frames });
+                    }
                     Effect::Wake => self.wake.notify_one(),
                     other => later.push(other),
                 }
@@ -182,7 +198,13 @@ impl Shared {
         if let Some(status) = self.read(|core, now| core.job_status(id, now)) {
             return Ok(Some(status));
         }
-        Ok(self.db().job(id)?.map(|j| j.status()))
+        let db = self.db();
+        let Some(job) = db.job(id)? else {
+            return Ok(None);
+        };
+        let mut status = job.status();
+        status.verification = db.verification(id)?;
+        Ok(Some(status))
     }
 
     /// Every active job, workers and farm figures, with at most
@@ -194,6 +216,11 @@ impl Shared {
         snapshot.jobs.sort_by_key(|j| j.id);
         snapshot.jobs.dedup_by_key(|j| j.id);
         Ok(snapshot)
+    }
+
+    /// Sends `msg` to worker `id`; false when it is not connected.
+    pub fn send_to_worker(&self, id: WorkerId, msg: CoordMsg) -> bool {
+        (self.locked().outbox.get(&id)).is_some_and(|tx| tx.send(msg).is_ok())
     }
 
     /// Forgets a worker's writer once it has left.
@@ -215,11 +242,31 @@ impl Shared {
                     error,
                     cost_usd,
                     counts,
+                    verification,
                 } => {
-                    let recorded = self
-                        .db()
+                    let mut db = self.db();
+                    let recorded = db
                         .finish_job(job, state, unix_ms, error.as_deref(), cost_usd, counts)
+                        .and_then(|()| match &verification {
+                            Some(v) => db.set_verification(job, v),
+                            None => Ok(()),
+                        })
                         .with_context(|| format!("cannot record job {job} as {}", state.name()));
+                    drop(db);
+                    if let Err(e) = recorded {
+                        if first_error.is_ok() {
+                            first_error = Err(e);
+                        }
+                    }
+                }
+                Effect::Quarantine {
+                    identity,
+                    name,
+                    reason,
+                    unix_ms,
+                } => {
+                    let recorded = (self.db().quarantine(&identity, &name, &reason, unix_ms))
+                        .with_context(|| format!("cannot record the quarantine of {name}"));
                     if let Err(e) = recorded {
                         if first_error.is_ok() {
                             first_error = Err(e);
@@ -308,6 +355,8 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         stitches: stitch_tx,
         events: broadcast::channel(4096).0,
         gc: Mutex::new(()),
+        build_digests: Default::default(),
+        scans: Default::default(),
     });
     restore(&shared)?;
     let builds = shared.db().builds()?;
@@ -394,6 +443,8 @@ fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
         for stored in db.unfinished_jobs()? {
             let results = db.results(stored.id)?;
             let frames = db.frames(stored.id)?;
+            let passes = db.passes(stored.id)?;
+            let leases = db.open_leases(stored.id)?;
             restored.push(RestoredJob {
                 id: stored.id,
                 spec: stored.spec,
@@ -406,10 +457,22 @@ fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
                 cost_usd: stored.cost_usd,
                 results: results.iter().map(|r| (r.index, r.render_ms)).collect(),
                 frames: frames.iter().map(|f| f.frame).collect(),
+                passes: (passes.iter())
+                    .map(|p| {
+                        let passes = StitchedPasses {
+                            digest: p.digest,
+                            size: p.size,
+                        };
+                        (p.frame, passes)
+                    })
+                    .collect(),
+                leases,
             });
         }
     }
+    let quarantined = shared.db().quarantined()?;
     shared.update(|core, now| {
+        core.restore_quarantine(quarantined);
         for job in restored {
             core.restore_job(job, now);
         }

@@ -12,11 +12,14 @@ use std::sync::Arc;
 use tokio::sync::mpsc;
 
 use anyhow::{bail, Context};
-use tessera_protocol::job::OutputFormat;
+use tessera_protocol::job::{JobSpec, OutputFormat};
+use tessera_protocol::messages::StitchedPasses;
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::sums::SumTile;
 
+use crate::commit::{FAILPOINT, FAILPOINT_EXIT_AFTER_PASSES};
 use crate::db::StoredFrame;
+use crate::farm::StitchStage;
 use crate::server::Shared;
 use crate::{exr, stitch};
 
@@ -40,9 +43,72 @@ pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Stit
 }
 
 fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::Result<()> {
-    let Some((spec, per_frame)) = shared.read(|core, _| core.stitch_plan(job_id, frame_pos)) else {
+    let Some(plan) = shared.read(|core, _| core.stitch_plan(job_id, frame_pos)) else {
         return Ok(());
     };
+    let spec = plan.spec;
+    let frame = spec.frames[frame_pos];
+    let image = match plan.stage {
+        StitchStage::Finished => {
+            // The finishing task wrote the frame, as Blender writes it.
+            let finishing = plan.first + plan.renders;
+            let output = shared.db().result_range(job_id, finishing, 1)?;
+            let Some(digest) = output.first() else {
+                bail!("frame {frame}: its finishing task's result is not stored");
+            };
+            shared.store.get(digest)?
+        }
+        StitchStage::Frame | StitchStage::Passes => {
+            stitch_results(shared, job_id, &spec, frame_pos, plan.first, plan.renders)?
+        }
+    };
+    let digest = shared.store.put_bytes(&image)?;
+    let size = image.len() as u64;
+    if plan.stage == StitchStage::Passes {
+        // The finishing task's input: kept out of the job's frames.
+        shared.db().insert_passes(job_id, frame, digest, size)?;
+        if std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_EXIT_AFTER_PASSES) {
+            // The test of a restart between a frame's passes and its
+            // finishing task: die like a killed process, passes recorded.
+            tracing::warn!(
+                job = job_id,
+                frame,
+                "failpoint: exiting after stitching passes"
+            );
+            std::process::abort();
+        }
+        tracing::info!(
+            job = job_id,
+            frame,
+            "passes stitched; finishing task queued"
+        );
+        let passes = StitchedPasses { digest, size };
+        shared.update(|core, _| core.passes_stitched(job_id, frame_pos, passes));
+        return Ok(());
+    }
+    shared.db().insert_frame(
+        job_id,
+        &StoredFrame {
+            frame,
+            digest,
+            size,
+        },
+    )?;
+    tracing::info!(job = job_id, frame, "frame stitched");
+    let ((), recorded) = shared.act(|core, now| core.frame_stitched(job_id, frame_pos, now));
+    recorded
+}
+
+/// A frame (or its passes) from the `count` results from task `first` on:
+/// tiles joined, sample ranges merged.
+fn stitch_results(
+    shared: &Arc<Shared>,
+    job_id: u64,
+    spec: &JobSpec,
+    frame_pos: usize,
+    first: u32,
+    per_frame: u32,
+) -> anyhow::Result<Vec<u8>> {
     let frame = spec.frames[frame_pos];
     if let Some(unreal) = &spec.unreal {
         let task = shared
@@ -54,9 +120,8 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
         })?;
         let name = unreal.frame_file_name(&spec.frames, frame, spec.output);
         let image = unreal_frame(&shared.store.get(output)?, frame, &name, spec.output)?;
-        return store_frame(shared, job_id, frame_pos, frame, &image);
+        return Ok(image);
     }
-    let first = frame_pos as u32 * per_frame;
     let outputs = shared.db().result_range(job_id, first, per_frame)?;
     if outputs.len() != per_frame as usize {
         bail!(
@@ -113,7 +178,7 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
             .collect();
         stitch::stitch_png(w, h, &pngs).with_context(|| format!("frame {frame}"))?
     };
-    store_frame(shared, job_id, frame_pos, frame, &image)
+    Ok(image)
 }
 
 /// Takes frame `frame` out of a chunk task's bundle: the file Movie Render
@@ -148,25 +213,4 @@ fn unreal_frame(
         );
     }
     Ok(f.bytes)
-}
-
-fn store_frame(
-    shared: &Arc<Shared>,
-    job_id: u64,
-    frame_pos: usize,
-    frame: u32,
-    image: &[u8],
-) -> anyhow::Result<()> {
-    let digest = shared.store.put_bytes(image)?;
-    shared.db().insert_frame(
-        job_id,
-        &StoredFrame {
-            frame,
-            digest,
-            size: image.len() as u64,
-        },
-    )?;
-    tracing::info!(job = job_id, frame, "frame stitched");
-    let ((), recorded) = shared.act(|core, now| core.frame_stitched(job_id, frame_pos, now));
-    recorded
 }

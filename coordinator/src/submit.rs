@@ -117,6 +117,15 @@ pub fn validate(
             spec.engine
         );
     }
+    if spec.finish && spec.engine != Engine::Blender {
+        bail!(
+            "a finishing step needs the blender engine; the {} engine has no compositor",
+            spec.engine
+        );
+    }
+    if spec.finish && spec.tiles.count() == 1 && spec.sample_ranges == 1 {
+        bail!("a finishing step is only for frames split into tiles or sample ranges; a whole frame is rendered as it is");
+    }
     let mut seen = HashSet::new();
     for entry in &spec.manifest {
         sanitize_manifest_path(&entry.path)?;

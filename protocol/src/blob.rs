@@ -7,7 +7,8 @@
 mod stream;
 
 pub use stream::{
-    answer, get, get_recipe, put, put_retrying, send_file, serve, Answered, BlobSource,
+    answer, answer_gated, get, get_recipe, put, put_retrying, send_file, serve, Answered,
+    BlobSource, Open, ReadGate,
 };
 
 use std::path::{Path, PathBuf};

@@ -278,9 +278,26 @@ pub struct JobSpec {
     /// config, and how the frames split into shot and chunk tasks.
     #[serde(default)]
     pub unreal: Option<Box<crate::unreal::UnrealJob>>,
+    /// Each frame ends with a finishing task (Blender jobs split into
+    /// tiles or sample ranges with the compositor or denoising on): the
+    /// tiles render their passes only, and once a frame's passes are
+    /// stitched one task composites and denoises the whole frame and writes
+    /// the scene's output.
+    #[serde(default)]
+    pub finish: bool,
+    /// `submit --verify P`: the percent of tasks (0–100) rendered again on
+    /// a worker of another identity and compared (each worker's first
+    /// result of the job is checked too).
+    #[serde(default)]
+    pub verify_percent: u32,
 }
 
 impl JobSpec {
+    /// Tasks per frame: every tile's sample ranges, and the finishing task.
+    pub fn tasks_per_frame(&self) -> u32 {
+        self.tiles.count() * self.sample_ranges + u32::from(self.finish)
+    }
+
     /// Checks every number of the job against [`limits`] and returns its
     /// task count (never zero). Called by the client before uploading and
     /// by the coordinator before recording the job; nothing computed from a
@@ -339,9 +356,8 @@ impl JobSpec {
         if self.engine == Engine::Unreal {
             return Err("an Unreal job needs its level sequence, map and config".into());
         }
-        let tasks = u64::from(cols)
-            * u64::from(rows)
-            * u64::from(self.sample_ranges.max(1))
+        let tasks = (u64::from(cols) * u64::from(rows) * u64::from(self.sample_ranges.max(1))
+            + u64::from(self.finish))
             * self.frames.len() as u64;
         if tasks == 0 {
             return Err("the job would have no tasks".into());
@@ -494,6 +510,8 @@ mod tests {
             blender: None,
             output_name: None,
             unreal: None,
+            finish: false,
+            verify_percent: 0,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 9;
+pub const PROTOCOL_VERSION: u32 = 10;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -138,7 +138,16 @@ pub enum WorkerMsg {
         total: u32,
         stage: Option<String>,
     },
+    /// The answer to [`CoordMsg::Scan`]: the scan's JSON (at most
+    /// [`MAX_SCAN_JSON`] bytes), or why the worker could not scan.
+    Scanned {
+        id: u64,
+        result: Result<String, String>,
+    },
 }
+
+/// The most a farm scan's JSON may take (a worker is not trusted).
+pub const MAX_SCAN_JSON: usize = 4 << 20;
 
 /// What a worker needs to know about a job, sent once per connection before
 /// its first task.
@@ -154,6 +163,18 @@ pub struct JobInfo {
     pub blender: Option<BlenderNeeds>,
     /// For Unreal jobs: what Movie Render Queue renders.
     pub unreal: Option<Box<crate::unreal::UnrealJob>>,
+    /// Frames end with a finishing task: every other task renders the
+    /// scene's passes only (no compositor, no denoising, the denoising
+    /// data kept), as an uncompressed multilayer OpenEXR.
+    pub finish: bool,
+}
+
+/// What a finishing task composites: its frame's stitched passes, a
+/// multilayer OpenEXR blob the worker fetches like a job file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StitchedPasses {
+    pub digest: Digest,
+    pub size: u64,
 }
 
 /// One task under one lease.
@@ -169,6 +190,9 @@ pub struct TaskSpec {
     /// its first kept frame).
     #[serde(default)]
     pub unreal: Option<crate::unreal::UnrealTask>,
+    /// A finishing task: run the scene's compositor and denoising on these
+    /// passes of the whole frame and write the scene's output.
+    pub finish: Option<StitchedPasses>,
 }
 
 /// Coordinator → worker, on the control stream.
@@ -200,6 +224,17 @@ pub enum CoordMsg {
     /// To a worker started with `--blender auto`, after `Joined` and
     /// whenever `blender add` records one: every stored Blender build.
     Builds(Vec<BuildInfo>),
+    /// Scan the `.blend` blob `blend` for a client whose Blender cannot
+    /// read it: list what it references as stored, with paths resolved
+    /// against `path`, the artist's path of the file (nothing is looked up
+    /// on the worker's disk). Saved by Blender `version`; the worker
+    /// answers with [`WorkerMsg::Scanned`].
+    Scan {
+        id: u64,
+        blend: Digest,
+        path: String,
+        version: crate::blender::BlenderVersion,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -260,6 +295,28 @@ pub struct JobStatus {
     /// Remaining tasks at the observed rate, seconds.
     pub eta_secs: Option<f64>,
     pub paused: bool,
+    /// `submit --verify`: what the checks found so far; `None` without.
+    pub verification: Option<Verification>,
+}
+
+/// What a job's result checks (`submit --verify P`) found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    pub percent: u32,
+    /// Tasks whose check settled: two renders on workers of different
+    /// identities agreed (after a third opinion when the first two did not).
+    pub agreed: u32,
+    /// Checks where two renders differed.
+    pub mismatched: u32,
+    /// Checks still waiting for another render.
+    pub pending: u32,
+    /// Results withdrawn and rendered again because their worker was
+    /// caught returning wrong pixels.
+    pub rerendered: u32,
+    /// Workers quarantined by this job's checks (their names).
+    pub quarantined: Vec<String>,
+    /// Checks where three renders all differed: no worker could be blamed.
+    pub inconclusive: u32,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -474,7 +531,41 @@ pub enum ClientRequest {
     /// connections; enrolled workers keep their credentials. Answered by
     /// `Tickets`.
     RotateTickets,
+    /// One page of `Status(None)`: jobs with ids above `after_job` and
+    /// workers with ids above `after_worker`, each list as long as fits one
+    /// page. Answered by `StatusPage`.
+    StatusPage {
+        after_job: u64,
+        after_worker: u64,
+    },
+    /// One page of `Logs`: entries after the cursor `after` (0 first).
+    /// Answered by `LogsPage`.
+    LogsPage {
+        job: u64,
+        task: Option<u32>,
+        after: u64,
+    },
+    /// One page of `Frames`: frames above `after` (all with `None`).
+    /// Answered by `FramesPage`.
+    FramesPage {
+        job: u64,
+        after: Option<u32>,
+    },
+    /// Scan an uploaded `.blend` on a worker whose Blender can read it
+    /// (see [`CoordMsg::Scan`]). Answered by `Scanned`.
+    Scan {
+        blend: Digest,
+        path: String,
+        version: crate::blender::BlenderVersion,
+    },
 }
+
+/// The most items one page carries; fewer when their encoding would pass
+/// [`PAGE_BYTES`]. Every reply fits its frame: a list too long for one is
+/// asked for page by page.
+pub const PAGE_ITEMS: usize = 256;
+/// The most bytes a page's items take encoded (a quarter of a frame).
+pub const PAGE_BYTES: usize = crate::codec::MAX_FRAME as usize / 4;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ClientResponse {
@@ -513,6 +604,44 @@ pub enum ClientResponse {
     Error(String),
     BuildAdded(BuildInfo),
     Builds(Vec<BuildInfo>),
+    /// `more`: either list goes on past this page.
+    StatusPage {
+        jobs: Vec<JobStatus>,
+        workers: Vec<WorkerStatus>,
+        more: bool,
+    },
+    /// `next`: the cursor of the next page, if there is one.
+    LogsPage {
+        logs: Vec<TaskLog>,
+        next: Option<u64>,
+    },
+    FramesPage {
+        frames: Vec<FrameOutput>,
+        next: Option<u32>,
+    },
+    /// A farm scan's JSON (unchecked beyond its size: the client bounds
+    /// what it reads), and the worker that ran it.
+    Scanned {
+        worker: String,
+        json: String,
+    },
+}
+
+/// The longest prefix of `items` that makes one page (at least one item):
+/// at most [`PAGE_ITEMS`], their encoding within [`PAGE_BYTES`]. Returns it
+/// and whether items were left out.
+pub fn take_page<T: Serialize>(items: impl IntoIterator<Item = T>) -> (Vec<T>, bool) {
+    let mut page = Vec::new();
+    let mut bytes = 0usize;
+    for item in items {
+        let len = crate::codec::encode(&item).map_or(PAGE_BYTES, |b| b.len());
+        if page.len() == PAGE_ITEMS || (!page.is_empty() && bytes + len > PAGE_BYTES) {
+            return (page, true);
+        }
+        bytes += len;
+        page.push(item);
+    }
+    (page, false)
 }
 
 /// What one garbage collection did.
@@ -550,4 +679,25 @@ pub enum BlobReply {
     },
     Recipe(Recipe),
     NotFound,
+}
+
+#[cfg(test)]
+mod page_tests {
+    use super::*;
+
+    #[test]
+    fn a_page_holds_at_most_its_items_and_bytes_and_never_nothing() {
+        let (page, more) = take_page(0..PAGE_ITEMS as u32 + 1);
+        assert_eq!((page.len(), more), (PAGE_ITEMS, true));
+        let (page, more) = take_page(0..3u32);
+        assert_eq!((page, more), (vec![0, 1, 2], false));
+        // Items of a megabyte: four fill the page's bytes.
+        let big = vec![vec![7u8; 1 << 20]; 10];
+        let (page, more) = take_page(big.iter());
+        assert!(more && page.len() < 4, "{}", page.len());
+        // One item larger than a page still goes, alone.
+        let huge = vec![vec![0u8; PAGE_BYTES + 1]; 2];
+        let (page, more) = take_page(huge.iter());
+        assert_eq!((page.len(), more), (1, true));
+    }
 }

@@ -2,7 +2,11 @@
 # before the farm is wired to it. Run with a Blender that has
 # OpenImageDenoise (the bpy 4.5 runtime):
 #
-#   $TESSERA_TEST_BPY scenes/blender/finishing_probe.py [OUT_DIR]
+#   $TESSERA_TEST_BPY scenes/blender/finishing_probe.py [OUT_DIR] [--for-farm]
+#
+# With --for-farm it only writes what the farm's end-to-end test compares
+# (tests/e2e/finishing.rs): OUT_DIR/scene.blend, Blender's own full render
+# OUT_DIR/ref.png, and the old per-tile way OUT_DIR/per_tile.png.
 #
 # Builds a small Cycles scene with a compositor (glare, lens distortion,
 # colour balance) and OpenImageDenoise denoising, renders Blender's own full
@@ -31,6 +35,8 @@ import bpy
 import numpy as np
 
 argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
+FOR_FARM = "--for-farm" in argv
+argv = [a for a in argv if a != "--for-farm"]
 OUT = argv[0] if argv else "/tmp/tessera-finishing-probe"
 W, H, G = 128, 96, 4
 
@@ -170,12 +176,43 @@ def scene():
     return bpy.context.scene
 
 
+def per_tile_way(ref):
+    """The old per-tile way: each tile composited and denoised alone
+    (uncropped border), pasted into one frame."""
+    s = scene()
+    old = np.zeros_like(ref)
+    r = s.render
+    for j in range(G):
+        for i in range(G):
+            x0, x1, y0, y1 = W * i // G, W * (i + 1) // G, H * j // G, H * (j + 1) // G
+            r.border_min_x, r.border_max_x = (x0 + .5) / W, min(1, (x1 + .5) / W)
+            r.border_min_y, r.border_max_y = (H - y1 + .5) / H, min(1, (H - y0 + .5) / H)
+            r.use_border, r.use_crop_to_border = True, False
+            render(s, OUT + "/tile.png")
+            old[y0:y1, x0:x1] = load(OUT + "/tile.png")[y0:y1, x0:x1]
+    return old
+
+
+def save_png(rgb, path):
+    """Writes 0..255 RGB rows (top to bottom) as an 8-bit PNG."""
+    img = bpy.data.images.new("per_tile", W, H, alpha=True)
+    rgba = np.ones((H, W, 4))
+    rgba[..., :3] = rgb / 255
+    img.pixels[:] = rgba[::-1].ravel()
+    img.filepath_raw = path
+    img.file_format = "PNG"
+    img.save()
+
+
 def main():
     os.makedirs(OUT, exist_ok=True)
     s = build()
     bpy.ops.wm.save_as_mainfile(filepath=OUT + "/scene.blend")
     render(s, OUT + "/ref.png")
     ref = load(OUT + "/ref.png")
+    if FOR_FARM:
+        save_png(per_tile_way(ref), OUT + "/per_tile.png")
+        return
 
     s = scene()
     s.render.use_compositing = False
@@ -191,18 +228,7 @@ def main():
     render(s, OUT + "/fin.png")
     whole = report("finishing, whole", load(OUT + "/fin.png"), ref)
 
-    # The old way: each tile composited and denoised alone (uncropped border).
-    s = scene()
-    old = np.zeros_like(ref)
-    r = s.render
-    for j in range(G):
-        for i in range(G):
-            x0, x1, y0, y1 = W * i // G, W * (i + 1) // G, H * j // G, H * (j + 1) // G
-            r.border_min_x, r.border_max_x = (x0 + .5) / W, min(1, (x1 + .5) / W)
-            r.border_min_y, r.border_max_y = (H - y1 + .5) / H, min(1, (H - y0 + .5) / H)
-            r.use_border, r.use_crop_to_border = True, False
-            render(s, OUT + "/tile.png")
-            old[y0:y1, x0:x1] = load(OUT + "/tile.png")[y0:y1, x0:x1]
+    old = per_tile_way(ref)
     per_tile = report("old per-tile %dx%d" % (G, G), old, ref)
 
     # Four sample ranges of the passes, merged in the finishing compositor.

@@ -85,6 +85,7 @@ fn job(id: u64, name: &str, state: JobState) -> JobStatus {
         cost_to_finish_usd: None,
         eta_secs: None,
         paused: false,
+        verification: None,
     }
 }
 

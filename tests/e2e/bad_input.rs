@@ -205,6 +205,8 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 blender: None,
                 output_name: None,
                 unreal: None,
+                finish: false,
+                verify_percent: 0,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

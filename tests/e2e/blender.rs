@@ -205,8 +205,23 @@ pub(crate) fn blender_pixels(image: &Path, scratch: &Path) -> Vec<f32> {
         .collect()
 }
 
+/// An image's samples are not blank: a render that came back all zero (or
+/// one colour) would make any comparison with it meaningless.
+pub(crate) fn assert_not_blank(path: &Path, samples: &[u8]) {
+    let distinct: std::collections::HashSet<u8> = samples.iter().copied().collect();
+    assert!(
+        distinct.len() >= 16,
+        "{} is blank: {} distinct sample values",
+        path.display(),
+        distinct.len()
+    );
+}
+
+/// `got` has exactly the samples of Blender's own render `want`, which is
+/// not blank.
 pub(crate) fn assert_same_pixels(got: &Path, want: &Path) {
     let (g, w) = (png_raw(got), png_raw(want));
+    assert_not_blank(want, &w.4);
     assert_eq!(
         (g.0, g.1, g.2, g.3),
         (w.0, w.1, w.2, w.3),
@@ -490,6 +505,21 @@ fn a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job() {
     assert!(
         error.contains("failed 3 times") && error.contains("illegal memory access"),
         "{error}"
+    );
+    // The real error, said once, in one line a person can read; Blender's
+    // log stays with `tessera logs`.
+    assert_eq!(error.matches("illegal memory access").count(), 1, "{error}");
+    assert!(
+        !error.contains('\n') && error.len() < 600,
+        "{} bytes: {error}",
+        error.len()
+    );
+    let logs = farm.json(&["logs", &id, "--json"]);
+    let attempts = logs["attempts"].as_array().unwrap();
+    assert_eq!(attempts.len(), 3, "{logs}");
+    assert!(
+        (attempts.iter()).all(|a| a["log"].as_str().unwrap().contains("illegal memory access")),
+        "{logs}"
     );
 }
 

@@ -56,6 +56,19 @@ pub(crate) fn make_project(py: Option<&Path>, root: &Path) -> PathBuf {
     project
 }
 
+/// Blender 4.5's own full render of frame 2 of `blend` (dither 0, the
+/// generator's) to `stem.png`.
+fn render_frame_2(py: &Path, blend: &Path, stem: &Path) {
+    run_ok(&mut in_bpy(
+        py,
+        Some(blend),
+        &format!(
+            "s = bpy.context.scene\ns.frame_set(2)\ns.render.filepath = {:?}\nbpy.ops.render.render(write_still=True)\n",
+            stem.to_str().unwrap()
+        ),
+    ));
+}
+
 pub(crate) fn png_pixels(path: &Path) -> (u32, u32, Vec<u8>) {
     let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     let mut reader = png::Decoder::new(std::io::BufReader::new(file))
@@ -81,16 +94,8 @@ fn a_45_file_waits_on_a_34_farm_and_completes_when_a_45_worker_joins() {
         &std::fs::read(p45.join("shot.blend")).unwrap()[..12],
         b"BLENDER-v405"
     );
-    // Blender 4.5's own full render of frame 2, dither 0 (the generator's).
     let refs = farm.dir.join("refs");
-    run_ok(&mut in_bpy(
-        &py,
-        Some(&p45.join("shot.blend")),
-        &format!(
-            "s = bpy.context.scene\ns.frame_set(2)\ns.render.filepath = {:?}\nbpy.ops.render.render(write_still=True)\n",
-            refs.join("ref45_0002").to_str().unwrap()
-        ),
-    ));
+    render_frame_2(&py, &p45.join("shot.blend"), &refs.join("ref45_0002"));
     // A 3.4 file with denoising on, which any Blender from 3.4 on may render.
     let root34 = farm.dir.join("v34");
     let p34 = make_project(None, &root34);
@@ -205,7 +210,9 @@ fn a_file_newer_than_every_local_blender_is_refused_without_a_scanner_and_bad_ve
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("was saved by Blender 4.5") && err.contains("--blender-python"),
+        err.contains("was saved by Blender 4.5")
+            && err.contains("no worker on the farm offers Blender 4.5 or newer to scan it")
+            && err.contains("--blender-python"),
         "{err}"
     );
     // Asking a 4.5 file to run on 4.2: refused before upload.
@@ -228,4 +235,127 @@ fn a_file_newer_than_every_local_blender_is_refused_without_a_scanner_and_bad_ve
         0,
         "nothing was submitted"
     );
+}
+
+/// A client whose only Blender is Debian's 3.4, and a farm with a bpy 4.5
+/// worker: the 4.5 file is scanned on the worker, never opened by a 3.4;
+/// a missing texture is still named before anything is submitted; and the
+/// file's textures (relative, absolute, a sequence, UDIM tiles) and its
+/// linked libraries (one nested in the other) are found, uploaded and
+/// rendered: the stitched tiles are 4.5's own full render, bit for bit.
+#[test]
+#[ignore = "needs blender and bpy 4.5"]
+fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
+    let Some(py) = bpy45() else {
+        return;
+    };
+    let mut farm = Farm::start("blender-farm-scan", &[]);
+    let p45 = make_project(Some(&py), &farm.dir.join("v45"));
+    let refs = farm.dir.join("refs");
+    render_frame_2(&py, &p45.join("shot.blend"), &refs.join("ref45_0002"));
+    // The client's Blender: Debian's 3.4, through a wrapper that notes
+    // every command line it is run with.
+    let calls = farm.dir.join("blender-calls.txt");
+    let wrapper = farm.dir.join("blender-34");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\nprintf '%s\\n' \"$*\" >> {:?}\nexec blender \"$@\"\n",
+            calls.to_str().unwrap()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    farm.add_worker_with(
+        "bpy45",
+        &[
+            "--engine",
+            "blender",
+            "--blender-python",
+            py.to_str().unwrap(),
+        ],
+    );
+    farm.wait_workers(1);
+    let submit = |blend: &Path| {
+        crate::harness::tessera()
+            .args(["submit", blend.to_str().unwrap(), "--frames", "2"])
+            .args(["--tiles", "3x3", "--json"])
+            .env("TESSERA_TICKET", farm.client_ticket())
+            .env("TESSERA_BLENDER", &wrapper)
+            .env_remove("TESSERA_BLENDER_PYTHON")
+            .output()
+            .unwrap()
+    };
+
+    // A missing texture, found by the farm's scan, is named by this
+    // machine before anything is submitted.
+    let out = submit(&p45.join("missing.blend"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("file(s) the scene uses are missing; nothing was submitted")
+            && err.contains(&format!(
+                "{} (image used by",
+                p45.join("textures/nope.png").display()
+            )),
+        "{err}"
+    );
+    let all = farm.json(&["status", "--json"]);
+    assert_eq!(
+        all["jobs"].as_array().unwrap().len(),
+        0,
+        "nothing was submitted: {all}"
+    );
+
+    let out = submit(&p45.join("shot.blend"));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("worker bpy45 scanned it"), "{err}");
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let dir = farm.dir.join("out");
+    let done = farm.wait_done(job["id"].as_u64().unwrap(), &dir);
+    assert_eq!(done["state"], "done", "{done}");
+    let want = png_pixels(&refs.join("ref45_0002.png"));
+    let got = png_pixels(&dir.join("frame_0002.png"));
+    assert_eq!((got.0, got.1), (want.0, want.1));
+    let differing = got.2.iter().zip(&want.2).filter(|(a, b)| a != b).count();
+    assert_eq!(
+        differing, 0,
+        "{differing} samples differ from 4.5's own render"
+    );
+    // Every file the scene uses reached the worker's job folder, those of
+    // the libraries (found by their own farm scans) too.
+    let jobs = farm.dir.join("cache-bpy45/jobs");
+    let folder = (std::fs::read_dir(&jobs).unwrap())
+        .map(|e| e.unwrap().path())
+        .find(|p| p.is_dir() && p.file_name().unwrap().to_str().unwrap().starts_with("1-"))
+        .expect("the job's folder");
+    let external = farm.dir.join("v45/external/ext.png");
+    let ext = format!("_abs{}", external.display());
+    let seq: Vec<String> = (1..=6)
+        .map(|f| format!("textures/seq/seq_{f:04}.png"))
+        .collect();
+    let wanted = [
+        "shot.blend",
+        "textures/rel.png",
+        &ext,
+        "textures/udim/grid.1001.png",
+        "textures/udim/grid.1002.png",
+        "lib/props.blend",
+        "lib/tex/lib.png",
+        "lib/deep/deep.blend",
+        "lib/deep/tex/deep.png",
+    ];
+    for f in wanted.iter().copied().chain(seq.iter().map(String::as_str)) {
+        assert!(
+            folder.join(f).is_file(),
+            "{f} is not in {}",
+            folder.display()
+        );
+    }
+    // The client asked its 3.4 which Blender it is, and never gave it a file.
+    let calls = std::fs::read_to_string(&calls).unwrap();
+    assert!(!calls.is_empty(), "the client never consulted its Blender");
+    assert!(!calls.contains(".blend"), "a 3.4 opened a .blend: {calls}");
 }

@@ -277,8 +277,8 @@ fn submit_warns_once_about_what_the_job_uses_and_lists_it_in_json() {
             "s.cycles.use_adaptive_sampling = True",
         ],
     );
-    let submit = |extra: &[&str]| {
-        let mut args = vec!["submit", blend.as_str(), "--frames", "1", "--json"];
+    let submit = |blend: &str, extra: &[&str]| {
+        let mut args = vec!["submit", blend, "--frames", "1", "--json"];
         args.extend_from_slice(extra);
         let out = farm.run(&args);
         assert!(
@@ -291,11 +291,33 @@ fn submit_warns_once_about_what_the_job_uses_and_lists_it_in_json() {
         (job, String::from_utf8_lossy(&out.stderr).into_owned())
     };
     // Whole frames: the compositor and adaptive sampling change nothing.
-    let (job, stderr) = submit(&[]);
+    let (job, stderr) = submit(&blend, &[]);
     assert_eq!(job["warnings"], serde_json::json!([]), "{stderr}");
     assert!(!stderr.contains("warning"), "{stderr}");
-    // Tiles: the compositor applies (adaptive sampling does not: tiles are exact).
-    let (job, stderr) = submit(&["--tiles", "2x2"]);
+    // Tiles: the compositor runs once, on the whole frame (its finishing
+    // task, the fifth), and adaptive sampling keeps tiles exact: nothing
+    // to warn about.
+    let (job, stderr) = submit(&blend, &["--tiles", "2x2"]);
+    assert_eq!(job["warnings"], serde_json::json!([]), "{stderr}");
+    assert!(!stderr.contains("warning"), "{stderr}");
+    assert_eq!(job["tasks_total"], 5, "{job}");
+    // Sample ranges: adaptive sampling applies, said once.
+    let (job, stderr) = submit(&blend, &["--tiles", "2x2", "--sample-ranges", "2"]);
+    let warnings = job["warnings"].as_array().unwrap();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].as_str().unwrap().contains("adaptive sampling"));
+    assert_eq!(stderr.matches("warning:").count(), 1, "{stderr}");
+    // A multilayer OpenEXR keeps every rendered pass, so its compositor
+    // runs per tile: that applies, said once.
+    let layers = derive(
+        &project,
+        "composited_layers.blend",
+        &[
+            "s.use_nodes = True",
+            "s.render.image_settings.file_format = 'OPEN_EXR_MULTILAYER'",
+        ],
+    );
+    let (job, stderr) = submit(&layers, &["--tiles", "2x2"]);
     let warnings = job["warnings"].as_array().unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(warnings[0].as_str().unwrap().contains("compositing"));

@@ -345,6 +345,8 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 blender: None,
                 output_name: None,
                 unreal: None,
+                finish: false,
+                verify_percent: 0,
             };
         let cases = [
             (

@@ -7,7 +7,7 @@ use crate::harness::{assert_frames_match_reference_samples, scenes, Farm};
 use crate::hostile::{blob_files, runtime, ticket};
 
 /// A worker speaking the protocol with the real worker ticket.
-pub(crate) mod rogue {
+pub mod rogue {
     use tessera_protocol::job::Engine;
     use tessera_protocol::messages::{CoordMsg, TaskSpec, WorkerInfo, WorkerMsg};
     use tessera_protocol::ticket::Ticket;

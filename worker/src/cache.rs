@@ -19,7 +19,7 @@ use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::build::BuildManifest;
 use tessera_protocol::chunk::{ChunkRef, Recipe, CHUNK_THRESHOLD};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
-use tessera_protocol::messages::JobInfo;
+use tessera_protocol::messages::{JobInfo, StitchedPasses};
 use tessera_protocol::Digest;
 use tokio::sync::OnceCell;
 
@@ -375,6 +375,32 @@ impl Cache {
             .await?
             .clone();
         Ok(files)
+    }
+
+    /// Fetches a finishing task's stitched passes (unless cached) and links
+    /// them at `to`, where they stay until the caller removes them.
+    pub async fn fetch_passes(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        passes: StitchedPasses,
+        to: &Path,
+    ) -> anyhow::Result<()> {
+        let entry = ManifestEntry {
+            path: "the frame's stitched passes".into(),
+            digest: passes.digest,
+            size: passes.size,
+            origin: None,
+        };
+        let held = self.state().lru.contains(&Blob::File(entry.digest));
+        if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
+            self.fetch(conn, job, &entry, false).await?;
+        }
+        let _ = std::fs::remove_file(to);
+        let from = self.blobs.path(&entry.digest);
+        std::fs::hard_link(&from, to)
+            .or_else(|_| std::fs::copy(&from, to).map(|_| ()))
+            .with_context(|| format!("laying out the stitched passes at {}", to.display()))
     }
 
     /// Re-hashes each of `digests` whose file changed on disk since it was

@@ -363,6 +363,22 @@ fn on_message(
             }
         }
         CoordMsg::Job(info) => held.table.job(info),
+        CoordMsg::Scan {
+            id,
+            blend,
+            path,
+            version,
+        } => {
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let result = farm_scan(&env, blend, &path, version).await;
+                if let Err(e) = &result {
+                    tracing::warn!(%blend, "farm scan failed: {e:#}");
+                }
+                let result = result.map_err(|e| format!("{e:#}"));
+                let _ = tx.send(WorkerMsg::Scanned { id, result });
+            });
+        }
         CoordMsg::Assign(task) => {
             let job = match held.table.assign(&task) {
                 Ok(job) => job,
@@ -420,6 +436,39 @@ fn on_message(
         }
     }
     false
+}
+
+/// Scans the `.blend` blob `blend` for the farm: fetches that one blob
+/// into a folder of its own (not the cache: nothing renders it here) and
+/// runs the dependency scan on it in a Blender of the file's series or
+/// newer, resolving its paths against the artist's `path`.
+async fn farm_scan(
+    env: &TaskEnv,
+    blend: Digest,
+    path: &str,
+    version: tessera_protocol::blender::BlenderVersion,
+) -> anyhow::Result<String> {
+    let engine = (env.config.engines.iter())
+        .find(|e| e.kind() == tessera_protocol::job::Engine::Blender)
+        .cloned()
+        .context("this worker offers no Blender")?;
+    let dir = env.config.cache_dir.join("scans").join(blend.to_hex());
+    let _ = std::fs::remove_dir_all(&dir);
+    let blobs = blob::BlobDir::open(&dir)?;
+    let result = async {
+        blob::get(&env.conn, blend, None, &blobs)
+            .await
+            .context("fetching the file to scan")?;
+        let file = dir.join("scan.blend");
+        std::fs::rename(blobs.path(&blend), &file)?;
+        let path = path.to_string();
+        tokio::task::spawn_blocking(move || engine.scan(&file, version, &path))
+            .await
+            .context("the scan thread panicked")?
+    }
+    .await;
+    let _ = std::fs::remove_dir_all(&dir);
+    result
 }
 
 /// What a render task needs from the worker around it.
@@ -546,12 +595,28 @@ async fn render(
     };
     // The engine stops early once the task is canceled: the blocking thread
     // is not left rendering what nobody wants while the slot takes new work.
-    let output = tokio::task::spawn_blocking(move || {
-        engine.render(&job2, &dir, &task2, &progress, &canceled)
-    })
-    .await
-    .context("the render thread panicked")
-    .and_then(|r| r)
+    let output = match task.finish {
+        None => tokio::task::spawn_blocking(move || {
+            engine.render(&job2, &dir, &task2, &progress, &canceled)
+        })
+        .await
+        .context("the render thread panicked")
+        .and_then(|r| r),
+        Some(passes) => {
+            // A finishing task: the frame's stitched passes, from the
+            // coordinator like a job file, beside the job folder.
+            let at = dir.with_extension(format!("passes-{}-{}.exr", t.index, t.epoch));
+            (cache.fetch_passes(conn, t.job, passes, &at).await).map_err(RenderError::Fetch)?;
+            let at2 = at.clone();
+            let finished =
+                tokio::task::spawn_blocking(move || engine.finish(&job2, &dir, &task2, &at2))
+                    .await
+                    .context("the render thread panicked")
+                    .and_then(|r| r);
+            let _ = std::fs::remove_file(&at);
+            finished
+        }
+    }
     .map_err(RenderError::Render)?;
     let render_ms = started.elapsed().as_millis() as u64;
     tracing::info!(

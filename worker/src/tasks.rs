@@ -237,6 +237,7 @@ mod tests {
             output: OutputFormat::Png,
             blender: None,
             unreal: None,
+            finish: false,
         }
     }
 
@@ -253,6 +254,7 @@ mod tests {
             samples: (0, 1),
             total_samples: 1,
             unreal: None,
+            finish: None,
         }
     }
 

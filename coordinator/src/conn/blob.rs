@@ -1,12 +1,16 @@
 //! Blob streams beside a control stream: uploads from clients and workers,
-//! downloads by workers (counted per job).
+//! downloads by workers (counted per job), each read checked by the
+//! connection's [`Fetch`].
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use tessera_protocol::blob;
+use tessera_protocol::blob::{self, ReadGate};
+use tessera_protocol::chunk::Recipe;
 use tessera_protocol::transport::Channel;
+use tessera_protocol::Digest;
 
+use super::fetch::Fetch;
 use crate::server::Shared;
 
 /// Serves each blob stream the peer opens, one task per stream.
@@ -14,13 +18,14 @@ pub(super) async fn serve_streams(
     shared: Arc<Shared>,
     conn: quinn::Connection,
     uploaded: Arc<AtomicU64>,
+    fetch: Arc<Fetch>,
 ) {
     let mut streams = tokio::task::JoinSet::new();
     while let Ok(pair) = conn.accept_bi().await {
-        let (shared, uploaded) = (shared.clone(), uploaded.clone());
+        let (shared, uploaded, fetch) = (shared.clone(), uploaded.clone(), fetch.clone());
         streams.spawn(async move {
             let mut ch = Channel::new(pair);
-            if let Err(e) = serve_blob(&shared, &mut ch, &uploaded).await {
+            if let Err(e) = serve_blob(&shared, &mut ch, &uploaded, &fetch).await {
                 tracing::debug!("blob stream: {e:#}");
             }
         });
@@ -29,16 +34,38 @@ pub(super) async fn serve_streams(
     // The connection is gone: dropping the set ends what is left.
 }
 
+/// The connection's [`Fetch`] as the blob server asks it.
+struct Gate<'a> {
+    shared: &'a Shared,
+    fetch: &'a Fetch,
+}
+
+impl ReadGate for Gate<'_> {
+    fn may_read(&self, digest: &Digest) -> bool {
+        let allowed = self.fetch.may_fetch(self.shared, digest);
+        if !allowed {
+            tracing::info!(%digest, "blob refused: not needed by a task the worker holds");
+        }
+        allowed
+    }
+
+    fn recipe_served(&self, recipe: &Recipe) {
+        self.fetch.recipe_served(recipe);
+    }
+}
+
 async fn serve_blob(
     shared: &Arc<Shared>,
     ch: &mut Channel,
     uploaded: &AtomicU64,
+    fetch: &Fetch,
 ) -> anyhow::Result<()> {
+    let gate = Gate { shared, fetch };
     if let blob::Answered::Get {
         job: Some(job),
         sent,
         ..
-    } = blob::answer(shared.store.inner(), ch, uploaded).await?
+    } = blob::answer_gated(shared.store.inner(), ch, uploaded, &gate).await?
     {
         shared.update(|core, _| core.served_to_worker(job, sent));
     }

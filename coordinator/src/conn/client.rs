@@ -9,7 +9,8 @@ use std::time::Duration;
 use std::collections::HashSet;
 
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, FrameOutput, JobState, TileState, TileStatus,
+    take_page, ClientRequest, ClientResponse, FrameOutput, JobState, JobStatus, TileState,
+    TileStatus, PAGE_ITEMS,
 };
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::transport::Channel;
@@ -101,9 +102,20 @@ pub(super) async fn serve(
             }
             ClientRequest::RevokeWorker { name } => revoke(&shared, &name).await,
             ClientRequest::RotateTickets => rotate_tickets(&shared),
+            ClientRequest::Scan {
+                blend,
+                path,
+                version,
+            } => super::scan::scan(&shared, blend, path, version).await,
             ClientRequest::Subscribe => return super::feed::feed(&shared, control).await,
+            ClientRequest::StatusPage {
+                after_job,
+                after_worker,
+            } => status_page(&shared, after_job, after_worker),
+            ClientRequest::LogsPage { job, task, after } => logs_page(&shared, job, task, after),
+            ClientRequest::FramesPage { job, after } => frames_page(&shared, job, after),
         };
-        control.send(&response).await?;
+        control.send(&fits(response)).await?;
     }
     Ok(())
 }
@@ -156,6 +168,78 @@ fn rotate_tickets(shared: &Shared) -> ClientResponse {
     }
 }
 
+/// A reply that would not fit its frame becomes an error saying to ask page
+/// by page, instead of ending the connection.
+fn fits(response: ClientResponse) -> ClientResponse {
+    let too_long = tessera_protocol::codec::encode(&response).is_err();
+    if too_long {
+        ClientResponse::Error(
+            "the answer is too long for one reply: ask page by page (a newer tessera does)".into(),
+        )
+    } else {
+        response
+    }
+}
+
+/// One page of every job (active ones from the core, the rest from the
+/// database) and of the connected workers.
+fn status_page(shared: &Shared, after_job: u64, after_worker: u64) -> ClientResponse {
+    let answer = || -> anyhow::Result<ClientResponse> {
+        let stored = shared.db().jobs_page(after_job, PAGE_ITEMS as u32 + 1)?;
+        let more_stored = stored.len() > PAGE_ITEMS;
+        let (jobs, workers) = shared.read(|core, now| {
+            let jobs: Vec<JobStatus> = (stored.iter())
+                .map(|j| core.job_status(j.id, now).unwrap_or_else(|| j.status()))
+                .collect();
+            let mut workers = core.worker_statuses(now);
+            workers.retain(|w| w.id > after_worker);
+            (jobs, workers)
+        });
+        let (jobs, more_jobs) = take_page(jobs);
+        let (workers, more_workers) = take_page(workers);
+        Ok(ClientResponse::StatusPage {
+            jobs,
+            workers,
+            more: more_jobs || more_stored || more_workers,
+        })
+    };
+    answer().unwrap_or_else(|e| ClientResponse::Error(format!("{e:#}")))
+}
+
+fn logs_page(shared: &Shared, job: u64, task: Option<u32>, after: u64) -> ClientResponse {
+    let answer = || -> anyhow::Result<ClientResponse> {
+        if shared.db().job(job)?.is_none() {
+            return Ok(ClientResponse::Error(format!(
+                "no job {job} on this coordinator"
+            )));
+        }
+        let rows = (shared.db()).task_logs_page(job, task, after, PAGE_ITEMS as u32 + 1)?;
+        let (page, cut) = take_page(rows);
+        let next = (cut || page.len() > PAGE_ITEMS)
+            .then(|| page.last().map(|(cursor, _)| *cursor))
+            .flatten();
+        Ok(ClientResponse::LogsPage {
+            logs: page.into_iter().map(|(_, l)| l).collect(),
+            next,
+        })
+    };
+    answer().unwrap_or_else(|e| ClientResponse::Error(format!("{e:#}")))
+}
+
+fn frames_page(shared: &Shared, id: u64, after: Option<u32>) -> ClientResponse {
+    match frames(shared, id) {
+        ClientResponse::Frames(all) => {
+            let rest = all
+                .into_iter()
+                .filter(|f| after.is_none_or(|a| f.frame > a));
+            let (frames, more) = take_page(rest);
+            let next = more.then(|| frames.last().map(|f| f.frame)).flatten();
+            ClientResponse::FramesPage { frames, next }
+        }
+        other => other,
+    }
+}
+
 fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
     if job == Some(u64::MAX)
         && std::env::var(crate::commit::FAILPOINT).as_deref() == Ok(FAILPOINT_PANIC_IN_HANDLER)
@@ -166,9 +250,10 @@ fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
     let answer = || -> anyhow::Result<ClientResponse> {
         Ok(match job {
             Some(id) => match shared.job_status(id)? {
+                // The first page of workers (`StatusPage` has them all).
                 Some(status) => ClientResponse::Status {
                     jobs: vec![status],
-                    workers: shared.read(|core, now| core.worker_statuses(now)),
+                    workers: take_page(shared.read(|core, now| core.worker_statuses(now))).0,
                 },
                 None => ClientResponse::Error(format!("no job {id} on this coordinator")),
             },
@@ -260,8 +345,9 @@ fn tiles(shared: &Shared, job: u64, frame: u32) -> ClientResponse {
                 "job {job} does not render frame {frame}"
             )));
         };
+        let first_of = |pos: u32| pos * spec.tasks_per_frame();
         let per_frame = spec.tiles.count() * spec.sample_ranges;
-        let first = pos as u32 * per_frame;
+        let first = first_of(pos as u32);
         let done: HashSet<u32> = (shared.db().results(job)?.into_iter())
             .map(|r| r.index)
             .filter(|i| (first..first + per_frame).contains(i))

@@ -6,8 +6,10 @@
 mod blob;
 mod client;
 mod feed;
+pub(crate) mod fetch;
 mod gate;
 mod handshake;
+pub(crate) mod scan;
 mod worker;
 
 use std::sync::atomic::AtomicU64;
@@ -88,12 +90,34 @@ async fn serve_connection(
         .as_deref()
         .map(|id| shared.identities.register(id, conn.clone()));
     let uploaded = Arc::new(AtomicU64::new(0));
+    let fetch = Arc::new(match role {
+        Role::Worker => fetch::Fetch::worker(),
+        Role::Client => fetch::Fetch::client(),
+    });
     // Blob streams run beside the session, in this same task, until the
     // peer closes the connection.
-    let streams = blob::serve_streams(shared.clone(), conn.clone(), uploaded.clone());
+    let streams = blob::serve_streams(
+        shared.clone(),
+        conn.clone(),
+        uploaded.clone(),
+        fetch.clone(),
+    );
     let session = async {
         match role {
-            Role::Worker => worker::serve(shared.clone(), conn.clone(), control, name).await,
+            Role::Worker => {
+                // Every worker is enrolled by now; its identity is what the
+                // farm trusts it by.
+                let identity = identity.clone().unwrap_or_else(|| name.clone());
+                worker::serve(
+                    shared.clone(),
+                    conn.clone(),
+                    control,
+                    name,
+                    identity,
+                    fetch.clone(),
+                )
+                .await
+            }
             Role::Client => client::serve(shared.clone(), control, uploaded.clone()).await,
         }
     };

@@ -9,8 +9,8 @@ use anyhow::bail;
 use tessera_protocol::codec::{read_frame, write_frame};
 use tessera_protocol::job::TileRect;
 use tessera_protocol::messages::{
-    check_price, TaskLog, WorkerInfo, WorkerMsg, MAX_CACHED_DIGESTS, MAX_INLINE_OUTPUT, MAX_SLOTS,
-    MAX_TASK_LOG,
+    check_price, TaskLog, TaskRef, WorkerInfo, WorkerMsg, MAX_CACHED_DIGESTS, MAX_INLINE_OUTPUT,
+    MAX_SLOTS, MAX_TASK_LOG,
 };
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::text::{self, MAX_ERROR, MAX_NAME};
@@ -26,6 +26,8 @@ pub(super) async fn serve(
     conn: quinn::Connection,
     control: Channel,
     name: String,
+    identity: String,
+    fetch: Arc<super::fetch::Fetch>,
 ) -> anyhow::Result<()> {
     let (mut send, mut recv) = control.split();
     let mut info = match read_frame::<WorkerMsg, _>(&mut recv).await? {
@@ -38,7 +40,8 @@ pub(super) async fn serve(
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let (slots, engines) = (info.slots, info.engines.clone());
-    let id = shared.join_worker(tx, &name, info);
+    let id = shared.join_worker(tx, &name, &identity, info);
+    fetch.joined(id);
     tracing::info!(worker = id, %name, slots, ?engines, peer = %conn.remote_address(), "worker joined");
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
@@ -56,6 +59,7 @@ pub(super) async fn serve(
     .await;
     let requeued = shared.update(|core, now| core.worker_left(id, now));
     shared.forget_outbox(id);
+    shared.scans.worker_left(id);
     tracing::info!(worker = id, %name, requeued, "worker left");
     writer.abort();
     result
@@ -104,8 +108,12 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
                     None => Ok(()),
                 })
                 .and_then(|()| store_output(shared, output, inline));
+            let similar = match stored {
+                Ok(()) => similar_renders(shared, id, task, output),
+                Err(_) => Vec::new(),
+            };
             shared.update(|core, now| match stored {
-                Ok(()) => core.result_offered(id, task, output, render_ms, now),
+                Ok(()) => core.result_offered_similar(id, task, output, render_ms, &similar, now),
                 Err(reason) => core.result_rejected(id, task, reason, now),
             });
         }
@@ -140,8 +148,28 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
             let msg = WorkerMsg::Cached { added, removed };
             shared.update(|core, now| core.worker_msg(id, msg, now));
         }
+        WorkerMsg::Scanned { id: scan, result } => shared.scans.answered(id, scan, result),
         msg => shared.update(|core, now| core.worker_msg(id, msg, now)),
     }
+}
+
+/// The earlier renders of a task being checked (`--verify`) that `output`
+/// agrees with within `compare::TOLERANCE`, for the pairs whose engine is
+/// not deterministic between their workers.
+fn similar_renders(shared: &Shared, id: WorkerId, task: TaskRef, output: Digest) -> Vec<Digest> {
+    let earlier = shared.read(|core, _| core.inexact_opinions(id, task));
+    if earlier.is_empty() {
+        return earlier;
+    }
+    let Ok(mine) = shared.store.get(&output) else {
+        return Vec::new();
+    };
+    (earlier.into_iter())
+        .filter(|d| {
+            (shared.store.get(d))
+                .is_ok_and(|theirs| crate::compare::within_tolerance(&mine, &theirs))
+        })
+        .collect()
 }
 
 /// Cuts `log` to its last `max` bytes (on a character boundary): the end
@@ -163,9 +191,11 @@ const MAX_OUTPUT_BYTES_PER_PIXEL: u64 = 512;
 const OUTPUT_SLACK: u64 = 1 << 20;
 
 /// Checks an output against its task before it is stored or accepted:
-/// its size is capped by the tile rectangle, and a PNG tile must have the
-/// tile's dimensions (the frame's only task may be any image the renderer
-/// wrote, within the same size cap).
+/// its size is capped by the tile rectangle, and a tile — PNG, float tile
+/// (4 channels), sample-sum tile or OpenEXR (channels present) — must have
+/// the tile's dimensions and, for the raw tile formats, exactly the length
+/// they imply (the frame's only task may be any image the renderer wrote,
+/// within the same size cap).
 fn check_output(
     shared: &Shared,
     output: Digest,
@@ -188,6 +218,11 @@ fn check_output(
             rect.width, rect.height
         ));
     }
+    if whole {
+        // The frame's only task: the renderer's file is the frame, in
+        // whatever format it wrote.
+        return Ok(());
+    }
     let mut head = [0u8; PNG_HEAD];
     let head = match inline {
         Some(bytes) => &bytes[..bytes.len().min(PNG_HEAD)],
@@ -197,13 +232,86 @@ fn check_output(
             &head[..n]
         }
     };
-    match png_dimensions(head) {
-        Some(dims) if !whole && dims != (rect.width, rect.height) => Err(format!(
-            "the output is a {}x{} PNG; the tile is {}x{}",
+    let tile = (rect.width, rect.height);
+    let (kind, dims) = if let Some(dims) = png_dimensions(head) {
+        ("PNG", dims)
+    } else if head.starts_with(tessera_protocol::float_tile::MAGIC) {
+        let (dims, channels) = (words(head, 0), words(head, 2).0);
+        if channels != 4 {
+            return Err(format!(
+                "the output is a float tile of {channels} channels; float tiles have 4 (RGBA)"
+            ));
+        }
+        check_length("float tile", size, dims, 16, 20)?;
+        ("float tile", dims)
+    } else if head.starts_with(tessera_protocol::sums::MAGIC) {
+        let dims = words(head, 0);
+        check_length("sample-sum tile", size, dims, 24, 16)?;
+        ("sample-sum tile", dims)
+    } else if head.starts_with(&EXR_MAGIC) {
+        let dims = match inline {
+            Some(bytes) => exr_dimensions(std::io::Cursor::new(bytes)),
+            None => std::fs::File::open(shared.store.inner().path(&output))
+                .map_err(|e| format!("cannot read the output: {e}"))
+                .and_then(|f| exr_dimensions(std::io::BufReader::new(f))),
+        }?;
+        ("OpenEXR", dims)
+    } else {
+        return Err("the output is not a PNG, float tile, sample-sum tile or OpenEXR image".into());
+    };
+    if dims != tile {
+        return Err(format!(
+            "the output is a {}x{} {kind}; the tile is {}x{}",
             dims.0, dims.1, rect.width, rect.height
-        )),
-        _ => Ok(()),
+        ));
     }
+    Ok(())
+}
+
+/// OpenEXR's magic number.
+const EXR_MAGIC: [u8; 4] = [0x76, 0x2f, 0x31, 0x01];
+
+/// Two little-endian u32 from a float or sum tile's header, after its
+/// magic: (width, height) at word `at`, (channels, _) at word 2.
+fn words(head: &[u8], at: usize) -> (u32, u32) {
+    let word = |i: usize| {
+        head.get(4 + i * 4..8 + i * 4)
+            .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+    };
+    (word(at), word(at + 1))
+}
+
+/// A float or sum tile's length must be its header plus its pixels.
+fn check_length(
+    kind: &str,
+    size: u64,
+    (w, h): (u32, u32),
+    per_pixel: u64,
+    header: u64,
+) -> Result<(), String> {
+    let want = u64::from(w) * u64::from(h) * per_pixel + header;
+    if size != want {
+        return Err(format!(
+            "the output is a {w}x{h} {kind} of {size} bytes; it should be {want}"
+        ));
+    }
+    Ok(())
+}
+
+/// The size of an OpenEXR's first layer (what stitching reads), read from
+/// its headers alone; a layer must have channels.
+fn exr_dimensions(reader: impl std::io::Read + std::io::Seek) -> Result<(u32, u32), String> {
+    let meta = exr::meta::MetaData::read_from_buffered(reader, false)
+        .map_err(|e| format!("the output is not a readable OpenEXR image: {e}"))?;
+    let header = meta
+        .headers
+        .first()
+        .ok_or("the OpenEXR image has no layer")?;
+    if header.channels.list.is_empty() {
+        return Err("the OpenEXR image has no channels".into());
+    }
+    let size = header.layer_size;
+    Ok((size.0 as u32, size.1 as u32))
 }
 
 /// An Unreal chunk's bundle must hold exactly the chunk's frames, each
@@ -286,6 +394,26 @@ mod tests {
         assert_eq!(png_dimensions(&png[..PNG_HEAD]), Some((160, 90)));
         assert_eq!(png_dimensions(b"not a png at all, just bytes"), None);
         assert_eq!(png_dimensions(&png[..10]), None);
+
+        // Float, sum and OpenEXR tiles: their dimensions from their headers.
+        let float = tessera_protocol::float_tile::FloatTile {
+            width: 3,
+            height: 2,
+            samples: 1,
+            rgba: vec![0.5; 24],
+        }
+        .encode();
+        assert_eq!(words(&float, 0), (3, 2));
+        assert_eq!(words(&float, 2).0, 4, "channels");
+        assert!(check_length("float tile", float.len() as u64, (3, 2), 16, 20).is_ok());
+        let short = check_length("float tile", float.len() as u64 - 4, (3, 2), 16, 20);
+        assert!(short.unwrap_err().contains("should be 116"));
+        let exr = crate::exr::encode_rgba_f32(5, 4, &[0.25; 80]);
+        assert!(exr.starts_with(&EXR_MAGIC));
+        assert_eq!(exr_dimensions(std::io::Cursor::new(&exr)), Ok((5, 4)));
+        let mut broken = exr.clone();
+        broken.truncate(12);
+        assert!(exr_dimensions(std::io::Cursor::new(&broken)).is_err());
 
         let mut log = format!("{}é the end", "x".repeat(100));
         keep_tail(&mut log, 9);

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use tessera_protocol::job::{sample_range, JobSpec, TileRect};
-use tessera_protocol::messages::{JobState, JobStatus, TaskRef, TaskSpec};
+use tessera_protocol::messages::{JobState, JobStatus, StitchedPasses, TaskRef, TaskSpec};
 use tessera_protocol::unreal::Chunk;
 
 use crate::scheduler::Millis;
@@ -25,6 +25,9 @@ pub(crate) struct Job {
     /// Accepted results per frame position.
     pub done_per_frame: Vec<u32>,
     pub stitched: Vec<bool>,
+    /// Per frame position, for a job whose frames end with a finishing
+    /// task: its stitched passes, once stored (the finishing task's input).
+    pub passes: Vec<Option<StitchedPasses>>,
     pub frames_done: u32,
     pub render_ms: u64,
     pub bytes_uploaded: u64,
@@ -37,6 +40,8 @@ pub(crate) struct Job {
     /// When this coordinator run first leased one of its tasks, and how many
     /// were done then (for the ETA).
     pub started: Option<(Millis, u32)>,
+    /// `submit --verify`: the checks of its results.
+    pub verify: Option<super::verify::Checks>,
 }
 
 impl Job {
@@ -46,9 +51,11 @@ impl Job {
         bytes_uploaded: u64,
         bytes_deduplicated: u64,
     ) -> Job {
-        let tasks_per_frame = spec.tiles.count() * spec.sample_ranges;
+        let tasks_per_frame = spec.tasks_per_frame();
         let frames = spec.frames.len();
         let chunks = spec.unreal.as_ref().map(|u| u.chunks(&spec.frames));
+        let verify =
+            (spec.verify_percent > 0).then(|| super::verify::Checks::new(spec.verify_percent));
         Job {
             spec: Arc::new(spec),
             final_state: None,
@@ -58,6 +65,7 @@ impl Job {
             tasks_done: 0,
             done_per_frame: vec![0; frames],
             stitched: vec![false; frames],
+            passes: vec![None; frames],
             frames_done: 0,
             render_ms: 0,
             bytes_uploaded,
@@ -67,6 +75,7 @@ impl Job {
             finished_unix_ms: None,
             paused: false,
             started: None,
+            verify,
         }
     }
 
@@ -99,7 +108,35 @@ impl Job {
         self.done_per_frame.get(pos) == Some(&need)
     }
 
-    /// Frame, tile and sample range of task `index`.
+    /// Tasks of a frame that render (all but its finishing task).
+    pub fn renders_per_frame(&self) -> u32 {
+        self.tasks_per_frame - u32::from(self.spec.finish)
+    }
+
+    /// Whether frame `pos` waits for a stitch: all its tasks are done
+    /// (the frame), or all but its finishing task and its passes are not
+    /// stored yet (the passes).
+    pub fn stitch_due(&self, pos: usize) -> bool {
+        let n = self.done_per_frame[pos];
+        if self.stitched[pos] {
+            return false;
+        }
+        self.frame_complete(pos)
+            || (self.spec.finish && n == self.renders_per_frame() && self.passes[pos].is_none())
+    }
+
+    /// The finishing tasks of the job's frames, if it has them: each
+    /// frame's last task.
+    pub fn finishing_tasks(&self) -> Vec<u32> {
+        if !self.spec.finish {
+            return Vec::new();
+        }
+        let n = self.spec.frames.len() as u32;
+        (1..=n).map(|k| k * self.tasks_per_frame - 1).collect()
+    }
+
+    /// Frame, tile and sample range of task `index`; a frame's finishing
+    /// task covers the whole frame and names its stitched passes.
     pub fn task_spec(&self, task: TaskRef) -> TaskSpec {
         let spec = &self.spec;
         if let (Some(chunks), Some(unreal)) = (&self.chunks, &spec.unreal) {
@@ -117,19 +154,38 @@ impl Job {
                 samples: (0, spec.samples),
                 total_samples: spec.samples,
                 unreal: Some(unreal.task(&spec.frames, chunk)),
+                finish: None,
             };
         }
         let frame_pos = task.index / self.tasks_per_frame;
         let rest = task.index % self.tasks_per_frame;
-        let (tile, range) = (rest / spec.sample_ranges, rest % spec.sample_ranges);
         let (w, h) = spec.resolution;
+        let frame = spec.frames[frame_pos as usize];
+        if rest == self.renders_per_frame() {
+            return TaskSpec {
+                task,
+                frame,
+                tile: TileRect {
+                    x: 0,
+                    y: 0,
+                    width: w,
+                    height: h,
+                },
+                samples: (0, spec.samples),
+                total_samples: spec.samples,
+                finish: self.passes[frame_pos as usize],
+                unreal: None,
+            };
+        }
+        let (tile, range) = (rest / spec.sample_ranges, rest % spec.sample_ranges);
         TaskSpec {
             task,
-            frame: spec.frames[frame_pos as usize],
+            frame,
             tile: spec.tiles.rect(tile, w, h),
             samples: sample_range(spec.samples, range, spec.sample_ranges),
             total_samples: spec.samples,
             unreal: None,
+            finish: None,
         }
     }
 
@@ -166,6 +222,7 @@ impl Job {
             cost_to_finish_usd: None,
             eta_secs: None,
             paused: self.paused,
+            verification: self.verify.as_ref().map(|v| v.summary()),
         }
     }
 }

@@ -2,11 +2,32 @@
 //! done, failed, canceled, paused and resumed, workers drained.
 
 use tessera_protocol::job::{JobSpec, OutputFormat};
-use tessera_protocol::messages::{CoordMsg, FarmEvent, JobState, JobStatus};
+use tessera_protocol::messages::{CoordMsg, FarmEvent, JobState, JobStatus, StitchedPasses};
 
 use super::{AcceptedResult, Effect, FarmCore, Now};
 use crate::db::FinalCounts;
 use crate::scheduler::WorkerId;
+
+/// What the stitcher makes of a frame's results.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StitchStage {
+    /// The frame, from its tiles and sample ranges.
+    Frame,
+    /// A frame with a finishing task: its passes, from its tiles and
+    /// sample ranges, as the finishing task's input (not a frame).
+    Passes,
+    /// A frame with a finishing task: its finishing task's output.
+    Finished,
+}
+
+/// A stitch to do: the job's spec, the frame's first task, how many of its
+/// tasks render, and what to make.
+pub struct StitchPlan {
+    pub spec: std::sync::Arc<JobSpec>,
+    pub first: u32,
+    pub renders: u32,
+    pub stage: StitchStage,
+}
 
 impl FarmCore {
     /// The cost of each job's closed leases, stored with its results.
@@ -32,7 +53,7 @@ impl FarmCore {
         for (i, c) in batch.iter().enumerate() {
             let (accepted, reason) = match &outcome {
                 Ok(fresh) => {
-                    if fresh.get(i).copied().unwrap_or(false) {
+                    if fresh.get(i).copied().unwrap_or(false) && self.still_counts(c.task) {
                         self.count_result(c, now);
                     }
                     (true, None)
@@ -76,7 +97,7 @@ impl FarmCore {
             job.render_ms += c.render_ms;
             for pos in positions {
                 job.done_per_frame[pos] += 1;
-                if job.frame_complete(pos) {
+                if job.stitch_due(pos) {
                     self.effects.push(Effect::Stitch {
                         job: c.task.job,
                         frame_pos: pos,
@@ -86,18 +107,44 @@ impl FarmCore {
         }
     }
 
-    /// What a stitch of `frame_pos` needs (the job's spec and tasks per
-    /// frame), or `None` when there is nothing to stitch any more.
-    pub fn stitch_plan(
-        &self,
-        job: u64,
-        frame_pos: usize,
-    ) -> Option<(std::sync::Arc<JobSpec>, u32)> {
+    /// What a stitch of `frame_pos` needs, or `None` when there is nothing
+    /// to stitch any more.
+    pub fn stitch_plan(&self, job: u64, frame_pos: usize) -> Option<StitchPlan> {
         let job = self.jobs.get(&job)?;
-        if job.stitched.get(frame_pos).is_none_or(|&s| s) || job.final_state.is_some() {
+        if frame_pos >= job.stitched.len() || !job.stitch_due(frame_pos) {
             return None;
         }
-        Some((job.spec.clone(), job.tasks_per_frame))
+        if job.final_state.is_some() {
+            return None;
+        }
+        let first = frame_pos as u32 * job.tasks_per_frame;
+        let passes = job.spec.finish && job.done_per_frame[frame_pos] == job.renders_per_frame();
+        Some(StitchPlan {
+            spec: job.spec.clone(),
+            first,
+            renders: job.renders_per_frame(),
+            stage: match (job.spec.finish, passes) {
+                (false, _) => StitchStage::Frame,
+                (true, true) => StitchStage::Passes,
+                (true, false) => StitchStage::Finished,
+            },
+        })
+    }
+
+    /// A frame's passes are stitched and stored: its finishing task is
+    /// handed out now.
+    pub fn passes_stitched(&mut self, job_id: u64, frame_pos: usize, passes: StitchedPasses) {
+        let Some(job) = self.jobs.get_mut(&job_id) else {
+            return;
+        };
+        let Some(slot) = job.passes.get_mut(frame_pos) else {
+            return;
+        };
+        *slot = Some(passes);
+        let index = (frame_pos as u32 + 1) * job.tasks_per_frame - 1;
+        self.sched
+            .release_held(crate::scheduler::TaskKey { job: job_id, index });
+        self.effects.push(Effect::Wake);
     }
 
     /// The chunk task of an Unreal job that renders frame position `pos`.
@@ -113,7 +160,10 @@ impl FarmCore {
         let Some(job) = self.jobs.get_mut(&job_id) else {
             return;
         };
-        if job.stitched.get(frame_pos) == Some(&false) {
+        // A frame whose results were withdrawn while it was stitched waits
+        // for them to be rendered again.
+        let complete = job.done_per_frame.get(frame_pos) == Some(&job.tasks_per_frame);
+        if complete && job.stitched.get(frame_pos) == Some(&false) {
             job.stitched[frame_pos] = true;
             job.frames_done += 1;
         }
@@ -180,6 +230,7 @@ impl FarmCore {
         };
         let status = self.job_status(id, now);
         let cost_usd = self.ledger.job_cost(id, now.ms);
+        let job = self.jobs.get(&id)?;
         self.effects.push(Effect::Record {
             job: id,
             state,
@@ -187,6 +238,7 @@ impl FarmCore {
             error,
             cost_usd,
             counts,
+            verification: job.verify.as_ref().map(|v| v.summary()),
         });
         self.jobs.remove(&id);
         for w in self.workers.values_mut() {
@@ -195,6 +247,8 @@ impl FarmCore {
         self.sched.forget_job(id);
         self.ledger.forget_job(id);
         self.released.retain(|t, _| t.job != id);
+        self.earlier.retain(|t, _| t.job != id);
+        self.blocklists.remove(&id);
         status
     }
 

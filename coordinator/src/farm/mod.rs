@@ -17,6 +17,7 @@ mod lost;
 mod status;
 #[cfg(test)]
 mod tests;
+mod verify;
 mod workers;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -26,12 +27,13 @@ pub use lost::{GONE_AFTER_MS, LOST_IN_A_ROW_FAILS};
 
 use tessera_protocol::job::{Engine, JobSpec};
 use tessera_protocol::messages::{
-    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, TaskRef, WorkerInfo,
+    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, StitchedPasses, TaskRef, WorkerInfo,
 };
 use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::Digest;
 
 pub(crate) use job::Job;
+pub use jobs::{StitchPlan, StitchStage};
 
 use crate::cost::Ledger;
 use crate::db::FinalCounts;
@@ -86,9 +88,28 @@ pub enum Effect {
         error: Option<String>,
         cost_usd: f64,
         counts: FinalCounts,
+        /// A checked job's verification summary.
+        verification: Option<tessera_protocol::messages::Verification>,
     },
     /// Something changed that may let the dispatcher hand out work.
     Wake,
+    /// A lease was handed to this enrolled identity: recorded, so that
+    /// after a restart only that identity may adopt it.
+    Leased { task: TaskRef, identity: String },
+    /// An identity was caught returning wrong pixels: record it for good.
+    Quarantine {
+        identity: String,
+        name: String,
+        reason: String,
+        unix_ms: u64,
+    },
+    /// These committed results were withdrawn: delete their rows, and
+    /// these frames' (they are stitched again once re-rendered).
+    Withdraw {
+        job: u64,
+        tasks: Vec<u32>,
+        frames: Vec<u32>,
+    },
 }
 
 /// A job read back from the database on start.
@@ -106,10 +127,18 @@ pub struct RestoredJob {
     pub results: Vec<(u32, u64)>,
     /// Frames already stitched.
     pub frames: Vec<u32>,
+    /// Frames whose passes are stitched for their finishing task.
+    pub passes: Vec<(u32, StitchedPasses)>,
+    /// Leases handed out by earlier runs and not ended by a result:
+    /// (task index, epoch, identity).
+    pub leases: Vec<(u32, u64, String)>,
 }
 
 pub(crate) struct WorkerEntry {
     pub name: String,
+    /// The enrolled identity it connected with: what its blocklists,
+    /// adoptable leases and quarantine hang on.
+    pub identity: String,
     pub info: WorkerInfo,
     /// Jobs whose `JobInfo` this connection has already been sent.
     pub jobs_sent: HashSet<u64>,
@@ -146,6 +175,15 @@ pub struct FarmCore {
     /// The Blender builds stored with `blender add`, oldest first: what a
     /// worker started with `--blender auto` offers besides its own.
     builds: Vec<tessera_protocol::build::BuildInfo>,
+    /// Leases of earlier runs (task → epoch and identity), read back on
+    /// start: a rejoining worker may adopt only those handed to its
+    /// identity. Bounded by the live jobs' tasks.
+    earlier: HashMap<TaskKey, (Epoch, String)>,
+    /// Identities quarantined by a failed check, with the reason.
+    quarantined: HashMap<String, String>,
+    /// Per job, the identities blocklisted for it (they failed it too
+    /// often, or cannot render it): applied to each connection they make.
+    blocklists: HashMap<u64, HashSet<String>>,
     effects: Vec<Effect>,
 }
 
@@ -186,6 +224,9 @@ impl FarmCore {
             released: HashMap::new(),
             lost: LostLeases::default(),
             builds: Vec::new(),
+            earlier: HashMap::new(),
+            quarantined: HashMap::new(),
+            blocklists: HashMap::new(),
             effects: Vec::new(),
         }
     }
@@ -213,6 +254,10 @@ impl FarmCore {
     /// but which were not stitched yet.
     pub fn restore_job(&mut self, stored: RestoredJob, now: Now) {
         let id = stored.id;
+        for (index, epoch, identity) in stored.leases {
+            self.earlier
+                .insert(TaskKey { job: id, index }, (Epoch(epoch), identity));
+        }
         let mut job = Job::new(
             stored.spec,
             stored.submitted_unix_ms,
@@ -240,6 +285,11 @@ impl FarmCore {
                 }
             }
         }
+        for (frame, passes) in stored.passes {
+            if let Some(pos) = job.spec.frames.iter().position(|&x| x == frame) {
+                job.passes[pos] = Some(passes);
+            }
+        }
         self.ledger.restore_job(id, stored.cost_usd, job.tasks_done);
         if stored.state.is_final() {
             job.final_state = Some(stored.state);
@@ -250,7 +300,7 @@ impl FarmCore {
                 .filter(|&i| !done[i as usize])
                 .collect();
             for pos in 0..job.done_per_frame.len() {
-                if job.frame_complete(pos) && !job.stitched[pos] {
+                if job.stitch_due(pos) {
                     self.effects.push(Effect::Stitch {
                         job: id,
                         frame_pos: pos,
@@ -266,6 +316,11 @@ impl FarmCore {
             );
         }
         self.jobs.insert(id, job);
+    }
+
+    /// Identities quarantined in earlier runs: they get no work.
+    pub fn restore_quarantine(&mut self, quarantined: Vec<(String, String)>) {
+        self.quarantined.extend(quarantined);
     }
 
     /// After restoring: with unfinished jobs, hand out nothing for one lease
@@ -293,6 +348,12 @@ impl FarmCore {
             },
             now.ms,
         );
+        // A finishing task waits until its frame's passes are stitched.
+        let held: Vec<u32> = (job.finishing_tasks().into_iter().enumerate())
+            .filter(|&(pos, _)| job.passes[pos].is_none())
+            .map(|(_, index)| index)
+            .collect();
+        self.sched.hold(id, &held);
         self.sched.set_job_assets(id, job_assets(&job.spec));
         if let Some(needs) = job.spec.blender {
             self.sched.set_job_blender(id, needs);
@@ -331,7 +392,7 @@ impl FarmCore {
         let expired = self.sched.expire(now.ms);
         for lost in &expired {
             if let Some(w) = self.workers.get(&lost.worker) {
-                self.lost.ended_with_worker(&w.name, lost.task, now.ms);
+                self.lost.ended_with_worker(&w.identity, lost.task, now.ms);
             }
             let name = (self.workers.get(&lost.worker)).map_or("(gone)", |w| w.name.as_str());
             tracing::info!(
@@ -412,12 +473,17 @@ impl FarmCore {
                 output: spec.output,
                 blender: spec.blender,
                 unreal: spec.unreal.clone(),
+                finish: spec.finish,
             });
             self.effects.push(Effect::Send {
                 worker: a.worker,
                 msg: info,
             });
         }
+        self.effects.push(Effect::Leased {
+            task: lease_ref(a.task, a.epoch),
+            identity: worker.identity.clone(),
+        });
         let assign = CoordMsg::Assign(job.task_spec(lease_ref(a.task, a.epoch)));
         self.effects.push(Effect::Send {
             worker: a.worker,
@@ -444,6 +510,9 @@ impl FarmCore {
             return Some(format!("no connected worker offers the {engine} engine"));
         }
         if let Some(reason) = self.sched.blender_blocked(job) {
+            return Some(reason);
+        }
+        if let Some(reason) = self.check_blocked(job) {
             return Some(reason);
         }
         offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {

@@ -12,7 +12,8 @@ use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
 use tessera_protocol::messages::{
-    CoordMsg, FarmEvent, JobState, TaskRef, TaskSpec, TileState, WorkerInfo, WorkerMsg, WorkerState,
+    CoordMsg, FarmEvent, JobState, StitchedPasses, TaskRef, TaskSpec, TileState, WorkerInfo,
+    WorkerMsg, WorkerState,
 };
 use tessera_protocol::Digest;
 
@@ -62,6 +63,8 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         blender: None,
         output_name: None,
         unreal: None,
+        finish: false,
+        verify_percent: 0,
     }
 }
 
@@ -93,6 +96,8 @@ struct Farm {
     finals: HashMap<u64, FinalCounts>,
     wakes: usize,
     next_job: u64,
+    quarantined: Vec<String>,
+    withdrawn: Vec<(u64, Vec<u32>)>,
 }
 
 impl Farm {
@@ -108,6 +113,8 @@ impl Farm {
             finals: HashMap::new(),
             wakes: 0,
             next_job: 1,
+            quarantined: Vec::new(),
+            withdrawn: Vec::new(),
         }
     }
 
@@ -142,6 +149,9 @@ impl Farm {
                     self.finals.insert(job, counts);
                 }
                 Effect::Wake => self.wakes += 1,
+                Effect::Leased { .. } => {}
+                Effect::Quarantine { identity, .. } => self.quarantined.push(identity),
+                Effect::Withdraw { job, tasks, .. } => self.withdrawn.push((job, tasks)),
             }
         }
     }
@@ -157,7 +167,8 @@ impl Farm {
 
     fn join(&mut self, name: &str, info: WorkerInfo) -> WorkerId {
         let now = self.now();
-        let id = self.core.worker_joined(name, info, now);
+        // Each test worker is enrolled under its own name.
+        let id = self.core.worker_joined(name, name, info, now);
         self.collect();
         id
     }
@@ -245,6 +256,7 @@ fn kinds(msgs: &[CoordMsg]) -> Vec<String> {
                 format!("ack {}/{} {accepted}", task.job, task.index)
             }
             CoordMsg::Builds(b) => format!("builds {}", b.len()),
+            CoordMsg::Scan { id, .. } => format!("scan {id}"),
         })
         .collect()
 }
@@ -733,7 +745,8 @@ fn simulate(seed: u64) -> Seen {
                     CoordMsg::Job(_)
                     | CoordMsg::Drain
                     | CoordMsg::Enrolled { .. }
-                    | CoordMsg::Builds(_) => {}
+                    | CoordMsg::Builds(_)
+                    | CoordMsg::Scan { .. } => {}
                 }
             }
             farm.collect();
@@ -907,4 +920,397 @@ fn an_auto_worker_offers_the_stored_builds_and_is_told_of_each() {
     assert_eq!(offers[0].1.len(), 2);
     assert_eq!(offers[0].1[1], name);
     assert!(name.contains("Blender 4.5.4 (bpy, stored build"), "{name}");
+}
+
+/// A restored copy of job 1 (`spec`) with `results` committed and the
+/// passes of frame 1 stored or not.
+fn restored(spec: JobSpec, results: &[u32], passes: Option<StitchedPasses>) -> Farm {
+    let mut farm = Farm::new(3);
+    let now = farm.now();
+    farm.core.restore_job(
+        RestoredJob {
+            id: 1,
+            spec,
+            state: JobState::Running,
+            error: None,
+            submitted_unix_ms: now.unix_ms,
+            finished_unix_ms: None,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            cost_usd: 0.0,
+            results: results.iter().map(|&i| (i, 10)).collect(),
+            frames: Vec::new(),
+            passes: passes.map(|p| (1, p)).into_iter().collect(),
+            leases: Vec::new(),
+        },
+        now,
+    );
+    farm.collect();
+    farm
+}
+
+#[test]
+fn a_finishing_task_waits_for_its_frames_passes_also_across_a_restart() {
+    let finishing = JobSpec {
+        finish: true,
+        ..spec("fx", 1, 2)
+    };
+    let mut farm = Farm::new(3);
+    let mut db = BTreeSet::new();
+    let job = farm.submit(finishing.clone());
+    let w = farm.join("w1", worker_info(4, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let leases = farm.assigned(w);
+    let indices: Vec<u32> = leases.iter().map(|s| s.task.index).collect();
+    assert_eq!(indices, [0, 1], "the finishing task (2) is held back");
+    assert!(leases.iter().all(|s| s.finish.is_none()));
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!((status.tasks_total, status.tasks_running), (3, 2));
+    for s in &leases {
+        farm.done(w, s.task);
+    }
+    farm.commit_all(&mut db);
+    assert_eq!(farm.stitches, [(job, 0)]);
+    let plan = farm.core.stitch_plan(job, 0).unwrap();
+    assert_eq!(
+        (plan.stage, plan.first, plan.renders),
+        (StitchStage::Passes, 0, 2)
+    );
+    farm.dispatch();
+    assert!(
+        farm.assigned(w).is_empty(),
+        "still held until the passes are stored"
+    );
+    let passes = StitchedPasses {
+        digest: Digest::of(b"passes"),
+        size: 6,
+    };
+    farm.stitches.clear();
+    farm.core.passes_stitched(job, 0, passes);
+    farm.collect();
+    assert!(
+        farm.core.stitch_plan(job, 0).is_none(),
+        "nothing to stitch meanwhile"
+    );
+    farm.dispatch();
+    let fin = farm.assigned(w);
+    assert_eq!(fin.len(), 1);
+    assert_eq!((fin[0].task.index, fin[0].finish), (2, Some(passes)));
+    assert_eq!(
+        (fin[0].tile.width, fin[0].tile.height),
+        (64, 16),
+        "the whole frame"
+    );
+
+    // A coordinator restarted now hands out the finishing task again, and
+    // nothing that rendered; without stored passes it stitches them first.
+    let mut again = restored(finishing.clone(), &[0, 1], Some(passes));
+    assert!(again.stitches.is_empty());
+    let w2 = again.join("w2", worker_info(4, Engine::Builtin, vec![]));
+    again.dispatch();
+    let specs = again.assigned(w2);
+    assert_eq!(specs.len(), 1);
+    assert_eq!((specs[0].task.index, specs[0].finish), (2, Some(passes)));
+    let mut unstitched = restored(finishing, &[0, 1], None);
+    assert_eq!(unstitched.stitches, [(1, 0)]);
+    let w3 = unstitched.join("w3", worker_info(4, Engine::Builtin, vec![]));
+    unstitched.dispatch();
+    assert!(unstitched.assigned(w3).is_empty(), "renders nothing twice");
+
+    // The finishing task's output is the frame; the job is then done.
+    farm.done(w, fin[0].task);
+    farm.commit_all(&mut db);
+    assert_eq!(farm.stitches, [(job, 0)]);
+    let plan = farm.core.stitch_plan(job, 0).unwrap();
+    assert_eq!(
+        (plan.stage, plan.first, plan.renders),
+        (StitchStage::Finished, 0, 2)
+    );
+    farm.stitch_all();
+    assert_eq!(farm.records, [(job, JobState::Done, None)]);
+    assert_eq!(farm.finals[&job].tasks_done, 3);
+}
+
+/// `--verify`: runs a farm of honest workers and one liar (its outputs
+/// differ) until the job is done or nothing moves; returns what the
+/// database would hold (task → output) and the job's final verification.
+fn run_checked_farm(
+    workers: &[(&str, bool)],
+    late_honest: Option<&str>,
+) -> (BTreeMap<u32, Digest>, Vec<String>, Option<String>) {
+    let mut farm = Farm::new(3);
+    let mut spec = spec("v", 4, 4);
+    spec.verify_percent = 10;
+    let job = farm.submit(spec);
+    let mut ids: Vec<(WorkerId, bool)> = (workers.iter())
+        .map(|&(name, liar)| {
+            (
+                farm.join(name, worker_info(1, Engine::Builtin, vec![])),
+                liar,
+            )
+        })
+        .collect();
+    let honest = |t: &TaskRef| Digest::of(&t.index.to_le_bytes());
+    let mut db = BTreeSet::new();
+    let mut outputs = BTreeMap::new();
+    let mut blocked = None;
+    for round in 0..400 {
+        farm.dispatch();
+        let mut moved = false;
+        for &(id, liar) in &ids.clone() {
+            for spec in farm.assigned(id) {
+                moved = true;
+                let t = spec.task;
+                let output = if liar {
+                    Digest::of(b"altered pixels")
+                } else {
+                    honest(&t)
+                };
+                let now = farm.now();
+                farm.core.result_offered(id, t, output, 10, now);
+                farm.collect();
+            }
+        }
+        for c in &farm.commits {
+            outputs.insert(c.task.index, c.output);
+        }
+        farm.commit_all(&mut db);
+        for (_, tasks) in std::mem::take(&mut farm.withdrawn) {
+            for t in tasks {
+                db.remove(&(job, t));
+                outputs.remove(&t);
+            }
+        }
+        farm.stitch_all();
+        if farm.records.iter().any(|r| r.0 == job) {
+            break;
+        }
+        if !moved {
+            blocked = farm
+                .core
+                .job_status(job, farm.now())
+                .and_then(|s| s.blocked);
+            match late_honest {
+                Some(name) if ids.len() == workers.len() => {
+                    let id = farm.join(name, worker_info(1, Engine::Builtin, vec![]));
+                    ids.push((id, false));
+                }
+                _ if round > 50 => break,
+                _ => {}
+            }
+        }
+        let at = farm.now + 1;
+        farm.at(at);
+    }
+    assert!(
+        farm.records
+            .iter()
+            .any(|r| r.0 == job && r.1 == JobState::Done),
+        "the job did not finish: {:?} blocked: {blocked:?}",
+        farm.records
+    );
+    for (i, d) in &outputs {
+        let t = TaskRef {
+            job,
+            index: *i,
+            epoch: 0,
+        };
+        assert_eq!(*d, honest(&t), "task {i} kept an altered output");
+    }
+    (outputs, farm.quarantined.clone(), blocked)
+}
+
+/// The acceptance case on virtual time: with one worker returning altered
+/// pixels among two honest ones, every worker's first result is checked,
+/// the liar is outvoted and quarantined by identity, its results are
+/// withdrawn and rendered again, and every task ends with honest pixels.
+#[test]
+fn a_lying_worker_is_outvoted_quarantined_and_its_results_rendered_again() {
+    let (outputs, quarantined, _) =
+        run_checked_farm(&[("a", false), ("liar", true), ("b", false)], None);
+    assert_eq!(outputs.len(), 16);
+    assert_eq!(quarantined, ["liar"]);
+}
+
+/// Two workers disagreeing cannot tell which one lies: the check waits,
+/// saying so, for a third worker, whose render decides.
+#[test]
+fn two_workers_that_disagree_wait_for_a_third_opinion() {
+    let (outputs, quarantined, blocked) =
+        run_checked_farm(&[("a", false), ("liar", true)], Some("c"));
+    assert_eq!(outputs.len(), 16);
+    assert_eq!(quarantined, ["liar"]);
+    let blocked = blocked.expect("the job said why it waited");
+    assert!(blocked.contains("a worker other than"), "{blocked}");
+}
+
+/// After a restart, a lease of an earlier run is adopted only by the
+/// enrolled identity it was handed to (recorded in the database), never by
+/// another identity naming it or a queued task under an earlier epoch.
+#[test]
+fn an_earlier_runs_lease_is_adopted_only_by_the_identity_it_was_handed_to() {
+    let mut farm = Farm::new(3);
+    let mut c = config(3);
+    c.scheduler.first_epoch = 2 << 32;
+    farm.core = FarmCore::new(c);
+    let epoch = (1 << 32) + 5;
+    let now = farm.now();
+    farm.core.restore_job(
+        RestoredJob {
+            id: 1,
+            spec: spec("a", 3, 1),
+            state: JobState::Running,
+            error: None,
+            submitted_unix_ms: 0,
+            finished_unix_ms: None,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            cost_usd: 0.0,
+            results: Vec::new(),
+            frames: Vec::new(),
+            leases: vec![(0, epoch, "w1".into())],
+            passes: Vec::new(),
+        },
+        now,
+    );
+    farm.collect();
+    let held = |index, epoch| TaskRef {
+        job: 1,
+        index,
+        epoch,
+    };
+    // Another identity names w1's lease, and a queued task under an epoch
+    // of the earlier run it was never given.
+    let rogue = farm.join(
+        "rogue",
+        worker_info(2, Engine::Builtin, vec![held(0, epoch), held(1, epoch - 1)]),
+    );
+    assert_eq!(
+        kinds(&farm.read(rogue)),
+        ["joined", "cancel 1/0", "cancel 1/1"],
+        "nothing adopted"
+    );
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![held(0, epoch)]));
+    assert_eq!(
+        kinds(&farm.read(w1)),
+        ["joined"],
+        "its own lease is adopted"
+    );
+    assert!(farm.core.holds(w1, held(0, epoch)));
+}
+
+/// A worker blocklisted for a job stays blocklisted when it reconnects:
+/// the blocklist hangs on its enrolled identity, not its connection.
+#[test]
+fn a_blocklist_follows_the_identity_across_connections() {
+    let mut farm = Farm::new(10);
+    let job = farm.submit(spec("a", 8, 1));
+    let w = farm.join("flaky", worker_info(1, Engine::Builtin, vec![]));
+    for _ in 0..scheduler::BLOCKLIST_AFTER {
+        farm.dispatch();
+        let task = farm.assigned(w)[0].task;
+        let failed = WorkerMsg::Failed {
+            task,
+            error: "boom".into(),
+            log: String::new(),
+            unsupported: false,
+        };
+        farm.msg(w, failed);
+    }
+    farm.dispatch();
+    assert!(
+        farm.assigned(w).is_empty(),
+        "blocklisted on this connection"
+    );
+    farm.leave(w);
+    let again = farm.join("flaky", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert!(farm.assigned(again).is_empty(), "and on its next one");
+    let blocked = farm.core.job_status(job, farm.now()).unwrap().blocked;
+    assert!(blocked.unwrap().contains("blocklisted"));
+    // Another identity gets the job's tasks.
+    let other = farm.join("steady", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert_eq!(farm.assigned(other).len(), 1);
+}
+
+/// The case: millions of `Progress` messages for tasks a worker
+/// does not hold. Progress is kept only for its leases, so the map stays
+/// bounded by them (here 200,000 messages, one kept).
+#[test]
+fn progress_for_tasks_a_worker_does_not_hold_is_not_kept() {
+    let mut farm = Farm::new(3);
+    farm.submit(spec("a", 1, 1));
+    let w = farm.join("w", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let held = farm.assigned(w)[0].task;
+    for i in 0..200_000u32 {
+        let task = TaskRef {
+            job: 1 + u64::from(i % 7),
+            index: i,
+            epoch: u64::from(i),
+        };
+        let now = farm.now();
+        (farm.core).worker_msg(
+            w,
+            WorkerMsg::Progress {
+                task,
+                done: 1,
+                total: 2,
+                stage: None,
+            },
+            now,
+        );
+    }
+    let now = farm.now();
+    (farm.core).worker_msg(
+        w,
+        WorkerMsg::Progress {
+            task: held,
+            done: 1,
+            total: 2,
+            stage: None,
+        },
+        now,
+    );
+    farm.collect();
+    let kept = &farm.core.workers[&w].progress;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept.get(&held), Some(&(1, 2, None)));
+}
+
+/// A farm scan goes to a worker whose own Blender is the file's series or
+/// the closest newer one, never an older one, and never a draining worker.
+#[test]
+fn a_farm_scan_goes_to_the_closest_blender_not_older_than_the_file() {
+    use tessera_protocol::blender::{BlenderOffer, BlenderVersion};
+    let offer = |major, minor| BlenderOffer {
+        version: BlenderVersion::new(major, minor, 0),
+        name: format!("Blender {major}.{minor}"),
+        device_types: vec![],
+        devices: vec![],
+        render_device: "CPU".into(),
+        oidn: false,
+        osl: false,
+        eevee: false,
+    };
+    let with = |offers: Vec<BlenderOffer>| {
+        let mut info = worker_info(1, Engine::Blender, vec![]);
+        info.blenders = offers;
+        info
+    };
+    let mut farm = Farm::new(3);
+    let v = |major, minor| BlenderVersion::new(major, minor, 4);
+    assert_eq!(farm.core.scanner_for(v(4, 5)), None, "no workers");
+    farm.join("old", with(vec![offer(3, 4), offer(4, 2)]));
+    assert_eq!(farm.core.scanner_for(v(4, 5)), None, "only older Blenders");
+    let five = farm.join("five", with(vec![offer(5, 0)]));
+    let both = farm.join("both", with(vec![offer(3, 4), offer(4, 5)]));
+    assert_eq!(farm.core.scanner_for(v(4, 5)), Some((both, "both".into())));
+    assert_eq!(farm.core.scanner_for(v(4, 3)).map(|w| w.0), Some(both));
+    assert_eq!(farm.core.scanner_for(v(5, 0)).map(|w| w.0), Some(five));
+    farm.msg(both, WorkerMsg::Draining);
+    assert_eq!(farm.core.scanner_for(v(4, 5)).map(|w| w.0), Some(five));
+    farm.leave(five);
+    assert_eq!(farm.core.scanner_for(v(4, 5)), None);
 }

@@ -2,6 +2,7 @@
 //! rejoining worker still holds), leaving, heartbeats, progress, results
 //! offered and tasks failed.
 
+use tessera_protocol::blender::BlenderVersion;
 use tessera_protocol::job::TileRect;
 use tessera_protocol::messages::{CoordMsg, FarmEvent, TaskRef, WorkerInfo, WorkerMsg};
 use tessera_protocol::Digest;
@@ -14,24 +15,39 @@ use super::{
 use crate::scheduler::{self, Epoch, TaskKey, WorkerId};
 
 impl FarmCore {
-    /// A worker joined: registers it, says welcome, adopts the tasks it
-    /// still holds and cancels the ones it cannot keep.
-    pub fn worker_joined(&mut self, name: &str, info: WorkerInfo, now: Now) -> WorkerId {
+    /// A worker joined under its enrolled `identity`: registers it, says
+    /// welcome, applies its identity's blocklists and quarantine, adopts the
+    /// tasks it still holds and cancels the ones it cannot keep.
+    pub fn worker_joined(
+        &mut self,
+        name: &str,
+        identity: &str,
+        info: WorkerInfo,
+        now: Now,
+    ) -> WorkerId {
         let id = self.next_worker;
         self.next_worker += 1;
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
         self.sched.add_worker(id, info.slots, engines, now.ms);
+        self.sched
+            .set_worker_tag(id, super::verify::tag_of(identity));
+        for (&job, identities) in &self.blocklists {
+            if identities.contains(identity) {
+                self.sched.blocklist(job, id);
+            }
+        }
         self.sched.worker_holds(id, &info.cached, &[]);
         self.sched.set_worker_blenders(id, self.offers_of(&info));
         let fetches_builds = info.fetches_builds;
         let holding = info.holding.clone();
         // Its process restarted if it no longer holds what it rendered.
         let held: Vec<TaskKey> = holding.iter().map(|&t| key(t)).collect();
-        let lost = self.lost.rejoined(name, &held);
+        let lost = self.lost.rejoined(identity, &held);
         self.workers.insert(
             id,
             WorkerEntry {
                 name: name.to_string(),
+                identity: identity.to_string(),
                 info,
                 jobs_sent: HashSet::new(),
                 tasks_done: 0,
@@ -59,7 +75,19 @@ impl FarmCore {
         if fetches_builds {
             self.send(id, CoordMsg::Builds(self.builds.clone()));
         }
-        self.adopt_held_tasks(id, &holding, now);
+        if let Some(reason) = self.quarantined.get(identity) {
+            tracing::warn!(
+                worker = id,
+                name,
+                "a quarantined worker joined: no work for it ({reason})"
+            );
+            self.stop_giving_work(id, now);
+            for &task in &holding {
+                self.send(id, CoordMsg::Cancel(task));
+            }
+        } else {
+            self.adopt_held_tasks(id, &holding, now);
+        }
         for task in lost {
             self.lease_lost(task, now);
         }
@@ -72,12 +100,14 @@ impl FarmCore {
     /// the worker's connection dropped, is not rendered again; tells it to
     /// drop the rest.
     fn adopt_held_tasks(&mut self, id: WorkerId, holding: &[TaskRef], now: Now) {
-        let name = self
+        let (name, identity) = self
             .workers
             .get(&id)
-            .map_or(String::new(), |w| w.name.clone());
+            .map_or((String::new(), String::new()), |w| {
+                (w.name.clone(), w.identity.clone())
+            });
         for &task in holding {
-            let adopted = if self.may_adopt(&name, task) {
+            let adopted = if self.may_adopt(&identity, task) {
                 self.sched.adopt(id, key(task), Epoch(task.epoch), now.ms)
             } else {
                 Err(scheduler::Refused::StaleEpoch {
@@ -89,6 +119,7 @@ impl FarmCore {
             match adopted {
                 Ok(()) => {
                     self.released.remove(&key(task));
+                    self.earlier.remove(&key(task));
                     tracing::info!(
                         worker = id,
                         name,
@@ -126,14 +157,13 @@ impl FarmCore {
         }
     }
 
-    /// Whether a (re)joining worker called `name` may adopt `task` under
-    /// the epoch it names: only a lease this farm handed to a worker of
-    /// that name — one still live, or one of this run that ended with its
-    /// worker's connection ([`FarmCore::released`]), or one of an earlier
-    /// run (not recorded across restarts, so any epoch of an earlier
-    /// generation, never 0). A queued task named with a made-up epoch of
-    /// this run is refused.
-    fn may_adopt(&self, name: &str, task: TaskRef) -> bool {
+    /// Whether a (re)joining worker enrolled as `identity` may adopt `task`
+    /// under the epoch it names: only a lease this farm handed to that
+    /// identity — one still live, or one of this run that ended with its
+    /// worker's connection ([`FarmCore::released`]), or one an earlier run
+    /// recorded ([`FarmCore::earlier`]). A queued task named with a made-up
+    /// epoch is refused.
+    fn may_adopt(&self, identity: &str, task: TaskRef) -> bool {
         let Some(view) = self.sched.task_view(key(task)) else {
             return false;
         };
@@ -144,17 +174,21 @@ impl FarmCore {
         match view.lease {
             // Its lease is live: only the worker that holds it, under
             // another connection that has not ended yet.
-            Some((holder, epoch)) if epoch.0 == task.epoch => {
-                self.workers.get(&holder).is_none_or(|w| w.name == name)
-            }
+            Some((holder, epoch)) if epoch.0 == task.epoch => self
+                .workers
+                .get(&holder)
+                .is_none_or(|w| w.identity == identity),
             // Another lease is live: the scheduler refuses it, or adopts
             // the straggler's second lease it names.
             Some(_) => true,
             None if task.epoch >= first_epoch => self
                 .released
                 .get(&key(task))
-                .is_some_and(|(epoch, holder)| epoch.0 == task.epoch && holder == name),
-            None => task.epoch >> 32 >= 1,
+                .is_some_and(|(epoch, holder)| epoch.0 == task.epoch && holder == identity),
+            None => self
+                .earlier
+                .get(&key(task))
+                .is_some_and(|(epoch, holder)| epoch.0 == task.epoch && holder == identity),
         }
     }
 
@@ -164,15 +198,15 @@ impl FarmCore {
         let held = self.sched.running_on(id);
         if let Some(w) = self.workers.get(&id) {
             for (task, epoch) in held {
-                self.released.insert(task, (epoch, w.name.clone()));
+                self.released.insert(task, (epoch, w.identity.clone()));
             }
         }
         let requeued = self.sched.remove_worker(id, now.ms);
-        let name = self.workers.get(&id).map(|w| w.name.clone());
+        let identity = self.workers.get(&id).map(|w| w.identity.clone());
         for &task in &requeued {
             self.lease_ended(task, id, false, now);
-            if let Some(name) = &name {
-                self.lost.ended_with_worker(name, task, now.ms);
+            if let Some(identity) = &identity {
+                self.lost.ended_with_worker(identity, task, now.ms);
             }
         }
         if let Some(w) = self.workers.remove(&id) {
@@ -250,7 +284,8 @@ impl FarmCore {
             }
         }
         match msg {
-            WorkerMsg::Join(_) => {}
+            // Scans are answered by the shell (`conn/scan.rs`), not here.
+            WorkerMsg::Join(_) | WorkerMsg::Scanned { .. } => {}
             WorkerMsg::Cached { added, removed } => {
                 self.sched.worker_holds(id, &added, &removed);
             }
@@ -292,7 +327,7 @@ impl FarmCore {
                     w.telemetry = Some(t);
                 }
                 if let Some(w) = self.workers.get(&id) {
-                    self.lost.alive(&w.name);
+                    self.lost.alive(&w.identity);
                 }
                 if self.sched.heartbeat(id, now.ms) {
                     self.effects.push(Effect::Wake);
@@ -313,14 +348,53 @@ impl FarmCore {
         }
     }
 
+    /// Whether a file `digest` is needed by a task worker `id` holds now:
+    /// its job's manifest lists it, or it is the stitched passes its
+    /// finishing task composites. (Chunks of those files are granted when
+    /// their recipe is served; see `conn::fetch`.)
+    pub fn task_needs(&self, id: WorkerId, digest: &Digest) -> bool {
+        (self.sched.running_on(id).into_iter()).any(|(t, _)| {
+            let Some(job) = self.jobs.get(&t.job) else {
+                return false;
+            };
+            if job.spec.manifest.iter().any(|m| m.digest == *digest) {
+                return true;
+            }
+            // A finishing task reads its frame's stitched passes.
+            let pos = (t.index / job.tasks_per_frame) as usize;
+            job.spec.finish
+                && t.index % job.tasks_per_frame == job.renders_per_frame()
+                && job.passes.get(pos).copied().flatten().map(|p| p.digest) == Some(*digest)
+        })
+    }
+
     /// Whether worker `id` holds a current lease on `task` under its epoch.
+    /// The worker to scan a file saved by Blender `saved` for the farm: a
+    /// connected one, not draining, with a Blender of its own of that
+    /// series or newer (never older: an older Blender may crash on the
+    /// file), the closest series first, then the lowest id. Its id and name.
+    pub fn scanner_for(&self, saved: BlenderVersion) -> Option<(WorkerId, String)> {
+        let fits = |w: &WorkerEntry| {
+            (w.info.blenders.iter())
+                .map(|b| b.version.series())
+                .filter(|s| *s >= saved.series())
+                .min()
+        };
+        (self.workers.iter())
+            .filter(|(_, w)| !w.draining)
+            .filter_map(|(id, w)| Some((fits(w)?, *id, w)))
+            .min_by_key(|(series, id, _)| (*series, *id))
+            .map(|(_, id, w)| (id, w.name.clone()))
+    }
+
     pub fn holds(&self, id: WorkerId, task: TaskRef) -> bool {
         self.sched.holds_lease(id, key(task), Epoch(task.epoch))
     }
 
     /// What the output of `task` must be: its tile rectangle, and whether
-    /// the task is its frame's only one (then the renderer's file is the
-    /// frame, in whatever format it wrote). `None` for an unknown task.
+    /// the task is its frame's only one or its finishing task (then the
+    /// renderer's file is the frame, in whatever format it wrote). `None`
+    /// for an unknown task.
     pub fn expected_output(&self, task: TaskRef) -> Option<(TileRect, bool)> {
         let job = self.jobs.get(&task.job)?;
         if task.index >= job.tasks_total() {
@@ -330,7 +404,9 @@ impl FarmCore {
         // A chunk's bundle holds a whole frame per frame of the chunk.
         let frames = job.frame_positions(task.index).len() as u32;
         rect.height = rect.height.saturating_mul(frames.max(1));
-        Some((rect, job.tasks_per_frame == 1))
+        let finishing =
+            job.spec.finish && task.index % job.tasks_per_frame == job.renders_per_frame();
+        Some((rect, job.tasks_per_frame == 1 || finishing))
     }
 
     /// For a chunk task of an Unreal job: the frames its bundle must hold,
@@ -392,14 +468,36 @@ impl FarmCore {
         render_ms: u64,
         now: Now,
     ) {
+        self.result_offered_similar(id, task, output, render_ms, &[], now);
+    }
+
+    /// [`FarmCore::result_offered`], with the earlier renders of a task
+    /// being checked that this output agrees with within the tolerance
+    /// (see [`FarmCore::inexact_opinions`]).
+    pub fn result_offered_similar(
+        &mut self,
+        id: WorkerId,
+        task: TaskRef,
+        output: Digest,
+        render_ms: u64,
+        similar: &[Digest],
+        now: Now,
+    ) {
         if let Some(w) = self.workers.get_mut(&id) {
             w.progress.remove(&task);
+        }
+        if self.holds(id, task) {
+            if let super::verify::Verdict::Held = self.check_result(id, task, output, similar, now)
+            {
+                return;
+            }
         }
         match self
             .sched
             .complete(id, key(task), Epoch(task.epoch), now.ms)
         {
             Ok(_) => {
+                self.rendered(id, task);
                 self.lost.reset(key(task));
                 self.lease_ended(key(task), id, true, now);
                 // The other attempt of a straggler lost the race.
@@ -454,6 +552,11 @@ impl FarmCore {
                 self.lost.reset(key(task));
                 if unsupported {
                     self.sched.blocklist(task.job, id);
+                }
+                if unsupported || outcome.blocklisted {
+                    if let Some(w) = self.workers.get(&id) {
+                        (self.blocklists.entry(task.job).or_default()).insert(w.identity.clone());
+                    }
                 }
                 self.lease_ended(key(task), id, false, now);
                 let event = FarmEvent::TaskFailed {

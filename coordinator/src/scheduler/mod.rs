@@ -38,6 +38,16 @@ mod tests;
 pub type JobId = u64;
 /// A worker's id, chosen by the caller (one per connection).
 pub type WorkerId = u64;
+/// What the caller knows a worker by across connections (its enrolled
+/// identity, hashed): a task excluded for a tag goes to none of its
+/// connections.
+pub type Tag = u64;
+
+/// Slots a worker is trusted with before it has proven any: its claim is
+/// filled up to this many leases, plus one for each result it delivered on
+/// this connection, so a worker claiming hundreds of slots cannot hoard a
+/// job's tasks while honest workers sit idle.
+pub const TRUSTED_SLOTS: u32 = 4;
 /// Virtual time in milliseconds, always passed in by the caller.
 pub type Millis = u64;
 
@@ -171,6 +181,8 @@ pub enum Refused {
         worker: WorkerId,
         holder: WorkerId,
     },
+    #[error("{task} waits for its frame's other tasks; it was never handed out")]
+    Held { task: TaskKey },
 }
 
 fn describe_current(current: &Option<Epoch>) -> String {
@@ -263,6 +275,12 @@ struct Job {
     failed_on: HashMap<u32, Vec<WorkerId>>,
     /// Workers that failed too often to get more of its tasks.
     blocklist: HashSet<WorkerId>,
+    /// Tasks held back (not done, not queued) until [`Scheduler::release_held`]:
+    /// a frame's finishing task, until its passes are stitched.
+    held: HashSet<u32>,
+    /// Per task index: tags whose workers must not get it (they already
+    /// rendered it once, for a result being checked).
+    excluded: HashMap<u32, Vec<Tag>>,
     /// Lease-to-result times of its accepted results, for stragglers.
     done_ms_sum: u64,
     done_ms_count: u32,
@@ -272,10 +290,27 @@ impl Job {
     fn total(&self) -> u32 {
         self.done.len() as u32
     }
+
+    fn is_excluded(&self, index: u32, tag: Tag) -> bool {
+        self.excluded.get(&index).is_some_and(|t| t.contains(&tag))
+    }
+
+    /// Whether one of the next queued tasks may go to a worker tagged `tag`.
+    fn has_task_for(&self, tag: Tag) -> bool {
+        self.excluded.is_empty()
+            || self
+                .queue
+                .iter()
+                .take(64)
+                .any(|&i| !self.is_excluded(i, tag))
+    }
 }
 
 struct Worker {
     slots: u32,
+    /// Results it delivered on this connection (see [`TRUSTED_SLOTS`]).
+    proven: u32,
+    tag: Tag,
     engines: Vec<String>,
     leases: BTreeSet<TaskKey>,
     /// When it last showed a sign of life (joined, heartbeat, result).
@@ -286,7 +321,12 @@ struct Worker {
 
 impl Worker {
     fn has_free_slot(&self) -> bool {
-        !self.draining && self.leases.len() < self.slots as usize
+        !self.draining && self.leases.len() < self.usable_slots() as usize
+    }
+
+    /// Its claimed slots, as far as it has proven them.
+    fn usable_slots(&self) -> u32 {
+        self.slots.min(TRUSTED_SLOTS.saturating_add(self.proven))
     }
 
     /// Silent for a whole lease: a task given to it now would only expire.
@@ -486,6 +526,7 @@ impl Scheduler {
                 && wk.engines.contains(&j.engine)
                 && self.blender_fits(*w, job)
                 && !j.blocklist.contains(w)
+                && j.has_task_for(wk.tag)
         };
         let mut best = (self.affinity.missing(job, worker), worker);
         for &w in turns.iter().filter(|w| **w != worker && eligible(w)) {
@@ -531,6 +572,8 @@ impl Scheduler {
             worker_failures: HashMap::new(),
             failed_on: HashMap::new(),
             blocklist: HashSet::new(),
+            held: HashSet::new(),
+            excluded: HashMap::new(),
             done_ms_sum: 0,
             done_ms_count: 0,
         };
@@ -552,6 +595,8 @@ impl Scheduler {
             btree_map::Entry::Vacant(entry) => {
                 entry.insert(Worker {
                     slots,
+                    proven: 0,
+                    tag: worker,
                     engines,
                     leases: BTreeSet::new(),
                     last_seen: now,
@@ -696,6 +741,7 @@ impl Scheduler {
                     && engines.contains(&job.engine)
                     && self.blender_fits(worker, task.job)
                     && !job.blocklist.contains(&worker)
+                    && !job.is_excluded(task.index, self.workers[&worker].tag)
                     && running >= STRAGGLER_MIN_MS
                     && running * 100 * u64::from(job.done_ms_count) >= percent * job.done_ms_sum
             })
@@ -733,6 +779,7 @@ impl Scheduler {
             });
         }
         self.seen(worker, now);
+        self.proved(worker);
         let job = self.jobs.get_mut(&task.job).expect("checked above");
         job.done_ms_sum += now.saturating_sub(won.started);
         job.done_ms_count += 1;
@@ -878,8 +925,36 @@ impl Scheduler {
             total: known.total(),
             done: known.done_count,
             running: known.running,
-            queued: (known.queue.len() + known.backoff.len()) as u32,
+            queued: (known.queue.len() + known.backoff.len() + known.held.len()) as u32,
         })
+    }
+
+    /// Holds back `job`'s queued tasks `indices`: they are handed out only
+    /// once released (and count as queued meanwhile). Indices that are not
+    /// queued are left as they are.
+    pub fn hold(&mut self, job: JobId, indices: &[u32]) {
+        let Some(known) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        let hold: HashSet<u32> = indices.iter().copied().collect();
+        known
+            .queue
+            .retain(|i| !hold.contains(i) || !known.held.insert(*i));
+        sync_ready(&mut self.ready, known);
+    }
+
+    /// Queues a held task next in line; false when it was not held (or its
+    /// job is over).
+    pub fn release_held(&mut self, task: TaskKey) -> bool {
+        let Some(job) = self.jobs.get_mut(&task.job) else {
+            return false;
+        };
+        if !job.held.remove(&task.index) || !job.state.is_live() {
+            return false;
+        }
+        job.queue.push_front(task.index);
+        sync_ready(&mut self.ready, job);
+        true
     }
 
     /// Pauses or resumes a live job: a paused job hands out no new leases;
@@ -974,6 +1049,9 @@ impl Scheduler {
             }
             None => {
                 let job = self.jobs.get_mut(&task.job).expect("checked above");
+                if job.held.contains(&task.index) {
+                    return Err(Refused::Held { task });
+                }
                 if job.backoff.remove(&task.index).is_none() {
                     let pos = job.queue.iter().position(|&i| i == task.index);
                     job.queue
@@ -990,6 +1068,100 @@ impl Scheduler {
         self.grant(task, worker, epoch, now, Attempt::Primary);
         self.seen(worker, now);
         Ok(())
+    }
+
+    /// Ends `worker`'s lease on `task` under `epoch` without marking the
+    /// task done or counting a failure: its result is kept aside to be
+    /// checked, or the worker may not deliver it. The task runs on in its
+    /// other attempt, if any, or goes back to the front of its queue.
+    pub fn release(
+        &mut self,
+        worker: WorkerId,
+        task: TaskKey,
+        epoch: Epoch,
+        now: Millis,
+    ) -> Result<(), Refused> {
+        match self.check_lease(worker, task, epoch)? {
+            Attempt::Backup => {
+                self.end_backup(task);
+            }
+            Attempt::Primary => {
+                self.end_lease(task);
+                if !self.promote_backup(task) {
+                    self.requeue(task, Requeue::Front);
+                }
+            }
+        }
+        self.seen(worker, now);
+        self.proved(worker);
+        Ok(())
+    }
+
+    /// Gives `task` to no worker tagged `tag` from now on.
+    pub fn exclude(&mut self, task: TaskKey, tag: Tag) {
+        if let Some(job) = self.jobs.get_mut(&task.job) {
+            let tags = job.excluded.entry(task.index).or_default();
+            if !tags.contains(&tag) {
+                tags.push(tag);
+            }
+        }
+    }
+
+    /// Marks a done task of a live job as not done and queues it first: its
+    /// result was withdrawn (its worker was caught returning wrong pixels).
+    /// Returns false, changing nothing, when the task is not done.
+    pub fn reopen(&mut self, task: TaskKey) -> bool {
+        let Some(job) = self.jobs.get_mut(&task.job) else {
+            return false;
+        };
+        if !job.done.get(task.index as usize).copied().unwrap_or(false)
+            || !matches!(job.state, JobState::Running | JobState::Done)
+        {
+            return false;
+        }
+        job.done[task.index as usize] = false;
+        job.done_count -= 1;
+        job.state = JobState::Running;
+        self.requeue(task, Requeue::Front);
+        true
+    }
+
+    /// Names the worker's connection by `tag` (see [`Tag`]); a new worker
+    /// is tagged by its own id.
+    pub fn set_worker_tag(&mut self, worker: WorkerId, tag: Tag) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.tag = tag;
+        }
+    }
+
+    /// The leases `worker` may hold at once now (see [`TRUSTED_SLOTS`]).
+    pub fn usable_slots(&self, worker: WorkerId) -> u32 {
+        self.workers.get(&worker).map_or(0, |w| w.usable_slots())
+    }
+
+    /// Queued tasks of `job` that only a worker with none of their excluded
+    /// tags may take, with those tags: what a check waits for.
+    pub fn excluded_queued(&self, job: JobId) -> Vec<(u32, Vec<Tag>)> {
+        let Some(j) = self.jobs.get(&job) else {
+            return Vec::new();
+        };
+        (j.queue.iter())
+            .filter_map(|i| j.excluded.get(i).map(|t| (*i, t.clone())))
+            .collect()
+    }
+
+    /// Whether some connected worker that takes work is tagged `tag`.
+    pub fn connected_tags(&self) -> Vec<(WorkerId, Tag)> {
+        (self.workers.iter())
+            .filter(|(_, w)| !w.draining)
+            .map(|(&id, w)| (id, w.tag))
+            .collect()
+    }
+
+    fn proved(&mut self, worker: WorkerId) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.proven = w.proven.saturating_add(1);
+        }
     }
 
     /// Whether `worker` holds a current lease (or a straggler's second
@@ -1031,7 +1203,10 @@ impl Scheduler {
             .iter()
             .filter_map(|engine| {
                 self.ready.get(engine)?.iter().find(|&&(_, _, job)| {
-                    !self.jobs[&job].blocklist.contains(&worker) && self.blender_fits(worker, job)
+                    let j = &self.jobs[&job];
+                    !j.blocklist.contains(&worker)
+                        && self.blender_fits(worker, job)
+                        && j.has_task_for(self.workers[&worker].tag)
                 })
             })
             .min()
@@ -1059,16 +1234,17 @@ impl Scheduler {
     }
 
     fn lease_next_task(&mut self, job_id: JobId, worker: WorkerId, now: Millis) -> Assignment {
+        let tag = self.workers[&worker].tag;
         let job = self.jobs.get_mut(&job_id).expect("a ready job exists");
         // A retry goes to another worker when one of the next few tasks is
-        // not one this worker already failed.
+        // not one this worker already failed; a task excluded for it (its
+        // result is being checked) never does.
         let failed_here = |i: &u32| job.failed_on.get(i).is_some_and(|w| w.contains(&worker));
-        let pos = job
-            .queue
-            .iter()
-            .take(64)
-            .position(|i| !failed_here(i))
-            .unwrap_or(0);
+        let excluded = |i: &u32| job.is_excluded(*i, tag);
+        let near = || job.queue.iter().take(64);
+        let pos = (near().position(|i| !failed_here(i) && !excluded(i)))
+            .or_else(|| near().position(|i| !excluded(i)))
+            .expect("the caller checked that the job has a task for this worker");
         let index = job
             .queue
             .remove(pos)
@@ -1285,6 +1461,7 @@ impl Scheduler {
         job.state = state;
         job.queue.clear();
         job.backoff.clear();
+        job.held.clear();
         sync_ready(&mut self.ready, job);
         ended
     }

@@ -144,6 +144,73 @@ fn check_assign(jobs: &[JobSpec], workers: &[WorkerSpec], expected: &[Given]) {
     assert_eq!(farm.assign(), [], "a second call finds nothing more to do");
 }
 
+/// The case: a worker claiming 256 slots (100,000, capped) beside
+/// an honest one-slot worker, on a 16-task job. Its claim is filled only as
+/// far as it has proven it: `TRUSTED_SLOTS` at first, one more per result
+/// it delivers, so the honest worker renders the rest instead of idling.
+#[test]
+fn a_huge_slot_claim_is_filled_only_as_far_as_it_is_proven() {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 16));
+    farm.worker((10, 256, &["builtin"]));
+    farm.worker((11, 1, &["builtin"]));
+    let given = farm.assign();
+    let greedy = given.iter().filter(|g| g.0 == 10).count() as u32;
+    assert_eq!(greedy, TRUSTED_SLOTS, "{given:?}");
+    assert_eq!(given.iter().filter(|g| g.0 == 11).count(), 1, "{given:?}");
+    // The greedy worker never delivers: the honest one renders every other
+    // task, one at a time.
+    for _ in 0..(16 - TRUSTED_SLOTS) {
+        let (_, job, index) = *farm
+            .sched
+            .running_on(11)
+            .iter()
+            .map(|(t, _)| (11, t.job, t.index))
+            .collect::<Vec<_>>()
+            .first()
+            .expect("the honest worker holds a task");
+        farm.complete(11, key(job, index)).unwrap();
+        let given = farm.assign();
+        assert!(
+            given.iter().all(|g| g.0 == 11),
+            "the greedy worker got more: {given:?}"
+        );
+    }
+    assert_eq!(farm.sched.running_on(10).len() as u32, TRUSTED_SLOTS);
+    // A worker that delivers is trusted with one more slot per result.
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 16));
+    farm.worker((10, 256, &["builtin"]));
+    assert_eq!(farm.assign().len() as u32, TRUSTED_SLOTS);
+    farm.complete(10, key(1, 0)).unwrap();
+    farm.complete(10, key(1, 1)).unwrap();
+    assert_eq!(farm.assign().len(), 4, "two results earn two more slots");
+    assert_eq!(farm.sched.usable_slots(10), TRUSTED_SLOTS + 2);
+}
+
+/// A result kept aside to be checked: its lease ends without the task
+/// being done, and the task goes to no worker of the tag that rendered it.
+#[test]
+fn a_released_task_is_excluded_for_the_tag_that_rendered_it() {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 1));
+    farm.worker((10, 1, &["builtin"]));
+    farm.worker((12, 1, &["builtin"]));
+    farm.sched.set_worker_tag(12, 10);
+    assert_eq!(farm.assign(), [(10, 1, 0)]);
+    let epoch = farm.epoch(10, key(1, 0));
+    farm.sched.release(10, key(1, 0), epoch, farm.now).unwrap();
+    farm.sched.exclude(key(1, 0), 10);
+    assert_eq!(farm.assign(), [], "worker 12 has the same tag");
+    assert_eq!(farm.progress(1), (1, 0, 0, 1));
+    farm.worker((11, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(11, 1, 0)]);
+    farm.complete(11, key(1, 0)).unwrap();
+    assert!(farm.sched.reopen(key(1, 0)), "a done task can be reopened");
+    assert_eq!(farm.progress(1), (1, 0, 0, 1));
+    assert_eq!(farm.assign(), [(11, 1, 0)]);
+}
+
 #[test]
 fn assign_orders_by_priority_then_submission_then_index() {
     check_assign(
@@ -152,8 +219,8 @@ fn assign_orders_by_priority_then_submission_then_index() {
             (2, 5, "builtin", 2),
             (3, 5, "builtin", 1),
         ],
-        &[(10, 5, &["builtin"])],
-        &[(10, 2, 0), (10, 2, 1), (10, 3, 0), (10, 1, 0), (10, 1, 1)],
+        &[(10, 4, &["builtin"])],
+        &[(10, 2, 0), (10, 2, 1), (10, 3, 0), (10, 1, 0)],
     );
     // Submission order, not job id, breaks a priority tie.
     check_assign(

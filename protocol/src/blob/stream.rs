@@ -152,6 +152,23 @@ pub enum Answered {
     },
 }
 
+/// Which blobs a peer may read: asked before a `Get` or a `Recipe` is
+/// answered (a refused one is answered `Refused`).
+pub trait ReadGate {
+    fn may_read(&self, digest: &Digest) -> bool;
+    /// A recipe was served to the peer.
+    fn recipe_served(&self, _recipe: &Recipe) {}
+}
+
+/// Every blob may be read.
+pub struct Open;
+
+impl ReadGate for Open {
+    fn may_read(&self, _digest: &Digest) -> bool {
+        true
+    }
+}
+
 /// Serves one blob stream against `dir`: stores a `Put` after verifying it,
 /// answers a `Get` with the blob's bytes. New bytes stored are added to
 /// `stored` before the sender hears `Stored`, so a submit that follows the
@@ -160,6 +177,16 @@ pub async fn answer(
     dir: &BlobDir,
     ch: &mut Channel,
     stored: &std::sync::atomic::AtomicU64,
+) -> Result<Answered, BlobError> {
+    answer_gated(dir, ch, stored, &Open).await
+}
+
+/// [`answer`], reading only what `gate` allows.
+pub async fn answer_gated(
+    dir: &BlobDir,
+    ch: &mut Channel,
+    stored: &std::sync::atomic::AtomicU64,
+    gate: &(dyn ReadGate + Sync),
 ) -> Result<Answered, BlobError> {
     let lost = |e: quinn::ClosedStream| BlobError::Lost(e.to_string());
     let request = ch
@@ -207,6 +234,22 @@ pub async fn answer(
             ch.send.finish().map_err(lost)?;
             answered
         }
+        BlobRequest::Get { digest, job } if !gate.may_read(&digest) => {
+            let reason = format!("blob {digest} is not needed by a task this peer holds");
+            ch.send(&BlobReply::Refused { reason }).await?;
+            ch.send.finish().map_err(lost)?;
+            Answered::Get {
+                digest,
+                job,
+                sent: 0,
+            }
+        }
+        BlobRequest::Recipe { digest } if !gate.may_read(&digest) => {
+            let reason = format!("file {digest} is not needed by a task this peer holds");
+            ch.send(&BlobReply::Refused { reason }).await?;
+            ch.send.finish().map_err(lost)?;
+            Answered::Recipe { digest }
+        }
         BlobRequest::Get { digest, job } => {
             let sent = match dir.size(&digest) {
                 Some(len) => {
@@ -233,7 +276,10 @@ pub async fn answer(
         }
         BlobRequest::Recipe { digest } => {
             let reply = match dir.recipe(&digest) {
-                Some(r) => BlobReply::Recipe(r),
+                Some(r) => {
+                    gate.recipe_served(&r);
+                    BlobReply::Recipe(r)
+                }
                 None => BlobReply::NotFound,
             };
             ch.send(&reply).await?;
@@ -307,6 +353,7 @@ pub async fn get_recipe(
             Ok(Some(r))
         }
         Some(BlobReply::NotFound) => Ok(None),
+        Some(BlobReply::Refused { reason }) => Err(BlobError::Refused { digest, reason }),
         Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
         None => Err(BlobError::Lost(
             "stream closed before the sender answered".into(),
@@ -337,6 +384,7 @@ pub async fn get(
             Ok(len)
         }
         Some(BlobReply::NotFound) => Err(BlobError::NotFound(digest)),
+        Some(BlobReply::Refused { reason }) => Err(BlobError::Refused { digest, reason }),
         Some(other) => Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
         None => Err(BlobError::Lost(
             "stream closed before the sender answered".into(),

@@ -9,6 +9,14 @@
 # is skipped (it is inside the .blend); the main .blend itself is not listed.
 # Missing files are listed with "exists": false.
 #
+# Remote mode (`-- OUT.json --remote ARTIST.blend`), for a farm scan on a
+# worker that holds only this one file: paths are resolved against the
+# artist's path of the file, nothing is looked up on this disk, and linked
+# data is left to the scans of its libraries. Each file carries "check":
+# "file", "sequence" (one member named: list its folder), "dir" (take every
+# file under it) or "optional" (found by blend_paths: a file if it is one);
+# the client does those checks on its own disk.
+#
 # Self-contained (stdlib + bpy): embedded in the worker/client binary.
 # Exit codes: 0 ok; 2 bad arguments / could not write OUT.json; 4 no file
 # loaded (Blender itself exits 1 before running this when the .blend is
@@ -36,6 +44,14 @@ def _fail(code, msg):
 
 _SEQ_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
 _UDIM_TOKENS = ("<UDIM>", "<UVTILE>")
+# The artist's path of the file in remote mode, else None.
+REMOTE = None
+
+
+def linked_elsewhere(idb):
+    """In remote mode, data linked from a library: its library's own scan
+    lists what it uses (this worker does not hold the library)."""
+    return REMOTE is not None and getattr(idb, "library", None) is not None
 
 
 class Scan:
@@ -54,19 +70,29 @@ class Scan:
         lib = getattr(owner, "library", None) if owner is not None else None
         if isinstance(owner, bpy.types.Library):
             lib = None  # Library.filepath is relative to the main file
+        if REMOTE is not None:
+            start = os.path.dirname(REMOTE)
+            return os.path.normpath(bpy.path.abspath(path, start=start))
         return os.path.normpath(bpy.path.abspath(path, library=lib))
 
-    def add(self, path, kind, user):
+    def add(self, path, kind, user, check="file"):
         p = os.path.normpath(path)
         self.covered.add(p)
         if p in self.files:
             return
-        self.files[p] = {"path": p, "kind": kind, "user": user,
-                         "exists": os.path.isfile(p)}
+        entry = {"path": p, "kind": kind, "user": user, "exists": False}
+        if REMOTE is None:
+            entry["exists"] = os.path.isfile(p)
+        else:
+            entry["check"] = check
+        self.files[p] = entry
 
     def add_sequence(self, path, kind, user):
         """`path` names one file of a numbered sequence: add every existing
         member (same directory, same text around the last run of digits)."""
+        if REMOTE is not None:
+            self.add(path, kind, user, "sequence")
+            return
         d, base = os.path.split(path)
         m = _SEQ_RE.match(base)
         found = []
@@ -98,6 +124,8 @@ class Scan:
 
     def images(self):
         for img in bpy.data.images:
+            if linked_elsewhere(img):
+                continue
             if img.source not in {"FILE", "SEQUENCE", "MOVIE", "TILED"}:
                 continue
             if img.packed_file is not None or len(img.packed_files) > 0 or not img.filepath:
@@ -118,11 +146,15 @@ class Scan:
         for lib in bpy.data.libraries:
             if lib.packed_file is not None:
                 continue
+            if REMOTE is not None and getattr(lib, "parent", None) is not None:
+                continue  # an indirect library: its parent's scan lists it
             # Blender rebases indirect libraries' paths onto the main file at load.
             self.add(self.resolve(lib.filepath, lib), "library", "Library '%s'" % lib.name)
 
     def simple(self, collection, kind, label, seq_attr=None):
         for idb in collection:
+            if linked_elsewhere(idb):
+                continue
             fp = idb.filepath
             if not fp or fp == "<builtin>" or getattr(idb, "packed_file", None) is not None:
                 continue
@@ -136,7 +168,7 @@ class Scan:
     def strips(self):
         for scene in bpy.data.scenes:
             ed = scene.sequence_editor
-            if ed is None:
+            if ed is None or linked_elsewhere(scene):
                 continue
             for s in strips_of(ed):
                 user = "Strip '%s' (scene '%s')" % (s.name, scene.name_full)
@@ -149,13 +181,17 @@ class Scan:
 
     def modifiers_and_caches(self):
         for ob in bpy.data.objects:
+            if linked_elsewhere(ob):
+                continue
             for md in ob.modifiers:
                 user = "Object '%s' modifier '%s'" % (ob.name_full, md.name)
                 if md.type == "MESH_CACHE" and md.filepath:
                     self.add(self.resolve(md.filepath, ob), "cache", user)
                 elif md.type == "FLUID" and md.fluid_type == "DOMAIN":
                     d = self.resolve(md.domain_settings.cache_directory, ob)
-                    if os.path.isdir(d):
+                    if REMOTE is not None:
+                        self.add(d, "cache", user, "dir")
+                    elif os.path.isdir(d):
                         for root, _dirs, names in os.walk(d):
                             for n in sorted(names):
                                 self.add(os.path.join(root, n), "cache", user)
@@ -172,6 +208,19 @@ class Scan:
 
     def cross_check(self):
         """Anything Blender's own path walker knows and we did not cover."""
+        if REMOTE is not None:
+            try:
+                paths = bpy.utils.blend_paths(absolute=False, packed=False, local=True)
+            except Exception as e:  # pragma: no cover
+                self.warnings.append("bpy.utils.blend_paths failed: %s" % e)
+                return
+            for p in paths:
+                if any(t in p for t in _UDIM_TOKENS):
+                    continue
+                n = self.resolve(p, None)
+                if n not in self.covered and n not in self.files:
+                    self.add(n, "other", "unknown (found by bpy.utils.blend_paths)", "optional")
+            return
         try:
             paths = bpy.utils.blend_paths(absolute=True, packed=False, local=False)
         except Exception as e:  # pragma: no cover
@@ -209,7 +258,7 @@ class Scan:
                 fn()
             except Exception as e:
                 self.warnings.append("scan of %s failed: %s: %s" % (name, type(e).__name__, e))
-        main = os.path.normpath(bpy.data.filepath)
+        main = os.path.normpath(REMOTE or bpy.data.filepath)
         self.files.pop(main, None)
 
 
@@ -311,7 +360,7 @@ def settings(scan):
                              "(scripts are disabled)" % py_drivers)
     if not scene.camera:
         scan.warnings.append("the scene has no camera")
-    for lib in bpy.data.libraries:
+    for lib in bpy.data.libraries if REMOTE is None else []:  # remote: the client checks
         if lib.packed_file is None and not os.path.isfile(Scan.resolve(lib.filepath, lib)):
             scan.warnings.append("library %s is missing: data it links in (and its own "
                                  "libraries) cannot be scanned" % Scan.resolve(lib.filepath, lib))
@@ -319,9 +368,13 @@ def settings(scan):
 
 
 def main():
+    global REMOTE
     argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
+    if len(argv) == 3 and argv[1] == "--remote":
+        REMOTE = os.path.normpath(argv[2])
+        argv = argv[:1]
     if len(argv) != 1:
-        _fail(2, "usage: ... --python-expr <scan.py> -- OUT.json")
+        _fail(2, "usage: ... --python-expr <scan.py> -- OUT.json [--remote ARTIST.blend]")
     if not bpy.data.filepath:
         _fail(4, "no .blend file was loaded")
     scan = Scan()

@@ -130,6 +130,19 @@ struct RenderCommand<'a> {
     /// A tile or sample range of an OpenEXR frame: travel as an
     /// uncompressed OpenEXR of every layer and pass (not 4-channel float).
     layers: bool,
+    /// A task of a frame with a finishing task: the render layers only (no
+    /// compositor, no denoising), with the denoising data.
+    passes: bool,
+}
+
+/// A finishing task: the compositor and denoising on a frame's stitched
+/// passes, written in the scene's own output format.
+#[derive(Serialize)]
+struct FinishCommand<'a> {
+    op: &'static str,
+    frame: u32,
+    passes: &'a Path,
+    out: &'a Path,
 }
 
 #[derive(Deserialize)]
@@ -162,6 +175,10 @@ struct Rendered {
     /// the session knows them (Cycles to multilayer OpenEXR).
     #[serde(default)]
     asked_passes: Option<Vec<String>>,
+    /// A finishing task's output: composited, not rendered (Cycles stamps
+    /// no samples into it).
+    #[serde(default)]
+    finished: bool,
 }
 
 /// Read back from the written image: its size and channels, and the stamp
@@ -307,7 +324,7 @@ impl Session {
 
     fn render(
         &mut self,
-        command: &RenderCommand<'_>,
+        command: &impl Serialize,
         progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
     ) -> Result<Rendered, SessionError> {
         let died = |s: &mut Session, what: &str| {
@@ -324,7 +341,9 @@ impl Session {
             .and_then(|()| self.stdin.flush())
             .is_err()
         {
-            return Err(died(self, "stopped reading commands"));
+            // A closed pipe is the same crash as an exit mid-render: one wording,
+            // so that a job failing the same way says its error once.
+            return Err(died(self, "exited while rendering"));
         }
         let mut buf = String::new();
         loop {
@@ -605,7 +624,7 @@ impl Blender {
         session: &mut Option<Session>,
         job: &JobInfo,
         job_dir: &Path,
-        command: &RenderCommand<'_>,
+        command: &impl Serialize,
         progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
     ) -> anyhow::Result<Rendered> {
         let install = self.install_for(job, job_dir)?;
@@ -669,6 +688,58 @@ impl Engine for Blender {
             .collect()
     }
 
+    /// In the worker's own Blender of the file's series, else the closest
+    /// newer one (never an older one: it may crash on the file); the same
+    /// choice as the coordinator's `scanner_for`.
+    fn scan(
+        &self,
+        blend: &Path,
+        saved: tessera_protocol::blender::BlenderVersion,
+        artist_path: &str,
+    ) -> anyhow::Result<String> {
+        let runtime = {
+            let installs = self.installs.lock().expect("installs lock");
+            (installs[..self.local].iter())
+                .filter(|i| i.offer.version.series() >= saved.series())
+                .min_by_key(|i| i.offer.version.series())
+                .map(|i| i.runtime.clone())
+                .with_context(|| {
+                    format!(
+                        "this worker has no Blender {} or newer to scan it",
+                        saved.short()
+                    )
+                })?
+        };
+        let out = blend.with_extension("scan.json");
+        let output = runtime
+            .command(
+                Some(blend),
+                tessera_scan::blender::SCAN_PY,
+                &[out.as_os_str(), "--remote".as_ref(), artist_path.as_ref()],
+                0,
+            )
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("cannot run {}", runtime.path().display()))?;
+        let json = std::fs::read(&out);
+        let _ = std::fs::remove_file(&out);
+        match json {
+            Ok(bytes) if output.status.success() => {
+                String::from_utf8(bytes).context("the scan wrote JSON that is not UTF-8")
+            }
+            _ => {
+                let text = String::from_utf8_lossy(&output.stderr).into_owned()
+                    + &String::from_utf8_lossy(&output.stdout);
+                let line = (text.lines())
+                    .find(|l| l.contains("Error:") || l.contains("error:"))
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                anyhow::bail!("the scan failed ({}): {line}", output.status)
+            }
+        }
+    }
+
     fn render(
         &self,
         job: &JobInfo,
@@ -684,8 +755,10 @@ impl Engine for Blender {
         // file, in the scene's format with everything in it.
         let whole = (task.tile.width, task.tile.height) == job.resolution;
         let ranged = task.samples != (0, task.total_samples);
-        let raw = ranged || (job.output == OutputFormat::Exr && !whole);
-        let layers = raw && job.output == OutputFormat::Exr;
+        // A frame with a finishing task: every tile its passes, in float.
+        let passes = job.finish;
+        let raw = passes || ranged || (job.output == OutputFormat::Exr && !whole);
+        let layers = passes || (raw && job.output == OutputFormat::Exr);
         let out = job_dir.with_extension(format!(
             "out-{}-{}.{}",
             task.task.index,
@@ -701,6 +774,7 @@ impl Engine for Blender {
             out: &out,
             raw,
             layers,
+            passes,
         };
         let (slot, mut session) = self.checkout()?;
         let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, progress);
@@ -720,6 +794,38 @@ impl Engine for Blender {
             Some([x, y, w, h]) => crop_png(&bytes, x, y, w, h),
             None => Ok(bytes),
         }
+    }
+
+    fn finish(
+        &self,
+        job: &JobInfo,
+        job_dir: &Path,
+        task: &TaskSpec,
+        passes: &Path,
+    ) -> anyhow::Result<Vec<u8>> {
+        let out =
+            job_dir.with_extension(format!("out-{}-{}.img", task.task.index, task.task.epoch));
+        let command = FinishCommand {
+            op: "finish",
+            frame: task.frame,
+            passes,
+            out: &out,
+        };
+        let (slot, mut session) = self.checkout()?;
+        let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, &|_, _, _| {});
+        // The finishing step rebuilt the scene's compositor: that session
+        // renders nothing more.
+        if let Some(s) = session.take() {
+            s.quit();
+        }
+        self.checkin(slot, None);
+        let rendered = result?;
+        let bytes = std::fs::read(&out)
+            .with_context(|| format!("blender wrote no output at {}", out.display()));
+        let _ = std::fs::remove_file(&out);
+        let bytes = bytes?;
+        check_evidence(&rendered, task, job.resolution)?;
+        Ok(bytes)
     }
 }
 
@@ -771,7 +877,21 @@ fn check_evidence(r: &Rendered, task: &TaskSpec, frame: (u32, u32)) -> anyhow::R
             }
         );
     }
-    if r.engine == "CYCLES" {
+    anyhow::ensure!(
+        r.finished == task.finish.is_some(),
+        "blender's reply is {}, the task is {}",
+        if r.finished {
+            "a finished frame"
+        } else {
+            "a render"
+        },
+        if task.finish.is_some() {
+            "a finishing task"
+        } else {
+            "a render"
+        }
+    );
+    if r.engine == "CYCLES" && !r.finished {
         let want = task.samples.1 - task.samples.0;
         if !e.stamped {
             anyhow::ensure!(
@@ -850,6 +970,7 @@ impl Drop for Blender {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tessera_protocol::messages::StitchedPasses;
 
     #[test]
     fn progress_lines_are_parsed() {
@@ -878,6 +999,7 @@ mod tests {
             samples,
             total_samples: samples.1,
             unreal: None,
+            finish: None,
         }
     }
 
@@ -971,6 +1093,44 @@ mod tests {
         let failed: Reply =
             serde_json::from_str(r#"{"ok":false,"error":"x","unsupported":true}"#).unwrap();
         assert!(failed.rendered.is_none() && failed.unsupported);
+    }
+
+    #[test]
+    fn a_finished_frame_is_accepted_without_a_samples_stamp_only_for_a_finishing_task() {
+        let mut t = task(3, [0, 0, 96, 64], (0, 16));
+        t.finish = Some(StitchedPasses {
+            digest: tessera_protocol::Digest::of(b"passes"),
+            size: 6,
+        });
+        // Composited, not rendered: Cycles stamps no samples.
+        let finished = r#"{"ok":true,"width":96,"height":64,"samples":0,"engine":"CYCLES","crop":null,"finished":true,
+            "evidence":{"width":96,"height":64,"channels":4,"frame":3,"samples":{},"stamped":true}}"#;
+        check_evidence(&reply(finished), &t, (96, 64)).unwrap();
+        let cases = [
+            (
+                finished.replace(r#""frame":3"#, r#""frame":2"#),
+                "stamped frame 2",
+            ),
+            (
+                finished.replace(
+                    r#""width":96,"height":64,"c"#,
+                    r#""width":48,"height":64,"c"#,
+                ),
+                "output is 48x64",
+            ),
+            // A render's reply to a finishing task, and the other way round.
+            (
+                finished.replace(r#""finished":true"#, r#""finished":false"#),
+                "finishing task",
+            ),
+        ];
+        for (json, want) in cases {
+            let err = check_evidence(&reply(&json), &t, (96, 64)).unwrap_err();
+            assert!(err.to_string().contains(want), "{want}: {err}");
+        }
+        t.finish = None;
+        let err = check_evidence(&reply(finished), &t, (96, 64)).unwrap_err();
+        assert!(err.to_string().contains("a finished frame"), "{err}");
     }
 
     #[test]
@@ -1106,6 +1266,7 @@ mod runtime_tests {
             // As an old coordinator would send it: no needs at all.
             blender: None,
             unreal: None,
+            finish: false,
         };
         let tile = TileRect {
             x: 0,
@@ -1124,6 +1285,7 @@ mod runtime_tests {
             samples: (0, 16),
             total_samples: 16,
             unreal: None,
+            finish: None,
         };
         let err = engine
             .render(&job, &dir, &task, &|_, _, _| {}, &Default::default())

@@ -21,6 +21,9 @@ use tessera_protocol::messages::{JobInfo, TaskSpec};
 pub const FAILPOINT: &str = "TESSERA_FAILPOINT";
 /// The builtin engine aborts the worker process when it starts a render.
 pub const FAILPOINT_ABORT_IN_RENDER: &str = "abort-in-render";
+/// A lying worker, for the `--verify` tests: the builtin engine inverts the
+/// first row of every tile it renders whole, keeping its size and format.
+pub const FAILPOINT_ALTER_PIXELS: &str = "alter-pixels";
 
 /// The error of a render stopped because its task was canceled.
 pub const CANCELED: &str = "canceled by the coordinator";
@@ -62,9 +65,35 @@ pub trait Engine: Send + Sync {
         canceled: &AtomicBool,
     ) -> anyhow::Result<Vec<u8>>;
 
+    /// A finishing task: runs the scene's whole-frame effects (compositor,
+    /// denoising) on the frame's stitched `passes` and returns the frame in
+    /// the scene's own output format.
+    fn finish(
+        &self,
+        job: &JobInfo,
+        _job_dir: &Path,
+        _task: &TaskSpec,
+        _passes: &Path,
+    ) -> anyhow::Result<Vec<u8>> {
+        anyhow::bail!("the {} engine has no finishing step", job.engine)
+    }
+
     /// The Blenders this engine offers (none for other engines).
     fn blender_offers(&self) -> Vec<tessera_protocol::blender::BlenderOffer> {
         Vec::new()
+    }
+
+    /// Scans `blend` (saved by Blender `saved`) for the farm: what it
+    /// references as stored, with relative paths resolved against
+    /// `artist_path`, the file's path on the submitting machine. Returns
+    /// the scan's JSON. Only a Blender engine can.
+    fn scan(
+        &self,
+        _blend: &Path,
+        _saved: tessera_protocol::blender::BlenderVersion,
+        _artist_path: &str,
+    ) -> anyhow::Result<String> {
+        anyhow::bail!("this engine cannot scan .blend files")
     }
 }
 
@@ -162,11 +191,12 @@ impl Engine for Builtin {
             canceled,
         )
         .context(CANCELED)?;
-        Ok(builtin::encode_png(
-            rect.width,
-            rect.height,
-            &sums.to_srgb8(),
-        ))
+        let mut pixels = sums.to_srgb8();
+        if std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_ALTER_PIXELS) {
+            let row = rect.width as usize * 3;
+            pixels[..row].iter_mut().for_each(|p| *p = 255 - *p);
+        }
+        Ok(builtin::encode_png(rect.width, rect.height, &pixels))
     }
 }
 

@@ -23,6 +23,14 @@
 # Then one JSON command per stdin line, one reply line per command on stdout:
 #   {"op":"render","frame":3,"tile":[x,y,w,h]|null,"samples":[start,end]|null,
 #    "total":N (the full render's sample count),"out":"/abs/path","raw":false}
+#     "passes":true renders the scene's passes only: no compositor, no denoising, the
+#     denoising data (albedo, normal) kept, as float multilayer OpenEXR ("raw" and
+#     "layers" then apply): a tile of a frame that ends with a finishing task.
+#   {"op":"finish","frame":3,"passes":"/abs/passes.exr","out":"/abs/path"}
+#     the finishing task: the scene's compositor and denoising run on the whole
+#     frame's stitched passes, and Blender writes the scene's own output (format,
+#     codec, dither, metadata) as after a full render. It rebuilds the compositor,
+#     so the worker ends the session afterwards.
 #   {"op":"ping"}   -> {"ok":true,"pong":true,"setup_ms":..,"blender_version":..,"warnings":[..]}
 #   {"op":"quit"}   -> exit 0 (so does EOF)
 # Replies: "@@TESSERA@@ " + JSON, e.g. {"ok":true,"out":..,"width":w,"height":h,"ms":123,
@@ -847,6 +855,98 @@ def crop_raw(exr_path, x, y, w, h):
     return w, h, {c: [rows[c][yy][x:x + w] for yy in range(y, y + h)] for c in rows}
 
 
+def set_passes_only(scene):
+    """What a tile of a frame with a finishing task renders: the render
+    layers without the compositor or denoising, with the denoising data
+    (albedo, normal) stored, every pass in a 32-bit float multilayer
+    OpenEXR. Returns a function that puts the scene back."""
+    r, c, im = scene.render, scene.cycles, scene.render.image_settings
+    saved = (r.use_compositing, c.use_denoising, im.file_format, im.color_depth, im.exr_codec,
+             [(vl, vl.cycles.denoising_store_passes) for vl in scene.view_layers])
+    r.use_compositing = False
+    c.use_denoising = False
+    for vl in scene.view_layers:
+        vl.cycles.denoising_store_passes = True
+    im.file_format = "OPEN_EXR_MULTILAYER"
+    im.color_depth = "32"
+    im.exr_codec = "ZIP"  # the stitched passes: lossless
+
+    def restore():
+        r.use_compositing, c.use_denoising = saved[0], saved[1]
+        im.file_format, im.color_depth, im.exr_codec = saved[2], saved[3], saved[4]
+        for vl, stored in saved[5]:
+            vl.cycles.denoising_store_passes = stored
+    return restore
+
+
+def finishing_compositor(scene, passes):
+    """Rebuilds the scene's compositor to run on the stitched passes
+    (a multilayer OpenEXR at `passes`) instead of a render: each Render
+    Layers node becomes an Image node of its view layer, its Image output
+    denoised as Cycles would have (the scene's denoising passes, prefilter
+    and quality). A scene without a compositor gets Image -> Denoise ->
+    Composite. With no Render Layers node left Blender renders nothing: it
+    composites and writes the scene's output, with its dither and stamp."""
+    r = scene.render
+    if not hasattr(scene, "node_tree"):
+        raise Unsupported("the finishing step drives the compositor of Blender 4.x; "
+                          "Blender %s keeps it elsewhere" % bpy.app.version_string)
+    comp = scene.node_tree if scene.use_nodes else None
+    compositing = bool(r.use_compositing and comp and len(comp.nodes) > 0)
+    if not compositing:
+        scene.use_nodes = True
+        t = scene.node_tree
+        for n in list(t.nodes):
+            t.nodes.remove(n)
+        rl = t.nodes.new("CompositorNodeRLayers")
+        rl.layer = bpy.context.view_layer.name
+        t.links.new(rl.outputs["Image"], t.nodes.new("CompositorNodeComposite").inputs["Image"])
+    r.use_compositing = True
+    t = scene.node_tree
+    image = bpy.data.images.load(passes, check_existing=False)
+    cycles = scene.cycles if r.engine == "CYCLES" else None
+    for rl in [n for n in t.nodes if n.bl_idname == "CompositorNodeRLayers"]:
+        layer = scene.view_layers.get(rl.layer)
+        src = t.nodes.new("CompositorNodeImage")
+        src.image = image
+        src.layer = rl.layer
+        outs = {o.name: o for o in src.outputs if o.enabled}
+        if "Combined" not in outs:
+            raise RuntimeError("the stitched passes lack view layer %r's Combined pass (%s)" % (
+                rl.layer, image.type))
+        image_out = outs["Combined"]
+        denoise = (cycles is not None and cycles.use_denoising and layer is not None
+                   and getattr(layer.cycles, "use_denoising", True))
+        if denoise:
+            dn = t.nodes.new("CompositorNodeDenoise")
+            dn.prefilter = cycles.denoising_prefilter
+            if hasattr(dn, "quality"):
+                dn.quality = cycles.denoising_quality
+            dn.use_hdr = True
+            t.links.new(outs["Combined"], dn.inputs["Image"])
+            wants = getattr(cycles, "denoising_input_passes", "RGB_ALBEDO_NORMAL")
+            if "ALBEDO" in wants:
+                t.links.new(outs["Denoising Albedo"], dn.inputs["Albedo"])
+            if "NORMAL" in wants:
+                t.links.new(outs["Denoising Normal"], dn.inputs["Normal"])
+            image_out = dn.outputs["Image"]
+        for sock in rl.outputs:
+            if not sock.links:
+                continue
+            if sock.name == "Image":
+                src_sock = image_out
+            elif sock.name == "Noisy Image":
+                src_sock = outs["Combined"]
+            elif sock.name in outs:
+                src_sock = outs[sock.name]
+            else:
+                raise RuntimeError("the compositor reads pass %r of view layer %r, which the "
+                                   "stitched passes lack" % (sock.name, rl.layer))
+            for link in list(sock.links):
+                t.links.new(src_sock, link.to_socket)
+        t.nodes.remove(rl)
+
+
 class Session:
     def __init__(self, cfg):
         self.cfg = cfg
@@ -944,6 +1044,19 @@ class Session:
             bw, bh = min(W, x + w + margin) - bx, min(H, y + h + margin) - by
             set_border(scene, W, H, bx, by, bw, bh)
 
+        passes_only = bool(cmd.get("passes", False))
+        if passes_only and not (raw and cmd.get("layers") and r.engine == "CYCLES"):
+            raise ValueError("passes are rendered by Cycles as raw multilayer OpenEXR tiles")
+        restore = set_passes_only(scene) if passes_only else None
+        try:
+            return self._render_task(scene, cmd, frame, out, raw, x, y, w, h, whole, n_samples,
+                                     subset)
+        finally:
+            if restore:
+                restore()
+
+    def _render_task(self, scene, cmd, frame, out, raw, x, y, w, h, whole, n_samples, subset):
+        r = scene.render
         missing = missing_feature(scene)
         if missing:
             raise Unsupported(missing)
@@ -1022,6 +1135,53 @@ class Session:
                 "subset": subset, "engine": r.engine, "crop": crop, "evidence": ev,
                 "asked_passes": asked}
 
+    def finish(self, cmd):
+        """The finishing task: composites (and denoises) the whole frame's
+        stitched passes and writes the scene's own output."""
+        scene = bpy.context.scene
+        r = scene.render
+        frame = cmd.get("frame")
+        if not isinstance(frame, int) or isinstance(frame, bool):
+            raise ValueError("frame must be an integer")
+        for key in ("out", "passes"):
+            v = cmd.get(key)
+            if not isinstance(v, str) or not os.path.isabs(v) or "\x00" in v:
+                raise ValueError("%s must be an absolute path" % key)
+        out, passes = cmd["out"], cmd["passes"]
+        if not os.path.isfile(passes):
+            raise ValueError("no stitched passes at %s" % passes)
+        if r.is_movie_format:
+            raise ValueError("a movie output cannot be finished frame by frame")
+        W = r.resolution_x * r.resolution_percentage // 100
+        H = r.resolution_y * r.resolution_percentage // 100
+        missing = missing_feature(scene)
+        if missing:
+            raise Unsupported(missing)
+        r.use_border = False
+        r.use_crop_to_border = False
+        if r.engine == "CYCLES":
+            set_sample_subset(scene.cycles, None, None)
+        finishing_compositor(scene, passes)
+        if self.scratch is None:
+            self.scratch = tempfile.mkdtemp(prefix="tessera-out-")
+        parent = os.path.dirname(out)
+        if parent:
+            os.makedirs(parent, exist_ok=True)
+        scene.frame_set(frame)
+        full = os.path.join(self.scratch, "frame")
+        r.filepath = full
+        r.use_file_extension = False
+        t0 = time.monotonic()
+        self._render(scene, write_still=True)
+        if not os.path.isfile(full):
+            raise RuntimeError("Blender wrote no image")
+        ev = evidence(full)
+        os.replace(full, out)
+        return {"ok": True, "out": out, "width": W, "height": H,
+                "ms": int((time.monotonic() - t0) * 1000), "samples": 0, "subset": False,
+                "engine": r.engine, "crop": None, "evidence": ev, "asked_passes": None,
+                "finished": True}
+
     def _render(self, scene, write_still):
         self.events.clear()
         res = bpy.ops.render.render(write_still=write_still, scene=scene.name)
@@ -1086,6 +1246,8 @@ def main():
                            "remapped": remap.remapped, "warnings": remap.warnings})
                 elif op == "render":
                     reply(sess.render(cmd))
+                elif op == "finish":
+                    reply(sess.finish(cmd))
                 else:
                     raise ValueError("unknown op %r" % (op,))
             except Exception as e:
