@@ -129,9 +129,10 @@ pub fn farm_scan_failed(blend: &Path, saved: BlenderVersion, farm: &str) -> anyh
     )
 }
 
-/// Reads a farm scan's JSON, bounded (a worker is not trusted), and checks
-/// the files it lists against this machine's disk.
-pub fn from_farm(json: &str) -> anyhow::Result<Scan> {
+/// Reads a farm scan's JSON of `blend`, bounded (a worker is not trusted):
+/// only files the `.blend` itself mentions are kept (see [`mentioned`]),
+/// then checked against this machine's disk.
+pub fn from_farm(json: &str, blend: &Path) -> anyhow::Result<Scan> {
     if json.len() > tessera_protocol::messages::MAX_SCAN_JSON {
         bail!("the farm's scan is {} bytes, more than allowed", json.len());
     }
@@ -154,8 +155,85 @@ pub fn from_farm(json: &str) -> anyhow::Result<Scan> {
     for w in &mut s.warnings {
         tessera_protocol::text::truncate_in_place(w, MAX_FARM_TEXT);
     }
+    let blend_dir = blend.parent().unwrap_or(Path::new("/"));
+    let needles: Vec<Vec<Vec<u8>>> = (s.files.iter())
+        .map(|f| needles(Path::new(&f.path), blend_dir))
+        .collect();
+    let all: Vec<&[u8]> = needles.iter().flatten().map(Vec::as_slice).collect();
+    let found = mentioned(blend, &all)?;
+    let mut k = 0;
+    let mut keep = Vec::with_capacity(s.files.len());
+    for (f, n) in std::mem::take(&mut s.files).into_iter().zip(&needles) {
+        let ok = !n.is_empty() && found[k..k + n.len()].iter().all(|&x| x);
+        k += n.len();
+        if ok {
+            keep.push(f);
+        } else {
+            s.warnings.push(format!(
+                "the farm's scan named {}, which `{}` does not mention: not uploaded",
+                f.path,
+                blend.display()
+            ));
+        }
+    }
+    s.files = keep;
     check_on_disk(&mut s);
     Ok(s)
+}
+
+/// What a `.blend` must contain for a file a farm scan names to be believed:
+/// the file's name up to its first digit or `<` (a sequence's frame number
+/// or a UDIM token may differ from the stored one), and the name of its
+/// folder unless that is the `.blend`'s own. Blender stores every path it
+/// references as text, so a worker cannot make the client upload a file
+/// (`~/.ssh/id_rsa`, say) the scene never named.
+fn needles(path: &Path, blend_dir: &Path) -> Vec<Vec<u8>> {
+    let text = |o: &std::ffi::OsStr| o.as_encoded_bytes().to_vec();
+    let mut n = Vec::new();
+    if let Some(name) = path.file_name().and_then(|s| s.to_str()) {
+        let cut = name.find(|c: char| c.is_ascii_digit() || c == '<');
+        let stem = &name[..cut.unwrap_or(name.len())];
+        if stem.len() >= 2 {
+            n.push(stem.as_bytes().to_vec());
+        } else if let Some(ext) = path.extension() {
+            n.push([b".".as_slice(), ext.as_encoded_bytes()].concat());
+        }
+    }
+    if let Some(parent) = path.parent().filter(|p| *p != blend_dir) {
+        n.extend(parent.file_name().map(text));
+    }
+    n
+}
+
+/// Which of `needles` occur in `blend` as Blender reads it (decompressed),
+/// read in blocks with an overlap, so memory stays bounded whatever the
+/// file's size.
+fn mentioned(blend: &Path, needles: &[&[u8]]) -> anyhow::Result<Vec<bool>> {
+    use std::io::Read;
+    const BLOCK: usize = 4 << 20;
+    let mut found = vec![false; needles.len()];
+    let overlap = needles.iter().map(|n| n.len()).max().unwrap_or(1).max(1) - 1;
+    let finders: Vec<memchr::memmem::Finder> = needles
+        .iter()
+        .map(|n| memchr::memmem::Finder::new(n))
+        .collect();
+    let mut r = blender_runtime::open_blend(blend)?;
+    let mut buf = vec![0u8; BLOCK + overlap];
+    let mut kept = 0;
+    loop {
+        let n = r
+            .read(&mut buf[kept..])
+            .with_context(|| format!("cannot read {}", blend.display()))?;
+        let len = kept + n;
+        for (hit, f) in found.iter_mut().zip(&finders) {
+            *hit = *hit || f.find(&buf[..len]).is_some();
+        }
+        if n == 0 || found.iter().all(|&x| x) {
+            return Ok(found);
+        }
+        kept = overlap.min(len);
+        buf.copy_within(len - kept..len, 0);
+    }
 }
 
 /// What the local scan does on the disk, for a farm scan's list: whether
@@ -403,7 +481,14 @@ mod tests {
              {{"path": "{d}/lost.abc", "kind": "other", "user": "unknown", "exists": false, "check": "optional"}}
             ]}}"#
         );
-        let s = from_farm(&json).unwrap();
+        // What the file itself names, as Blender stores paths.
+        let blend = dir.join("scene.blend");
+        std::fs::write(
+            &blend,
+            b"BLENDER-v405 //rel.png\0//nope.png\0//seq/s_0001.png\0//cache\0//gone.blend\0//lost.abc\0",
+        )
+        .unwrap();
+        let s = from_farm(&json, &blend).unwrap();
         let got: Vec<(String, bool)> = (s.files.iter())
             .map(|f| {
                 (
@@ -432,12 +517,31 @@ mod tests {
             .any(|w| w.contains("referenced path not found") && w.contains("lost.abc")));
         // A relative path or an over-long one is refused.
         let bad = json.replace(&format!("{d}/rel.png"), "rel.png");
-        assert!(from_farm(&bad).is_err());
+        assert!(from_farm(&bad, &blend).is_err());
         let long = json.replace(
             &format!("{d}/rel.png"),
             &format!("/{}", "a".repeat(MAX_FARM_TEXT)),
         );
-        assert!(from_farm(&long).is_err());
+        assert!(from_farm(&long, &blend).is_err());
+        // A file the .blend never names is not believed, nor is `/`: a
+        // worker cannot make the client upload what the scene does not use.
+        std::fs::create_dir_all(dir.join("secret")).unwrap();
+        std::fs::write(dir.join("secret/id_rsa"), b"key").unwrap();
+        for planted in [format!("{d}/secret/id_rsa"), "/".to_string()] {
+            let json = json.replace(&format!("{d}/rel.png"), &planted);
+            let s = from_farm(&json, &blend).unwrap();
+            assert!(s
+                .files
+                .iter()
+                .all(|f| !f.path.contains("id_rsa") && f.path != "/"));
+            assert!(
+                s.warnings
+                    .iter()
+                    .any(|w| w.contains(&planted) && w.contains("does not mention")),
+                "{:?}",
+                s.warnings
+            );
+        }
         let _ = std::fs::remove_dir_all(&dir);
     }
 }

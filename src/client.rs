@@ -762,7 +762,7 @@ async fn scan_on_farm(
         version,
     };
     match client.call(&request).await? {
-        ClientResponse::Scanned { worker, json } => Ok((blend::from_farm(&json)?, worker)),
+        ClientResponse::Scanned { worker, json } => Ok((blend::from_farm(&json, blend)?, worker)),
         other => bail!("unexpected reply {other:?}"),
     }
 }

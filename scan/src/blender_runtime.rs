@@ -464,23 +464,85 @@ pub fn auto_device(devices: &[String]) -> &'static str {
 /// The Blender that saved `path`, from its header; gzip- and
 /// zstd-compressed files are read through their first bytes.
 pub fn file_version(path: &Path) -> anyhow::Result<BlenderVersion> {
+    let mut head = [0u8; HEADER_LEN];
+    let got = read_up_to(&mut open_blend(path)?, &mut head)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    header_version(&head[..got]).with_context(|| format!("`{}`", path.display()))
+}
+
+/// A `.blend` as Blender reads it: gzip- and zstd-compressed files
+/// decompressed as they are read.
+pub fn open_blend(path: &Path) -> anyhow::Result<Box<dyn Read>> {
     let mut file =
         std::fs::File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
     let mut magic = [0u8; 4];
-    let n = read_up_to(&mut file, &mut magic)?;
-    let rest = std::io::Read::chain(&magic[..n], file);
-    let mut head = [0u8; HEADER_LEN];
-    let got = match magic {
-        [0x28, 0xb5, 0x2f, 0xfd] => {
-            let mut dec = ruzstd::decoding::StreamingDecoder::new(rest)
-                .map_err(|e| anyhow::anyhow!("{}: broken zstd data: {e}", path.display()))?;
-            read_up_to(&mut dec, &mut head)
+    let n = read_up_to(&mut file, &mut magic)
+        .with_context(|| format!("cannot read {}", path.display()))?;
+    let rest = std::io::Read::chain(std::io::Cursor::new(magic[..n].to_vec()), file);
+    Ok(match magic {
+        [0x28, 0xb5, 0x2f, 0xfd] => Box::new(ZstdFrames {
+            src: rest,
+            dec: ruzstd::decoding::FrameDecoder::new(),
+            live: false,
+            done: false,
+        }),
+        [0x1f, 0x8b, ..] => Box::new(flate2::read::GzDecoder::new(rest)),
+        _ => Box::new(rest),
+    })
+}
+
+/// Every frame of a zstd stream, decompressed in turn: Blender writes a
+/// compressed `.blend` as many frames, with a skippable seek table after
+/// them.
+struct ZstdFrames<R: Read> {
+    src: R,
+    dec: ruzstd::decoding::FrameDecoder,
+    /// A frame is being decoded.
+    live: bool,
+    /// The stream ended.
+    done: bool,
+}
+
+impl<R: Read> Read for ZstdFrames<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        use ruzstd::decoding::errors::{FrameDecoderError as F, ReadFrameHeaderError as H};
+        use ruzstd::decoding::BlockDecodingStrategy;
+        loop {
+            if self.done || buf.is_empty() {
+                return Ok(0);
+            }
+            if !self.live {
+                match self.dec.init(&mut self.src) {
+                    Ok(()) => self.live = true,
+                    Err(F::ReadFrameHeaderError(H::SkipFrame { length, .. })) => {
+                        let skip = &mut (&mut self.src).take(u64::from(length));
+                        std::io::copy(skip, &mut std::io::sink())?;
+                        continue;
+                    }
+                    Err(F::ReadFrameHeaderError(H::MagicNumberReadError(e)))
+                        if e.kind() == std::io::ErrorKind::UnexpectedEof =>
+                    {
+                        self.done = true;
+                        return Ok(0);
+                    }
+                    Err(e) => return Err(std::io::Error::other(e)),
+                }
+            }
+            while self.dec.can_collect() < buf.len() && !self.dec.is_finished() {
+                let need = buf.len() - self.dec.can_collect();
+                (self.dec)
+                    .decode_blocks(&mut self.src, BlockDecodingStrategy::UptoBytes(need))
+                    .map_err(std::io::Error::other)?;
+            }
+            let n = self.dec.read(buf)?;
+            if n > 0 {
+                return Ok(n);
+            }
+            if self.dec.is_finished() {
+                self.live = false;
+            }
         }
-        [0x1f, 0x8b, ..] => read_up_to(&mut flate2::read::GzDecoder::new(rest), &mut head),
-        _ => read_up_to(&mut { rest }, &mut head),
     }
-    .with_context(|| format!("cannot read {}", path.display()))?;
-    header_version(&head[..got]).with_context(|| format!("`{}`", path.display()))
 }
 
 fn read_up_to(r: &mut impl Read, buf: &mut [u8]) -> std::io::Result<usize> {
@@ -505,6 +567,21 @@ mod tests {
         let zstd = file_version(&dir.join("shot_zstd.blend")).unwrap();
         assert_eq!(plain.series(), (3, 4));
         assert_eq!(zstd, plain);
+        // Read whole, a zstd file is every one of its frames: it ends with
+        // the ENDB block, as the plain file does.
+        let whole = |name: &str| {
+            let mut bytes = Vec::new();
+            open_blend(&dir.join(name))
+                .unwrap()
+                .read_to_end(&mut bytes)
+                .unwrap();
+            bytes
+        };
+        for bytes in [whole("shot.blend"), whole("shot_zstd.blend")] {
+            assert!(bytes.starts_with(b"BLENDER"));
+            let tail = &bytes[bytes.len().saturating_sub(64)..];
+            assert!(tail.windows(4).any(|w| w == b"ENDB"), "{tail:?}");
+        }
         let tmp = std::env::temp_dir().join(format!("tessera-gz-{}.blend", std::process::id()));
         let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
         std::io::Write::write_all(&mut gz, b"BLENDER-v405REND\0\0\0").unwrap();
