@@ -213,10 +213,8 @@ fn mentioned(blend: &Path, needles: &[&[u8]]) -> anyhow::Result<Vec<bool>> {
     const BLOCK: usize = 4 << 20;
     let mut found = vec![false; needles.len()];
     let overlap = needles.iter().map(|n| n.len()).max().unwrap_or(1).max(1) - 1;
-    let finders: Vec<memchr::memmem::Finder> = needles
-        .iter()
-        .map(|n| memchr::memmem::Finder::new(n))
-        .collect();
+    let finders: Vec<memchr::memmem::Finder> =
+        needles.iter().map(memchr::memmem::Finder::new).collect();
     let mut r = blender_runtime::open_blend(blend)?;
     let mut buf = vec![0u8; BLOCK + overlap];
     let mut kept = 0;
