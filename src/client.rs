@@ -587,9 +587,18 @@ async fn scan_blend(
             bail!("the scene's output format {other} can only be rendered as whole frames: submit without --tiles and --sample-ranges, or set it to PNG or OpenEXR")
         }
     };
-    // `auto` splits only what merges exactly: Cycles to EXR, not denoised.
+    // `auto` splits only what merges exactly: Cycles to EXR, not denoised,
+    // and not composited unless a finishing task composites the whole
+    // frame (an unsplit frame has none).
     let sample_ranges = match opts.sample_ranges {
-        SAMPLE_RANGES_AUTO if !cycles || output != OutputFormat::Exr || s.use_denoising => 1,
+        SAMPLE_RANGES_AUTO
+            if !cycles
+                || output != OutputFormat::Exr
+                || s.use_denoising
+                || (s.compositing && !finish) =>
+        {
+            1
+        }
         k => k,
     };
     if !cycles && (opts.tiles.count() > 1 || sample_ranges > 1) {
