@@ -1,0 +1,10 @@
+//! The fleet: rents worker nodes from GPU providers when the queue needs
+//! them, watches them, and returns them when it does not, within a budget.
+//!
+//! `provider` is the one boundary every provider adapter implements (local
+//! processes, Docker containers, Vast.ai, RunPod, Lambda, Paperspace,
+//! Kubernetes). The policy that decides what to rent never talks to a
+//! provider directly; it sees offers and node states and asks for launches
+//! and releases.
+
+pub mod provider;
