@@ -95,6 +95,10 @@ enum Command {
         /// their assets (for comparisons).
         #[arg(long)]
         no_cache_affinity: bool,
+        /// Hand each worker slot only the task it renders, not its next
+        /// ones too (pipelined leases are on by default; for comparisons).
+        #[arg(long)]
+        no_pipelining: bool,
         /// How long a finished job's assets and frames are kept before
         /// garbage collection may remove them (e.g. 7d, 12h, 30m, 0s).
         #[arg(long, default_value = "7d", value_parser = parse_duration)]
@@ -530,6 +534,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             heartbeat_ms,
             lease_ms,
             no_cache_affinity,
+            no_pipelining,
             retention,
             scrub_mb_per_sec,
         } => {
@@ -541,6 +546,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             config.heartbeat_ms = heartbeat_ms;
             config.lease_ms = lease_ms.max(heartbeat_ms);
             config.cache_affinity = !no_cache_affinity;
+            config.pipelining = !no_pipelining;
             config.retention = retention;
             let coordinator = tessera_coordinator::server::start(config).await?;
             // Scripts read the first line to learn the address; a closed

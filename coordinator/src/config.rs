@@ -25,6 +25,9 @@ pub struct Config {
     pub straggler_percent: u32,
     /// Prefer workers whose cache holds a task's assets.
     pub cache_affinity: bool,
+    /// Pipelined leases: each worker slot also holds its next tasks
+    /// (see `Scheduler::set_pipelining`).
+    pub pipelining: bool,
     /// How long a finished job's assets and frames are kept.
     pub retention: Duration,
     /// How fast the background scrub re-reads the blob store, in bytes per
@@ -47,6 +50,7 @@ impl Config {
             retry_backoff_ms: 1000,
             straggler_percent: 300,
             cache_affinity: true,
+            pipelining: true,
             retention: Duration::from_secs(7 * 24 * 3600),
             scrub_bytes_per_sec: 16 << 20,
             checkpoint_every: Duration::from_secs(1),

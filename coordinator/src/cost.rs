@@ -10,7 +10,9 @@ use crate::scheduler::{JobId, Millis, TaskKey, WorkerId};
 struct OpenLease {
     worker: WorkerId,
     usd_per_hour: f64,
-    started: Millis,
+    /// When billing started; `None` while the lease waits queued behind
+    /// its worker's render slots (pipelining), which costs nothing.
+    started: Option<Millis>,
 }
 
 #[derive(Default, Clone, Copy)]
@@ -27,8 +29,10 @@ pub struct Ledger {
     jobs: HashMap<JobId, JobCost>,
 }
 
-fn cost(usd_per_hour: f64, from: Millis, to: Millis) -> f64 {
-    usd_per_hour * to.saturating_sub(from) as f64 / 3_600_000.0
+fn cost(usd_per_hour: f64, from: Option<Millis>, to: Millis) -> f64 {
+    from.map_or(0.0, |from| {
+        usd_per_hour * to.saturating_sub(from) as f64 / 3_600_000.0
+    })
 }
 
 impl Ledger {
@@ -64,9 +68,30 @@ impl Ledger {
             OpenLease {
                 worker,
                 usd_per_hour,
-                started: now,
+                started: Some(now),
             },
         );
+    }
+
+    /// Opens a lease queued behind its worker's render slots: billed only
+    /// from [`Ledger::lease_rendering`] on, so a worker holding its next
+    /// tasks is not billed twice for one slot's time.
+    pub fn lease_queued(&mut self, task: TaskKey, worker: WorkerId, usd_per_hour: f64) {
+        self.open.insert(
+            (task, worker),
+            OpenLease {
+                worker,
+                usd_per_hour,
+                started: None,
+            },
+        );
+    }
+
+    /// A queued lease moved up to a render slot at `at`: billing starts.
+    pub fn lease_rendering(&mut self, task: TaskKey, worker: WorkerId, at: Millis) {
+        if let Some(lease) = self.open.get_mut(&(task, worker)) {
+            lease.started.get_or_insert(at);
+        }
     }
 
     /// Bills a lease a rejoining worker kept: one already open (the same
@@ -85,7 +110,7 @@ impl Ledger {
         let lease = earlier.unwrap_or(OpenLease {
             worker,
             usd_per_hour,
-            started: now,
+            started: Some(now),
         });
         self.open
             .insert((task, worker), OpenLease { worker, ..lease });
@@ -169,6 +194,23 @@ mod tests {
         assert!(!l.is_busy(1));
         // Ending an unknown lease costs nothing.
         assert_eq!(l.lease_ended(key(3, 0), 1, true, 1), 0.0);
+    }
+
+    #[test]
+    fn a_queued_lease_is_billed_from_when_it_renders() {
+        let mut l = Ledger::default();
+        // One slot at $3.60/h renders task 0 for 10 s while task 1 waits
+        // queued behind it, then renders task 1 for 10 s.
+        l.lease_started(key(1, 0), 1, 3.60, 0);
+        l.lease_queued(key(1, 1), 1, 3.60);
+        assert!((l.job_cost(1, 5_000) - 0.005).abs() < 1e-12);
+        l.lease_ended(key(1, 0), 1, true, 10_000);
+        l.lease_rendering(key(1, 1), 1, 10_000);
+        l.lease_ended(key(1, 1), 1, true, 20_000);
+        assert!((l.closed_cost(1) - 0.02).abs() < 1e-12, "20 s of one slot");
+        // A queued lease handed back before it rendered costs nothing.
+        l.lease_queued(key(1, 2), 1, 3.60);
+        assert_eq!(l.lease_ended(key(1, 2), 1, false, 30_000), 0.0);
     }
 
     #[test]

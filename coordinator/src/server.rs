@@ -333,6 +333,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             straggler_percent: config.straggler_percent,
         },
         cache_affinity: config.cache_affinity,
+        pipelining: config.pipelining,
         heartbeat_ms: config.heartbeat_ms,
         lease_ms: config.lease_ms,
     });

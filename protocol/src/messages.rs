@@ -41,8 +41,10 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
     }
 }
 
-/// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 10;
+/// Bumped whenever a message changes shape or meaning (11: a worker may
+/// be assigned more tasks than it has slots, and renders at most its slots'
+/// worth at once, the others queued in the order assigned).
+pub const PROTOCOL_VERSION: u32 = 11;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -210,6 +212,9 @@ pub enum CoordMsg {
         lease_ms: u64,
     },
     Job(JobInfo),
+    /// A lease. A worker may hold more than its slots (pipelined leases):
+    /// it fetches every assigned task's files at once, renders at most one
+    /// task per slot, and starts the others in the order they came.
     Assign(TaskSpec),
     /// Stop working on this lease; its result would be refused.
     Cancel(TaskRef),

@@ -19,7 +19,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Timing, TransportError};
 use tessera_protocol::Digest;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::{mpsc, watch, Semaphore};
 
 use crate::cache::Cache;
 use crate::engine::Engine;
@@ -59,6 +59,7 @@ pub struct Config {
 /// coordinator restart or a dropped link costs no finished work.
 pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let cache = Arc::new(Cache::open(&config.cache_dir, config.cache_max)?);
+    let slots = Arc::new(Semaphore::new(config.slots.max(1) as usize));
     let config = Arc::new(config);
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let mut held = Held {
@@ -66,6 +67,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
         finished_tx,
         finished_rx,
         link: Arc::new(Mutex::new(None)),
+        slots,
     };
     let mut backoff = Duration::from_millis(200);
     loop {
@@ -121,6 +123,10 @@ struct Held {
     /// The current connection's outgoing messages, for progress reports
     /// from renders that started over an earlier one.
     link: Link,
+    /// One permit per render slot: a task assigned beyond the slots
+    /// (pipelined leases) fetches its files, then waits here for its turn,
+    /// in the order tasks were assigned (the semaphore is fair).
+    slots: Arc<Semaphore>,
 }
 
 type Link = Arc<Mutex<Option<mpsc::UnboundedSender<WorkerMsg>>>>;
@@ -246,6 +252,7 @@ async fn session(
             conn: conn.clone(),
             link: held.link.clone(),
             finished: held.finished_tx.clone(),
+            slots: held.slots.clone(),
         };
         if on_message(held, env, &tx, msg) {
             draining = true;
@@ -479,6 +486,7 @@ struct TaskEnv {
     conn: quinn::Connection,
     link: Link,
     finished: mpsc::UnboundedSender<(TaskRef, Outcome)>,
+    slots: Arc<Semaphore>,
 }
 
 async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc<AtomicBool>) {
@@ -488,9 +496,10 @@ async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc
         conn,
         link,
         finished,
+        slots,
     } = env;
     let t = task.task;
-    let outcome = match render(&config, &cache, &conn, link, &job, &task, canceled).await {
+    let outcome = match render(&config, &cache, &conn, link, &job, &task, canceled, &slots).await {
         Ok(report) => Outcome::Report(report),
         Err(e) if matches!(e, RenderError::Fetch(_)) && conn.close_reason().is_some() => {
             tracing::warn!(
@@ -531,6 +540,7 @@ enum RenderError {
     Render(anyhow::Error),
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn render(
     config: &Config,
     cache: &Cache,
@@ -539,6 +549,7 @@ async fn render(
     job: &Arc<JobInfo>,
     task: &TaskSpec,
     canceled: Arc<AtomicBool>,
+    slots: &Semaphore,
 ) -> Result<Report, RenderError> {
     let engine = config
         .engines
@@ -573,6 +584,9 @@ async fn render(
             let _ = tx.send(WorkerMsg::Cached { added, removed });
         }
     }
+    // Its files are here; it renders once a slot is free (a task queued
+    // behind the slots waits here, and is aborted here when canceled).
+    let _slot = slots.acquire().await.expect("the slot semaphore is never closed");
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
     let t = task.task;

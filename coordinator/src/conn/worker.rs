@@ -18,7 +18,7 @@ use tessera_protocol::transport::Channel;
 use tessera_protocol::Digest;
 use tokio::sync::mpsc;
 
-use crate::scheduler::WorkerId;
+use crate::scheduler::{WorkerId, MAX_AHEAD_PER_SLOT};
 use crate::server::{unix_ms, Shared};
 
 pub(super) async fn serve(
@@ -52,6 +52,11 @@ pub(super) async fn serve(
     });
     let result = async {
         while let Some(msg) = read_frame::<WorkerMsg, _>(&mut recv).await? {
+            if let WorkerMsg::Heartbeat { .. } = msg {
+                // Its lease depth follows the round trip.
+                let rtt = conn.rtt().as_millis() as u64;
+                shared.update(|core, _| core.worker_rtt(id, rtt));
+            }
             handle(&shared, id, msg);
         }
         anyhow::Ok(())
@@ -67,13 +72,15 @@ pub(super) async fn serve(
 
 /// What a worker's `Join` may claim: a price that is a finite amount ≥ 0,
 /// at most [`MAX_SLOTS`] slots, a host name of [`MAX_NAME`] bytes, as many
-/// held tasks as it has slots and [`MAX_CACHED_DIGESTS`] cached files;
+/// held tasks as its slots and the tasks queued behind them may be
+/// ([`MAX_AHEAD_PER_SLOT`] a slot) and [`MAX_CACHED_DIGESTS`] cached files;
 /// more is cut off, a bad price refuses the worker.
 fn bound_join(info: &mut WorkerInfo) -> Result<(), String> {
     check_price(info.price_per_hour)?;
     info.slots = info.slots.min(MAX_SLOTS);
     text::truncate_in_place(&mut info.hostname, MAX_NAME);
-    info.holding.truncate(info.slots as usize);
+    let held = info.slots.saturating_mul(1 + MAX_AHEAD_PER_SLOT);
+    info.holding.truncate(held as usize);
     info.cached.truncate(MAX_CACHED_DIGESTS);
     Ok(())
 }

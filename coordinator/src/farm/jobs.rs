@@ -275,6 +275,7 @@ impl FarmCore {
         w.draining = true;
         tracing::info!(worker, "worker asked to drain");
         self.send(worker, CoordMsg::Drain);
+        self.hand_back_queued(worker);
         true
     }
 

@@ -53,6 +53,8 @@ pub struct Now {
 pub struct FarmConfig {
     pub scheduler: scheduler::Config,
     pub cache_affinity: bool,
+    /// Pipelined leases (see `Scheduler::set_pipelining`).
+    pub pipelining: bool,
     pub heartbeat_ms: u64,
     pub lease_ms: u64,
 }
@@ -211,6 +213,7 @@ impl FarmCore {
     pub fn new(config: FarmConfig) -> FarmCore {
         let mut sched = Scheduler::new(config.scheduler);
         sched.set_affinity(config.cache_affinity);
+        sched.set_pipelining(config.pipelining);
         FarmCore {
             config,
             sched,
@@ -233,7 +236,17 @@ impl FarmCore {
 
     /// What the shell must do now, oldest first.
     pub fn take_effects(&mut self) -> Vec<Effect> {
+        // A queued lease is billed from when it moved up to a render slot.
+        for (a, at) in self.sched.take_promoted() {
+            self.ledger.lease_rendering(a.task, a.worker, at);
+        }
         std::mem::take(&mut self.effects)
+    }
+
+    /// The round-trip time of worker `id`'s connection, for its lease
+    /// depth.
+    pub fn worker_rtt(&mut self, id: WorkerId, rtt_ms: Millis) {
+        self.sched.set_worker_rtt(id, rtt_ms);
     }
 
     fn send(&mut self, worker: WorkerId, msg: CoordMsg) {
@@ -409,6 +422,17 @@ impl FarmCore {
             for a in self.sched.assign(now.ms) {
                 self.lease_started(a, now);
             }
+            // Queued tasks an idle worker stole from a busy one.
+            let stolen = self.sched.take_superseded();
+            for s in &stolen {
+                tracing::info!(
+                    job = s.task.job,
+                    task = s.task.index,
+                    worker = s.worker,
+                    "stolen: a task queued behind a busy slot went to an idle worker"
+                );
+            }
+            self.send_cancels(&stolen, now);
         }
         for task in self.lost.due(now.ms) {
             self.lease_lost(task, now);
@@ -426,7 +450,11 @@ impl FarmCore {
     /// Bills a new lease and sends it (with its job, the first time).
     fn lease_started(&mut self, a: scheduler::Assignment, now: Now) {
         let price = (self.workers.get(&a.worker)).map_or(0.0, |w| w.info.price_per_hour);
-        self.ledger.lease_started(a.task, a.worker, price, now.ms);
+        if self.sched.is_queued(a.worker, a.task) {
+            self.ledger.lease_queued(a.task, a.worker, price);
+        } else {
+            self.ledger.lease_started(a.task, a.worker, price, now.ms);
+        }
         let event = FarmEvent::TaskStarted {
             job: a.task.job,
             index: a.task.index,

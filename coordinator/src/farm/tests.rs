@@ -32,6 +32,7 @@ fn config(max_attempts: u32) -> FarmConfig {
             straggler_percent: 0,
         },
         cache_affinity: true,
+        pipelining: false,
         heartbeat_ms: LEASE / 4,
         lease_ms: LEASE,
     }
@@ -1313,4 +1314,70 @@ fn a_farm_scan_goes_to_the_closest_blender_not_older_than_the_file() {
     assert_eq!(farm.core.scanner_for(v(4, 5)).map(|w| w.0), Some(five));
     farm.leave(five);
     assert_eq!(farm.core.scanner_for(v(4, 5)), None);
+}
+
+/// Worker `w`'s lease on task `index` (of whichever job).
+fn held_lease(farm: &Farm, w: WorkerId, index: u32) -> TaskRef {
+    let (task, epoch) = (farm.core.sched.running_on(w).into_iter())
+        .find(|(t, _)| t.index == index)
+        .expect("the worker holds the task");
+    lease_ref(task, epoch)
+}
+
+/// A farm core with pipelined leases on.
+fn pipelined_farm() -> Farm {
+    let mut farm = Farm::new(3);
+    farm.core.sched.set_pipelining(true);
+    farm
+}
+
+/// Pipelined leases end to end through the core: a one-slot worker holds
+/// its next task; a worker joining idle steals it, and the first holder is
+/// told to drop it. Every task is committed once.
+#[test]
+fn a_queued_task_is_stolen_by_an_idle_worker_and_canceled_on_the_busy_one() {
+    let mut farm = pipelined_farm();
+    let mut db = BTreeSet::new();
+    let job = farm.submit(spec("a", 3, 1));
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert_eq!(
+        kinds(&farm.read(w1)),
+        ["joined", "job 1", "assign 1/0", "assign 1/1"]
+    );
+    farm.at(100);
+    let first = held_lease(&farm, w1, 0);
+    farm.done(w1, first);
+    farm.commit_all(&mut db);
+    farm.dispatch();
+    assert_eq!(kinds(&farm.read(w1)), ["ack 1/0 true", "assign 1/2"]);
+    let w2 = farm.join("w2", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert_eq!(kinds(&farm.read(w2)), ["joined", "job 1", "assign 1/2"]);
+    assert_eq!(kinds(&farm.read(w1)), ["cancel 1/2"]);
+    for (w, index) in [(w2, 2), (w1, 1)] {
+        let lease = held_lease(&farm, w, index);
+        farm.done(w, lease);
+    }
+    farm.commit_all(&mut db);
+    farm.stitch_all();
+    assert_eq!(farm.records, [(job, JobState::Done, None)]);
+    assert_eq!(db.len(), 3);
+}
+
+/// A worker shutting down hands back the tasks queued behind its slots at
+/// once (it is told to drop them); it finishes the one it renders.
+#[test]
+fn a_draining_worker_hands_back_the_tasks_queued_behind_its_slots() {
+    let mut farm = pipelined_farm();
+    farm.submit(spec("a", 2, 1));
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    farm.read(w1);
+    farm.msg(w1, WorkerMsg::Draining);
+    assert_eq!(kinds(&farm.read(w1)), ["cancel 1/1"]);
+    let w2 = farm.join("w2", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert_eq!(kinds(&farm.read(w2)), ["joined", "job 1", "assign 1/1"]);
+    assert_eq!(farm.core.sched.running_on(w1).len(), 1);
 }

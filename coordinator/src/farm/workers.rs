@@ -263,6 +263,28 @@ impl FarmCore {
         }
     }
 
+    /// A draining worker's tasks queued behind its render slots went back
+    /// to their queues: it drops them, and the others take them.
+    pub(super) fn hand_back_queued(&mut self, worker: WorkerId) {
+        let handed = self.sched.take_superseded();
+        if !handed.is_empty() {
+            tracing::info!(
+                worker,
+                handed_back = handed.len(),
+                "draining: queued tasks handed back"
+            );
+            // Not `now`-dependent: a canceled lease bills nothing more.
+            for lease in &handed {
+                self.ledger.lease_ended(lease.task, lease.worker, false, 0);
+                self.send(
+                    lease.worker,
+                    CoordMsg::Cancel(lease_ref(lease.task, lease.epoch)),
+                );
+            }
+            self.effects.push(Effect::Wake);
+        }
+    }
+
     /// Tells the holders of `leases` to stop working on them (the leases
     /// have ended).
     pub(super) fn send_cancels(&mut self, leases: &[scheduler::Assignment], now: Now) {
@@ -291,6 +313,7 @@ impl FarmCore {
             }
             WorkerMsg::Draining => {
                 self.sched.drain_worker(id);
+                self.hand_back_queued(id);
                 if let Some(w) = self.workers.get_mut(&id) {
                     w.draining = true;
                     tracing::info!(

@@ -51,6 +51,11 @@ pub const TRUSTED_SLOTS: u32 = 4;
 /// Virtual time in milliseconds, always passed in by the caller.
 pub type Millis = u64;
 
+/// With pipelining on, the most tasks a worker holds queued behind each of
+/// its render slots: enough to cover a round trip of up to this many task
+/// times. The lease depth is `ceil(RTT / task time)` between 1 and this.
+pub const MAX_AHEAD_PER_SLOT: u32 = 8;
+
 /// One task of a job (a frame, a tile or a sample range), named by its index
 /// within the job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -317,11 +322,41 @@ struct Worker {
     last_seen: Millis,
     /// Finishing its leases, then leaving: no new work.
     draining: bool,
+    /// Its connection's round-trip time, as the shell last measured it.
+    rtt_ms: Millis,
+    /// Its recent tasks' time, from the start of rendering (as far as the
+    /// scheduler can tell) to the result; a moving average.
+    task_ms: Option<Millis>,
 }
 
 impl Worker {
+    /// A render slot is free: it takes a task to render now, or a
+    /// straggler's second attempt, or steals a queued one.
     fn has_free_slot(&self) -> bool {
         !self.draining && self.leases.len() < self.usable_slots() as usize
+    }
+
+    /// It takes another lease, `ahead` counting the leases it may hold
+    /// queued behind its render slots (0 without pipelining).
+    fn has_room(&self, ahead: u32) -> bool {
+        !self.draining && self.leases.len() < (self.usable_slots() + ahead) as usize
+    }
+
+    /// Leases it may hold queued behind its render slots: per slot,
+    /// enough tasks to cover one round trip (`ceil(RTT / task time)`),
+    /// at least 1 and at most [`MAX_AHEAD_PER_SLOT`]; and all its leases
+    /// together no more than it has proven ([`TRUSTED_SLOTS`] plus one per
+    /// result), so queued leases are earned like slots.
+    fn ahead(&self) -> u32 {
+        let depth = match self.task_ms {
+            Some(task) => self.rtt_ms.div_ceil(task.max(1)),
+            None => 1,
+        };
+        let depth = depth.clamp(1, u64::from(MAX_AHEAD_PER_SLOT)) as u32;
+        let usable = self.usable_slots();
+        let all = (usable.saturating_mul(1 + depth))
+            .min(TRUSTED_SLOTS.saturating_add(self.proven));
+        all.saturating_sub(usable)
     }
 
     /// Its claimed slots, as far as it has proven them.
@@ -339,8 +374,12 @@ struct Lease {
     worker: WorkerId,
     epoch: Epoch,
     deadline: Millis,
-    /// When it was granted.
+    /// When it was granted, or when it started rendering if it was queued.
     started: Millis,
+    /// Held by its worker behind the tasks its slots render (pipelining):
+    /// not rendering yet, so not a straggler, and another worker with an
+    /// idle slot may steal it.
+    queued: bool,
 }
 
 /// A task's ordinary lease, or the second one of a straggler.
@@ -389,6 +428,15 @@ pub struct Scheduler {
     /// that can render it (see [`blender`]).
     blender_needs: HashMap<JobId, BlenderNeeds>,
     blender_offers: HashMap<WorkerId, Vec<BlenderOffer>>,
+    /// Pipelined leases: a worker also holds the next tasks of each slot
+    /// (see [`Scheduler::set_pipelining`]).
+    pipelining: bool,
+    /// The latest `now` any call passed in: when a queued lease that moves
+    /// up to a render slot started rendering.
+    clock: Millis,
+    /// Queued leases that moved up to a render slot, with when (see
+    /// [`Scheduler::take_promoted`]).
+    promoted: Vec<(Assignment, Millis)>,
 }
 
 #[derive(Default)]
@@ -438,6 +486,117 @@ impl Scheduler {
             affinity: Affinity::default(),
             blender_needs: HashMap::new(),
             blender_offers: HashMap::new(),
+            pipelining: false,
+            clock: 0,
+            promoted: Vec::new(),
+        }
+    }
+
+    /// Turns pipelined leases on or off (off by default). With them on, a
+    /// worker holds, besides a task for each render slot, the next tasks
+    /// of each slot ([`MAX_AHEAD_PER_SLOT`] at most, as many as its
+    /// round trip takes task times), so it fetches their files and starts
+    /// them without waiting for a round trip. A queued task is never stuck
+    /// behind a busy slot: a worker with an idle slot and nothing else to
+    /// do steals it, and a draining worker hands its queued tasks back.
+    pub fn set_pipelining(&mut self, on: bool) {
+        self.pipelining = on;
+    }
+
+    /// `worker`'s connection's round-trip time, for its lease depth.
+    pub fn set_worker_rtt(&mut self, worker: WorkerId, rtt_ms: Millis) {
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.rtt_ms = rtt_ms;
+        }
+    }
+
+    /// Leases `worker` may hold queued behind its render slots now.
+    fn ahead_of(&self, worker: &Worker) -> u32 {
+        if self.pipelining {
+            worker.ahead()
+        } else {
+            0
+        }
+    }
+
+    /// Queued leases that moved up to a render slot since the last call,
+    /// each with when it did: the worker starts rendering it then (billing
+    /// starts there).
+    pub fn take_promoted(&mut self) -> Vec<(Assignment, Millis)> {
+        std::mem::take(&mut self.promoted)
+    }
+
+    /// Whether `worker`'s lease on `task` waits behind its render slots.
+    pub fn is_queued(&self, worker: WorkerId, task: TaskKey) -> bool {
+        (self.leases.get(&task).filter(|l| l.worker == worker))
+            .or_else(|| self.backups.get(&task).filter(|l| l.worker == worker))
+            .is_some_and(|l| l.queued)
+    }
+
+    fn tick(&mut self, now: Millis) {
+        self.clock = self.clock.max(now);
+    }
+
+    /// A lease of `worker`'s of `task`, primary or backup, to change.
+    fn lease_of_mut(&mut self, worker: WorkerId, task: TaskKey) -> Option<&mut Lease> {
+        match self.leases.get_mut(&task) {
+            Some(lease) if lease.worker == worker => Some(lease),
+            _ => self.backups.get_mut(&task).filter(|l| l.worker == worker),
+        }
+    }
+
+    fn lease_of(&self, worker: WorkerId, task: TaskKey) -> Option<&Lease> {
+        match self.leases.get(&task) {
+            Some(lease) if lease.worker == worker => Some(lease),
+            _ => self.backups.get(&task).filter(|l| l.worker == worker),
+        }
+    }
+
+    /// How many of `worker`'s leases render now (are not queued).
+    fn rendering(&self, worker: WorkerId) -> usize {
+        let Some(w) = self.workers.get(&worker) else {
+            return 0;
+        };
+        (w.leases.iter())
+            .filter(|&&t| self.lease_of(worker, t).is_some_and(|l| !l.queued))
+            .count()
+    }
+
+    /// Moves `worker`'s oldest queued leases up to its free render slots:
+    /// the worker renders its tasks in the order it was given them.
+    fn promote_queued(&mut self, worker: WorkerId) {
+        let Some(w) = self.workers.get(&worker) else {
+            return;
+        };
+        let usable = w.usable_slots() as usize;
+        let mut rendering = self.rendering(worker);
+        if rendering >= usable {
+            return;
+        }
+        let mut queued: Vec<(Epoch, TaskKey)> = (w.leases.iter())
+            .filter_map(|&t| {
+                let l = self.lease_of(worker, t)?;
+                l.queued.then_some((l.epoch, t))
+            })
+            .collect();
+        queued.sort_unstable();
+        let clock = self.clock;
+        for (epoch, task) in queued {
+            if rendering >= usable {
+                break;
+            }
+            let lease = self.lease_of_mut(worker, task).expect("listed above");
+            lease.queued = false;
+            lease.started = clock;
+            rendering += 1;
+            self.promoted.push((
+                Assignment {
+                    worker,
+                    task,
+                    epoch,
+                },
+                clock,
+            ));
         }
     }
 
@@ -521,7 +680,7 @@ impl Scheduler {
         let j = &self.jobs[&job];
         let eligible = |w: &WorkerId| {
             let wk = &self.workers[w];
-            wk.has_free_slot()
+            wk.has_room(self.ahead_of(wk))
                 && !wk.is_silent(now, self.config.lease_ms)
                 && wk.engines.contains(&j.engine)
                 && self.blender_fits(*w, job)
@@ -601,6 +760,8 @@ impl Scheduler {
                     leases: BTreeSet::new(),
                     last_seen: now,
                     draining: false,
+                    rtt_ms: 0,
+                    task_ms: None,
                 });
             }
         }
@@ -609,7 +770,8 @@ impl Scheduler {
     /// Removes a worker (it left, was preempted or lost its connection). Its
     /// leases end at once and their tasks go back to the front of their jobs'
     /// queues; returns those tasks in order.
-    pub fn remove_worker(&mut self, worker: WorkerId, _now: Millis) -> Vec<TaskKey> {
+    pub fn remove_worker(&mut self, worker: WorkerId, now: Millis) -> Vec<TaskKey> {
+        self.tick(now);
         self.affinity.held.remove(&worker);
         self.blender_offers.remove(&worker);
         let Some(removed) = self.workers.remove(&worker) else {
@@ -664,19 +826,22 @@ impl Scheduler {
     /// worker served last, so work spreads over the farm. A worker silent for
     /// a whole lease gets nothing until it is heard from again.
     pub fn assign(&mut self, now: Millis) -> Vec<Assignment> {
+        self.tick(now);
         self.release_retries(now);
         let start = self.last_served.map_or(0, |id| id.wrapping_add(1));
         let mut turns: VecDeque<WorkerId> = (self.workers.range(start..))
             .chain(self.workers.range(..start))
             .filter(|(_, worker)| {
-                worker.has_free_slot() && !worker.is_silent(now, self.config.lease_ms)
+                worker.has_room(self.ahead_of(worker))
+                    && !worker.is_silent(now, self.config.lease_ms)
             })
             .map(|(&id, _)| id)
             .collect();
         let mut assignments = Vec::new();
         while let Some(worker) = turns.pop_front() {
             // It may have been filled by affinity since it joined the turns.
-            if !self.workers[&worker].has_free_slot() {
+            let w = &self.workers[&worker];
+            if !w.has_room(self.ahead_of(w)) {
                 continue;
             }
             let Some(job) = self.best_job_for(worker) else {
@@ -689,12 +854,69 @@ impl Scheduler {
                 // The task went to a worker holding more of its job's assets;
                 // this one still has a free slot and takes the next turn.
                 turns.push_front(worker);
-            } else if self.workers[&worker].has_free_slot() {
+            } else if self.workers[&worker].has_room(self.ahead_of(&self.workers[&worker])) {
                 turns.push_back(worker);
             }
         }
+        if self.pipelining {
+            self.steal(now, &mut assignments);
+        }
         self.speculate(now, &mut assignments);
         assignments
+    }
+
+    /// Gives each worker with an idle render slot, once no queue has a
+    /// task for it, the task queued last behind another worker's busy
+    /// slots (its old lease ends: see [`Scheduler::take_superseded`]).
+    fn steal(&mut self, now: Millis, assignments: &mut Vec<Assignment>) {
+        let idle: Vec<WorkerId> = (self.workers.iter())
+            .filter(|(_, w)| w.has_free_slot() && !w.is_silent(now, self.config.lease_ms))
+            .map(|(&id, _)| id)
+            .collect();
+        for thief in idle {
+            while self.workers[&thief].has_free_slot() {
+                let Some((task, victim)) = self.queued_for(thief) else {
+                    break;
+                };
+                let old = self.end_lease(task).expect("listed from the lease table");
+                self.superseded.push(Assignment {
+                    worker: victim,
+                    task,
+                    epoch: old.epoch,
+                });
+                let job = self.jobs.get_mut(&task.job).expect("a leased task's job");
+                job.running += 1;
+                let epoch = Epoch(self.next_epoch);
+                self.next_epoch += 1;
+                self.grant(task, thief, epoch, now, Attempt::Primary);
+                assignments.push(Assignment {
+                    worker: thief,
+                    task,
+                    epoch,
+                });
+            }
+        }
+    }
+
+    /// The queued lease `thief` may take over: of a job it can render, on
+    /// another worker, the one granted last (the last in its queue).
+    fn queued_for(&self, thief: WorkerId) -> Option<(TaskKey, WorkerId)> {
+        let w = &self.workers[&thief];
+        (self.leases.iter())
+            .filter(|(task, lease)| {
+                let job = &self.jobs[&task.job];
+                lease.queued
+                    && lease.worker != thief
+                    && !self.backups.contains_key(task)
+                    && job.state.is_live()
+                    && !job.paused
+                    && w.engines.contains(&job.engine)
+                    && self.blender_fits(thief, task.job)
+                    && !job.blocklist.contains(&thief)
+                    && !job.is_excluded(task.index, w.tag)
+            })
+            .max_by_key(|(_, lease)| lease.epoch)
+            .map(|(&task, lease)| (task, lease.worker))
     }
 
     /// Gives each worker still idle a second attempt of the longest-running
@@ -732,6 +954,7 @@ impl Scheduler {
                 let job = &self.jobs[&task.job];
                 let running = now.saturating_sub(lease.started);
                 lease.worker != worker
+                    && !lease.queued
                     && !self.backups.contains_key(task)
                     && job.state.is_live()
                     && !job.paused
@@ -765,6 +988,7 @@ impl Scheduler {
         now: Millis,
     ) -> Result<Accepted, Refused> {
         let attempt = self.check_lease(worker, task, epoch)?;
+        self.tick(now);
         // The winner's lease ends, and the other attempt's, if any, loses.
         let (won, lost) = match attempt {
             Attempt::Primary => (self.end_lease(task), self.end_backup(task)),
@@ -779,9 +1003,13 @@ impl Scheduler {
             });
         }
         self.seen(worker, now);
+        let took = now.saturating_sub(won.started);
+        if let Some(w) = self.workers.get_mut(&worker) {
+            w.task_ms = Some(w.task_ms.map_or(took, |t| (3 * t + took) / 4));
+        }
         self.proved(worker);
         let job = self.jobs.get_mut(&task.job).expect("checked above");
-        job.done_ms_sum += now.saturating_sub(won.started);
+        job.done_ms_sum += took;
         job.done_ms_count += 1;
         job.done[task.index as usize] = true;
         job.done_count += 1;
@@ -805,6 +1033,7 @@ impl Scheduler {
         now: Millis,
     ) -> Result<FailOutcome, Refused> {
         let attempt = self.check_lease(worker, task, epoch)?;
+        self.tick(now);
         // A failed second attempt leaves the first running; a failed first
         // attempt hands the task to the second, if there is one.
         let carried_on = match attempt {
@@ -865,6 +1094,7 @@ impl Scheduler {
     /// Ends every lease whose deadline is at or before `now` and requeues its
     /// task at the front of its job; returns the expired leases.
     pub fn expire(&mut self, now: Millis) -> Vec<Assignment> {
+        self.tick(now);
         let mut expired = Vec::new();
         let mut requeue = Vec::new();
         while let Some(&(deadline, task, attempt)) = self.deadlines.first() {
@@ -968,15 +1198,29 @@ impl Scheduler {
         true
     }
 
-    /// The worker takes no new work from now on; its leases run out normally.
+    /// The worker takes no new work from now on; its leases run out
+    /// normally, except those queued behind its render slots: they end and
+    /// go back to the front of their queues (see
+    /// [`Scheduler::take_superseded`]).
     pub fn drain_worker(&mut self, worker: WorkerId) -> bool {
-        match self.workers.get_mut(&worker) {
-            Some(known) => {
-                known.draining = true;
-                true
-            }
-            None => false,
+        let Some(known) = self.workers.get_mut(&worker) else {
+            return false;
+        };
+        known.draining = true;
+        let known = &self.workers[&worker];
+        let queued: Vec<TaskKey> = (known.leases.iter().copied())
+            .filter(|&t| self.leases.get(&t).is_some_and(|l| l.worker == worker && l.queued))
+            .collect();
+        for &task in &queued {
+            let lease = self.end_lease(task).expect("listed from the lease table");
+            self.superseded.push(Assignment {
+                worker,
+                task,
+                epoch: lease.epoch,
+            });
         }
+        self.requeue_front(queued);
+        true
     }
 
     /// Whether the worker was silent for a whole lease as of `now`.
@@ -1023,6 +1267,7 @@ impl Scheduler {
         now: Millis,
     ) -> Result<(), Refused> {
         self.live_task(task)?;
+        self.tick(now);
         if !self.workers.contains_key(&worker) || epoch.0 >= self.next_epoch {
             return Err(Refused::StaleEpoch {
                 task,
@@ -1081,7 +1326,9 @@ impl Scheduler {
         epoch: Epoch,
         now: Millis,
     ) -> Result<(), Refused> {
-        match self.check_lease(worker, task, epoch)? {
+        let attempt = self.check_lease(worker, task, epoch)?;
+        self.tick(now);
+        match attempt {
             Attempt::Backup => {
                 self.end_backup(task);
             }
@@ -1162,6 +1409,7 @@ impl Scheduler {
         if let Some(w) = self.workers.get_mut(&worker) {
             w.proven = w.proven.saturating_add(1);
         }
+        self.promote_queued(worker);
     }
 
     /// Whether `worker` holds a current lease (or a straggler's second
@@ -1276,11 +1524,14 @@ impl Scheduler {
         attempt: Attempt,
     ) {
         let deadline = now.saturating_add(self.config.lease_ms);
+        let queued = self.pipelining
+            && self.rendering(worker) >= self.workers[&worker].usable_slots() as usize;
         let lease = Lease {
             worker,
             epoch,
             deadline,
             started: now,
+            queued,
         };
         match attempt {
             Attempt::Primary => self.leases.insert(task, lease),
@@ -1376,6 +1627,7 @@ impl Scheduler {
         if let Some(job) = self.jobs.get_mut(&task.job) {
             job.running -= 1;
         }
+        self.promote_queued(lease.worker);
         Some(lease)
     }
 
@@ -1387,6 +1639,7 @@ impl Scheduler {
         if let Some(worker) = self.workers.get_mut(&lease.worker) {
             worker.leases.remove(&task);
         }
+        self.promote_queued(lease.worker);
         Some(lease)
     }
 

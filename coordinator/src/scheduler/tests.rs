@@ -833,7 +833,7 @@ const SIM_JOBS: [JobSpec; 4] = [
 /// workers arrive late; job 4 may be canceled midway. Every accepted result
 /// must be new, every live worker's view must match the scheduler's, and
 /// every job must end done (or canceled, for job 4).
-fn simulate(seed: u64) -> Seen {
+fn simulate(seed: u64, pipelining: bool) -> Seen {
     let lease = 300;
     let mut rng = Rng(seed);
     let mut sched = Scheduler::new(Config {
@@ -843,6 +843,7 @@ fn simulate(seed: u64) -> Seen {
         retry_backoff_ms: 0,
         straggler_percent: 300,
     });
+    sched.set_pipelining(pipelining);
     for (seq, &(id, priority, engine, total)) in SIM_JOBS.iter().enumerate() {
         let job = NewJob {
             id,
@@ -889,6 +890,7 @@ fn simulate(seed: u64) -> Seen {
                     blender_workers.insert(id);
                 }
                 sched.add_worker(id, 1 + rng.below(4) as u32, engines, now);
+                sched.set_worker_rtt(id, rng.below(200));
                 seen.joined += 1;
                 live.insert(
                     id,
@@ -1019,6 +1021,14 @@ fn simulate(seed: u64) -> Seen {
                 fake.tasks.push((given.task, given.epoch));
             }
         }
+        // Queued tasks stolen by idle workers: their first holders drop them.
+        for lost in sched.take_superseded() {
+            seen.superseded += 1;
+            if let Some(fake) = live.get_mut(&lost.worker) {
+                fake.tasks.retain(|&(t, e)| (t, e) != (lost.task, lost.epoch));
+            }
+            late.push((lost.worker, lost.task, lost.epoch));
+        }
 
         for (&id, fake) in &live {
             let mut believed = fake.tasks.clone();
@@ -1068,7 +1078,7 @@ fn simulate(seed: u64) -> Seen {
 fn random_farm_renders_every_task_exactly_once() {
     let mut total = Seen::default();
     for seed in 1..=40 {
-        let seen = simulate(seed);
+        let seen = simulate(seed, seed % 2 == 0);
         total.joined += seen.joined;
         total.died += seen.died;
         total.left += seen.left;
@@ -1513,4 +1523,230 @@ fn when_one_attempt_of_a_straggler_is_lost_the_other_carries_on() {
     assert_eq!(expired[0].worker, 11);
     assert_eq!(farm.progress(1), (5, 4, 1, 0));
     assert_eq!(farm.sched.running_on(10).len(), 1);
+}
+
+// ---- pipelined leases ----
+
+/// A farm with pipelined leases on.
+fn pipelined() -> Farm {
+    let mut farm = Farm::new();
+    farm.sched.set_pipelining(true);
+    farm
+}
+
+/// How many leases a one-slot worker holds, given its round trip and the
+/// time its tasks take: one rendering plus `ceil(rtt / task)` queued, at
+/// least one and at most `MAX_AHEAD_PER_SLOT` (and no more than it has
+/// proven, see the huge-claim test below).
+#[track_caller]
+fn check_lease_depth(rtt_ms: Millis, task_ms: Option<Millis>, expected: usize) {
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 100));
+    farm.worker((10, 1, &["builtin"]));
+    farm.assign();
+    // Eight results, each `task_ms` after the one before: the worker has
+    // proven enough for any depth, and its task time is `task_ms`.
+    if let Some(task_ms) = task_ms {
+        for i in 0..8 {
+            farm.at((u64::from(i) + 1) * task_ms).complete(10, key(1, i)).unwrap();
+            farm.assign();
+        }
+    }
+    farm.sched.set_worker_rtt(10, rtt_ms);
+    farm.assign();
+    let held = farm.sched.running_on(10).len();
+    assert_eq!(held, expected, "rtt {rtt_ms} ms, tasks of {task_ms:?} ms");
+    let queued = (farm.sched.running_on(10).iter())
+        .filter(|(t, _)| farm.sched.is_queued(10, *t))
+        .count();
+    assert_eq!(queued, expected - 1, "one renders, the others wait");
+}
+
+#[test]
+fn the_lease_depth_follows_the_round_trip_over_the_task_time() {
+    check_lease_depth(0, None, 2);
+    check_lease_depth(80, None, 2);
+    check_lease_depth(0, Some(1_000), 2);
+    check_lease_depth(80, Some(1_000), 2);
+    check_lease_depth(80, Some(40), 3);
+    check_lease_depth(80, Some(30), 4);
+    check_lease_depth(200, Some(30), 8);
+    check_lease_depth(80, Some(1), 1 + MAX_AHEAD_PER_SLOT as usize);
+    check_lease_depth(80, Some(0), 1 + MAX_AHEAD_PER_SLOT as usize);
+}
+
+/// Without pipelining a worker holds one task per slot, as before.
+#[test]
+fn without_pipelining_a_slot_holds_only_the_task_it_renders() {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 10));
+    farm.worker((10, 2, &["builtin"]));
+    farm.sched.set_worker_rtt(10, 80);
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    assert!(!farm.sched.is_queued(10, key(1, 1)));
+}
+
+/// The worker renders in the order it was given its tasks: when one ends,
+/// the oldest queued one moves up to the free slot, and billing (promoted)
+/// starts there, at that time.
+#[test]
+fn a_queued_task_moves_up_when_its_slot_frees() {
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 4));
+    farm.worker((10, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    assert!(!farm.sched.is_queued(10, key(1, 0)));
+    assert!(farm.sched.is_queued(10, key(1, 1)));
+    assert!(farm.sched.take_promoted().is_empty());
+    farm.at(500).complete(10, key(1, 0)).unwrap();
+    assert!(!farm.sched.is_queued(10, key(1, 1)));
+    let promoted: Vec<(TaskKey, Millis)> = (farm.sched.take_promoted().iter())
+        .map(|(a, at)| (a.task, *at))
+        .collect();
+    assert_eq!(promoted, [(key(1, 1), 500)]);
+    assert_eq!(farm.assign(), [(10, 1, 2)]);
+    // A failed task frees its slot the same way.
+    farm.at(600).fail(10, key(1, 1), "boom").unwrap();
+    assert!(!farm.sched.is_queued(10, key(1, 2)));
+}
+
+/// The case: a task queued behind a busy slot is not stuck there
+/// while another worker idles. The idle worker steals the task queued
+/// last; the busy worker's lease on it ends (it is told to drop it), and
+/// a late result under that lease is refused.
+#[test]
+fn a_task_queued_behind_a_busy_slot_is_stolen_by_an_idle_worker() {
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 3));
+    farm.worker((10, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    farm.at(100).complete(10, key(1, 0)).unwrap();
+    assert_eq!(farm.assign(), [(10, 1, 2)]);
+    let old = farm.epoch(10, key(1, 2));
+    // Task 1 renders, task 2 waits behind it; worker 11 arrives idle.
+    farm.worker((11, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(11, 1, 2)]);
+    let stolen: Vec<(WorkerId, TaskKey, Epoch)> = (farm.sched.take_superseded().iter())
+        .map(|a| (a.worker, a.task, a.epoch))
+        .collect();
+    assert_eq!(stolen, [(10, key(1, 2), old)]);
+    assert!(!farm.sched.is_queued(11, key(1, 2)), "it renders at once");
+    let late = farm.sched.complete(10, key(1, 2), old, farm.now);
+    assert!(matches!(late, Err(Refused::StaleEpoch { .. })), "{late:?}");
+    // The rendering task is never taken from its worker.
+    assert_eq!(farm.assign(), []);
+    farm.complete(11, key(1, 2)).unwrap();
+    assert_eq!(
+        farm.complete(10, key(1, 1)),
+        Ok(Accepted::TaskDone { job_done: true })
+    );
+}
+
+/// Stealing respects what a worker may render: its engines, the job's
+/// blocklist, a paused job.
+#[test]
+fn a_queued_task_is_stolen_only_by_a_worker_that_may_render_it() {
+    let mut farm = pipelined();
+    farm.job((1, 0, "blender", 2));
+    farm.worker((10, 1, &["blender"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    farm.worker((11, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [], "another engine");
+    farm.sched.blocklist(1, 12);
+    farm.worker((12, 1, &["blender"]));
+    assert_eq!(farm.assign(), [], "blocklisted");
+    farm.sched.pause_job(1, true);
+    farm.worker((13, 1, &["blender"]));
+    assert_eq!(farm.assign(), [], "paused");
+    farm.sched.pause_job(1, false);
+    assert_eq!(farm.assign(), [(13, 1, 1)]);
+}
+
+/// An idle worker steals a queued task before it doubles a straggler: a
+/// queued lease has not started, so it is never a straggler itself.
+#[test]
+fn an_idle_worker_steals_a_queued_task_before_doubling_a_straggler() {
+    let mut farm = Farm::with(Config {
+        straggler_percent: 300,
+        ..config()
+    });
+    farm.sched.set_pipelining(true);
+    farm.job((1, 0, "builtin", 5));
+    farm.worker((10, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    for (at, index) in [(10, 0), (20, 1), (30, 2)] {
+        farm.at(at).complete(10, key(1, index)).unwrap();
+        farm.assign();
+        farm.sched.heartbeat(10, at);
+    }
+    // Task 3 renders since 30 ms (mean task 10 ms), task 4 waits.
+    farm.at(800).sched.heartbeat(10, 800);
+    farm.worker((11, 1, &["builtin"]));
+    farm.at(1_500).sched.heartbeat(10, 1_500);
+    assert_eq!(farm.assign(), [(11, 1, 4)], "stolen, not doubled");
+    farm.sched.take_superseded();
+    farm.worker((12, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(12, 1, 3)], "the rendering one is a straggler");
+}
+
+/// Drain: the worker finishes what it renders, and hands its queued tasks
+/// back at once for the others to take.
+#[test]
+fn a_draining_worker_hands_its_queued_tasks_back() {
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 2));
+    farm.worker((10, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    let queued = farm.epoch(10, key(1, 1));
+    assert!(farm.sched.drain_worker(10));
+    let handed: Vec<(WorkerId, TaskKey, Epoch)> = (farm.sched.take_superseded().iter())
+        .map(|a| (a.worker, a.task, a.epoch))
+        .collect();
+    assert_eq!(handed, [(10, key(1, 1), queued)]);
+    assert_eq!(farm.progress(1), (2, 0, 1, 1));
+    farm.worker((11, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(11, 1, 1)]);
+    farm.complete(10, key(1, 0)).unwrap();
+    assert_eq!(farm.sched.running_on(10), []);
+}
+
+/// Cancel and expiry end queued leases like rendering ones.
+#[test]
+fn cancel_and_expiry_end_queued_leases_too() {
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 4));
+    farm.worker((10, 1, &["builtin"]));
+    farm.assign();
+    let ended: Vec<TaskKey> = farm.sched.cancel_job(1).iter().map(|a| a.task).collect();
+    assert_eq!(ended, [key(1, 0), key(1, 1)]);
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 4));
+    farm.worker((10, 1, &["builtin"]));
+    farm.assign();
+    let expired: Vec<TaskKey> = farm.sched.expire(LEASE).iter().map(|a| a.task).collect();
+    assert_eq!(expired, [key(1, 0), key(1, 1)]);
+    assert_eq!(farm.progress(1), (4, 0, 0, 4));
+}
+
+/// The randomized farm with pipelined leases: steals, hand-backs and
+/// stale results, every task done exactly once.
+#[test]
+fn random_pipelined_farm_renders_every_task_exactly_once() {
+    let superseded: u32 = (100..120).map(|seed| simulate(seed, true).superseded).sum();
+    assert!(superseded > 0, "the simulation never stole a task");
+}
+
+/// Queued leases are earned like slots: a worker claiming a huge number
+/// of slots holds no more leases, queued ones included, than it has
+/// proven (`TRUSTED_SLOTS` plus one per result).
+#[test]
+fn pipelined_leases_never_exceed_what_a_worker_has_proven() {
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 64));
+    farm.worker((10, 256, &["builtin"]));
+    farm.sched.set_worker_rtt(10, 200);
+    assert_eq!(farm.assign().len() as u32, TRUSTED_SLOTS);
+    farm.at(5).complete(10, key(1, 0)).unwrap();
+    assert_eq!(farm.assign().len(), 2, "one result earns one more lease");
+    assert_eq!(farm.sched.running_on(10).len() as u32, TRUSTED_SLOTS + 1);
 }
