@@ -51,7 +51,16 @@ pub(super) async fn serve(
         }
     });
     let result = async {
+        // QUIC connection migration: a worker behind a NAT that remapped
+        // it, or whose socket was rebound, keeps its connection and leases
+        // from a new address; say so when its next message shows it.
+        let mut peer = conn.remote_address();
         while let Some(msg) = read_frame::<WorkerMsg, _>(&mut recv).await? {
+            let now_at = conn.remote_address();
+            if now_at != peer {
+                tracing::info!(worker = id, %name, from = %peer, to = %now_at, "worker's address changed; its connection migrated");
+                peer = now_at;
+            }
             handle(&shared, id, msg);
         }
         anyhow::Ok(())
