@@ -86,6 +86,71 @@ impl Default for Timing {
 /// UDP socket buffer size asked for.
 const SOCKET_BUFFER: usize = 8 * 1024 * 1024;
 
+/// How the transport moves bulk data: congestion control, flow-control
+/// windows, acknowledgement frequency, segmentation offload, datagram size.
+/// [`Tuning::default`] is what Tessera runs with, chosen by measurement on
+/// the WAN bench at MTU 1500 (`cargo bench --bench wan -- goodput`,
+/// BENCHMARKS.md, where the alternatives' figures are); benchmarks try
+/// others with [`set_tuning`]. quinn always paces its sending: there is no
+/// pacing knob to try.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tuning {
+    pub congestion: Congestion,
+    /// Bytes one stream may have in flight ahead of the reader.
+    pub stream_receive_window: u32,
+    /// Bytes a whole connection may have in flight ahead of the reader.
+    pub receive_window: u32,
+    /// Bytes queued for sending per connection.
+    pub send_window: u64,
+    /// Acknowledge every `n`th ack-eliciting packet (or after 10 ms)
+    /// instead of every other one (None: QUIC's default).
+    pub ack_every: Option<u32>,
+    /// Hand the kernel runs of datagrams in one call (UDP GSO).
+    pub segmentation_offload: bool,
+    /// The largest UDP payload accepted and probed for by path MTU
+    /// discovery (see [`MAX_UDP_PAYLOAD`]).
+    pub max_udp_payload: u16,
+}
+
+/// The congestion controllers quinn offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Congestion {
+    Cubic,
+    NewReno,
+    Bbr,
+}
+
+impl Default for Tuning {
+    fn default() -> Self {
+        Tuning {
+            congestion: Congestion::Cubic,
+            stream_receive_window: 16 * 1024 * 1024,
+            receive_window: RECEIVE_WINDOW,
+            send_window: 64 * 1024 * 1024,
+            ack_every: Some(16),
+            segmentation_offload: true,
+            max_udp_payload: MAX_UDP_PAYLOAD,
+        }
+    }
+}
+
+static TUNING: std::sync::Mutex<Option<Tuning>> = std::sync::Mutex::new(None);
+
+/// Sets the tuning every endpoint and connection made from now on in this
+/// process uses (benchmarks comparing alternatives; nothing else calls it).
+pub fn set_tuning(tuning: Tuning) {
+    *TUNING.lock().unwrap_or_else(|e| e.into_inner()) = Some(tuning);
+}
+
+/// The tuning in force: [`Tuning::default`] unless [`set_tuning`] said
+/// otherwise.
+pub fn tuning() -> Tuning {
+    TUNING
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .unwrap_or_default()
+}
+
 /// The largest UDP payload an endpoint accepts and that path MTU discovery
 /// probes for. QUIC starts at 1200 bytes and quinn stops probing at 1452 by
 /// default; where the path carries more (loopback, jumbo-frame networks in a
@@ -96,7 +161,7 @@ const SOCKET_BUFFER: usize = 8 * 1024 * 1024;
 /// at 1472. Above about 6000 bytes, bursts that overran the receiving
 /// socket's buffer on loopback looked like an MTU black hole to quinn, which
 /// then fell back to 1200 bytes; 4096 never did in our runs (BENCHMARKS.md).
-const MAX_UDP_PAYLOAD: u16 = 4096;
+pub const MAX_UDP_PAYLOAD: u16 = 4096;
 
 /// A UDP socket for an endpoint. Bulk transfers overrun the default socket
 /// buffers (≈200 KiB) and lose packets; ask for more (the kernel caps it at
@@ -109,6 +174,25 @@ fn bind_udp(addr: SocketAddr) -> std::io::Result<std::net::UdpSocket> {
     Ok(socket)
 }
 
+/// Moves `endpoint` to a fresh, tuned UDP socket on a new port (same
+/// address family, any local address), as a NAT that forgot its mapping or
+/// a restarted network would: QUIC connection migration carries every
+/// connection over, and the peer sees packets from a new address. Returns
+/// the new local address.
+pub fn rebind(endpoint: &quinn::Endpoint) -> std::io::Result<SocketAddr> {
+    let any: SocketAddr = if endpoint.local_addr()?.is_ipv6() {
+        "[::]:0"
+    } else {
+        "0.0.0.0:0"
+    }
+    .parse()
+    .expect("a socket address");
+    let socket = bind_udp(any)?;
+    let local = socket.local_addr()?;
+    endpoint.rebind(socket)?;
+    Ok(local)
+}
+
 /// An endpoint on a fresh, tuned UDP socket bound to `addr`.
 fn endpoint(
     addr: SocketAddr,
@@ -116,7 +200,7 @@ fn endpoint(
 ) -> std::io::Result<quinn::Endpoint> {
     let mut config = quinn::EndpointConfig::default();
     config
-        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .max_udp_payload_size(tuning().max_udp_payload)
         .expect("a payload size within QUIC's bounds");
     quinn::Endpoint::new(
         config,
@@ -132,23 +216,35 @@ fn transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
     t.max_idle_timeout(Some(
         timing.idle_timeout.try_into().expect("idle timeout fits"),
     ));
+    let tuning = tuning();
     // Blob streams move gigabytes: windows wide enough for one stream to
     // fill a fast path.
-    t.stream_receive_window((16u32 * 1024 * 1024).into());
-    t.receive_window(RECEIVE_WINDOW.into());
-    t.send_window(64 * 1024 * 1024);
+    t.stream_receive_window(tuning.stream_receive_window.into());
+    t.receive_window(tuning.receive_window.into());
+    t.send_window(tuning.send_window);
     t.max_concurrent_bidi_streams(MAX_STREAMS.into());
     t.max_concurrent_uni_streams(0u32.into());
-    // Ask the peer to acknowledge every 16th packet (or after 10 ms) rather
-    // than every other one: bulk transfers then spend far less CPU on
-    // acknowledgements, which is where QUIC's per-packet cost goes.
-    let mut acks = quinn::AckFrequencyConfig::default();
-    acks.ack_eliciting_threshold(15u32.into());
-    acks.max_ack_delay(Some(Duration::from_millis(10)));
-    t.ack_frequency_config(Some(acks));
+    // Fewer acknowledgements than every other packet: bulk transfers then
+    // spend far less CPU on them, which is where QUIC's per-packet cost goes.
+    if let Some(n) = tuning.ack_every {
+        let mut acks = quinn::AckFrequencyConfig::default();
+        acks.ack_eliciting_threshold((n.max(1) - 1).into());
+        acks.max_ack_delay(Some(Duration::from_millis(10)));
+        t.ack_frequency_config(Some(acks));
+    }
+    t.enable_segmentation_offload(tuning.segmentation_offload);
     let mut mtu = quinn::MtuDiscoveryConfig::default();
-    mtu.upper_bound(MAX_UDP_PAYLOAD);
+    mtu.upper_bound(tuning.max_udp_payload);
     t.mtu_discovery_config(Some(mtu));
+    match tuning.congestion {
+        Congestion::Cubic => {}
+        Congestion::NewReno => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::NewRenoConfig::default()));
+        }
+        Congestion::Bbr => {
+            t.congestion_controller_factory(Arc::new(quinn::congestion::BbrConfig::default()));
+        }
+    }
     Arc::new(t)
 }
 
@@ -174,7 +270,7 @@ fn server_transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
 /// Gives an authenticated peer's connection the normal windows and stream
 /// count (the coordinator calls this once the `Hello` proved a secret).
 pub fn admit(conn: &quinn::Connection) {
-    conn.set_receive_window(RECEIVE_WINDOW.into());
+    conn.set_receive_window(tuning().receive_window.into());
     conn.set_max_concurrent_bi_streams(MAX_STREAMS.into());
 }
 
@@ -244,7 +340,7 @@ pub fn server_endpoint(
         Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
     });
     endpoint_config
-        .max_udp_payload_size(MAX_UDP_PAYLOAD)
+        .max_udp_payload_size(tuning().max_udp_payload)
         .expect("a payload size within QUIC's bounds");
     quinn::Endpoint::new(
         endpoint_config,

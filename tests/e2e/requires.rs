@@ -18,6 +18,8 @@ pub enum Need {
     Tmux,
     /// Root, with iproute2's `ip` (network namespaces).
     RootNetns,
+    /// What the WAN bench (`wan.rs`) needs: root, `ip` and nftables' `nft`.
+    WanBench,
     /// `python3` runs.
     Python3,
     /// `$TESSERA_TEST_BPY` names a Python where `import bpy` works (the
@@ -26,10 +28,11 @@ pub enum Need {
 }
 
 impl Need {
-    const ALL: [Need; 5] = [
+    const ALL: [Need; 6] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
+        Need::WanBench,
         Need::Python3,
         Need::Bpy,
     ];
@@ -41,6 +44,7 @@ impl Need {
             }
             Need::Tmux => "tmux on the PATH (apt-get install tmux)",
             Need::RootNetns => "root and iproute2's `ip` (network namespaces)",
+            Need::WanBench => "root, iproute2's `ip` and nftables' `nft` (apt-get install nftables)",
             Need::Python3 => "python3 on the PATH (apt-get install python3)",
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
@@ -64,6 +68,7 @@ impl Need {
             Need::Python3 => runs(Command::new("python3").arg("--version")),
             Need::Bpy => std::env::var_os("TESSERA_TEST_BPY")
                 .is_some_and(|py| runs(Command::new(py).args(["-c", "import bpy"]))),
+            Need::WanBench => crate::wan::unavailable().is_none(),
             Need::RootNetns => {
                 let root = (Command::new("id").arg("-u").output())
                     .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");

@@ -213,8 +213,20 @@ async fn session(
     // Set on shutdown: leave when drained or at this instant, whichever is first.
     let mut leave_by: Option<Instant> = None;
     let mut drain_check = tokio::time::interval(Duration::from_millis(100));
+    // SIGUSR1 moves the connection to a fresh UDP socket (QUIC connection
+    // migration), as a NAT that remapped this node would; the migration
+    // test sends it mid-task.
+    let mut rebind =
+        tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).ok();
     let result = loop {
         let next = tokio::select! {
+            Some(()) = async { rebind.as_mut()?.recv().await } => {
+                match transport::rebind(&session.endpoint) {
+                    Ok(local) => tracing::info!(%local, "SIGUSR1: UDP socket rebound; the connection migrates to it"),
+                    Err(e) => tracing::warn!("SIGUSR1: rebinding the UDP socket failed: {e}"),
+                }
+                continue;
+            }
             next = codec::read_frame::<CoordMsg, _>(&mut recv) => next,
             Some((t, outcome)) = held.finished_rx.recv() => {
                 if let Some(report) = held.table.finished(t, outcome) {

@@ -51,11 +51,20 @@ pub(super) async fn serve(
         }
     });
     let result = async {
+        // QUIC connection migration: a worker behind a NAT that remapped
+        // it, or whose socket was rebound, keeps its connection and leases
+        // from a new address; say so when its next message shows it.
+        let mut peer = conn.remote_address();
         while let Some(msg) = read_frame::<WorkerMsg, _>(&mut recv).await? {
             if let WorkerMsg::Heartbeat { .. } = msg {
                 // Its lease depth follows the round trip.
                 let rtt = conn.rtt().as_millis() as u64;
                 shared.update(|core, _| core.worker_rtt(id, rtt));
+            }
+            let now_at = conn.remote_address();
+            if now_at != peer {
+                tracing::info!(worker = id, %name, from = %peer, to = %now_at, "worker's address changed; its connection migrated");
+                peer = now_at;
             }
             handle(&shared, id, msg);
         }
