@@ -345,7 +345,10 @@ fn efficiency() {
 /// Samples that make a demo-scene tile of a 4x4 grid render for about a
 /// second on one thread here: 16 tiles of frame 1 at 32 samples, timed.
 fn one_second_samples() -> u32 {
-    if let Some(s) = std::env::var("TESSERA_BENCH_SAMPLES").ok().and_then(|v| v.parse().ok()) {
+    if let Some(s) = std::env::var("TESSERA_BENCH_SAMPLES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         return s;
     }
     let mut farm = Farm::start("bench-calibrate", &[]);

@@ -598,7 +598,10 @@ async fn render(
     }
     // Its files are here; it renders once a slot is free (a task queued
     // behind the slots waits here, and is aborted here when canceled).
-    let _slot = slots.acquire().await.expect("the slot semaphore is never closed");
+    let _slot = slots
+        .acquire()
+        .await
+        .expect("the slot semaphore is never closed");
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
     let t = task.task;

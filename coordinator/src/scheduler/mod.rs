@@ -354,8 +354,7 @@ impl Worker {
         };
         let depth = depth.clamp(1, u64::from(MAX_AHEAD_PER_SLOT)) as u32;
         let usable = self.usable_slots();
-        let all = (usable.saturating_mul(1 + depth))
-            .min(TRUSTED_SLOTS.saturating_add(self.proven));
+        let all = (usable.saturating_mul(1 + depth)).min(TRUSTED_SLOTS.saturating_add(self.proven));
         all.saturating_sub(usable)
     }
 
@@ -1209,7 +1208,11 @@ impl Scheduler {
         known.draining = true;
         let known = &self.workers[&worker];
         let queued: Vec<TaskKey> = (known.leases.iter().copied())
-            .filter(|&t| self.leases.get(&t).is_some_and(|l| l.worker == worker && l.queued))
+            .filter(|&t| {
+                self.leases
+                    .get(&t)
+                    .is_some_and(|l| l.worker == worker && l.queued)
+            })
             .collect();
         for &task in &queued {
             let lease = self.end_lease(task).expect("listed from the lease table");

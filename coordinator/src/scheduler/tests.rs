@@ -1025,7 +1025,8 @@ fn simulate(seed: u64, pipelining: bool) -> Seen {
         for lost in sched.take_superseded() {
             seen.superseded += 1;
             if let Some(fake) = live.get_mut(&lost.worker) {
-                fake.tasks.retain(|&(t, e)| (t, e) != (lost.task, lost.epoch));
+                fake.tasks
+                    .retain(|&(t, e)| (t, e) != (lost.task, lost.epoch));
             }
             late.push((lost.worker, lost.task, lost.epoch));
         }
@@ -1548,7 +1549,9 @@ fn check_lease_depth(rtt_ms: Millis, task_ms: Option<Millis>, expected: usize) {
     // proven enough for any depth, and its task time is `task_ms`.
     if let Some(task_ms) = task_ms {
         for i in 0..8 {
-            farm.at((u64::from(i) + 1) * task_ms).complete(10, key(1, i)).unwrap();
+            farm.at((u64::from(i) + 1) * task_ms)
+                .complete(10, key(1, i))
+                .unwrap();
             farm.assign();
         }
     }
@@ -1686,7 +1689,11 @@ fn an_idle_worker_steals_a_queued_task_before_doubling_a_straggler() {
     assert_eq!(farm.assign(), [(11, 1, 4)], "stolen, not doubled");
     farm.sched.take_superseded();
     farm.worker((12, 1, &["builtin"]));
-    assert_eq!(farm.assign(), [(12, 1, 3)], "the rendering one is a straggler");
+    assert_eq!(
+        farm.assign(),
+        [(12, 1, 3)],
+        "the rendering one is a straggler"
+    );
 }
 
 /// Drain: the worker finishes what it renders, and hands its queued tasks
