@@ -585,6 +585,12 @@ async fn render(
             let _ = tx.send(WorkerMsg::Cached { added, removed });
         }
     }
+    tracing::info!(
+        job = task.task.job,
+        task = task.task.index,
+        epoch = task.task.epoch,
+        "task rendering"
+    );
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
     let t = task.task;
