@@ -602,6 +602,12 @@ async fn render(
         .acquire()
         .await
         .expect("the slot semaphore is never closed");
+    tracing::info!(
+        job = task.task.job,
+        task = task.task.index,
+        epoch = task.task.epoch,
+        "task rendering"
+    );
     let started = Instant::now();
     let (job2, task2) = (job.clone(), task.clone());
     let t = task.task;
