@@ -76,6 +76,7 @@ pub fn jobs_page(
 
 /// Every job matching `filter`, page by page (for callers that want the
 /// whole list, such as an HTTP answer with its own paging on top).
+#[allow(dead_code)] // the HTTP API's (issue 14a); the QUIC client pages itself
 pub fn jobs(shared: &Shared, filter: &JobFilter) -> anyhow::Result<Vec<JobStatus>> {
     let mut out = Vec::new();
     let mut after = 0;
@@ -120,21 +121,19 @@ pub fn job_detail(shared: &Shared, id: u64) -> anyhow::Result<Option<JobDetail>>
         } else {
             FrameState::Waiting
         };
-        match frames.last_mut() {
-            Some(run) if run.state == state => {
-                run.last = frame;
-                run.count += 1;
-            }
-            _ if frames.len() == MAX_DETAIL_RUNS => {
-                frames_cut = true;
-                break;
-            }
-            _ => frames.push(FrameRun {
+        if let Some(run) = frames.last_mut().filter(|r| r.state == state) {
+            run.last = frame;
+            run.count += 1;
+        } else if frames.len() == MAX_DETAIL_RUNS {
+            frames_cut = true;
+            break;
+        } else {
+            frames.push(FrameRun {
                 first: frame,
                 last: frame,
                 count: 1,
                 state,
-            }),
+            });
         }
     }
     let tasks_per_frame = spec.tasks_per_frame().max(1);

@@ -22,6 +22,7 @@ mod operate;
 mod partition;
 mod passes;
 mod requires;
+mod scripting;
 mod tiles;
 mod trust;
 mod unreal;
