@@ -17,8 +17,8 @@ use tessera_protocol::job::{
     SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, Collected, FrameOutput, JobState, JobStatus, Role, TileStatus,
-    WorkerStatus,
+    ClientRequest, ClientResponse, Collected, FrameOutput, JobDetail, JobFilter, JobStatus, Role,
+    TileStatus, WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Channel, Timing};
@@ -61,10 +61,9 @@ impl Client {
     pub async fn call(&mut self, request: &ClientRequest) -> anyhow::Result<ClientResponse> {
         let ch: &mut Channel = &mut self.session.control;
         ch.send(request).await?;
-        let response = ch
-            .recv::<ClientResponse>()
-            .await?
-            .context("the coordinator closed the connection")?;
+        let response = ch.recv::<ClientResponse>().await?.ok_or_else(|| {
+            crate::exit::Unreachable("the coordinator closed the connection".into())
+        })?;
         if let ClientResponse::Error(e) = response {
             bail!("{e}");
         }
@@ -113,6 +112,68 @@ impl Client {
                     workers.extend(w);
                     if !more || empty {
                         return Ok((jobs, workers));
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+    }
+
+    /// Every job matching `filter`, oldest first, page by page.
+    pub async fn jobs(&mut self, filter: &JobFilter) -> anyhow::Result<Vec<JobStatus>> {
+        let mut jobs = Vec::new();
+        let mut after = 0;
+        loop {
+            let request = ClientRequest::JobsPage {
+                filter: filter.clone(),
+                after,
+            };
+            match self.call(&request).await? {
+                ClientResponse::JobsPage { jobs: j, next } => {
+                    jobs.extend(j);
+                    match next {
+                        Some(n) if n > after => after = n,
+                        _ => return Ok(jobs),
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+    }
+
+    /// Puts a failed job back in the queue.
+    pub async fn retry(&mut self, job: u64) -> anyhow::Result<JobStatus> {
+        match self.call(&ClientRequest::Retry(job)).await? {
+            ClientResponse::Retried(s) => Ok(s),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// One job in detail (`status JOB`).
+    pub async fn job_detail(&mut self, job: u64) -> anyhow::Result<JobDetail> {
+        match self.call(&ClientRequest::JobDetail(job)).await? {
+            ClientResponse::JobDetail(d) => Ok(*d),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
+    /// Every connected worker, page by page.
+    pub async fn workers(&mut self) -> anyhow::Result<Vec<WorkerStatus>> {
+        let mut workers = Vec::new();
+        let mut after_worker = 0;
+        loop {
+            // No job has an id this high: the pages carry workers only.
+            let request = ClientRequest::StatusPage {
+                after_job: i64::MAX as u64,
+                after_worker,
+            };
+            match self.call(&request).await? {
+                ClientResponse::StatusPage { workers: w, more, .. } => {
+                    after_worker = w.last().map_or(after_worker, |s| s.id);
+                    let empty = w.is_empty();
+                    workers.extend(w);
+                    if !more || empty {
+                        return Ok(workers);
                     }
                 }
                 other => bail!("unexpected reply {other:?}"),
@@ -240,112 +301,11 @@ impl Client {
         })
     }
 
-    /// Polls until the job is final, showing progress on a terminal.
-    pub async fn wait(&mut self, job: u64, show_progress: bool) -> anyhow::Result<JobStatus> {
-        let mut bar = show_progress.then(|| Progress::new("rendering", "tasks"));
-        loop {
-            let status = self.job(job).await?;
-            if let Some(bar) = &mut bar {
-                bar.update(u64::from(status.tasks_done), u64::from(status.tasks_total));
-            }
-            if status.state.is_final() {
-                if let Some(bar) = &mut bar {
-                    bar.finish();
-                }
-                return Ok(status);
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    /// Fetches one blob into `dest` (re-hashed as it arrives).
+    pub async fn get_blob(&mut self, digest: Digest, dest: &BlobDir) -> anyhow::Result<()> {
+        blob::get(&self.session.connection, digest, None, dest).await?;
+        Ok(())
     }
-
-    /// Downloads every stitched frame of `job` into `dir` as `frame_NNNN.EXT`
-    /// (or the scene's own names). A file already there with the same bytes
-    /// is kept; one with other bytes (another job's frame, a user's file)
-    /// is an error naming it, unless `overwrite`. Frames arrive in a staging
-    /// folder of this run's own making, the only thing removed afterwards.
-    pub async fn download_frames(
-        &mut self,
-        job: u64,
-        dir: &Path,
-        overwrite: bool,
-    ) -> anyhow::Result<Vec<PathBuf>> {
-        let frames = self.frames(job).await?;
-        std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
-        let staging = Staging::create(dir, job)?;
-        let staged = BlobDir::open(&staging.0)?;
-        let mut written = Vec::new();
-        for f in frames {
-            // The scene's own name for the frame (checked to be a plain
-            // file name), else frame_NNNN.EXT.
-            let name = f.name.filter(|n| {
-                std::path::Path::new(n).components().count() == 1
-                    && matches!(
-                        std::path::Path::new(n).components().next(),
-                        Some(std::path::Component::Normal(_))
-                    )
-            });
-            let name =
-                name.unwrap_or_else(|| format!("frame_{:04}.{}", f.frame, f.format.extension()));
-            let dest = dir.join(name);
-            if dest.symlink_metadata().is_ok() {
-                if same_bytes(&dest, &f.digest) {
-                    written.push(dest);
-                    continue;
-                }
-                if !overwrite || !dest.is_file() {
-                    bail!(
-                        "{} already exists and holds something else; nothing there was replaced (pass --overwrite to replace it, or pick another --output)",
-                        dest.display()
-                    );
-                }
-            }
-            blob::get(&self.session.connection, f.digest, None, &staged)
-                .await
-                .with_context(|| format!("downloading frame {}", f.frame))?;
-            std::fs::rename(staged.path(&f.digest), &dest)
-                .with_context(|| format!("writing {}", dest.display()))?;
-            written.push(dest);
-        }
-        Ok(written)
-    }
-}
-
-/// A staging folder this run created inside the output folder; removed
-/// when dropped. A folder of the same name that was there before is never
-/// touched: another name is picked.
-struct Staging(PathBuf);
-
-impl Staging {
-    fn create(dir: &Path, job: u64) -> anyhow::Result<Staging> {
-        for attempt in 0..100u32 {
-            let path = dir.join(format!(
-                ".tessera-download-{job}-{}-{attempt}",
-                std::process::id()
-            ));
-            match std::fs::create_dir(&path) {
-                Ok(()) => return Ok(Staging(path)),
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
-                Err(e) => {
-                    return Err(e).with_context(|| format!("cannot create {}", path.display()))
-                }
-            }
-        }
-        bail!("cannot create a staging folder in {}", dir.display())
-    }
-}
-
-impl Drop for Staging {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// Whether the file at `path` holds exactly the bytes of `digest`.
-fn same_bytes(path: &Path, digest: &Digest) -> bool {
-    std::fs::File::open(path)
-        .ok()
-        .and_then(|f| Digest::of_reader(f).ok())
-        .is_some_and(|(d, _)| d == *digest)
 }
 
 /// The farm's feed: `ClientResponse::Snapshot` now and every half second,
@@ -1150,12 +1110,4 @@ async fn upload(
         "uploaded"
     );
     Ok(total)
-}
-
-/// The process exit code for a final job.
-pub fn job_exit_code(status: &JobStatus) -> i32 {
-    match status.state {
-        JobState::Done => 0,
-        _ => 1,
-    }
 }

@@ -186,7 +186,14 @@ pub async fn run(
         "job {} submitted: {} frames in {} tiles each",
         submitted.id, submitted.frames_total, tiles
     );
-    let status = client.wait(submitted.id, true).await?;
+    let opts = crate::follow::WaitOptions {
+        output: Some((output.to_path_buf(), true)),
+        partial: false,
+        timeout: None,
+        progress: true,
+    };
+    let waited = crate::follow::wait(&ticket, Some(client), &[submitted.id], &opts).await?;
+    let (status, files) = waited.jobs.into_iter().next().context("the demo job vanished")?;
     if status.state != JobState::Done {
         bail!(
             "the demo job ended {}: {}",
@@ -194,7 +201,6 @@ pub async fn run(
             status.error.unwrap_or_default()
         );
     }
-    let files = client.download_frames(submitted.id, output, true).await?;
     let wall = started.elapsed().as_secs_f64();
     let makespan_ms =
         status.finished_unix_ms.unwrap_or(status.submitted_unix_ms) - status.submitted_unix_ms;

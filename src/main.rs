@@ -5,6 +5,8 @@ mod blend;
 mod build;
 mod client;
 mod demo;
+mod exit;
+mod follow;
 mod monitor;
 mod progress;
 mod report;
@@ -20,7 +22,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use tessera_protocol::job::{Engine, TileGrid};
-use tessera_protocol::messages::MAX_SLOTS;
+use tessera_protocol::messages::{JobFilter, JobState, MAX_SLOTS};
 use tessera_worker::engine::{self, blender, blender_runtime};
 
 use crate::client::{Client, SubmitOptions};
@@ -210,12 +212,20 @@ enum Command {
         /// pixels is quarantined and its results are rendered again.
         #[arg(long, default_value = "0", value_parser = clap::value_parser!(u32).range(0..=100))]
         verify: u32,
-        /// With --wait: download the frames here.
+        /// With --wait: download the frames here, each as soon as it is
+        /// stitched.
         #[arg(long)]
         output: Option<PathBuf>,
         /// With --output: replace files there that hold other frames.
         #[arg(long)]
         overwrite: bool,
+        /// With --output: also fetch the finished frames if the job fails
+        /// or is canceled.
+        #[arg(long, requires = "output")]
+        partial: bool,
+        /// With --wait: give up waiting after this long (exit code 5).
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<std::time::Duration>,
         /// Job name (default: the scene's file name).
         #[arg(long)]
         name: Option<String>,
@@ -255,24 +265,50 @@ enum Command {
         #[command(flatten)]
         ticket: TicketArg,
     },
-    /// Show jobs and workers, or one job.
+    /// Show jobs and workers, or one job in detail (its frames, failed
+    /// attempts and workers). Filters narrow the list.
     Status {
-        job: Option<u64>,
+        /// Job ids: one shows that job in detail; several list just those.
+        jobs: Vec<u64>,
+        /// Only jobs in these states (comma-separated): queued, running,
+        /// done, failed, canceled; `active` (queued and running) and
+        /// `finished` (done, failed, canceled).
+        #[arg(long, value_delimiter = ',', value_parser = parse_states)]
+        state: Vec<States>,
+        /// Only jobs with this name; `*` and `?` match any characters
+        /// (`--name 'sh0*'`).
+        #[arg(long)]
+        name: Option<String>,
+        /// Only jobs submitted since then: a duration ago (`2h`, `30m`,
+        /// `7d`) or a UTC time (`2026-12-01`, `2026-12-01T09:30:00Z`).
+        #[arg(long, value_parser = parse_since)]
+        since: Option<u64>,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
         ticket: TicketArg,
     },
-    /// Wait for a job to finish; exits non-zero if it failed or was canceled.
+    /// Wait for jobs to finish, writing each frame as soon as it is
+    /// stitched; exits 0 when every job is done, else with the code of the
+    /// worst ending (see the README's exit codes).
     Wait {
-        job: u64,
-        /// Download the frames here.
+        #[arg(required = true)]
+        jobs: Vec<u64>,
+        /// Download the frames here, each as soon as it is stitched.
         #[arg(long)]
         output: Option<PathBuf>,
         /// Replace files in --output that hold other frames (another
         /// job's, say); without it such a file is an error.
         #[arg(long)]
         overwrite: bool,
+        /// With --output: also fetch the finished frames of a job that
+        /// failed or was canceled.
+        #[arg(long, requires = "output")]
+        partial: bool,
+        /// Give up after this long (e.g. 90s, 30m, 2h) with exit code 5;
+        /// the jobs go on.
+        #[arg(long, value_parser = parse_duration)]
+        timeout: Option<std::time::Duration>,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -283,6 +319,18 @@ enum Command {
     Logs {
         job: u64,
         task: Option<u32>,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Put a failed job back in the queue: its finished tasks and frames
+    /// stay, the failed and unfinished tasks are rendered again.
+    Retry {
+        job: u64,
+        /// Then wait for it (as `wait`).
+        #[arg(long)]
+        wait: bool,
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -319,10 +367,12 @@ enum Command {
         #[command(flatten)]
         ticket: TicketArg,
     },
-    /// Ask a worker to finish its tasks and leave (exit 0).
+    /// Ask a worker to finish its tasks and leave (its process exits 0; at
+    /// once when it is idle).
     Drain {
-        /// The worker's id (see `tessera status`).
-        worker: u64,
+        /// The worker's name or id (see `tessera status`); a name drains
+        /// every connected worker of that name.
+        worker: String,
         #[command(flatten)]
         ticket: TicketArg,
     },
@@ -468,7 +518,7 @@ fn main() {
         Err(e) => {
             // One line: the reason, with its causes.
             eprintln!("error: {}", format!("{e:#}").replace('\n', " "));
-            std::process::exit(1);
+            std::process::exit(exit::for_error(&e));
         }
     }
 }
@@ -608,12 +658,22 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let blenders: Vec<PathBuf> = (blenders.into_iter())
                 .filter(|b| b.as_os_str() != "auto")
                 .collect();
-            let name = name.unwrap_or_else(|| {
-                let host =
-                    std::fs::read_to_string("/etc/hostname").unwrap_or_else(|_| "worker".into());
-                format!("{}-{}", host.trim(), std::process::id())
-            });
-            let cache_dir = cache_dir.unwrap_or_else(|| default_cache_dir(&name));
+            // Held for the life of the process: the default cache folder
+            // (and the identity in it) belongs to one worker at a time.
+            let mut _cache_lock = None;
+            let (name, cache_dir) = match (name, cache_dir) {
+                (Some(name), Some(dir)) => (name, dir),
+                (Some(name), None) => {
+                    let dir = default_cache_dir(&name);
+                    (name, dir)
+                }
+                (None, Some(dir)) => (host_name(), dir),
+                (None, None) => {
+                    let (name, dir, lock) = default_worker_name()?;
+                    _cache_lock = Some(lock);
+                    (name, dir)
+                }
+            };
             let unreal = unreal_editor.map(|editor| {
                 Arc::new(engine::unreal::Unreal::new(
                     editor, &cache_dir, cache_max, slots,
@@ -670,6 +730,8 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             verify,
             output,
             overwrite,
+            partial,
+            timeout,
             name,
             priority,
             wait,
@@ -683,6 +745,12 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             unreal,
             ticket,
         } => {
+            if !wait && (output.is_some() || timeout.is_some()) {
+                let what = if output.is_some() { "--output" } else { "--timeout" };
+                return Err(exit::usage(format!(
+                    "{what} needs --wait (submit returns at once without it; use `tessera wait JOB {what} …` later)"
+                )));
+            }
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let opts = SubmitOptions {
                 scene,
@@ -726,41 +794,95 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     report::summary_line(&status)
                 );
             }
-            finish_wait(
-                &mut client,
-                status.id,
-                output.map(|dir| (dir, overwrite)),
-                json,
-                Some(&warnings),
-            )
-            .await
+            let opts = follow::WaitOptions {
+                output: output.map(|dir| (dir, overwrite)),
+                partial,
+                timeout,
+                progress: !json,
+            };
+            finish_wait(&ticket, client, &[status.id], &opts, json, Some(&warnings)).await
         }
-        Command::Status { job, json, ticket } => {
-            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
-            let mut client = Client::connect(&ticket).await?;
-            let (jobs, workers) = client.status(job).await?;
-            report::print_status(job, &jobs, &workers, json);
-            Ok(0)
-        }
-        Command::Wait {
-            job,
-            output,
-            overwrite,
+        Command::Status {
+            jobs: ids,
+            state,
+            name,
+            since,
             json,
             ticket,
         } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
-            let output = output.map(|dir| (dir, overwrite));
-            finish_wait(&mut client, job, output, json, None).await
+            let mut states: Vec<JobState> = state.into_iter().flat_map(|s| s.0).collect();
+            states.sort_by_key(|s| *s as u8);
+            states.dedup();
+            let filter = JobFilter {
+                states,
+                name,
+                since_unix_ms: since,
+                ids: ids.clone(),
+            };
+            let only_ids = JobFilter {
+                ids: ids.clone(),
+                ..Default::default()
+            };
+            if let ([id], true) = (&ids[..], filter == only_ids) {
+                report::print_detail(&client.job_detail(*id).await?, json);
+                return Ok(0);
+            }
+            let jobs = client.jobs(&filter).await?;
+            let workers = client.workers().await?;
+            report::print_status(None, &jobs, &workers, json);
+            Ok(0)
+        }
+        Command::Wait {
+            jobs,
+            output,
+            overwrite,
+            partial,
+            timeout,
+            json,
+            ticket,
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let client = Client::connect(&ticket).await?;
+            let opts = follow::WaitOptions {
+                output: output.map(|dir| (dir, overwrite)),
+                partial,
+                timeout,
+                progress: !json,
+            };
+            let mut jobs = jobs;
+            let mut seen = std::collections::HashSet::new();
+            jobs.retain(|j| seen.insert(*j));
+            finish_wait(&ticket, client, &jobs, &opts, json, None).await
         }
         Command::Pause { job, ticket } => pause(job, ticket, true).await,
         Command::Resume { job, ticket } => pause(job, ticket, false).await,
         Command::Drain { worker, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;
-            client.drain(worker).await?;
-            println!("worker {worker} is draining: it finishes its tasks, then leaves");
+            let workers = client.workers().await?;
+            let ids: Vec<(u64, String)> = match worker.parse::<u64>() {
+                Ok(id) if !workers.iter().any(|w| w.name == worker) => {
+                    vec![(id, format!("{id}"))]
+                }
+                _ => (workers.iter())
+                    .filter(|w| w.name == worker)
+                    .map(|w| (w.id, format!("{} (id {})", shown::text(&w.name), w.id)))
+                    .collect(),
+            };
+            if ids.is_empty() {
+                let names: Vec<String> = workers.iter().map(|w| shown::text(&w.name)).collect();
+                anyhow::bail!(
+                    "no connected worker is named `{}` (connected: {})",
+                    shown::text(&worker),
+                    if names.is_empty() { "none".into() } else { names.join(", ") }
+                );
+            }
+            for (id, shown) in ids {
+                client.drain(id).await?;
+                println!("worker {shown} is draining: it finishes its tasks, then leaves");
+            }
             Ok(0)
         }
         Command::Logs {
@@ -774,6 +896,31 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let logs = client.logs(job, task).await?;
             report::print_logs(job, &logs, json);
             Ok(0)
+        }
+        Command::Retry {
+            job,
+            wait,
+            json,
+            ticket,
+        } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let mut client = Client::connect(&ticket).await?;
+            let status = client.retry(job).await?;
+            if !wait {
+                if json {
+                    println!("{}", report::job_json(&status));
+                } else {
+                    println!("job {job} is {} again: {}", status.state.name(), follow::progress_line(&status));
+                }
+                return Ok(0);
+            }
+            let opts = follow::WaitOptions {
+                output: None,
+                partial: false,
+                timeout: None,
+                progress: !json,
+            };
+            finish_wait(&ticket, client, &[job], &opts, json, None).await
         }
         Command::Cancel { job, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
@@ -830,22 +977,110 @@ async fn pause(job: u64, ticket: TicketArg, paused: bool) -> anyhow::Result<i32>
     Ok(0)
 }
 
+/// Follows `jobs` to their end and prints how each ended (one JSON
+/// object with `--json`: the job's, or `{"jobs": [...]}` for several).
 async fn finish_wait(
-    client: &mut Client,
-    job: u64,
-    output: Option<(PathBuf, bool)>,
+    ticket: &tessera_protocol::ticket::Ticket,
+    client: Client,
+    jobs: &[u64],
+    opts: &follow::WaitOptions,
     json: bool,
     warnings: Option<&[String]>,
 ) -> anyhow::Result<i32> {
-    let status = client.wait(job, !json).await?;
-    let mut files = Vec::new();
-    if let (Some((dir, overwrite)), tessera_protocol::messages::JobState::Done) =
-        (&output, status.state)
-    {
-        files = client.download_frames(job, dir, *overwrite).await?;
+    let waited = follow::wait(ticket, Some(client), jobs, opts).await?;
+    report::print_waited(&waited, warnings, json, opts.timeout);
+    Ok(waited.exit_code())
+}
+
+/// One `--state` value: a state, or a name for several.
+#[derive(Debug, Clone)]
+struct States(Vec<JobState>);
+
+fn parse_states(s: &str) -> Result<States, String> {
+    use JobState::*;
+    Ok(States(match s.trim().to_ascii_lowercase().as_str() {
+        "queued" => vec![Queued],
+        "running" => vec![Running],
+        "done" => vec![Done],
+        "failed" => vec![Failed],
+        "canceled" | "cancelled" => vec![Canceled],
+        "active" => vec![Queued, Running],
+        "finished" => vec![Done, Failed, Canceled],
+        other => {
+            return Err(format!(
+                "`{other}` is not a job state: queued, running, done, failed, canceled, active or finished"
+            ))
+        }
+    }))
+}
+
+/// `--since`: a duration ago (`2h`) or a UTC date or time
+/// (`2026-12-01`, `2026-12-01T09:30`, `2026-12-01T09:30:00Z`, with an
+/// optional `+HH:MM` offset); unix milliseconds.
+fn parse_since(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64);
+    if t.len() < 10 || t.as_bytes().get(4) != Some(&b'-') {
+        let ago = parse_duration(t).map_err(|_| {
+            format!("`{text}`: give a duration ago (2h, 30m, 7d) or a UTC time (2026-12-01T09:30:00Z)")
+        })?;
+        return Ok(now.saturating_sub(ago.as_millis() as u64));
     }
-    report::print_final(&status, &files, warnings, json);
-    Ok(client::job_exit_code(&status))
+    parse_utc(t).ok_or_else(|| {
+        format!("`{text}` is not a time: expected 2026-12-01, 2026-12-01T09:30 or 2026-12-01T09:30:00Z")
+    })
+}
+
+/// An ISO 8601 date or date-time in UTC (or with an offset), as unix ms.
+fn parse_utc(t: &str) -> Option<u64> {
+    let num = |s: &str| -> Option<i64> {
+        (!s.is_empty() && s.bytes().all(|b| b.is_ascii_digit())).then(|| s.parse().ok())?
+    };
+    let (date, rest) = t.split_at(10);
+    let mut d = date.split('-');
+    let (y, m, day) = (num(d.next()?)?, num(d.next()?)?, num(d.next()?)?);
+    if !(1..=12).contains(&m) || !(1..=31).contains(&day) || y < 1970 {
+        return None;
+    }
+    let mut secs = 0i64;
+    let mut offset = 0i64;
+    if let Some(time) = rest.strip_prefix(['T', 't', ' ']) {
+        let (clock, zone) = match time.find(['Z', 'z', '+', '-']) {
+            Some(i) => time.split_at(i),
+            None => (time, ""),
+        };
+        let mut parts = clock.split(':');
+        let h = num(parts.next()?)?;
+        let min = num(parts.next()?)?;
+        let sec = match parts.next() {
+            Some(s) => num(s.split('.').next()?)?,
+            None => 0,
+        };
+        if parts.next().is_some() || h > 23 || min > 59 || sec > 60 {
+            return None;
+        }
+        secs = h * 3600 + min * 60 + sec;
+        if let Some(z) = zone.strip_prefix('+').map(|z| (1, z)).or(zone.strip_prefix('-').map(|z| (-1, z))) {
+            let (sign, z) = z;
+            let (oh, om) = z.split_once(':').unwrap_or((z.get(..2)?, z.get(2..)?));
+            offset = sign * (num(oh)? * 3600 + num(om)? * 60);
+        } else if !matches!(zone, "" | "Z" | "z") {
+            return None;
+        }
+    } else if !rest.is_empty() {
+        return None;
+    }
+    // Days from the civil date (Howard Hinnant's algorithm).
+    let (y, m) = if m <= 2 { (y - 1, m + 9) } else { (y, m - 3) };
+    let era = y.div_euclid(400);
+    let yoe = y - era * 400;
+    let doy = (153 * m + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    let days = era * 146_097 + doe - 719_468;
+    let unix = days * 86_400 + secs - offset;
+    u64::try_from(unix).ok().map(|s| s * 1000)
 }
 
 /// A duration such as `7d`, `12h`, `30m` or `45s`.
@@ -1124,6 +1359,44 @@ fn parse_sample_ranges(s: &str) -> Result<u32, String> {
     }
 }
 
+/// This machine's host name (`worker` when it has none).
+fn host_name() -> String {
+    let host = std::fs::read_to_string("/etc/hostname").unwrap_or_default();
+    let host = host.trim();
+    if host.is_empty() {
+        "worker".into()
+    } else {
+        host.to_string()
+    }
+}
+
+/// A worker started without `--name` or `--cache-dir`: named after the
+/// host, the same name on every start (and so the same identity, cache and
+/// drain target), `HOST-2`, `HOST-3` … for further workers running on the
+/// machine at once; each holds a lock on its cache folder while it runs.
+fn default_worker_name() -> anyhow::Result<(String, PathBuf, std::fs::File)> {
+    use std::os::fd::AsRawFd;
+    let host = host_name();
+    for n in 1..=64u32 {
+        let name = if n == 1 { host.clone() } else { format!("{host}-{n}") };
+        let dir = default_cache_dir(&name);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("cannot create the cache folder {}", dir.display()))?;
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(dir.join("worker.lock"))
+            .with_context(|| format!("cannot lock the cache folder {}", dir.display()))?;
+        // SAFETY: flock on a descriptor this function owns; released when
+        // the file is closed (the process ends).
+        if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+            return Ok((name, dir, lock));
+        }
+    }
+    anyhow::bail!("64 workers without --name already run on this machine; pass --name and --cache-dir")
+}
+
 fn default_cache_dir(name: &str) -> PathBuf {
     let base = std::env::var_os("XDG_CACHE_HOME")
         .map(PathBuf::from)
@@ -1135,6 +1408,24 @@ fn default_cache_dir(name: &str) -> PathBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn since_takes_a_duration_ago_or_a_utc_time() {
+        assert_eq!(parse_utc("1970-01-02"), Some(86_400_000));
+        assert_eq!(parse_utc("2026-12-01T09:30:00Z"), Some(1_796_117_400_000));
+        assert_eq!(parse_utc("2026-12-01T09:30"), Some(1_796_117_400_000));
+        assert_eq!(parse_utc("2026-12-01T10:30:00+01:00"), Some(1_796_117_400_000));
+        assert_eq!(parse_utc("2000-02-29T00:00:00Z"), Some(951_782_400_000));
+        for bad in ["2026-13-01", "2026-12-01T25:00", "2026-12-01X", "2026-1-1"] {
+            assert!(parse_since(bad).is_err(), "{bad}");
+        }
+        let now = parse_since("0s").unwrap();
+        let hour_ago = parse_since("1h").unwrap();
+        assert!(now - hour_ago >= 3_599_000 && now - hour_ago <= 3_601_000);
+        assert!(parse_since("soon").is_err());
+        assert_eq!(parse_states("active").unwrap().0, vec![JobState::Queued, JobState::Running]);
+        assert!(parse_states("paused").unwrap_err().contains("not a job state"));
+    }
 
     #[test]
     fn slots_and_devices_take_auto_or_a_bounded_value() {

@@ -9,6 +9,18 @@ use tessera_protocol::messages::{JobState, JobStatus, WorkerStatus};
 
 use crate::progress::human_bytes;
 
+/// `x` to `places` decimals, so JSON shows `12.9`, not `12.881999999999998`
+/// (amounts of money to a hundredth of a cent, seconds to a tenth).
+pub fn round(x: f64, places: i32) -> f64 {
+    let scale = 10f64.powi(places);
+    let r = (x * scale).round() / scale;
+    if r == 0.0 {
+        0.0 // never -0
+    } else {
+        r
+    }
+}
+
 pub fn job_json(s: &JobStatus) -> serde_json::Value {
     json!({
         "id": s.id,
@@ -30,9 +42,9 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "error": s.error,
         "blocked": s.blocked,
         "paused": s.paused,
-        "cost_usd": s.cost_usd,
-        "cost_to_finish_usd": s.cost_to_finish_usd,
-        "eta_secs": s.eta_secs,
+        "cost_usd": round(s.cost_usd, 4),
+        "cost_to_finish_usd": s.cost_to_finish_usd.map(|c| round(c, 4)),
+        "eta_secs": s.eta_secs.map(|e| round(e, 1)),
         "verification": s.verification.as_ref().map(|v| json!({
             "percent": v.percent,
             "agreed": v.agreed,
@@ -166,6 +178,189 @@ pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>
                 .map(|e| format!(": {}", crate::shown::text(e)))
                 .unwrap_or_default()
         ),
+    }
+}
+
+/// `status JOB`: the job, its frames by state, its workers and its latest
+/// failed attempts.
+pub fn print_detail(d: &tessera_protocol::messages::JobDetail, json: bool) {
+    if json {
+        let mut v = job_json(&d.status);
+        v["frames"] = json!(d
+            .frames
+            .iter()
+            .map(|r| json!({"first": r.first, "last": r.last, "count": r.count, "state": r.state.name()}))
+            .collect::<Vec<_>>());
+        v["frames_cut"] = json!(d.frames_cut);
+        v["attempts"] = json!(d
+            .attempts
+            .iter()
+            .map(|a| json!({"task": a.task, "frame": a.frame, "worker": a.worker,
+                            "worker_name": a.worker_name, "unix_ms": a.unix_ms, "error": a.error}))
+            .collect::<Vec<_>>());
+        v["attempts_total"] = json!(d.attempts_total);
+        v["workers"] = json!(d
+            .workers
+            .iter()
+            .map(|w| json!({"name": w.name, "tasks_done": w.tasks_done,
+                            "render_ms": w.render_ms, "running": w.running}))
+            .collect::<Vec<_>>());
+        println!("{v}");
+        return;
+    }
+    let mut s = d.status.clone();
+    crate::shown::job(&mut s);
+    println!("{}", crate::follow::progress_line(&d.status));
+    println!(
+        "  submitted {}{}; cost ${:.2}{}",
+        utc(s.submitted_unix_ms),
+        s.finished_unix_ms
+            .map(|f| format!(", finished {}", utc(f)))
+            .unwrap_or_default(),
+        s.cost_usd,
+        s.cost_to_finish_usd
+            .map(|c| format!(" (${c:.2} to finish)"))
+            .unwrap_or_default()
+    );
+    if let Some(e) = &s.error {
+        println!("  error: {e}");
+    }
+    if let Some(v) = &s.verification {
+        println!("  {}", verification_note(v));
+    }
+    let runs: Vec<String> = d
+        .frames
+        .iter()
+        .map(|r| {
+            let frames = if r.count == 1 {
+                r.first.to_string()
+            } else {
+                format!("{}-{}", r.first, r.last)
+            };
+            format!("{frames} {}", r.state.name())
+        })
+        .collect();
+    println!(
+        "  frames: {}{}",
+        runs.join(", "),
+        if d.frames_cut { ", …" } else { "" }
+    );
+    if d.workers.is_empty() {
+        println!("  workers: none yet");
+    }
+    for w in &d.workers {
+        println!(
+            "  worker {}: {} tasks done ({:.1} s rendering){}",
+            crate::shown::text(&w.name),
+            w.tasks_done,
+            w.render_ms as f64 / 1000.0,
+            if w.running > 0 {
+                format!(", {} running", w.running)
+            } else {
+                String::new()
+            }
+        );
+    }
+    if d.attempts_total > 0 {
+        println!(
+            "  failed attempts: {} (latest {} below; `tessera logs {}` shows their logs)",
+            d.attempts_total,
+            d.attempts.len(),
+            s.id
+        );
+    }
+    for a in &d.attempts {
+        println!(
+            "    task {}{} on {} at {}: {}",
+            a.task,
+            a.frame.map(|f| format!(" (frame {f})")).unwrap_or_default(),
+            a.worker_name
+                .as_deref()
+                .map(crate::shown::text)
+                .unwrap_or_else(|| format!("worker {}", a.worker)),
+            utc(a.unix_ms),
+            crate::shown::text(&a.error)
+        );
+    }
+}
+
+/// Unix milliseconds as `2026-12-01 09:30:00 UTC`.
+pub fn utc(unix_ms: u64) -> String {
+    let secs = (unix_ms / 1000) as i64;
+    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// How a `wait` ended: each job as [`print_final`] shows it, and a line
+/// on stderr when the time ran out first.
+pub fn print_waited(
+    w: &crate::follow::Waited,
+    warnings: Option<&[String]>,
+    json: bool,
+    timeout: Option<std::time::Duration>,
+) {
+    if json {
+        let mut list: Vec<serde_json::Value> = w
+            .jobs
+            .iter()
+            .map(|(s, files)| {
+                let mut v = job_json(s);
+                v["files"] = json!(files
+                    .iter()
+                    .map(|f| f.display().to_string())
+                    .collect::<Vec<_>>());
+                v
+            })
+            .collect();
+        let mut v = if list.len() == 1 {
+            list.pop().expect("one job")
+        } else {
+            json!({ "jobs": list })
+        };
+        if let Some(warn) = warnings {
+            v["warnings"] = json!(warn);
+        }
+        if w.timed_out {
+            v["timed_out"] = json!(true);
+        }
+        println!("{v}");
+    } else {
+        for (s, files) in &w.jobs {
+            if s.state.is_final() {
+                print_final(s, files, None, false);
+                if s.state != JobState::Done && !files.is_empty() {
+                    if let Some(dir) = files.first().and_then(|f| f.parent()) {
+                        println!("{} finished frames written to {}", files.len(), dir.display());
+                    }
+                }
+            }
+        }
+    }
+    if w.timed_out {
+        let pending: Vec<String> = (w.jobs.iter())
+            .filter(|(s, _)| !s.state.is_final())
+            .map(|(s, _)| crate::follow::progress_line(s))
+            .collect();
+        eprintln!(
+            "error: timed out after {}: {} (the jobs go on)",
+            timeout.map_or("the timeout".into(), |t| format!("{} s", t.as_secs_f64())),
+            pending.join("; ")
+        );
     }
 }
 
@@ -382,5 +577,52 @@ pub fn print_builds(builds: &[BuildInfo], json: bool) {
                 holders.join(", ")
             },
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn json_figures_are_rounded_and_never_negative_zero() {
+        assert_eq!(round(12.881999999999998, 1), 12.9);
+        assert_eq!(round(0.123456789, 4), 0.1235);
+        assert!(round(-0.0, 4).is_sign_positive());
+        assert!(round(-0.00001, 4).is_sign_positive());
+        let mut s = JobStatus {
+            id: 1,
+            name: "sh010".into(),
+            engine: tessera_protocol::job::Engine::Builtin,
+            state: JobState::Running,
+            priority: 0,
+            frames_total: 1,
+            frames_done: 0,
+            tasks_total: 1,
+            tasks_done: 0,
+            tasks_running: 0,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            bytes_to_workers: 0,
+            render_ms: 0,
+            submitted_unix_ms: 0,
+            finished_unix_ms: None,
+            error: None,
+            blocked: None,
+            cost_usd: 0.0,
+            cost_to_finish_usd: None,
+            eta_secs: None,
+            paused: false,
+            verification: None,
+        };
+        s.eta_secs = Some(12.881999999999998);
+        s.cost_usd = 0.1 + 0.2;
+        s.cost_to_finish_usd = Some(-0.0);
+        let v = job_json(&s).to_string();
+        assert!(v.contains(r#""eta_secs":12.9"#), "{v}");
+        assert!(v.contains(r#""cost_usd":0.3,"#), "{v}");
+        assert!(v.contains(r#""cost_to_finish_usd":0.0"#), "{v}");
+        assert_eq!(utc(1_796_117_400_000), "2026-12-01 09:30:00 UTC");
+        assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
     }
 }

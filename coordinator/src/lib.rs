@@ -22,6 +22,8 @@ pub mod farm;
 mod gc;
 pub mod identity;
 pub mod scheduler;
+pub(crate) mod query;
+pub(crate) mod retry;
 pub mod server;
 pub mod stitch;
 mod stitcher;

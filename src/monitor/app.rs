@@ -9,6 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use tessera_protocol::messages::{
+    JobState,
     FarmEvent, JobStatus, Snapshot, TileState, TileStatus, WorkerStatus,
 };
 
@@ -151,6 +152,9 @@ pub struct App {
     pub log: VecDeque<LogLine>,
     pub pane: Pane,
     pub selected_job: Option<u64>,
+    /// The user picked the selected job: the tiles stay on it. Unpinned,
+    /// the selection follows the running jobs (`f` unpins).
+    pub pinned: bool,
     pub selected_worker: Option<u64>,
     pub mosaic: Option<Mosaic>,
     /// Frames stitched so far, per job, as last fetched.
@@ -298,19 +302,22 @@ impl App {
         self.push_log(now, LogItem::Note(text));
     }
 
-    fn on_snapshot(&mut self, s: Snapshot) -> Option<Command> {
+    fn on_snapshot(&mut self, mut s: Snapshot) -> Option<Command> {
         let before = self.selected_job;
-        if !self
+        order_jobs(&mut s.jobs);
+        let selected = self
             .selected_job
-            .is_some_and(|id| s.jobs.iter().any(|j| j.id == id))
-        {
-            // An active job is the interesting one; else the latest.
-            self.selected_job = s
-                .jobs
-                .iter()
-                .find(|j| !j.state.is_final())
-                .or(s.jobs.last())
-                .map(|j| j.id);
+            .and_then(|id| s.jobs.iter().find(|j| j.id == id));
+        if selected.is_none() {
+            self.pinned = false;
+        }
+        // Unpinned, the selection follows the work: a running job over a
+        // queued or finished one (the first in order is the busiest).
+        let follow = !self.pinned
+            && selected.is_none_or(|j| j.state != JobState::Running || j.paused)
+            && s.jobs.first().is_some_and(|j| j.state == JobState::Running && !j.paused);
+        if selected.is_none() || follow {
+            self.selected_job = s.jobs.first().map(|j| j.id);
         }
         if !self
             .selected_worker
@@ -373,6 +380,16 @@ impl App {
                 };
                 None
             }
+            KeyCode::Char('f') => {
+                // Follow the running jobs again.
+                self.pinned = false;
+                let first = self.jobs().first().map(|j| j.id);
+                if first.is_some() && first != self.selected_job {
+                    self.selected_job = first;
+                    return self.poll_mosaic();
+                }
+                None
+            }
             KeyCode::Char('p') => {
                 let job = self.selected_job_status()?;
                 if job.state.is_final() {
@@ -433,6 +450,7 @@ impl App {
             Pane::Jobs => {
                 let changed = self.selected_job != Some(new);
                 self.selected_job = Some(new);
+                self.pinned = true;
                 if changed {
                     return self.poll_mosaic();
                 }
@@ -491,6 +509,17 @@ impl App {
         }
         None
     }
+}
+
+/// The order the jobs pane lists jobs in: running ones first, then queued
+/// ones (higher priority first), each oldest first; then finished ones,
+/// newest first. A running job is never off-screen below finished ones.
+pub fn order_jobs(jobs: &mut [JobStatus]) {
+    jobs.sort_by_key(|j| match j.state {
+        JobState::Running if !j.paused => (0, 0, j.id),
+        JobState::Running | JobState::Queued => (1, -i64::from(j.priority), j.id),
+        _ => (2, 0, u64::MAX - j.id),
+    });
 }
 
 /// `msg` with every name, error and note from the farm escaped for the

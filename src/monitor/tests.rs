@@ -940,3 +940,71 @@ fn control_characters_in_names_and_errors_are_shown_escaped() {
     assert!(text.contains("evil\\n"), "{text}");
     assert!(text.contains("bad\\nline"), "{text}");
 }
+
+/// Jobs as the coordinator sends them (by id): three finished, one running.
+fn history(running: u64) -> Snapshot {
+    let mut s = farm();
+    s.jobs = (1..=running)
+        .map(|id| {
+            let state = if id == running {
+                JobState::Running
+            } else {
+                JobState::Done
+            };
+            job(id, &format!("shot_{id:03}"), state)
+        })
+        .collect();
+    s
+}
+
+#[test]
+fn running_jobs_come_first_and_the_tiles_follow_them_unless_pinned() {
+    let mut app = App::new();
+    app.update(Msg::Link(Link::Connected));
+    app.update(Msg::Snapshot(history(4)));
+    let order: Vec<u64> = app.jobs().iter().map(|j| j.id).collect();
+    assert_eq!(order, [4, 3, 2, 1], "running first, then the newest finished");
+    assert_eq!(app.selected_job, Some(4));
+    // Job 4 ends and job 5 starts: the tiles move on to job 5.
+    let cmd = app.update(Msg::Snapshot(history(5)));
+    assert_eq!(app.selected_job, Some(5));
+    assert!(
+        matches!(cmd, Some(Command::FetchFrames { job: 5 } | Command::FetchTiles { job: 5, .. })),
+        "{cmd:?}"
+    );
+    let text = screen_text(&draw(&app, 100, 30));
+    let running = text.find("shot_005").unwrap();
+    let finished = text.find("shot_001").unwrap();
+    assert!(running < finished, "the running job is listed first:\n{text}");
+    // The user picks a finished job: it stays, pinned, while job 6 runs.
+    app.update(key(KeyCode::Down));
+    assert_eq!(app.selected_job, Some(4));
+    app.update(Msg::Snapshot(history(6)));
+    assert_eq!(app.selected_job, Some(4), "pinned");
+    app.update(Msg::Tiles {
+        job: 4,
+        frame: 1,
+        tiles: frame_12_tiles(),
+    });
+    assert!(screen_text(&draw(&app, 160, 40)).contains("pinned (f follows)"));
+    // `f` follows the running job again.
+    app.update(key(KeyCode::Char('f')));
+    assert_eq!(app.selected_job, Some(6));
+    assert!(!app.pinned);
+}
+
+#[test]
+fn the_header_never_shows_a_negative_idle_cost() {
+    let mut app = populated();
+    let mut s = farm();
+    for w in &mut s.workers {
+        w.state = WorkerState::Busy;
+    }
+    // What summing no idle workers gave: -0.0.
+    s.farm.idle_usd_per_hour = [0.0f64; 0].iter().sum();
+    assert!(s.farm.idle_usd_per_hour.is_sign_negative());
+    app.update(Msg::Snapshot(s));
+    let text = screen_text(&draw(&app, 120, 30));
+    assert!(text.contains("idle $0.00/h"), "{text}");
+    assert!(!text.contains("$-0.00"), "{text}");
+}

@@ -98,12 +98,12 @@ fn render_header(app: &App, frame: &mut Frame, area: Rect, width: Width) {
         spans.extend([
             Span::raw("│ burn "),
             Span::styled(
-                format!("${:.2}/h", s.farm.burn_usd_per_hour),
+                format!("${:.2}/h", s.farm.burn_usd_per_hour + 0.0),
                 Style::new().bold(),
             ),
             Span::raw(" │ idle "),
             Span::styled(
-                format!("${:.2}/h", s.farm.idle_usd_per_hour),
+                format!("${:.2}/h", s.farm.idle_usd_per_hour + 0.0),
                 Style::new().bold(),
             ),
         ]);
@@ -547,10 +547,11 @@ fn render_mosaic(app: &App, frame: &mut Frame, area: Rect) {
     if let (Some(j), Some(m)) = (job, mosaic) {
         let (_, _, done, _) = m.counts();
         title = format!(
-            "Tiles · frame {} · {done}/{} done · {}",
+            "Tiles · frame {} · {done}/{} done · {}{}",
             m.frame,
             m.tiles.len(),
-            j.name
+            j.name,
+            if app.pinned { " · pinned (f follows)" } else { "" }
         );
     }
     let block = pane_block(&title, false);
@@ -789,6 +790,7 @@ fn render_help(frame: &mut Frame, area: Rect) {
         ("↑ ↓  j k", "move the selection"),
         ("PgUp PgDn Home End", "move further"),
         ("Tab", "switch between jobs and workers"),
+        ("f", "tiles follow the running job again"),
         ("p", "pause / resume the selected job"),
         ("c", "cancel the selected job (asks)"),
         ("d", "drain the selected worker (asks)"),

@@ -9,6 +9,8 @@ fn the_client_modules_import_nothing_from_the_worker_crate() {
         root.join("blend.rs"),
         root.join("report.rs"),
         root.join("progress.rs"),
+        root.join("follow.rs"),
+        root.join("exit.rs"),
         root.join("build.rs"),
         root.join("unpack.rs"),
         root.join("shown.rs"),

@@ -23,6 +23,7 @@ mod operate;
 mod partition;
 mod passes;
 mod requires;
+mod scripting;
 mod tiles;
 mod trust;
 mod unreal;
