@@ -820,7 +820,7 @@ pub struct Submitted {
 /// Scans, hashes, uploads what is missing, and submits. Returns the job's
 /// status; warnings are printed once on stderr and returned.
 pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Submitted> {
-    let (spec, warnings) = upload(client, opts).await?;
+    let (spec, warnings) = upload_scene(client, opts).await?;
     match client.call(&ClientRequest::Submit(spec)).await? {
         ClientResponse::Submitted(status) => Ok(Submitted { status, warnings }),
         other => bail!("unexpected reply {other:?}"),
@@ -830,7 +830,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
 /// Scans, hashes and uploads what is missing: the job spec to submit (by
 /// [`submit`], or by `submit --upload-only` for the HTTP API), and its
 /// warnings (printed once on stderr).
-pub async fn upload(
+pub async fn upload_scene(
     client: &mut Client,
     opts: &SubmitOptions,
 ) -> anyhow::Result<(JobSpec, Vec<String>)> {

@@ -789,7 +789,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             };
             let mut client = Client::connect(&ticket).await?;
             if upload_only {
-                let (spec, _warnings) = client::upload(&mut client, &opts).await?;
+                let (spec, _warnings) = client::upload_scene(&mut client, &opts).await?;
                 println!("{}", serde_json::to_string(&spec)?);
                 return Ok(0);
             }

@@ -86,7 +86,7 @@ impl Farm {
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut farm = Farm {
+        Farm {
             data: dir.join("data"),
             dir,
             coordinator: None,
