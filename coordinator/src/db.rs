@@ -89,6 +89,36 @@ impl StoredJob {
     }
 }
 
+/// What a `jobs` row must be for a [`JobFilter`] to possibly match it:
+/// the part of the filter the database can check by itself.
+///
+/// [`JobFilter`]: tessera_protocol::messages::JobFilter
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobRows {
+    pub ids: Option<Vec<u64>>,
+    pub since_unix_ms: Option<u64>,
+    /// `Some(true)`: only finished jobs; `Some(false)`: only active ones.
+    /// A row's state is final once the job finished; an active job's row
+    /// says `queued` while the core knows whether it runs.
+    pub finished: Option<bool>,
+}
+
+impl JobRows {
+    pub fn for_filter(f: &tessera_protocol::messages::JobFilter) -> JobRows {
+        let finals = f.states.iter().filter(|s| s.is_final()).count();
+        JobRows {
+            ids: (!f.ids.is_empty()).then(|| f.ids.clone()),
+            since_unix_ms: f.since_unix_ms,
+            finished: match (finals, f.states.len()) {
+                (_, 0) => None,
+                (n, all) if n == all => Some(true),
+                (0, _) => Some(false),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// A result to commit.
 #[derive(Debug, Clone)]
 pub struct NewResult<'a> {
@@ -454,6 +484,49 @@ impl Db {
             "SELECT {JOB_COLUMNS} FROM jobs WHERE id > ?1 ORDER BY id LIMIT ?2"
         ))?;
         let rows = stmt.query_map(params![after as i64, limit], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Puts a failed job back to `queued` (no error, no final counters);
+    /// false when it is not failed.
+    pub fn reopen_failed_job(&mut self, job: u64) -> Result<bool, DbError> {
+        let n = self.conn.execute(
+            "UPDATE jobs SET state = 'queued', finished_ms = NULL, error = NULL,
+                 tasks_done = NULL, frames_done = NULL, render_ms = NULL, bytes_to_workers = NULL
+             WHERE id = ?1 AND state = 'failed'",
+            [job as i64],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Up to `limit` jobs with ids above `after` that `rows` lets through,
+    /// in id order (the coarse part of a [`JobFilter`]; the caller checks
+    /// the rest on each job's status).
+    ///
+    /// [`JobFilter`]: tessera_protocol::messages::JobFilter
+    pub fn jobs_where(
+        &self,
+        rows: &JobRows,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredJob>, DbError> {
+        let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id > ?1");
+        if let Some(ids) = &rows.ids {
+            let list: Vec<String> = ids.iter().map(|i| (*i as i64).to_string()).collect();
+            sql += &format!(" AND id IN ({})", list.join(","));
+        }
+        if let Some(since) = rows.since_unix_ms {
+            sql += &format!(" AND submitted_ms >= {}", since.min(i64::MAX as u64));
+        }
+        match rows.finished {
+            Some(true) => sql += " AND state IN ('done', 'failed', 'canceled')",
+            Some(false) => sql += " AND state NOT IN ('done', 'failed', 'canceled')",
+            None => {}
+        }
+        sql += " ORDER BY id LIMIT ?2";
+        let mut stmt = self.conn.prepare(&sql)?;
+        let after = after.min(i64::MAX as u64) as i64;
+        let rows = stmt.query_map(params![after, limit], job_row)?;
         rows.map(|row| stored_job(row?)).collect()
     }
 
@@ -839,6 +912,54 @@ impl Db {
                 error: r.get(3)?,
                 log: r.get(4)?,
             })
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// The latest `limit` failed attempts of a job (newest last) without
+    /// their logs, and how many there are in all: (task, worker, unix ms,
+    /// error).
+    #[allow(clippy::type_complexity)]
+    pub fn attempts(
+        &self,
+        job: u64,
+        limit: u32,
+    ) -> Result<(Vec<(u32, u64, u64, String)>, u32), DbError> {
+        let total: i64 = self.conn.query_row(
+            "SELECT COUNT(*) FROM task_logs WHERE job = ?1",
+            [job as i64],
+            |r| r.get(0),
+        )?;
+        let mut stmt = self.conn.prepare(
+            "SELECT idx, worker, unix_ms, error FROM task_logs
+             WHERE job = ?1 ORDER BY rowid DESC LIMIT ?2",
+        )?;
+        let rows = stmt.query_map(params![job as i64, limit], |r| {
+            Ok((
+                r.get::<_, u32>(0)?,
+                r.get::<_, i64>(1)? as u64,
+                r.get::<_, i64>(2)? as u64,
+                r.get::<_, String>(3)?,
+            ))
+        })?;
+        let mut out: Vec<_> = rows.collect::<Result<_, _>>()?;
+        out.reverse();
+        Ok((out, total as u32))
+    }
+
+    /// Who rendered a job's accepted results: (worker name, results, Σ
+    /// render ms), most results first.
+    pub fn result_workers(&self, job: u64) -> Result<Vec<(String, u32, u64)>, DbError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT worker, COUNT(*), COALESCE(SUM(render_ms), 0) FROM results
+             WHERE job = ?1 GROUP BY worker ORDER BY COUNT(*) DESC, worker",
+        )?;
+        let rows = stmt.query_map([job as i64], |r| {
+            Ok((
+                r.get::<_, String>(0)?,
+                r.get::<_, i64>(1)? as u32,
+                r.get::<_, i64>(2)? as u64,
+            ))
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }

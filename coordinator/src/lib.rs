@@ -23,6 +23,8 @@ mod gc;
 pub mod http;
 pub mod identity;
 pub mod scheduler;
+pub(crate) mod query;
+pub(crate) mod retry;
 pub mod server;
 pub mod stitch;
 mod stitcher;

@@ -508,6 +508,38 @@ async fn bind_both(
     }
 }
 
+/// A stored job as the farm core takes it back: its results, frames,
+/// passes and open leases from the database.
+pub(crate) fn restored_job(db: &Db, stored: StoredJob) -> anyhow::Result<RestoredJob> {
+    let results = db.results(stored.id)?;
+    let frames = db.frames(stored.id)?;
+    let passes = db.passes(stored.id)?;
+    let leases = db.open_leases(stored.id)?;
+    Ok(RestoredJob {
+        id: stored.id,
+        spec: stored.spec,
+        state: stored.state,
+        error: stored.error,
+        submitted_unix_ms: stored.submitted_ms,
+        finished_unix_ms: stored.finished_ms,
+        bytes_uploaded: stored.bytes_uploaded,
+        bytes_deduplicated: stored.bytes_deduplicated,
+        cost_usd: stored.cost_usd,
+        results: results.iter().map(|r| (r.index, r.render_ms)).collect(),
+        frames: frames.iter().map(|f| f.frame).collect(),
+        passes: (passes.iter())
+            .map(|p| {
+                let passes = StitchedPasses {
+                    digest: p.digest,
+                    size: p.size,
+                };
+                (p.frame, passes)
+            })
+            .collect(),
+        leases,
+    })
+}
+
 /// Rebuilds the farm core from the database's unfinished jobs (finished
 /// ones stay in the database) and asks for the frames whose tasks are all
 /// done but which were not stitched yet.
@@ -516,33 +548,7 @@ fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
     {
         let db = shared.db();
         for stored in db.unfinished_jobs()? {
-            let results = db.results(stored.id)?;
-            let frames = db.frames(stored.id)?;
-            let passes = db.passes(stored.id)?;
-            let leases = db.open_leases(stored.id)?;
-            restored.push(RestoredJob {
-                id: stored.id,
-                spec: stored.spec,
-                state: stored.state,
-                error: stored.error,
-                submitted_unix_ms: stored.submitted_ms,
-                finished_unix_ms: stored.finished_ms,
-                bytes_uploaded: stored.bytes_uploaded,
-                bytes_deduplicated: stored.bytes_deduplicated,
-                cost_usd: stored.cost_usd,
-                results: results.iter().map(|r| (r.index, r.render_ms)).collect(),
-                frames: frames.iter().map(|f| f.frame).collect(),
-                passes: (passes.iter())
-                    .map(|p| {
-                        let passes = StitchedPasses {
-                            digest: p.digest,
-                            size: p.size,
-                        };
-                        (p.frame, passes)
-                    })
-                    .collect(),
-                leases,
-            });
+            restored.push(restored_job(&db, stored)?);
         }
     }
     let quarantined = shared.db().quarantined()?;

@@ -26,13 +26,26 @@ pub(crate) fn submit(
     spec: JobSpec,
     uploaded: u64,
 ) -> anyhow::Result<JobStatus> {
+    let mut spec = spec;
+    text::truncate_in_place(&mut spec.name, text::MAX_NAME);
     if let Some(rid) = &spec.request_id {
-        if let Some(id) = shared.db().job_by_request(rid)? {
+        let stored = {
+            let db = shared.db();
+            match db.job_by_request(rid)? {
+                Some(id) => Some((id, db.job(id)?.context("job vanished")?.spec)),
+                None => None,
+            }
+        };
+        if let Some((id, stored)) = stored {
+            if !same_request(&stored, &spec) {
+                bail!(
+                    "request id `{}` was already used for job {id}, which differs from this submit (another scene, file or option); a retry must repeat the same submit, and a different job needs a new --request-id",
+                    text::truncate(rid, text::MAX_NAME)
+                );
+            }
             return shared.job_status(id)?.context("job vanished");
         }
     }
-    let mut spec = spec;
-    text::truncate_in_place(&mut spec.name, text::MAX_NAME);
     if spec.sample_ranges == SAMPLE_RANGES_AUTO {
         let interruptible = shared.read(|core, now| core.has_interruptible_worker(now));
         spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
@@ -53,6 +66,17 @@ pub(crate) fn submit(
     let status = shared.update(|core, now| core.submit(id, spec, submitted, uploaded, dedup, now));
     tracing::info!(job = id, name = %status.name, tasks = status.tasks_total, "job submitted");
     Ok(status)
+}
+
+/// Whether `new` repeats the submit that recorded `stored` (a retry of
+/// the same request): the same spec, `--sample-ranges auto` taken as
+/// whatever it became.
+pub fn same_request(stored: &JobSpec, new: &JobSpec) -> bool {
+    let mut new = new.clone();
+    if new.sample_ranges == SAMPLE_RANGES_AUTO {
+        new.sample_ranges = stored.sample_ranges;
+    }
+    serde_json::to_value(stored).ok() == serde_json::to_value(&new).ok()
 }
 
 /// Sample ranges per tile for `--sample-ranges auto`: with an interruptible

@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -564,6 +564,162 @@ pub enum ClientRequest {
         path: String,
         version: crate::blender::BlenderVersion,
     },
+    /// Put a failed job back in the queue: the tasks without a result are
+    /// rendered again. Answered by `Retried`.
+    Retry(u64),
+    /// One job in detail: its frames by state, its latest failed attempts
+    /// and the workers rendering it or that rendered it. Answered by
+    /// `JobDetail`.
+    JobDetail(u64),
+    /// One page of the jobs that match `filter`, with ids above `after`
+    /// (0 first), oldest first. Answered by `JobsPage`.
+    JobsPage {
+        filter: JobFilter,
+        after: u64,
+    },
+}
+
+/// Which jobs a `status` (or the HTTP API) lists. Every part that is given
+/// must match; an empty filter matches every job.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobFilter {
+    /// Any of these states (every state when empty).
+    pub states: Vec<JobState>,
+    /// The job's name: exactly, or as a glob when it holds `*` or `?`
+    /// (`sh0*`); case-sensitive.
+    pub name: Option<String>,
+    /// Submitted at or after this wall-clock time (unix ms).
+    pub since_unix_ms: Option<u64>,
+    /// Only these job ids (every id when empty).
+    pub ids: Vec<u64>,
+}
+
+/// `status JOB`: a job with what it is made of.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobDetail {
+    pub status: JobStatus,
+    /// The job's frames, in its order, as runs of frames in one state
+    /// (at most [`MAX_DETAIL_RUNS`]; `frames_cut` when there were more).
+    pub frames: Vec<FrameRun>,
+    pub frames_cut: bool,
+    /// The latest failed attempts (at most [`MAX_DETAIL_ATTEMPTS`]),
+    /// oldest first; `tessera logs` has them all, with the logs.
+    pub attempts: Vec<Attempt>,
+    pub attempts_total: u32,
+    /// Workers with accepted results of the job or tasks of it running.
+    pub workers: Vec<JobWorker>,
+}
+
+/// The most frame runs and attempts a [`JobDetail`] carries.
+pub const MAX_DETAIL_RUNS: usize = 2048;
+pub const MAX_DETAIL_ATTEMPTS: usize = 100;
+
+/// Frames `first..=last` of a job's frame list (`count` of them), all in
+/// `state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameRun {
+    pub first: u32,
+    pub last: u32,
+    pub count: u32,
+    pub state: FrameState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FrameState {
+    /// Stitched: downloadable.
+    Done,
+    /// A task of it is leased to a worker.
+    Rendering,
+    /// Waiting for a worker (or, once the job ended, never finished).
+    Waiting,
+}
+
+impl FrameState {
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameState::Done => "done",
+            FrameState::Rendering => "rendering",
+            FrameState::Waiting => "waiting",
+        }
+    }
+}
+
+/// One failed attempt, without its log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attempt {
+    pub task: u32,
+    /// The frame the task renders (its first, for an Unreal chunk).
+    pub frame: Option<u32>,
+    pub worker: u64,
+    /// The worker's name, when it is still connected under that id.
+    pub worker_name: Option<String>,
+    pub unix_ms: u64,
+    pub error: String,
+}
+
+/// A worker's share of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobWorker {
+    pub name: String,
+    pub tasks_done: u32,
+    pub render_ms: u64,
+    /// Tasks of the job it renders now (0 when it is gone or idle).
+    pub running: u32,
+}
+
+/// The most ids (and states) one [`JobFilter`] may name.
+pub const MAX_FILTER_IDS: usize = 10_000;
+
+impl JobFilter {
+    /// Refuses a filter too large to be a reasonable question.
+    pub fn check(&self) -> Result<(), String> {
+        if self.ids.len() > MAX_FILTER_IDS || self.states.len() > MAX_FILTER_IDS {
+            return Err(format!(
+                "a status filter names at most {MAX_FILTER_IDS} job ids"
+            ));
+        }
+        if self.name.as_ref().is_some_and(|n| n.len() > crate::text::MAX_NAME * 4) {
+            return Err(format!(
+                "a name pattern is at most {} bytes",
+                crate::text::MAX_NAME * 4
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether a job of this state, name and submit time passes.
+    pub fn matches(&self, id: u64, state: JobState, name: &str, submitted_unix_ms: u64) -> bool {
+        (self.ids.is_empty() || self.ids.contains(&id))
+            && (self.states.is_empty() || self.states.contains(&state))
+            && self.since_unix_ms.is_none_or(|t| submitted_unix_ms >= t)
+            && self.name.as_deref().is_none_or(|p| name_matches(p, name))
+    }
+}
+
+/// `pattern` against `name`: `*` is any run of characters, `?` any one;
+/// anything else is itself.
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    // Iterative glob with one backtrack point: linear in practice, and at
+    // worst quadratic (bounded by the pattern's length cap).
+    let (mut pi, mut ni) = (0, 0);
+    let mut star: Option<(usize, usize)> = None;
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some((pi, ni));
+            pi += 1;
+        } else if let Some((sp, sn)) = star {
+            pi = sp + 1;
+            ni = sn + 1;
+            star = Some((sp, sn + 1));
+        } else {
+            return false;
+        }
+    }
+    p[pi..].iter().all(|&c| c == '*')
 }
 
 /// The most items one page carries; fewer when their encoding would pass
@@ -631,6 +787,13 @@ pub enum ClientResponse {
         worker: String,
         json: String,
     },
+    JobDetail(Box<JobDetail>),
+    Retried(JobStatus),
+    /// `next`: ask again with `after: next` for more; `None`: that was all.
+    JobsPage {
+        jobs: Vec<JobStatus>,
+        next: Option<u64>,
+    },
 }
 
 /// The longest prefix of `items` that makes one page (at least one item):
@@ -690,6 +853,36 @@ pub enum BlobReply {
 #[cfg(test)]
 mod page_tests {
     use super::*;
+
+    #[test]
+    fn a_filter_matches_names_by_glob_and_every_part_it_gives() {
+        for (pattern, name, ok) in [
+            ("sh010", "sh010", true),
+            ("sh010", "sh0100", false),
+            ("sh0*", "sh020", true),
+            ("*", "", true),
+            ("sh0?0", "sh030", true),
+            ("sh0?0", "sh03", false),
+            ("*lighting*", "sh010-lighting-v2", true),
+            ("a*b*c", "aXbYc", true),
+            ("a*b*c", "aXbY", false),
+        ] {
+            assert_eq!(name_matches(pattern, name), ok, "{pattern} {name}");
+        }
+        let f = JobFilter {
+            states: vec![JobState::Failed, JobState::Canceled],
+            name: Some("sh*".into()),
+            since_unix_ms: Some(1000),
+            ids: vec![],
+        };
+        assert!(f.matches(1, JobState::Failed, "sh010", 1000));
+        assert!(!f.matches(1, JobState::Done, "sh010", 1000));
+        assert!(!f.matches(1, JobState::Failed, "env", 1000));
+        assert!(!f.matches(1, JobState::Failed, "sh010", 999));
+        assert!(JobFilter::default().matches(7, JobState::Queued, "x", 0));
+        let ids = JobFilter { ids: vec![3, 5], ..Default::default() };
+        assert!(ids.matches(5, JobState::Done, "x", 0) && !ids.matches(4, JobState::Done, "x", 0));
+    }
 
     #[test]
     fn a_page_holds_at_most_its_items_and_bytes_and_never_nothing() {

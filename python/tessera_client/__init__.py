@@ -342,6 +342,15 @@ class Client:
     def resume(self, job):
         return self._json("POST", "/v1/jobs/%d/resume" % job)
 
+    def retry(self, job):
+        """Puts a failed job back in the queue (its tasks without a result)."""
+        return self._json("POST", "/v1/jobs/%d/retry" % job)
+
+    def detail(self, job):
+        """The job with its frames (runs of one state), latest failed
+        attempts and workers, as ``tessera status JOB --json``."""
+        return self._json("GET", "/v1/jobs/%d/detail" % job)
+
     def frames(self, job):
         """The job's stitched frames so far: frame, digest, size, format, name."""
         return self._json("GET", "/v1/jobs/%d/frames" % job)

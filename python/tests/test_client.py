@@ -235,6 +235,15 @@ class Jobs(FarmTest):
             self.farm.jobs(state="finished")
         self.assertEqual(e.exception.status, 400)
 
+    def test_detail_and_retry(self):
+        detail = self.valid(self.schema_of("/v1/jobs/{job}/detail", "get"), self.farm.detail(self.done["id"]))
+        self.assertEqual(detail["status"]["id"], self.done["id"])
+        with self.assertRaises(tessera_client.TesseraError) as e:
+            self.farm.retry(self.done["id"])  # not failed
+        self.assertIn(e.exception.status, (400, 409))
+        with self.assertRaises(tessera_client.NotFound):
+            self.farm.retry(999999)
+
     def test_logs(self):
         logs = self.valid(self.schema_of("/v1/jobs/{job}/logs", "get"), self.farm.logs(self.done["id"]))
         self.assertEqual(logs, [])

@@ -134,6 +134,21 @@ pub(crate) async fn handle(
             } => status_page(shared, after_job, after_worker),
             ClientRequest::LogsPage { job, task, after } => logs_page(shared, job, task, after),
             ClientRequest::FramesPage { job, after } => frames_page(shared, job, after),
+            ClientRequest::Retry(id) => match crate::retry::retry(shared, id) {
+                Ok(status) => ClientResponse::Retried(status),
+                Err(e) => ClientResponse::Error(format!("{e:#}")),
+            },
+            ClientRequest::JobDetail(id) => match crate::query::job_detail(shared, id) {
+                Ok(Some(detail)) => ClientResponse::JobDetail(Box::new(detail)),
+                Ok(None) => ClientResponse::Error(format!("no job {id} on this coordinator")),
+                Err(e) => ClientResponse::Error(format!("{e:#}")),
+            },
+            ClientRequest::JobsPage { filter, after } => {
+                match crate::query::jobs_page(shared, &filter, after) {
+                    Ok((jobs, next)) => ClientResponse::JobsPage { jobs, next },
+                    Err(e) => ClientResponse::Error(format!("{e:#}")),
+                }
+            }
     })
 }
 

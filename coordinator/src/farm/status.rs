@@ -22,7 +22,9 @@ impl FarmCore {
                 let done = f64::from(j.tasks_done.saturating_sub(done_then));
                 let secs = now.ms.saturating_sub(since) as f64 / 1000.0;
                 if done > 0.0 && secs > 0.0 {
-                    status.eta_secs = Some(f64::from(remaining) * secs / done);
+                    // Tenths of a second: what a person or a script can use.
+                    let eta = f64::from(remaining) * secs / done;
+                    status.eta_secs = Some((eta * 10.0).round() / 10.0);
                 }
             }
         }
@@ -32,12 +34,14 @@ impl FarmCore {
     /// Status of every job, workers and farm figures, at `now`.
     pub fn snapshot(&self, now: Now) -> Snapshot {
         let workers = self.worker_statuses(now);
-        let burn: f64 = workers.iter().map(|w| w.price_per_hour).sum();
+        // Folded from +0.0: an empty f64 `sum()` is -0.0, which the
+        // monitor showed as `idle $-0.00/h` with every worker busy.
+        let burn: f64 = workers.iter().map(|w| w.price_per_hour).fold(0.0, |a, b| a + b);
         let idle: f64 = workers
             .iter()
             .filter(|w| w.state == WorkerState::Idle)
             .map(|w| w.price_per_hour)
-            .sum();
+            .fold(0.0, |a, b| a + b);
         Snapshot {
             unix_ms: now.unix_ms,
             jobs: self

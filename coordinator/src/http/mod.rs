@@ -33,7 +33,7 @@ use serde::Serialize;
 use serde_json::json;
 use tessera_protocol::events::{event_job, event_json};
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::{ClientRequest, ClientResponse, JobState, JobStatus};
+use tessera_protocol::messages::{ClientRequest, ClientResponse, JobFilter, JobState, JobStatus};
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::Digest;
 use tokio::net::TcpListener;
@@ -57,6 +57,8 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("POST", "/v1/jobs/{job}/cancel"),
     ("POST", "/v1/jobs/{job}/pause"),
     ("POST", "/v1/jobs/{job}/resume"),
+    ("POST", "/v1/jobs/{job}/retry"),
+    ("GET", "/v1/jobs/{job}/detail"),
     ("GET", "/v1/jobs/{job}/frames"),
     ("GET", "/v1/jobs/{job}/frames/{frame}"),
     ("GET", "/v1/jobs/{job}/frames/{frame}/tiles"),
@@ -257,17 +259,10 @@ fn parse_id<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, Response<Bod
         .map_err(|_| error(StatusCode::NOT_FOUND, &format!("`{s}` is not a {what} id")))
 }
 
-/// Which jobs `GET /v1/status` and `GET /v1/jobs` list.
-#[derive(Default)]
-struct Filter {
-    states: Vec<JobState>,
-    name: Option<String>,
-    since_unix_ms: Option<u64>,
-    ids: Vec<u64>,
-}
-
-fn filter(pairs: &[(String, String)]) -> Result<Filter, Response<Body>> {
-    let mut f = Filter::default();
+/// The jobs `GET /v1/status` and `GET /v1/jobs` list: the protocol's
+/// [`JobFilter`], applied by the same query `tessera status` asks.
+fn filter(pairs: &[(String, String)]) -> Result<JobFilter, Response<Body>> {
+    let mut f = JobFilter::default();
     let bad = |k: &str, v: &str, want: &str| {
         error(
             StatusCode::BAD_REQUEST,
@@ -305,37 +300,6 @@ fn filter(pairs: &[(String, String)]) -> Result<Filter, Response<Body>> {
         }
     }
     Ok(f)
-}
-
-impl Filter {
-    fn matches(&self, j: &JobStatus) -> bool {
-        (self.ids.is_empty() || self.ids.contains(&j.id))
-            && (self.states.is_empty() || self.states.contains(&j.state))
-            && self.since_unix_ms.is_none_or(|t| j.submitted_unix_ms >= t)
-            && self.name.as_deref().is_none_or(|n| glob(n, &j.name))
-    }
-}
-
-/// `*` any run of characters, `?` any one.
-fn glob(pattern: &str, name: &str) -> bool {
-    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
-    let (mut pi, mut ni, mut star) = (0, 0, None);
-    while ni < n.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
-            pi += 1;
-            ni += 1;
-        } else if pi < p.len() && p[pi] == '*' {
-            star = Some((pi, ni));
-            pi += 1;
-        } else if let Some((sp, sn)) = star {
-            pi = sp + 1;
-            ni = sn + 1;
-            star = Some((sp, sn + 1));
-        } else {
-            return false;
-        }
-    }
-    p[pi..].iter().all(|&c| c == '*')
 }
 
 /// A reply as JSON: `Error` mapped to its status, anything else by `f`.
@@ -390,17 +354,27 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                 Err(r) => return Ok(r),
             };
             let jobs_only = segments[1] == "jobs";
-            reply(ask(shared, ClientRequest::Status(None)).await?, |r| match r {
-                ClientResponse::Status { mut jobs, workers } => {
-                    jobs.retain(|j| f.matches(j));
-                    Some(if jobs_only {
-                        ok_json(StatusCode::OK, &jobs)
-                    } else {
-                        ok_json(StatusCode::OK, &json!({"jobs": jobs, "workers": workers}))
-                    })
+            let mut jobs: Vec<JobStatus> = Vec::new();
+            let mut after = 0;
+            loop {
+                let filter = f.clone();
+                match ask(shared, ClientRequest::JobsPage { filter, after }).await? {
+                    ClientResponse::JobsPage { jobs: page, next } => {
+                        jobs.extend(page);
+                        match next {
+                            Some(n) => after = n,
+                            None => break,
+                        }
+                    }
+                    other => return Ok(reply(other, |_| None)),
                 }
-                _ => None,
-            })
+            }
+            if jobs_only {
+                ok_json(StatusCode::OK, &jobs)
+            } else {
+                let workers = shared.read(|core, now| core.worker_statuses(now));
+                ok_json(StatusCode::OK, &json!({"jobs": jobs, "workers": workers}))
+            }
         }
         (&Method::POST, ["v1", "jobs"]) => {
             let spec: JobSpec = match body_json(req).await {
@@ -417,6 +391,20 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
             let job = id!(job, "job");
             reply(ask(shared, ClientRequest::Cancel(job)).await?, |r| match r {
                 ClientResponse::Canceled(status) => Some(ok_json(StatusCode::OK, &status)),
+                _ => None,
+            })
+        }
+        (&Method::POST, ["v1", "jobs", job, "retry"]) => {
+            let job = id!(job, "job");
+            reply(ask(shared, ClientRequest::Retry(job)).await?, |r| match r {
+                ClientResponse::Retried(status) => Some(ok_json(StatusCode::OK, &status)),
+                _ => None,
+            })
+        }
+        (&Method::GET, ["v1", "jobs", job, "detail"]) => {
+            let job = id!(job, "job");
+            reply(ask(shared, ClientRequest::JobDetail(job)).await?, |r| match r {
+                ClientResponse::JobDetail(detail) => Some(ok_json(StatusCode::OK, &detail)),
                 _ => None,
             })
         }
@@ -625,11 +613,4 @@ mod tests {
         assert_eq!(percent_decode("%zz"), "%zz");
     }
 
-    #[test]
-    fn globs() {
-        assert!(glob("sh0*", "sh010"));
-        assert!(glob("sh0?0", "sh010"));
-        assert!(!glob("sh0?0", "sh0100"));
-        assert!(glob("*", ""));
-    }
 }

@@ -1,0 +1,55 @@
+//! `tessera retry JOB`: a failed job back in the queue. Its accepted
+//! results and stitched frames stay; only the tasks without a result are
+//! rendered again, each with a fresh count of attempts, and the workers it
+//! had given up on may take it again. The database row goes back to
+//! `queued` first, then the farm core takes the job back exactly as after a
+//! restart.
+
+use std::sync::Arc;
+
+use anyhow::{bail, Context};
+use tessera_protocol::messages::{JobState, JobStatus};
+use tessera_protocol::store::BlobStore;
+
+use crate::server::{restored_job, Shared};
+
+/// Requeues failed job `id`; its status afterwards.
+pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> anyhow::Result<JobStatus> {
+    // Held as a submit holds it: garbage collection sees the job as
+    // retained, or ran before and its files are checked below.
+    let _gc = crate::server::relock(&shared.gc);
+    let restored = {
+        let mut db = shared.db();
+        let stored = db
+            .job(id)?
+            .with_context(|| format!("no job {id} on this coordinator"))?;
+        match stored.state {
+            JobState::Failed => {}
+            JobState::Canceled | JobState::Done => bail!(
+                "job {id} is {}: only a failed job can be retried (submit it again instead)",
+                stored.state.name()
+            ),
+            _ => bail!("job {id} is still {}; nothing to retry", stored.state.name()),
+        }
+        if let Some(m) = (stored.spec.manifest.iter()).find(|m| shared.store.has(&m.digest).is_none())
+        {
+            bail!(
+                "job {id}'s file `{}` was removed by garbage collection (the job finished more than --retention ago); submit it again",
+                m.path
+            );
+        }
+        if !db.reopen_failed_job(id)? {
+            bail!("job {id} is no longer failed");
+        }
+        let mut stored = db.job(id)?.context("job vanished")?;
+        stored.error = None;
+        restored_job(&db, stored)?
+    };
+    let status = shared.update(|core, now| {
+        core.restore_job(restored, now);
+        core.job_status(id, now)
+    });
+    shared.wake.notify_one();
+    tracing::info!(job = id, "failed job retried");
+    status.context("the retried job vanished")
+}
