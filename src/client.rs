@@ -780,6 +780,20 @@ pub struct Submitted {
 /// Scans, hashes, uploads what is missing, and submits. Returns the job's
 /// status; warnings are printed once on stderr and returned.
 pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Submitted> {
+    let (spec, warnings) = upload_scene(client, opts).await?;
+    match client.call(&ClientRequest::Submit(spec)).await? {
+        ClientResponse::Submitted(status) => Ok(Submitted { status, warnings }),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
+/// Scans, hashes and uploads what is missing: the job spec to submit (by
+/// [`submit`], or by `submit --upload-only` for the HTTP API), and its
+/// warnings (printed once on stderr).
+pub async fn upload_scene(
+    client: &mut Client,
+    opts: &SubmitOptions,
+) -> anyhow::Result<(JobSpec, Vec<String>)> {
     let scan = scan(client, opts).await?;
     for w in &scan.warnings {
         eprintln!("warning: {w}");
@@ -825,13 +839,7 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
     let mut hashed = hashed;
     send_missing(client, &mut hashed, opts.progress).await?;
     spec.manifest = hashed.into_iter().map(|h| h.entry).collect();
-    match client.call(&ClientRequest::Submit(spec)).await? {
-        ClientResponse::Submitted(status) => Ok(Submitted {
-            status,
-            warnings: scan.warnings,
-        }),
-        other => bail!("unexpected reply {other:?}"),
-    }
+    Ok((spec, scan.warnings))
 }
 
 /// A scene file, hashed.

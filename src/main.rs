@@ -21,6 +21,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use tessera_coordinator::server::{HttpListen, Webhook};
 use tessera_protocol::job::{Engine, TileGrid};
 use tessera_protocol::messages::{JobFilter, JobState, MAX_SLOTS};
 use tessera_worker::engine::{self, blender, blender_runtime};
@@ -109,6 +110,29 @@ enum Command {
         /// ones that rotted on disk, in MB/s (0: no scrub).
         #[arg(long, default_value_t = 16.0)]
         scrub_mb_per_sec: f64,
+        /// Serve the HTTP/JSON API and /metrics over TLS (the coordinator's
+        /// certificate; the client ticket's secret as bearer). Alone: on
+        /// TCP at the --listen port, so the client ticket names it; or at
+        /// HOST:PORT. The URL is written to DATA_DIR/http.url.
+        #[arg(long, num_args = 0..=1, default_missing_value = "ticket", value_name = "HOST:PORT")]
+        http: Option<String>,
+        /// POST job done, failed and blocked events to this http:// URL,
+        /// signed with HMAC-SHA256 (X-Tessera-Signature); retried with
+        /// backoff until the receiver answers 2xx, across restarts.
+        #[arg(long, value_name = "URL")]
+        webhook: Option<String>,
+        /// The file holding the webhook's signing secret (else the
+        /// TESSERA_WEBHOOK_SECRET environment variable).
+        #[arg(long, value_name = "FILE")]
+        webhook_secret_file: Option<PathBuf>,
+        /// The first wait before a failed webhook delivery is retried, in
+        /// milliseconds; it doubles with each failure, up to
+        /// --webhook-max-backoff-ms.
+        #[arg(long, default_value_t = 500, hide = true)]
+        webhook_backoff_ms: u64,
+        /// The longest wait between webhook retries, in milliseconds.
+        #[arg(long, default_value_t = 30_000, hide = true)]
+        webhook_max_backoff_ms: u64,
     },
     /// Run a worker: joins the farm with a worker ticket and renders tasks.
     #[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
@@ -238,6 +262,10 @@ enum Command {
         /// Print one JSON object on stdout.
         #[arg(long)]
         json: bool,
+        /// Scan, hash and upload, then print the job spec as JSON and
+        /// submit nothing: the body to POST to the HTTP API's /v1/jobs.
+        #[arg(long, conflicts_with_all = ["wait", "output"])]
+        upload_only: bool,
         /// Makes a retried submit idempotent: the same id gets the same job.
         #[arg(long)]
         request_id: Option<String>,
@@ -373,6 +401,17 @@ enum Command {
         /// The worker's name or id (see `tessera status`); a name drains
         /// every connected worker of that name.
         worker: String,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// Stream farm events (jobs, tasks, workers) as they happen, one line
+    /// each; with --json one JSON object a line (NDJSON).
+    Events {
+        /// Only this job's events.
+        #[arg(long)]
+        job: Option<u64>,
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         ticket: TicketArg,
     },
@@ -587,6 +626,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             no_pipelining,
             retention,
             scrub_mb_per_sec,
+            http,
+            webhook,
+            webhook_secret_file,
+            webhook_backoff_ms,
+            webhook_max_backoff_ms,
         } => {
             // Required by clap unless a subcommand is given.
             let data_dir = data_dir.context("pass --data-dir")?;
@@ -598,15 +642,50 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             config.cache_affinity = !no_cache_affinity;
             config.pipelining = !no_pipelining;
             config.retention = retention;
+            config.http = match http.as_deref() {
+                None => None,
+                Some("ticket") => Some(HttpListen::SamePort),
+                Some(addr) => Some(HttpListen::Addr(addr.parse().with_context(|| {
+                    format!("--http {addr}: expected HOST:PORT, e.g. 127.0.0.1:7701")
+                })?)),
+            };
+            if let Some(url) = webhook {
+                tessera_coordinator::webhook::parse_url(&url)?;
+                let secret = match webhook_secret_file {
+                    Some(file) => std::fs::read(&file)
+                        .with_context(|| format!("cannot read {}", file.display()))?,
+                    None => std::env::var("TESSERA_WEBHOOK_SECRET")
+                        .map(String::into_bytes)
+                        .map_err(|_| {
+                            anyhow::anyhow!("--webhook needs a signing secret: pass --webhook-secret-file FILE or set TESSERA_WEBHOOK_SECRET")
+                        })?,
+                };
+                let secret = String::from_utf8_lossy(&secret).trim().as_bytes().to_vec();
+                if secret.is_empty() {
+                    anyhow::bail!("the webhook's signing secret is empty");
+                }
+                config.webhook = Some(Webhook {
+                    url,
+                    secret,
+                    first_backoff: std::time::Duration::from_millis(webhook_backoff_ms.max(1)),
+                    max_backoff: std::time::Duration::from_millis(
+                        webhook_max_backoff_ms.max(webhook_backoff_ms),
+                    ),
+                });
+            }
             let coordinator = tessera_coordinator::server::start(config).await?;
             // Scripts read the first line to learn the address; a closed
             // stdout must not stop the coordinator.
-            let banner = format!(
+            let mut banner = format!(
                 "tessera coordinator listening on {}\nworker ticket: {}\nclient ticket: {}\n",
                 coordinator.addr,
                 data_dir.join("worker.ticket").display(),
                 data_dir.join("client.ticket").display()
             );
+            if coordinator.http_addr.is_some() {
+                let url = std::fs::read_to_string(data_dir.join("http.url")).unwrap_or_default();
+                banner += &format!("http api: {}\n", url.trim());
+            }
             let mut stdout = std::io::stdout();
             let _ = stdout
                 .write_all(banner.as_bytes())
@@ -736,6 +815,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             priority,
             wait,
             json,
+            upload_only,
             request_id,
             allow_missing,
             engine,
@@ -782,6 +862,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 },
             };
             let mut client = Client::connect(&ticket).await?;
+            if upload_only {
+                let (spec, _warnings) = client::upload_scene(&mut client, &opts).await?;
+                println!("{}", serde_json::to_string(&spec)?);
+                return Ok(0);
+            }
             let client::Submitted { status, warnings } = client::submit(&mut client, &opts).await?;
             if !wait {
                 report::print_submitted(&status, &warnings, json);
@@ -855,6 +940,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             let mut seen = std::collections::HashSet::new();
             jobs.retain(|j| seen.insert(*j));
             finish_wait(&ticket, client, &jobs, &opts, json, None).await
+        }
+        Command::Events { job, json, ticket } => {
+            let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+            let client = Client::connect(&ticket).await?;
+            report::stream_events(client.subscribe().await?, job, json).await
         }
         Command::Pause { job, ticket } => pause(job, ticket, true).await,
         Command::Resume { job, ticket } => pause(job, ticket, false).await,

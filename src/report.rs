@@ -580,6 +580,49 @@ pub fn print_builds(builds: &[BuildInfo], json: bool) {
     }
 }
 
+/// `tessera events`: every farm event from the feed (of one job, with
+/// `job`), one line each: NDJSON with `json`, else `TYPE key=value …`.
+/// Ends when the coordinator closes the feed.
+pub async fn stream_events(
+    mut feed: crate::client::Feed,
+    job: Option<u64>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    use std::io::Write;
+    use tessera_protocol::events::{event_job, event_json};
+    use tessera_protocol::messages::ClientResponse;
+    let mut out = std::io::stdout();
+    while let Some(msg) = feed.next().await? {
+        let ClientResponse::Event { unix_ms, event } = msg else {
+            continue;
+        };
+        if job.is_some() && event_job(&event) != job {
+            continue;
+        }
+        let value = event_json(unix_ms, &event);
+        let line = if json {
+            value.to_string()
+        } else {
+            let mut line = value["type"].as_str().unwrap_or("event").to_string();
+            for (k, v) in value.as_object().into_iter().flatten() {
+                if k != "type" && k != "unix_ms" {
+                    let v = match v {
+                        serde_json::Value::String(s) => crate::shown::text(s),
+                        other => other.to_string(),
+                    };
+                    line += &format!(" {k}={v}");
+                }
+            }
+            line
+        };
+        // A closed stdout (`| head`) ends the stream quietly.
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+            return Ok(0);
+        }
+    }
+    anyhow::bail!("the coordinator closed the event feed")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

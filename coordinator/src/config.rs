@@ -36,6 +36,39 @@ pub struct Config {
     /// How often the database's WAL is checkpointed into its main file: at
     /// most this much acknowledged work is lost if the WAL file is lost.
     pub checkpoint_every: Duration,
+    /// Serve the HTTP/JSON API and `/metrics` (see `crate::http`).
+    pub http: Option<HttpListen>,
+    /// POST job events to this receiver (see `crate::webhook`).
+    pub webhook: Option<Webhook>,
+}
+
+/// Where the HTTP API listens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HttpListen {
+    /// TCP on the QUIC address's port: the client ticket names it.
+    SamePort,
+    Addr(SocketAddr),
+}
+
+/// A webhook receiver.
+#[derive(Clone)]
+pub struct Webhook {
+    /// `http://HOST:PORT/PATH`.
+    pub url: String,
+    /// The HMAC-SHA256 key bodies are signed with.
+    pub secret: Vec<u8>,
+    /// The wait before the first retry; doubles up to `max_backoff`.
+    pub first_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl std::fmt::Debug for Webhook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Webhook")
+            .field("url", &self.url)
+            .field("secret", &"(hidden)")
+            .finish()
+    }
 }
 
 impl Config {
@@ -54,6 +87,8 @@ impl Config {
             retention: Duration::from_secs(7 * 24 * 3600),
             scrub_bytes_per_sec: 16 << 20,
             checkpoint_every: Duration::from_secs(1),
+            http: None,
+            webhook: None,
         }
     }
 }

@@ -9,8 +9,12 @@ use crate::server::Shared;
 
 /// Hands out work until its task is aborted.
 pub(crate) async fn dispatcher(shared: Arc<Shared>) {
+    let mut woken = None;
     loop {
         let deadline = shared.update(|core, now| core.dispatch(now));
+        if let Some(at) = woken.take() {
+            shared.metrics.observe_dispatch(std::time::Instant::elapsed(&at));
+        }
         // While anything runs, look again every heartbeat: a task may have
         // become a straggler.
         let sleep = match deadline {
@@ -20,7 +24,7 @@ pub(crate) async fn dispatcher(shared: Arc<Shared>) {
             None => Duration::from_secs(3600),
         };
         tokio::select! {
-            _ = shared.wake.notified() => {}
+            _ = shared.wake.notified() => woken = Some(std::time::Instant::now()),
             _ = tokio::time::sleep(sleep) => {}
         }
     }

@@ -112,6 +112,11 @@ impl Identities {
             .clone()
     }
 
+    /// Whether `secret` is the client ticket's (in constant time).
+    pub fn client_secret_is(&self, secret: &str) -> bool {
+        tessera_protocol::transport::constant_time_eq(secret, &self.secrets().client)
+    }
+
     /// Replaces the tickets' secrets (the ticket files are written by the
     /// caller first).
     pub fn rotate(&self, worker: &Ticket, client: &Ticket) {

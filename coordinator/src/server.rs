@@ -25,7 +25,7 @@ use tokio::sync::{broadcast, mpsc, Notify};
 use tokio::task::JoinSet;
 
 use crate::commit::{self, CommitMsg};
-pub use crate::config::Config;
+pub use crate::config::{Config, HttpListen, Webhook};
 use crate::db::{Db, StoredJob};
 use crate::farm::{Effect, FarmConfig, FarmCore, Now, RestoredJob};
 use crate::identity::{self, Identities};
@@ -64,6 +64,8 @@ pub(crate) struct Shared {
     pub build_digests: conn::fetch::BuildDigests,
     /// Farm scans handed to workers and not yet answered.
     pub scans: crate::conn::scan::Scans,
+    /// What `/metrics` counts since the start.
+    pub metrics: crate::http::metrics::Counters,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -169,6 +171,10 @@ impl Shared {
                     // Nobody listening is fine; a slow listener lags, never
                     // blocks.
                     Effect::Event { unix_ms, event } => {
+                        if let FarmEvent::TaskFailed { .. } = event {
+                            (self.metrics.task_failures)
+                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
                         let _ = self.events.send((unix_ms, event));
                     }
                     Effect::Commit(result) => {
@@ -216,6 +222,11 @@ impl Shared {
         snapshot.jobs.sort_by_key(|j| j.id);
         snapshot.jobs.dedup_by_key(|j| j.id);
         Ok(snapshot)
+    }
+
+    /// Counts frame bytes an HTTP client downloaded.
+    pub fn http_bytes_out(&self, bytes: u64) {
+        (self.metrics.http_bytes_out).fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Sends `msg` to worker `id`; false when it is not connected.
@@ -289,6 +300,8 @@ fn log_failure(recorded: anyhow::Result<()>) {
 /// A coordinator that is up and listening.
 pub struct Coordinator {
     pub addr: SocketAddr,
+    /// Where the HTTP API listens (TCP), when it was asked for.
+    pub http_addr: Option<SocketAddr>,
     pub worker_ticket: Ticket,
     pub client_ticket: Ticket,
     endpoint: quinn::Endpoint,
@@ -307,7 +320,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let identity = data_dir::load_identity(dir)?;
     let previous = data_dir::previous_worker_ticket(dir);
 
-    let endpoint = bind(&config, &identity, previous)?;
+    let (endpoint, http) = bind_both(&config, &identity, previous).await?;
     let bound = endpoint.local_addr()?;
     let advertised = match config.advertise {
         Some(a) => a,
@@ -358,6 +371,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         gc: Mutex::new(()),
         build_digests: Default::default(),
         scans: Default::default(),
+        metrics: Default::default(),
     });
     restore(&shared)?;
     let builds = shared.db().builds()?;
@@ -380,8 +394,33 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     tasks.spawn(upkeep::scrub(shared.clone(), config.scrub_bytes_per_sec));
     tasks.spawn(upkeep::checkpoint(shared.clone(), config.checkpoint_every));
     tasks.spawn(conn::accept(shared.clone(), endpoint.clone()));
+    let http_addr = match http {
+        Some(listener) => {
+            let addr = listener.local_addr()?;
+            let url = format!(
+                "https://{}",
+                match config.http {
+                    Some(HttpListen::SamePort) => advertised,
+                    _ => addr,
+                }
+            );
+            std::fs::write(dir.join("http.url"), format!("{url}\n"))
+                .with_context(|| format!("cannot write {}", dir.join("http.url").display()))?;
+            tasks.spawn(crate::http::serve(shared.clone(), listener, crate::http::tls(&identity)?));
+            tracing::info!(%addr, %url, "http api listening");
+            Some(addr)
+        }
+        None => {
+            let _ = std::fs::remove_file(dir.join("http.url"));
+            None
+        }
+    };
+    if let Some(hook) = &config.webhook {
+        tasks.spawn(crate::webhook::deliver(shared.clone(), hook.clone()));
+    }
     tracing::info!(%bound, %advertised, "coordinator listening");
     Ok(Coordinator {
+        http_addr,
         addr: bound,
         worker_ticket,
         client_ticket,
@@ -432,6 +471,42 @@ fn bind(
         identity,
         Timing::default(),
     )?)
+}
+
+/// The QUIC endpoint and, when asked for, the HTTP API's TCP listener. With
+/// [`HttpListen::SamePort`] the API takes the QUIC port's number on TCP (so
+/// the client ticket's address names both); a QUIC port picked at random
+/// whose number is taken on TCP is picked again.
+async fn bind_both(
+    config: &Config,
+    identity: &Identity,
+    previous: Option<Ticket>,
+) -> anyhow::Result<(quinn::Endpoint, Option<tokio::net::TcpListener>)> {
+    let tcp = |addr: SocketAddr| async move {
+        tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("cannot listen for HTTP on {addr} (TCP)"))
+    };
+    match config.http {
+        None => Ok((bind(config, identity, previous)?, None)),
+        Some(HttpListen::Addr(addr)) => {
+            Ok((bind(config, identity, previous)?, Some(tcp(addr).await?)))
+        }
+        Some(HttpListen::SamePort) => {
+            let mut previous = previous;
+            for _ in 0..16 {
+                let endpoint = bind(config, identity, previous.take())?;
+                match tcp(endpoint.local_addr()?).await {
+                    Ok(listener) => return Ok((endpoint, Some(listener))),
+                    Err(e) if config.listen.port() != 0 => {
+                        return Err(e.context("pass --http HOST:PORT to serve it elsewhere"))
+                    }
+                    Err(_) => endpoint.close(0u32.into(), b""),
+                }
+            }
+            bail!("found no port free on both UDP and TCP for QUIC and the HTTP API")
+        }
+    }
 }
 
 /// A stored job as the farm core takes it back: its results, frames,

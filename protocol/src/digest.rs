@@ -6,8 +6,44 @@ use std::str::FromStr;
 use serde::{Deserialize, Serialize};
 
 /// A blake3 content hash. Displayed and parsed as 64 lowercase hex digits.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+/// In JSON (any human-readable format) it is that hex string, and an array
+/// of 32 numbers is read too (job specs stored before); on the wire
+/// (bincode) it is its 32 bytes.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Digest(pub [u8; 32]);
+
+/// The derived shape, for formats that are not human-readable.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "Digest")]
+struct Raw([u8; 32]);
+
+impl Serialize for Digest {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        if s.is_human_readable() {
+            s.serialize_str(&self.to_hex())
+        } else {
+            Raw(self.0).serialize(s)
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for Digest {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Digest, D::Error> {
+        if !d.is_human_readable() {
+            return Raw::deserialize(d).map(|r| Digest(r.0));
+        }
+        #[derive(Deserialize)]
+        #[serde(untagged)]
+        enum Either {
+            Hex(String),
+            Bytes([u8; 32]),
+        }
+        match Either::deserialize(d)? {
+            Either::Hex(h) => h.parse().map_err(serde::de::Error::custom),
+            Either::Bytes(b) => Ok(Digest(b)),
+        }
+    }
+}
 
 impl Digest {
     /// The digest of `bytes`.
@@ -84,6 +120,19 @@ impl FromStr for Digest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn json_is_hex_and_old_arrays_still_read() {
+        let d = Digest::of(b"x");
+        let json = serde_json::to_string(&d).unwrap();
+        assert_eq!(json, format!("\"{}\"", d.to_hex()));
+        assert_eq!(serde_json::from_str::<Digest>(&json).unwrap(), d);
+        let old = serde_json::to_string(&d.0).unwrap();
+        assert_eq!(serde_json::from_str::<Digest>(&old).unwrap(), d);
+        let wire = crate::codec::encode(&d).unwrap();
+        assert_eq!(wire.len(), 4 + 32, "the wire shape is unchanged");
+        assert_eq!(crate::codec::decode_frame::<Digest>(&wire).unwrap(), d);
+    }
 
     #[test]
     fn hex_round_trip() {

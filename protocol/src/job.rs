@@ -9,16 +9,22 @@ use serde::{Deserialize, Serialize};
 
 use crate::Digest;
 
-/// Which renderer a job needs.
+/// Which renderer a job needs. Lowercase in JSON (job specs stored before
+/// that, capitalized, are read too); bincode encodes the variant's index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Engine {
     /// The embedded CPU path tracer for `*.scene.json` files.
+    #[serde(alias = "Builtin")]
     Builtin,
     /// Blender, driven as `blender -b`.
+    #[serde(alias = "Blender")]
     Blender,
     /// Unreal Movie Render Queue.
+    #[serde(alias = "Unreal")]
     Unreal,
     /// Renders nothing: a one-byte result per task. For dispatch benchmarks.
+    #[serde(alias = "Noop")]
     Noop,
 }
 
@@ -188,13 +194,18 @@ pub fn parse_frames(s: &str) -> Result<Vec<u32>, String> {
     Ok(frames)
 }
 
-/// Image format of the stitched frames.
+/// Image format of the stitched frames. Lowercase in JSON (capitalized,
+/// as job specs stored before that have it, is read too).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum OutputFormat {
+    #[serde(alias = "Png")]
     Png,
+    #[serde(alias = "Exr")]
     Exr,
     /// Any other still format the renderer writes (JPEG, TIFF, …): whole
     /// frames only, delivered as the renderer wrote them.
+    #[serde(alias = "Image")]
     Image,
 }
 

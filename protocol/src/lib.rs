@@ -9,6 +9,7 @@ pub mod build;
 pub mod chunk;
 pub mod codec;
 pub mod digest;
+pub mod events;
 pub mod float_tile;
 pub mod job;
 pub mod messages;

@@ -243,7 +243,9 @@ pub enum CoordMsg {
     },
 }
 
+/// Lowercase in JSON, as `name` (bincode encodes the variant's index).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum JobState {
     Queued,
     Running,
@@ -345,7 +347,9 @@ pub struct WorkerStatus {
     pub blenders: Vec<BlenderOffer>,
 }
 
+/// Lowercase in JSON, as `name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum WorkerState {
     Idle,
     Busy,
@@ -398,7 +402,9 @@ pub struct TileStatus {
     pub state: TileState,
 }
 
+/// Lowercase in JSON: `"done"`, or `{"rendering": [done, total]}`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum TileState {
     Queued,
     /// Samples done / total when reported.

@@ -578,7 +578,9 @@ pub fn check_hello(
     Ok(hello.role)
 }
 
-fn constant_time_eq(a: &str, b: &str) -> bool {
+/// Whether two secrets are equal, in time that does not depend on where
+/// they differ.
+pub fn constant_time_eq(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }

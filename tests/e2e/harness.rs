@@ -62,14 +62,31 @@ impl Farm {
         Farm::start_in(name, args, None, "127.0.0.1")
     }
 
+    /// A coordinator with `args` and environment variables `env`.
+    pub fn start_with_env(name: &str, args: &[&str], env: &[(&str, &str)]) -> Farm {
+        let mut farm = Farm::start_in_stopped(name, args, None, "127.0.0.1");
+        farm.coordinator_env = (env.iter())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        farm.start_coordinator();
+        farm
+    }
+
     /// A farm whose coordinator and client commands run in network
     /// namespace `netns` (`ip netns exec`), listening on `listen_ip`.
     pub fn start_in(name: &str, args: &[&str], netns: Option<&str>, listen_ip: &str) -> Farm {
+        let mut farm = Farm::start_in_stopped(name, args, netns, listen_ip);
+        farm.start_coordinator();
+        farm
+    }
+
+    /// The farm's folders, its coordinator not started yet.
+    fn start_in_stopped(name: &str, args: &[&str], netns: Option<&str>, listen_ip: &str) -> Farm {
         let lock = ONE_FARM.lock().unwrap_or_else(|e| e.into_inner());
         let dir = std::env::temp_dir().join(format!("tessera-e2e-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
-        let mut farm = Farm {
+        Farm {
             data: dir.join("data"),
             dir,
             coordinator: None,
@@ -80,9 +97,7 @@ impl Farm {
             netns: netns.map(str::to_string),
             listen_ip: listen_ip.to_string(),
             _lock: lock,
-        };
-        farm.start_coordinator();
-        farm
+        }
     }
 
     pub fn start_coordinator(&mut self) {

@@ -15,6 +15,7 @@ mod formats;
 mod harness;
 mod hostile;
 mod hostile_worker;
+mod http_api;
 mod identity;
 mod layering;
 mod migration;

@@ -25,6 +25,9 @@ pub enum Need {
     /// `$TESSERA_TEST_BPY` names a Python where `import bpy` works (the
     /// official Blender 4.5 LTS as a module; `.ci/run` installs it).
     Bpy,
+    /// `$TESSERA_TEST_PYTHON` names a Python (3.9+) with `prometheus_client`
+    /// (`.ci/run` makes that venv and `pip install`s `./python` into it).
+    PyClient,
 }
 
 impl Need {
@@ -35,6 +38,7 @@ impl Need {
         Need::WanBench,
         Need::Python3,
         Need::Bpy,
+        Need::PyClient,
     ];
 
     fn what(self) -> &'static str {
@@ -46,6 +50,9 @@ impl Need {
             Need::RootNetns => "root and iproute2's `ip` (network namespaces)",
             Need::WanBench => "root, iproute2's `ip` and nftables' `nft` (apt-get install nftables)",
             Need::Python3 => "python3 on the PATH (apt-get install python3)",
+            Need::PyClient => {
+                "TESSERA_TEST_PYTHON naming a Python 3.9+ with prometheus_client (.ci/run makes it in $HOME/.cache/tessera-ci/pyclient)"
+            }
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
             }
@@ -66,6 +73,12 @@ impl Need {
             }
             Need::Tmux => runs(Command::new("tmux").arg("-V")),
             Need::Python3 => runs(Command::new("python3").arg("--version")),
+            Need::PyClient => std::env::var_os("TESSERA_TEST_PYTHON").is_some_and(|py| {
+                runs(Command::new(py).args([
+                    "-c",
+                    "import sys, prometheus_client; assert sys.version_info >= (3, 9)",
+                ]))
+            }),
             Need::Bpy => std::env::var_os("TESSERA_TEST_BPY")
                 .is_some_and(|py| runs(Command::new(py).args(["-c", "import bpy"]))),
             Need::WanBench => crate::wan::unavailable().is_none(),

@@ -27,7 +27,25 @@ pub(super) async fn serve(
     uploaded: Arc<AtomicU64>,
 ) -> anyhow::Result<()> {
     while let Some(request) = control.recv::<ClientRequest>().await? {
-        let response = match request {
+        if let ClientRequest::Subscribe = request {
+            return super::feed::feed(&shared, control).await;
+        }
+        let response = handle(&shared, request, &uploaded).await?;
+        control.send(&fits(response)).await?;
+    }
+    Ok(())
+}
+
+/// One request's answer: the one place a client request is carried out,
+/// for a QUIC client session and for the HTTP API ([`crate::http`]) alike.
+/// `uploaded`: bytes this client uploaded since its last submit (counted as
+/// the next job's). A `Subscribe` is answered by the caller (a feed).
+pub(crate) async fn handle(
+    shared: &Arc<Shared>,
+    request: ClientRequest,
+    uploaded: &AtomicU64,
+) -> anyhow::Result<ClientResponse> {
+    Ok(match request {
             ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
                 digests
                     .into_iter()
@@ -59,7 +77,7 @@ pub(super) async fn serve(
             }
             ClientRequest::Submit(spec) => {
                 let _gc = crate::server::relock(&shared.gc);
-                match submit(&shared, spec, uploaded.swap(0, Ordering::Relaxed)) {
+                match submit(shared, spec, uploaded.swap(0, Ordering::Relaxed)) {
                     Ok(status) => ClientResponse::Submitted(status),
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
                 }
@@ -81,11 +99,11 @@ pub(super) async fn serve(
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
                 }
             }
-            ClientRequest::Status(job) => status(&shared, job),
-            ClientRequest::Cancel(id) => cancel(&shared, id),
-            ClientRequest::Frames(id) => frames(&shared, id),
-            ClientRequest::Logs { job, task } => logs(&shared, job, task),
-            ClientRequest::Tiles { job, frame } => tiles(&shared, job, frame),
+            ClientRequest::Status(job) => status(shared, job),
+            ClientRequest::Cancel(id) => cancel(shared, id),
+            ClientRequest::Frames(id) => frames(shared, id),
+            ClientRequest::Logs { job, task } => logs(shared, job, task),
+            ClientRequest::Tiles { job, frame } => tiles(shared, job, frame),
             ClientRequest::Pause { job, paused } => {
                 if shared.update(|core, _| core.pause(job, paused)) {
                     ClientResponse::Done
@@ -100,39 +118,38 @@ pub(super) async fn serve(
                     ClientResponse::Error(format!("no worker {worker} is connected"))
                 }
             }
-            ClientRequest::RevokeWorker { name } => revoke(&shared, &name).await,
-            ClientRequest::RotateTickets => rotate_tickets(&shared),
+            ClientRequest::RevokeWorker { name } => revoke(shared, &name).await,
+            ClientRequest::RotateTickets => rotate_tickets(shared),
             ClientRequest::Scan {
                 blend,
                 path,
                 version,
-            } => super::scan::scan(&shared, blend, path, version).await,
-            ClientRequest::Subscribe => return super::feed::feed(&shared, control).await,
+            } => super::scan::scan(shared, blend, path, version).await,
+            ClientRequest::Subscribe => {
+                ClientResponse::Error("a feed is asked for on a session of its own".into())
+            }
             ClientRequest::StatusPage {
                 after_job,
                 after_worker,
-            } => status_page(&shared, after_job, after_worker),
-            ClientRequest::LogsPage { job, task, after } => logs_page(&shared, job, task, after),
-            ClientRequest::FramesPage { job, after } => frames_page(&shared, job, after),
-            ClientRequest::Retry(id) => match crate::retry::retry(&shared, id) {
+            } => status_page(shared, after_job, after_worker),
+            ClientRequest::LogsPage { job, task, after } => logs_page(shared, job, task, after),
+            ClientRequest::FramesPage { job, after } => frames_page(shared, job, after),
+            ClientRequest::Retry(id) => match crate::retry::retry(shared, id) {
                 Ok(status) => ClientResponse::Retried(status),
                 Err(e) => ClientResponse::Error(format!("{e:#}")),
             },
-            ClientRequest::JobDetail(id) => match crate::query::job_detail(&shared, id) {
+            ClientRequest::JobDetail(id) => match crate::query::job_detail(shared, id) {
                 Ok(Some(detail)) => ClientResponse::JobDetail(Box::new(detail)),
                 Ok(None) => ClientResponse::Error(format!("no job {id} on this coordinator")),
                 Err(e) => ClientResponse::Error(format!("{e:#}")),
             },
             ClientRequest::JobsPage { filter, after } => {
-                match crate::query::jobs_page(&shared, &filter, after) {
+                match crate::query::jobs_page(shared, &filter, after) {
                     Ok((jobs, next)) => ClientResponse::JobsPage { jobs, next },
                     Err(e) => ClientResponse::Error(format!("{e:#}")),
                 }
             }
-        };
-        control.send(&fits(response)).await?;
-    }
-    Ok(())
+    })
 }
 
 /// Failpoint (see `commit::FAILPOINT`): a request for the status of job

@@ -4,7 +4,7 @@
 //! ([`blob`]) beside either.
 
 mod blob;
-mod client;
+pub(crate) mod client;
 mod feed;
 pub(crate) mod fetch;
 mod gate;

@@ -187,6 +187,8 @@ pub struct FarmCore {
     /// often, or cannot render it): applied to each connection they make.
     blocklists: HashMap<u64, HashSet<String>>,
     effects: Vec<Effect>,
+    /// Leases that expired since the start (for `/metrics`).
+    pub lease_expiries: u64,
 }
 
 fn key(task: TaskRef) -> TaskKey {
@@ -231,6 +233,7 @@ impl FarmCore {
             quarantined: HashMap::new(),
             blocklists: HashMap::new(),
             effects: Vec::new(),
+            lease_expiries: 0,
         }
     }
 
@@ -403,6 +406,7 @@ impl FarmCore {
     /// called again at the latest, if anything is pending.
     pub fn dispatch(&mut self, now: Now) -> Option<Millis> {
         let expired = self.sched.expire(now.ms);
+        self.lease_expiries += expired.len() as u64;
         for lost in &expired {
             if let Some(w) = self.workers.get(&lost.worker) {
                 self.lost.ended_with_worker(&w.identity, lost.task, now.ms);

@@ -1,0 +1,342 @@
+//! Webhooks (`coordinator --webhook URL`): job `done`, `failed` and
+//! `blocked` events POSTed to a receiver as JSON, signed with HMAC-SHA256
+//! (`X-Tessera-Signature: sha256=HEX` over the body), each with an id
+//! (`X-Tessera-Event-Id`, and `id` in the body) that stays the same on every
+//! retry, so a receiver deduplicates by it.
+//!
+//! Events go into an outbox table in the coordinator's SQLite before any
+//! delivery, and leave it (marked delivered) only on a 2xx answer; a failed
+//! delivery is retried with exponential backoff, in order, across receiver
+//! outages and coordinator restarts. An event is keyed by what it is about
+//! (`job.done:7`), so noticing it twice (from the live feed and from the
+//! catch-up a start runs over the jobs that finished while no one listened)
+//! queues it once. A job's `blocked` event is sent once per job, the first
+//! time it is seen blocked. The farm has no budget-reached event yet; none
+//! is sent.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use rusqlite::{params, OptionalExtension};
+use serde_json::{json, Value};
+use tessera_protocol::events::job_event_type;
+use tessera_protocol::messages::{FarmEvent, JobState, JobStatus};
+use tokio::sync::broadcast;
+
+use crate::config::Webhook;
+use crate::server::{unix_ms, Shared};
+
+/// How often blocked jobs are looked for and due retries are made.
+const TICK: Duration = Duration::from_millis(250);
+/// How long one delivery may take, connecting included.
+const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A receiver's address, from an `http://HOST:PORT/PATH` URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub host: String,
+    pub port: u16,
+    pub path: String,
+}
+
+/// Parses a webhook URL; only `http://` is spoken (put a TLS-terminating
+/// proxy in front of an `https://` receiver).
+pub fn parse_url(url: &str) -> anyhow::Result<Target> {
+    let Some(rest) = url.strip_prefix("http://") else {
+        bail!("webhook URL `{url}`: only http:// URLs are supported (for an https receiver, point the webhook at a local TLS proxy)");
+    };
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let (host, port) = match authority.rsplit_once(':') {
+        Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => (
+            h,
+            p.parse()
+                .with_context(|| format!("webhook URL `{url}`: bad port `{p}`"))?,
+        ),
+        _ => (authority, 80),
+    };
+    if host.is_empty() {
+        bail!("webhook URL `{url}` names no host");
+    }
+    Ok(Target {
+        host: host.trim_matches(|c| c == '[' || c == ']').to_string(),
+        port,
+        path: path.to_string(),
+    })
+}
+
+/// `sha256=HEX`: the signature header's value for `body`.
+pub fn signature(secret: &[u8], body: &[u8]) -> String {
+    let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, secret);
+    let tag = ring::hmac::sign(&key, body);
+    let hex: String = tag.as_ref().iter().map(|b| format!("{b:02x}")).collect();
+    format!("sha256={hex}")
+}
+
+fn create_tables(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS webhook_outbox (
+            id INTEGER PRIMARY KEY AUTOINCREMENT,
+            key TEXT NOT NULL UNIQUE,
+            body TEXT NOT NULL,
+            created_ms INTEGER NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            next_ms INTEGER NOT NULL DEFAULT 0,
+            delivered_ms INTEGER
+        );
+        CREATE INDEX IF NOT EXISTS webhook_pending ON webhook_outbox (id) WHERE delivered_ms IS NULL;
+        CREATE TABLE IF NOT EXISTS webhook_meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);",
+    )
+}
+
+/// Queues an event once per key; true when it was new.
+fn enqueue(shared: &Shared, key: &str, body: &Value) -> anyhow::Result<bool> {
+    let db = shared.db();
+    let n = db.conn().execute(
+        "INSERT OR IGNORE INTO webhook_outbox (key, body, created_ms) VALUES (?1, ?2, ?3)",
+        params![key, body.to_string(), unix_ms() as i64],
+    )?;
+    if n > 0 {
+        tracing::info!(%key, "webhook event queued");
+    }
+    Ok(n > 0)
+}
+
+/// The body of a job event (without its `id`, added when it is sent).
+fn job_body(kind: &str, state: JobState, status: Option<&JobStatus>, job: u64) -> Value {
+    let mut v = json!({
+        "type": kind,
+        "job": job,
+        "state": state.name(),
+        "unix_ms": unix_ms(),
+    });
+    if let Some(s) = status {
+        v["name"] = json!(s.name);
+        v["frames_done"] = json!(s.frames_done);
+        v["frames_total"] = json!(s.frames_total);
+        v["tasks_done"] = json!(s.tasks_done);
+        v["tasks_total"] = json!(s.tasks_total);
+        v["cost_usd"] = json!((s.cost_usd * 1e4).round() / 1e4);
+        v["error"] = json!(s.error);
+        v["blocked"] = json!(s.blocked);
+        v["finished_unix_ms"] = json!(s.finished_unix_ms);
+    }
+    v
+}
+
+fn job_finished(shared: &Shared, job: u64, state: JobState) -> anyhow::Result<()> {
+    if !matches!(state, JobState::Done | JobState::Failed) {
+        return Ok(());
+    }
+    let kind = job_event_type(state);
+    let status = shared.job_status(job)?;
+    enqueue(
+        shared,
+        &format!("{kind}:{job}"),
+        &job_body(&kind, state, status.as_ref(), job),
+    )?;
+    Ok(())
+}
+
+/// Queues the events of jobs that finished since webhooks were first turned
+/// on and were not queued (the coordinator stopped between the two).
+fn catch_up(shared: &Shared, since_ms: u64) -> anyhow::Result<()> {
+    let finished = shared.db().finished_jobs(10_000)?;
+    for stored in finished {
+        let status = stored.status();
+        if status.finished_unix_ms.is_some_and(|t| t >= since_ms) {
+            let kind = job_event_type(status.state);
+            if matches!(status.state, JobState::Done | JobState::Failed) {
+                enqueue(
+                    shared,
+                    &format!("{kind}:{}", status.id),
+                    &job_body(&kind, status.state, Some(&status), status.id),
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn blocked(shared: &Shared) -> anyhow::Result<()> {
+    let jobs: Vec<JobStatus> = shared.read(|core, now| core.snapshot(now).jobs);
+    for j in jobs.iter().filter(|j| j.blocked.is_some() && !j.state.is_final()) {
+        enqueue(
+            shared,
+            &format!("job.blocked:{}", j.id),
+            &job_body("job.blocked", j.state, Some(j), j.id),
+        )?;
+    }
+    Ok(())
+}
+
+/// The oldest undelivered event: id, body, attempts, when it is due.
+fn next_pending(shared: &Shared) -> anyhow::Result<Option<(i64, String, u32, u64)>> {
+    let db = shared.db();
+    Ok(db
+        .conn()
+        .query_row(
+            "SELECT id, body, attempts, next_ms FROM webhook_outbox
+             WHERE delivered_ms IS NULL ORDER BY id LIMIT 1",
+            [],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)?,
+                    r.get::<_, String>(1)?,
+                    r.get::<_, u32>(2)?,
+                    r.get::<_, i64>(3)? as u64,
+                ))
+            },
+        )
+        .optional()?)
+}
+
+async fn post(target: &Target, body: Bytes, headers: &[(&str, String)]) -> anyhow::Result<u16> {
+    let addr = format!("{}:{}", target.host, target.port);
+    let tcp = tokio::net::TcpStream::connect(&addr)
+        .await
+        .with_context(|| format!("cannot connect to {addr}"))?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
+    let driver = tokio::spawn(conn);
+    let mut req = hyper::Request::post(&target.path)
+        .header(hyper::header::HOST, &addr)
+        .header(hyper::header::CONTENT_TYPE, "application/json")
+        .header(hyper::header::USER_AGENT, "tessera-coordinator")
+        .header(hyper::header::CONNECTION, "close");
+    for (k, v) in headers {
+        req = req.header(*k, v);
+    }
+    let response = sender.send_request(req.body(Full::new(body))?).await?;
+    let status = response.status().as_u16();
+    let _ = response.into_body().collect().await;
+    driver.abort();
+    Ok(status)
+}
+
+/// Delivers the outbox until its task is aborted.
+pub(crate) async fn deliver(shared: Arc<Shared>, hook: Webhook) {
+    if let Err(e) = run(&shared, &hook).await {
+        tracing::error!("webhooks stopped: {e:#}");
+    }
+}
+
+async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
+    let target = parse_url(&hook.url)?;
+    let mut events = shared.events();
+    let since_ms = {
+        let db = shared.db();
+        create_tables(db.conn())?;
+        db.conn().execute(
+            "INSERT OR IGNORE INTO webhook_meta (k, v) VALUES ('since_ms', ?1)",
+            params![unix_ms() as i64],
+        )?;
+        db.conn().query_row(
+            "SELECT v FROM webhook_meta WHERE k = 'since_ms'",
+            [],
+            |r| r.get::<_, i64>(0),
+        )? as u64
+    };
+    catch_up(shared, since_ms)?;
+    let mut tick = tokio::time::interval(TICK);
+    loop {
+        tokio::select! {
+            event = events.recv() => match event {
+                Ok((_, FarmEvent::JobChanged { job, state })) => job_finished(shared, job, state)?,
+                Ok(_) => {}
+                Err(broadcast::error::RecvError::Lagged(_)) => catch_up(shared, since_ms)?,
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            _ = tick.tick() => {
+                blocked(shared)?;
+                deliver_due(shared, hook, &target).await?;
+            }
+        }
+    }
+}
+
+/// Sends the outbox's due events, oldest first, until one fails or none is
+/// due.
+async fn deliver_due(shared: &Shared, hook: &Webhook, target: &Target) -> anyhow::Result<()> {
+    while let Some((id, body, attempts, next_ms)) = next_pending(shared)? {
+        if next_ms > unix_ms() {
+            return Ok(());
+        }
+        let mut value: Value = serde_json::from_str(&body)?;
+        value["id"] = json!(id);
+        let kind = value["type"].as_str().unwrap_or("").to_string();
+        let bytes = Bytes::from(value.to_string());
+        let headers = [
+            ("x-tessera-event", kind.clone()),
+            ("x-tessera-event-id", id.to_string()),
+            ("x-tessera-signature", signature(&hook.secret, &bytes)),
+        ];
+        let outcome = tokio::time::timeout(DELIVERY_TIMEOUT, post(target, bytes, &headers)).await;
+        let failure = match outcome {
+            Ok(Ok(status)) if (200..300).contains(&status) => None,
+            Ok(Ok(status)) => Some(format!("the receiver answered {status}")),
+            Ok(Err(e)) => Some(format!("{e:#}")),
+            Err(_) => Some("the receiver did not answer in time".into()),
+        };
+        let db = shared.db();
+        match failure {
+            None => {
+                db.conn().execute(
+                    "UPDATE webhook_outbox SET delivered_ms = ?1, attempts = attempts + 1 WHERE id = ?2",
+                    params![unix_ms() as i64, id],
+                )?;
+                tracing::info!(id, %kind, "webhook delivered");
+            }
+            Some(why) => {
+                let backoff = hook
+                    .first_backoff
+                    .saturating_mul(1u32 << attempts.min(20))
+                    .min(hook.max_backoff);
+                db.conn().execute(
+                    "UPDATE webhook_outbox SET attempts = attempts + 1, next_ms = ?1 WHERE id = ?2",
+                    params![(unix_ms() + backoff.as_millis() as u64) as i64, id],
+                )?;
+                tracing::warn!(
+                    id, %kind, attempt = attempts + 1, retry_in_ms = backoff.as_millis() as u64,
+                    "webhook delivery failed: {why}"
+                );
+                return Ok(());
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls() {
+        assert_eq!(
+            parse_url("http://127.0.0.1:8080/hook").unwrap(),
+            Target {
+                host: "127.0.0.1".into(),
+                port: 8080,
+                path: "/hook".into()
+            }
+        );
+        assert_eq!(parse_url("http://example.test").unwrap().port, 80);
+        let e = parse_url("https://x/").unwrap_err().to_string();
+        assert!(e.contains("only http://"), "{e}");
+    }
+
+    #[test]
+    fn signature_is_hmac_sha256() {
+        // RFC 4231, test case 2.
+        assert_eq!(
+            signature(b"Jefe", b"what do ya want for nothing?"),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
+    }
+}
