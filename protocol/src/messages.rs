@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -297,6 +297,14 @@ pub struct JobStatus {
     pub paused: bool,
     /// `submit --verify`: what the checks found so far; `None` without.
     pub verification: Option<Verification>,
+    /// `submit --after`: the jobs it runs after.
+    pub after: Vec<u64>,
+    /// What it does when one of those fails or is canceled.
+    pub after_failure: crate::job::AfterFailure,
+    /// Of `after`, the jobs it still waits for: not done yet, or failed
+    /// while it is held (`--after-failure hold`, not resumed). Empty once
+    /// it may run, and for a finished job.
+    pub waiting_for: Vec<u64>,
 }
 
 /// What a job's result checks (`submit --verify P`) found.
