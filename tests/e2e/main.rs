@@ -2,6 +2,8 @@
 //! real QUIC, real SQLite, real signals, real scenes. One binary; the cases
 //! live in the modules below and share the harness.
 
+mod addon;
+mod after;
 mod assets;
 mod bad_input;
 mod blender;
@@ -18,6 +20,7 @@ mod hostile_worker;
 mod identity;
 mod layering;
 mod monitor;
+mod openjd;
 mod operate;
 mod partition;
 mod passes;
