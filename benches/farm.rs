@@ -171,6 +171,9 @@ fn memory() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                after: Vec::new(),
+                after_failure: Default::default(),
+                paused: false,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

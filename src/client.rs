@@ -322,6 +322,7 @@ impl Feed {
 }
 
 /// What the user asked `submit` for.
+#[derive(Clone)]
 pub struct SubmitOptions {
     pub scene: PathBuf,
     pub frames: Option<String>,
@@ -347,6 +348,12 @@ pub struct SubmitOptions {
     pub blender_python: Option<PathBuf>,
     /// For a `.uproject`: the sequence, map and config, and the split.
     pub unreal: crate::uproject::UnrealOptions,
+    /// `--after`: jobs that must be done before this one starts.
+    pub after: Vec<u64>,
+    /// `--after-failure`: what this job does when one of those fails.
+    pub after_failure: tessera_protocol::job::AfterFailure,
+    /// `--paused`: held until `tessera resume`.
+    pub paused: bool,
 }
 
 /// A scene file and everything it references, ready to hash.
@@ -824,6 +831,9 @@ pub async fn upload_scene(
         unreal: scan.unreal.map(Box::new),
         finish: scan.finish,
         verify_percent: opts.verify,
+        after: opts.after.clone(),
+        after_failure: opts.after_failure,
+        paused: opts.paused,
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

@@ -179,6 +179,9 @@ pub async fn run(
         blender: None,
         blender_python: None,
         unreal: Default::default(),
+        after: Vec::new(),
+        after_failure: Default::default(),
+        paused: false,
     };
     let started = Instant::now();
     let submitted = client::submit(&mut client, &opts).await?.status;

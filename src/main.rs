@@ -8,6 +8,7 @@ mod demo;
 mod exit;
 mod follow;
 mod monitor;
+mod openjd;
 mod progress;
 mod report;
 mod shown;
@@ -269,6 +270,22 @@ enum Command {
         /// Makes a retried submit idempotent: the same id gets the same job.
         #[arg(long)]
         request_id: Option<String>,
+        /// Start only once these jobs are done: JOB[,JOB...] (ids of jobs
+        /// already submitted; an unknown id is refused).
+        #[arg(long, value_parser = parse_after)]
+        after: Option<AfterArg>,
+        /// When a job named by --after fails or is canceled: `fail` this
+        /// job too, or `hold` it until `tessera resume` (runs it anyway) or
+        /// `tessera cancel`.
+        #[arg(long, default_value = "fail", value_parser = parse_after_failure)]
+        after_failure: tessera_protocol::job::AfterFailure,
+        /// Hold the job until `tessera resume JOB`.
+        #[arg(long)]
+        paused: bool,
+        /// For an Open Job Description template: a job parameter's value,
+        /// NAME=VALUE (repeat for several; others take their defaults).
+        #[arg(long = "job-param")]
+        job_params: Vec<String>,
         /// Submit even when files the scene uses are missing.
         #[arg(long)]
         allow_missing: bool,
@@ -471,6 +488,18 @@ struct UnrealArgs {
     /// Unreal: the output resolution, WxH (default 1920x1080).
     #[arg(long, value_parser = parse_resolution)]
     resolution: Option<(u32, u32)>,
+}
+
+/// `--after JOB[,JOB...]`.
+#[derive(Clone)]
+struct AfterArg(Vec<u64>);
+
+fn parse_after(s: &str) -> Result<AfterArg, String> {
+    tessera_protocol::job::parse_after(s).map(AfterArg)
+}
+
+fn parse_after_failure(s: &str) -> Result<tessera_protocol::job::AfterFailure, String> {
+    s.parse()
 }
 
 fn parse_mrq_format(s: &str) -> Result<tessera_protocol::job::OutputFormat, String> {
@@ -817,6 +846,10 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             json,
             upload_only,
             request_id,
+            after,
+            after_failure,
+            paused,
+            job_params,
             allow_missing,
             engine,
             blender,
@@ -860,7 +893,21 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     zero_pad: unreal.mrq_zero_pad,
                     resolution: unreal.resolution,
                 },
+                after: after.map(|a| a.0).unwrap_or_default(),
+                after_failure,
+                paused,
             };
+            if openjd::is_template(&opts.scene) {
+                let template = openjd::load(&opts.scene, &job_params)?;
+                let mut client = Client::connect(&ticket).await?;
+                let output = output.map(|dir| (dir, overwrite));
+                return submit_template(&mut client, template, opts, wait, output, json).await;
+            }
+            if !job_params.is_empty() {
+                anyhow::bail!(
+                    "--job-param is for Open Job Description templates (.yaml); this is a scene"
+                );
+            }
             let mut client = Client::connect(&ticket).await?;
             if upload_only {
                 let (spec, _warnings) = client::upload_scene(&mut client, &opts).await?;
@@ -1065,6 +1112,82 @@ async fn pause(job: u64, ticket: TicketArg, paused: bool) -> anyhow::Result<i32>
     client.pause(job, paused).await?;
     println!("job {job} {}", if paused { "paused" } else { "resumed" });
     Ok(0)
+}
+
+/// `submit TEMPLATE.yaml`: one job per step of an Open Job Description
+/// template, each `--after` the steps it depends on (and the command
+/// line's `--after`, for the steps that depend on none); with `--wait`,
+/// waits for each and downloads its frames (into `--output`, or a folder
+/// per step when there are several).
+async fn submit_template(
+    client: &mut Client,
+    template: openjd::Imported,
+    opts: SubmitOptions,
+    wait: bool,
+    output: Option<(PathBuf, bool)>,
+    json: bool,
+) -> anyhow::Result<i32> {
+    for note in &template.notes {
+        eprintln!("note: {note}");
+    }
+    let several = template.steps.len() > 1;
+    let base_name = opts.name.clone().unwrap_or_else(|| template.name.clone());
+    let mut jobs: Vec<(String, u64)> = Vec::new();
+    let mut printed = Vec::new();
+    for step in &template.steps {
+        let mut after: Vec<u64> = step.after.iter().map(|&i| jobs[i].1).collect();
+        if step.after.is_empty() {
+            after.extend(&opts.after);
+        }
+        let mut step_opts = opts.clone();
+        step_opts.scene = step.scene.clone();
+        step_opts.frames = step.frames.clone().or_else(|| opts.frames.clone());
+        step_opts.name = Some(if several {
+            format!("{base_name} / {}", step.name)
+        } else {
+            base_name.clone()
+        });
+        step_opts.request_id = (opts.request_id.as_ref()).map(|r| format!("{r}/{}", step.name));
+        step_opts.after = after;
+        let client::Submitted { status, warnings } = client::submit(client, &step_opts)
+            .await
+            .with_context(|| format!("step {} of the template", step.name))?;
+        if json {
+            let mut v = report::job_json(&status);
+            v["step"] = serde_json::json!(step.name);
+            v["warnings"] = serde_json::json!(warnings);
+            printed.push(v);
+        } else {
+            println!(
+                "job {} submitted for step {}: {}",
+                status.id,
+                step.name,
+                report::summary_line(&status)
+            );
+        }
+        jobs.push((step.name.clone(), status.id));
+    }
+    if json && !wait {
+        println!(
+            "{}",
+            serde_json::json!({ "template": template.name, "jobs": printed })
+        );
+    }
+    if !wait {
+        return Ok(0);
+    }
+    let mut code = 0;
+    for (name, id) in &jobs {
+        let out = output.as_ref().map(|(dir, o)| {
+            let dir = if several { dir.join(name) } else { dir.clone() };
+            (dir, *o)
+        });
+        let c = finish_wait(client, *id, out, json, None).await?;
+        if code == 0 {
+            code = c;
+        }
+    }
+    Ok(code)
 }
 
 /// Follows `jobs` to their end and prints how each ended (one JSON

@@ -45,6 +45,9 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "cost_usd": round(s.cost_usd, 4),
         "cost_to_finish_usd": s.cost_to_finish_usd.map(|c| round(c, 4)),
         "eta_secs": s.eta_secs.map(|e| round(e, 1)),
+        "after": s.after,
+        "after_failure": s.after_failure.name(),
+        "waiting_for": s.waiting_for,
         "verification": s.verification.as_ref().map(|v| json!({
             "percent": v.percent,
             "agreed": v.agreed,
@@ -364,6 +367,20 @@ pub fn print_waited(
     }
 }
 
+/// `after 3,7 (hold)`: the jobs a job runs after, and what it does when
+/// one fails when that is not the default.
+pub fn after_note(s: &JobStatus) -> Option<String> {
+    if s.after.is_empty() {
+        return None;
+    }
+    let jobs: Vec<String> = s.after.iter().map(u64::to_string).collect();
+    let hold = match s.after_failure {
+        tessera_protocol::job::AfterFailure::Hold => " (hold)",
+        tessera_protocol::job::AfterFailure::Fail => "",
+    };
+    Some(format!("after {}{hold}", jobs.join(",")))
+}
+
 /// A checked job's verification results, in one line.
 fn verification_note(v: &tessera_protocol::messages::Verification) -> String {
     let mut note = format!(
@@ -414,6 +431,7 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
             .clone()
             .or_else(|| s.blocked.as_ref().map(|b| format!("blocked: {b}")))
             .into_iter()
+            .chain(after_note(s))
             .chain(s.verification.as_ref().map(verification_note))
             .collect::<Vec<_>>()
             .join("; ");

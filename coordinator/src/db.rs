@@ -85,6 +85,9 @@ impl StoredJob {
             eta_secs: None,
             paused: false,
             verification: None,
+            after: self.spec.after.clone(),
+            after_failure: self.spec.after_failure,
+            waiting_for: Vec::new(),
         }
     }
 }
@@ -236,6 +239,16 @@ CREATE TABLE IF NOT EXISTS verifications (
     summary TEXT NOT NULL
 );";
 
+/// A job's holds as last changed by `pause`/`resume` (`released`: resumed
+/// while a failed dependency held it, so it runs without it). Created
+/// when missing, so it needs no schema version of its own; a job without a
+/// row is as its spec says (`submit --paused`).
+const HOLDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS job_holds (
+    job INTEGER PRIMARY KEY,
+    paused INTEGER NOT NULL,
+    released INTEGER NOT NULL
+);";
+
 fn state_name(s: JobState) -> &'static str {
     s.name()
 }
@@ -385,6 +398,7 @@ impl Db {
         migrate(&conn)?;
         conn.execute_batch(PASSES_TABLE)?;
         conn.execute_batch(TRUST_TABLES)?;
+        conn.execute_batch(HOLDS_TABLE)?;
         Ok(Db { conn })
     }
 
@@ -604,6 +618,39 @@ impl Db {
         ))?;
         let rows = stmt.query_map([limit], job_row)?;
         rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// A job's state, if there is a job with that id.
+    pub fn job_state(&self, id: u64) -> Result<Option<JobState>, DbError> {
+        let state: Option<String> = self
+            .conn
+            .query_row("SELECT state FROM jobs WHERE id = ?1", [id as i64], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(state.map(|s| parse_state(&s)))
+    }
+
+    /// Records a job's holds (see [`HOLDS_TABLE`]).
+    pub fn set_holds(&self, job: u64, paused: bool, released: bool) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO job_holds (job, paused, released) VALUES (?1, ?2, ?3)",
+            params![job as i64, paused, released],
+        )?;
+        Ok(())
+    }
+
+    /// A job's holds as last recorded: (paused, released), `None` when
+    /// never paused or resumed.
+    pub fn holds(&self, job: u64) -> Result<Option<(bool, bool)>, DbError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT paused, released FROM job_holds WHERE job = ?1",
+                [job as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
     }
 
     /// One job, if there is one with that id.
@@ -1003,6 +1050,9 @@ mod tests {
             unreal: None,
             finish: false,
             verify_percent: 0,
+            after: Vec::new(),
+            after_failure: Default::default(),
+            paused: false,
         }
     }
 

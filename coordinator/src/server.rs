@@ -270,6 +270,19 @@ impl Shared {
                         }
                     }
                 }
+                Effect::Holds {
+                    job,
+                    paused,
+                    released,
+                } => {
+                    let recorded = (self.db().set_holds(job, paused, released))
+                        .with_context(|| format!("cannot record the pause of job {job}"));
+                    if let Err(e) = recorded {
+                        if first_error.is_ok() {
+                            first_error = Err(e);
+                        }
+                    }
+                }
                 Effect::Quarantine {
                     identity,
                     name,
@@ -546,17 +559,32 @@ pub(crate) fn restored_job(db: &Db, stored: StoredJob) -> anyhow::Result<Restore
 /// done but which were not stitched yet.
 fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
     let mut restored = Vec::new();
+    let mut linked = Vec::new();
     {
         let db = shared.db();
         for stored in db.unfinished_jobs()? {
+            let holds = db.holds(stored.id)?;
+            let mut after = Vec::new();
+            for &dep in &stored.spec.after {
+                if let Some(state) = db.job_state(dep)? {
+                    after.push((dep, state));
+                }
+            }
+            linked.push((stored.id, holds, after));
             restored.push(restored_job(&db, stored)?);
         }
     }
     let quarantined = shared.db().quarantined()?;
     shared.update(|core, now| {
         core.restore_quarantine(quarantined);
-        for job in restored {
+        // By id: a job runs only after older ones, so those it waits for
+        // are back before it.
+        for (job, (id, holds, after)) in restored.into_iter().zip(linked) {
             core.restore_job(job, now);
+            if let Some((paused, released)) = holds {
+                core.restore_holds(id, paused, released);
+            }
+            core.link_after(id, &after, now);
         }
         core.hold_for_rejoin(now);
     });

@@ -28,6 +28,8 @@ pub(crate) fn submit(
 ) -> anyhow::Result<JobStatus> {
     let mut spec = spec;
     text::truncate_in_place(&mut spec.name, text::MAX_NAME);
+    spec.after.sort_unstable();
+    spec.after.dedup();
     if let Some(rid) = &spec.request_id {
         let stored = {
             let db = shared.db();
@@ -46,6 +48,7 @@ pub(crate) fn submit(
             return shared.job_status(id)?.context("job vanished");
         }
     }
+    let after = after_states(shared, &spec)?;
     if spec.sample_ranges == SAMPLE_RANGES_AUTO {
         let interruptible = shared.read(|core, now| core.has_interruptible_worker(now));
         spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
@@ -63,9 +66,42 @@ pub(crate) fn submit(
     let dedup = total.saturating_sub(uploaded);
     let submitted = unix_ms();
     let id = shared.db().insert_job(&spec, submitted, uploaded, dedup)?;
-    let status = shared.update(|core, now| core.submit(id, spec, submitted, uploaded, dedup, now));
+    let status = shared.update(|core, now| {
+        let status = core.submit(id, spec, submitted, uploaded, dedup, now);
+        core.link_after(id, &after, now);
+        core.job_status(id, now).unwrap_or(status)
+    });
     tracing::info!(job = id, name = %status.name, tasks = status.tasks_total, "job submitted");
-    Ok(status)
+    // A job that ran after one that failed in the meantime failed at once.
+    Ok(shared.job_status(id)?.unwrap_or(status))
+}
+
+/// The states of the jobs `--after` names, as the database has them; an
+/// unknown job is refused, and so is running after a job that already
+/// failed when the job would fail with it at once.
+fn after_states(
+    shared: &Shared,
+    spec: &JobSpec,
+) -> anyhow::Result<Vec<(u64, tessera_protocol::messages::JobState)>> {
+    use tessera_protocol::job::AfterFailure;
+    use tessera_protocol::messages::JobState;
+    let db = shared.db();
+    let mut states = Vec::with_capacity(spec.after.len());
+    for &dep in &spec.after {
+        let Some(state) = db.job_state(dep)? else {
+            bail!("--after {dep}: there is no job {dep} on this coordinator (a job runs only after jobs submitted before it; see `tessera status`)");
+        };
+        if matches!(state, JobState::Failed | JobState::Canceled)
+            && spec.after_failure == AfterFailure::Fail
+        {
+            bail!(
+                "--after {dep}: job {dep} {} already, so this job would fail at once; retry job {dep} first, or submit with --after-failure hold to keep this one waiting",
+                if state == JobState::Failed { "failed" } else { "was canceled" }
+            );
+        }
+        states.push((dep, state));
+    }
+    Ok(states)
 }
 
 /// Whether `new` repeats the submit that recorded `stored` (a retry of

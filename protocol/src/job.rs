@@ -301,6 +301,75 @@ pub struct JobSpec {
     /// result of the job is checked too).
     #[serde(default)]
     pub verify_percent: u32,
+    /// `submit --after`: jobs (already submitted to this coordinator) that
+    /// must be done before any of this job's tasks is handed out. Only
+    /// existing jobs can be named, so dependencies never form a cycle.
+    #[serde(default)]
+    pub after: Vec<u64>,
+    /// What happens to this job when a job it runs after fails or is
+    /// canceled (`--after-failure`).
+    #[serde(default)]
+    pub after_failure: AfterFailure,
+    /// `submit --paused`: held until `tessera resume`.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+/// The most jobs one job may run after (`--after`).
+pub const MAX_AFTER: usize = 256;
+
+/// What a job does when a job it runs after (`--after`) fails or is
+/// canceled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub enum AfterFailure {
+    /// It fails too, saying which job it waited for (the default).
+    #[default]
+    Fail,
+    /// It stays held: `tessera resume` runs it anyway, `tessera cancel`
+    /// drops it.
+    Hold,
+}
+
+impl AfterFailure {
+    pub fn name(self) -> &'static str {
+        match self {
+            AfterFailure::Fail => "fail",
+            AfterFailure::Hold => "hold",
+        }
+    }
+}
+
+impl FromStr for AfterFailure {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "fail" => Ok(AfterFailure::Fail),
+            "hold" => Ok(AfterFailure::Hold),
+            _ => Err(format!("`{s}`: expected fail or hold")),
+        }
+    }
+}
+
+/// Parses `--after 3,7,12` (job ids, comma-separated); sorted, without
+/// duplicates, at most [`MAX_AFTER`].
+pub fn parse_after(s: &str) -> Result<Vec<u64>, String> {
+    let mut jobs = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        let id: u64 = part
+            .parse()
+            .map_err(|_| format!("`{s}` is not a list of job ids: expected e.g. 3 or 3,7,12"))?;
+        jobs.push(id);
+    }
+    jobs.sort_unstable();
+    jobs.dedup();
+    if jobs.len() > MAX_AFTER {
+        return Err(format!(
+            "--after names {} jobs; a job runs after at most {MAX_AFTER}",
+            jobs.len()
+        ));
+    }
+    Ok(jobs)
 }
 
 impl JobSpec {
@@ -315,6 +384,13 @@ impl JobSpec {
     /// spec overflows once this passed.
     pub fn check_limits(&self) -> Result<u64, String> {
         use limits::*;
+        if self.after.len() > crate::job::MAX_AFTER {
+            return Err(format!(
+                "the job runs after {} jobs; the limit is {}",
+                self.after.len(),
+                crate::job::MAX_AFTER
+            ));
+        }
         if self.frames.is_empty() {
             return Err("the job has no frames".into());
         }
@@ -523,6 +599,9 @@ mod tests {
             unreal: None,
             finish: false,
             verify_percent: 0,
+            after: Vec::new(),
+            after_failure: Default::default(),
+            paused: false,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

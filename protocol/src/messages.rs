@@ -44,8 +44,9 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 /// Bumped whenever a message changes shape or meaning (11: a worker may
 /// be assigned more tasks than it has slots, and renders at most its slots'
 /// worth at once, the others queued in the order assigned; 12: job filters,
-/// job details, retry and request-id conflicts for clients).
-pub const PROTOCOL_VERSION: u32 = 12;
+/// job details, retry and request-id conflicts for clients; 13: a job
+/// may wait for others (`after`) or be submitted paused).
+pub const PROTOCOL_VERSION: u32 = 13;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -305,6 +306,14 @@ pub struct JobStatus {
     pub paused: bool,
     /// `submit --verify`: what the checks found so far; `None` without.
     pub verification: Option<Verification>,
+    /// `submit --after`: the jobs it runs after.
+    pub after: Vec<u64>,
+    /// What it does when one of those fails or is canceled.
+    pub after_failure: crate::job::AfterFailure,
+    /// Of `after`, the jobs it still waits for: not done yet, or failed
+    /// while it is held (`--after-failure hold`, not resumed). Empty once
+    /// it may run, and for a finished job.
+    pub waiting_for: Vec<u64>,
 }
 
 /// What a job's result checks (`submit --verify P`) found.

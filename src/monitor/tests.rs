@@ -86,6 +86,9 @@ fn job(id: u64, name: &str, state: JobState) -> JobStatus {
         eta_secs: None,
         paused: false,
         verification: None,
+        after: Vec::new(),
+        after_failure: Default::default(),
+        waiting_for: Vec::new(),
     }
 }
 
@@ -1007,4 +1010,35 @@ fn the_header_never_shows_a_negative_idle_cost() {
     let text = screen_text(&draw(&app, 120, 30));
     assert!(text.contains("idle $0.00/h"), "{text}");
     assert!(!text.contains("$-0.00"), "{text}");
+}
+
+#[test]
+fn a_job_waiting_for_another_shows_waiting_and_one_held_by_a_failure_shows_held() {
+    let mut app = App::new();
+    app.update(Msg::Link(Link::Connected));
+    let mut s = farm();
+    let mut waiting = job(9, "shot_030", JobState::Queued);
+    waiting.after = vec![7];
+    waiting.waiting_for = vec![7];
+    waiting.blocked = Some("waiting for job 7 to finish (--after)".into());
+    let mut held = job(10, "shot_040", JobState::Queued);
+    held.after = vec![8];
+    held.waiting_for = vec![8];
+    held.blocked = Some("held: job 8, which it runs after, failed".into());
+    s.jobs.extend([waiting, held]);
+    app.update(Msg::Snapshot(s));
+    let text = screen_text(&draw(&app, 160, 48));
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_else(|| panic!("{name} not listed:\n{text}"))
+            .to_string()
+    };
+    assert!(row("shot_030").contains("waiting"), "{}", row("shot_030"));
+    assert!(
+        row("shot_030").contains("waiting for job 7"),
+        "{}",
+        row("shot_030")
+    );
+    assert!(row("shot_040").contains(" held "), "{}", row("shot_040"));
 }

@@ -382,6 +382,12 @@ fn job_state_text(j: &JobStatus) -> (String, Style) {
     if !j.state.is_final() && j.paused {
         return ("paused".into(), Style::new().fg(Color::Yellow).bold());
     }
+    if !j.state.is_final() && !j.waiting_for.is_empty() {
+        // `--after`: waiting for its jobs, or held by one that failed.
+        let held = j.blocked.as_deref().is_some_and(|b| b.starts_with("held"));
+        let text = if held { "held" } else { "waiting" };
+        return (text.into(), Style::new().fg(Color::Cyan));
+    }
     if !j.state.is_final() && j.blocked.is_some() {
         return ("blocked".into(), Style::new().fg(Color::Red));
     }
@@ -476,6 +482,7 @@ fn render_jobs(app: &App, frame: &mut Frame, area: Rect, width: Width) {
                 .error
                 .clone()
                 .or_else(|| j.blocked.clone())
+                .or_else(|| crate::report::after_note(j))
                 .unwrap_or_default();
             cells.push(Cell::from(note).style(Style::new().fg(Color::Red)));
         }

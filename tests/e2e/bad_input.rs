@@ -207,6 +207,9 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                after: Vec::new(),
+                after_failure: Default::default(),
+                paused: false,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

@@ -347,6 +347,9 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                after: Vec::new(),
+                after_failure: Default::default(),
+                paused: false,
             };
         let cases = [
             (

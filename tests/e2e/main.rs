@@ -2,6 +2,8 @@
 //! real QUIC, real SQLite, real signals, real scenes. One binary; the cases
 //! live in the modules below and share the harness.
 
+mod addon;
+mod after;
 mod assets;
 mod bad_input;
 mod blender;
@@ -20,6 +22,7 @@ mod identity;
 mod layering;
 mod migration;
 mod monitor;
+mod openjd;
 mod operate;
 mod partition;
 mod passes;

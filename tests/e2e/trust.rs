@@ -251,6 +251,9 @@ fn status_of_many_jobs_is_read_page_by_page() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                after: Vec::new(),
+                after_failure: Default::default(),
+                paused: false,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap() {

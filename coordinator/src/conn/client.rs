@@ -105,7 +105,7 @@ pub(crate) async fn handle(
             ClientRequest::Logs { job, task } => logs(shared, job, task),
             ClientRequest::Tiles { job, frame } => tiles(shared, job, frame),
             ClientRequest::Pause { job, paused } => {
-                if shared.update(|core, _| core.pause(job, paused)) {
+                if shared.update(|core, now| core.pause(job, paused, now)) {
                     ClientResponse::Done
                 } else {
                     ClientResponse::Error(format!("job {job} is not queued or running"))

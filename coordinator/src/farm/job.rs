@@ -2,6 +2,7 @@
 //! results and stitched frames, and how its tasks map to frames, tiles and
 //! sample ranges.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use tessera_protocol::job::{sample_range, JobSpec, TileRect};
@@ -42,6 +43,12 @@ pub(crate) struct Job {
     pub started: Option<(Millis, u32)>,
     /// `submit --verify`: the checks of its results.
     pub verify: Option<super::verify::Checks>,
+    /// Of the jobs it runs after (`--after`), those still live.
+    pub waiting: BTreeSet<u64>,
+    /// Of the jobs it runs after, those that failed or were canceled.
+    pub failed_deps: Vec<(u64, JobState)>,
+    /// Resumed while held by a failed dependency: it runs without it.
+    pub released: bool,
 }
 
 impl Job {
@@ -56,6 +63,7 @@ impl Job {
         let chunks = spec.unreal.as_ref().map(|u| u.chunks(&spec.frames));
         let verify =
             (spec.verify_percent > 0).then(|| super::verify::Checks::new(spec.verify_percent));
+        let spec_paused = spec.paused;
         Job {
             spec: Arc::new(spec),
             final_state: None,
@@ -73,10 +81,58 @@ impl Job {
             bytes_to_workers: 0,
             submitted_unix_ms,
             finished_unix_ms: None,
-            paused: false,
+            paused: spec_paused,
             started: None,
             verify,
+            waiting: BTreeSet::new(),
+            failed_deps: Vec::new(),
+            released: false,
         }
+    }
+
+    /// Whether a failed or canceled dependency holds it (`--after-failure
+    /// hold`, not resumed).
+    pub fn held_by_failure(&self) -> bool {
+        !self.failed_deps.is_empty() && !self.released
+    }
+
+    /// Whether it may hand out no task now: paused, waiting for a job it
+    /// runs after, or held by one that failed.
+    pub fn held(&self) -> bool {
+        self.paused || !self.waiting.is_empty() || self.held_by_failure()
+    }
+
+    /// Why it waits for the jobs it runs after, if it does.
+    pub fn dependency_reason(&self, id: u64) -> Option<String> {
+        if let Some(&(dep, state)) = self.failed_deps.first().filter(|_| !self.released) {
+            let what = if state == JobState::Canceled {
+                "was canceled"
+            } else {
+                "failed"
+            };
+            return Some(format!(
+                "held: job {dep}, which it runs after, {what}; `tessera resume {id}` runs it anyway, `tessera cancel {id}` drops it"
+            ));
+        }
+        if self.waiting.is_empty() {
+            return None;
+        }
+        let list: Vec<String> = self.waiting.iter().map(u64::to_string).collect();
+        let jobs = if list.len() == 1 { "job" } else { "jobs" };
+        Some(format!(
+            "waiting for {jobs} {} to finish (--after)",
+            list.join(", ")
+        ))
+    }
+
+    /// The jobs it still waits for (see `JobStatus::waiting_for`).
+    pub fn waiting_for(&self) -> Vec<u64> {
+        let mut out: Vec<u64> = self.waiting.iter().copied().collect();
+        if !self.released {
+            out.extend(self.failed_deps.iter().map(|&(d, _)| d));
+        }
+        out.sort_unstable();
+        out
     }
 
     pub fn tasks_total(&self) -> u32 {
@@ -216,13 +272,20 @@ impl Job {
             blocked: if self.final_state.is_some() {
                 None
             } else {
-                blocked
+                self.dependency_reason(id).or(blocked)
             },
             cost_usd: 0.0,
             cost_to_finish_usd: None,
             eta_secs: None,
             paused: self.paused,
             verification: self.verify.as_ref().map(|v| v.summary()),
+            after: self.spec.after.clone(),
+            after_failure: self.spec.after_failure,
+            waiting_for: if self.final_state.is_some() {
+                Vec::new()
+            } else {
+                self.waiting_for()
+            },
         }
     }
 }

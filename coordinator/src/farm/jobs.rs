@@ -249,19 +249,30 @@ impl FarmCore {
         self.released.retain(|t, _| t.job != id);
         self.earlier.retain(|t, _| t.job != id);
         self.blocklists.remove(&id);
+        self.job_ended(id, state, now);
         status
     }
 
     /// Pauses or resumes a job; false when it is not queued or running.
-    pub fn pause(&mut self, job: u64, paused: bool) -> bool {
-        if !self.sched.pause_job(job, paused) {
+    /// Resuming a job held because a job it runs after failed lets it run
+    /// without that job; it never starts a job before a dependency that is
+    /// still queued or running.
+    pub fn pause(&mut self, job: u64, paused: bool, now: Now) -> bool {
+        let Some(j) = self.jobs.get_mut(&job).filter(|j| j.final_state.is_none()) else {
             return false;
+        };
+        j.paused = paused;
+        if !paused && !j.failed_deps.is_empty() {
+            j.released = true;
         }
-        if let Some(j) = self.jobs.get_mut(&job) {
-            j.paused = paused;
-        }
+        let released = j.released;
         tracing::info!(job, paused, "job paused or resumed");
-        self.effects.push(Effect::Wake);
+        self.effects.push(Effect::Holds {
+            job,
+            paused,
+            released,
+        });
+        self.apply_holds(job, now);
         true
     }
 

@@ -10,6 +10,7 @@
 //! order. Like `quinn-proto`, the core never reads a clock or touches a
 //! socket, so its tests run on virtual time.
 
+mod after;
 mod builds;
 mod job;
 mod jobs;
@@ -112,6 +113,13 @@ pub enum Effect {
         tasks: Vec<u32>,
         frames: Vec<u32>,
     },
+    /// A job was paused or resumed (`released`: resumed while a failed
+    /// dependency held it): record it, so a restart keeps it so.
+    Holds {
+        job: u64,
+        paused: bool,
+        released: bool,
+    },
 }
 
 /// A job read back from the database on start.
@@ -186,10 +194,23 @@ pub struct FarmCore {
     /// Per job, the identities blocklisted for it (they failed it too
     /// often, or cannot render it): applied to each connection they make.
     blocklists: HashMap<u64, HashSet<String>>,
+    /// The final states of the jobs this run finished, newest
+    /// [`FINISHED_KEPT`]: what a job submitted `--after` one of them sees
+    /// before the database has recorded it.
+    finished: BTreeMap<u64, JobState>,
+    /// Jobs that just ended whose dependents are still to be told, and
+    /// whether that is under way (so a long chain is settled in a loop,
+    /// not by recursion).
+    settle: Vec<(u64, JobState)>,
+    settling: bool,
     effects: Vec<Effect>,
     /// Leases that expired since the start (for `/metrics`).
     pub lease_expiries: u64,
 }
+
+/// How many finished jobs' final states the core remembers (see
+/// `FarmCore::finished`); older ones are read from the database.
+pub const FINISHED_KEPT: usize = 4096;
 
 fn key(task: TaskRef) -> TaskKey {
     TaskKey {
@@ -232,6 +253,9 @@ impl FarmCore {
             earlier: HashMap::new(),
             quarantined: HashMap::new(),
             blocklists: HashMap::new(),
+            finished: BTreeMap::new(),
+            settle: Vec::new(),
+            settling: false,
             effects: Vec::new(),
             lease_expiries: 0,
         }
@@ -391,6 +415,7 @@ impl FarmCore {
         self.add_to_scheduler(id, &job, pending, now);
         let status = job.status(id, 0, self.blocked(id, job.spec.engine));
         self.jobs.insert(id, job);
+        self.apply_holds(id, now);
         self.effects.push(Effect::Wake);
         status
     }

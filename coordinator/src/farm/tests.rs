@@ -66,6 +66,9 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         unreal: None,
         finish: false,
         verify_percent: 0,
+        after: Vec::new(),
+        after_failure: Default::default(),
+        paused: false,
     }
 }
 
@@ -99,6 +102,8 @@ struct Farm {
     next_job: u64,
     quarantined: Vec<String>,
     withdrawn: Vec<(u64, Vec<u32>)>,
+    /// Recorded holds: (job, paused, released).
+    holds: Vec<(u64, bool, bool)>,
 }
 
 impl Farm {
@@ -116,6 +121,7 @@ impl Farm {
             next_job: 1,
             quarantined: Vec::new(),
             withdrawn: Vec::new(),
+            holds: Vec::new(),
         }
     }
 
@@ -153,6 +159,11 @@ impl Farm {
                 Effect::Leased { .. } => {}
                 Effect::Quarantine { identity, .. } => self.quarantined.push(identity),
                 Effect::Withdraw { job, tasks, .. } => self.withdrawn.push((job, tasks)),
+                Effect::Holds {
+                    job,
+                    paused,
+                    released,
+                } => self.holds.push((job, paused, released)),
             }
         }
     }
@@ -162,6 +173,8 @@ impl Farm {
         self.next_job += 1;
         let now = self.now();
         self.core.submit(id, spec, now.unix_ms, 0, 0, now);
+        // Every job it runs after was submitted to this core.
+        self.core.link_after(id, &[], now);
         self.collect();
         id
     }
@@ -446,19 +459,20 @@ fn canceling_a_job_during_a_render_tells_its_worker_and_records_it() {
 fn a_paused_job_hands_out_nothing_until_resumed() {
     let mut farm = Farm::new(3);
     let job = farm.submit(spec("a", 2, 1));
-    assert!(farm.core.pause(job, true));
+    let now = farm.now();
+    assert!(farm.core.pause(job, true, now));
     let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
     farm.read(w);
     farm.dispatch();
     assert!(farm.assigned(w).is_empty());
     assert!(farm.core.job_status(job, farm.now()).unwrap().paused);
     let wakes = farm.wakes;
-    assert!(farm.core.pause(job, false));
+    assert!(farm.core.pause(job, false, now));
     farm.collect();
     assert!(farm.wakes > wakes, "resuming wakes the dispatcher");
     farm.dispatch();
     assert_eq!(farm.assigned(w).len(), 2);
-    assert!(!farm.core.pause(99, true), "no such job");
+    assert!(!farm.core.pause(99, true, now), "no such job");
 }
 
 #[test]
@@ -1380,4 +1394,226 @@ fn a_draining_worker_hands_back_the_tasks_queued_behind_its_slots() {
     farm.dispatch();
     assert_eq!(kinds(&farm.read(w2)), ["joined", "job 1", "assign 1/1"]);
     assert_eq!(farm.core.sched.running_on(w1).len(), 1);
+}
+
+/// `spec` run after `after`, doing `on_failure` when one of them fails.
+fn after(name: &str, after: &[u64], on_failure: tessera_protocol::job::AfterFailure) -> JobSpec {
+    JobSpec {
+        after: after.to_vec(),
+        after_failure: on_failure,
+        ..spec(name, 1, 1)
+    }
+}
+
+/// Renders every task worker `w` is given until job `job` is done.
+fn render_until_done(farm: &mut Farm, w: WorkerId, job: u64, db: &mut BTreeSet<(u64, u32)>) {
+    for _ in 0..20 {
+        farm.dispatch();
+        for lease in farm.assigned(w) {
+            farm.done(w, lease.task);
+        }
+        farm.commit_all(db);
+        farm.stitch_all();
+        if farm.records.iter().any(|r| r.0 == job) {
+            return;
+        }
+    }
+    panic!("job {job} did not finish");
+}
+
+#[test]
+fn a_job_after_another_gets_no_task_until_that_one_is_done() {
+    use tessera_protocol::job::AfterFailure::Fail;
+    let mut farm = Farm::new(3);
+    let first = farm.submit(spec("first", 2, 1));
+    let second = farm.submit(after("second", &[first], Fail));
+    let w = farm.join("w1", worker_info(4, Engine::Builtin, vec![]));
+    farm.read(w);
+    farm.dispatch();
+    let leases = farm.assigned(w);
+    let jobs: BTreeSet<u64> = leases.iter().map(|s| s.task.job).collect();
+    assert_eq!(jobs, BTreeSet::from([first]), "only the first job runs");
+    let status = farm.core.job_status(second, farm.now()).unwrap();
+    assert_eq!(status.state, JobState::Queued);
+    assert_eq!(
+        (status.after, status.waiting_for),
+        (vec![first], vec![first])
+    );
+    let blocked = status.blocked.unwrap();
+    assert!(blocked.contains("waiting for job 1 to finish"), "{blocked}");
+    let mut db = BTreeSet::new();
+    for lease in leases {
+        farm.done(w, lease.task);
+    }
+    farm.commit_all(&mut db);
+    farm.stitch_all();
+    assert_eq!(farm.records[0].1, JobState::Done);
+    let status = farm.core.job_status(second, farm.now()).unwrap();
+    assert!(
+        status.waiting_for.is_empty() && status.blocked.is_none(),
+        "{status:?}"
+    );
+    render_until_done(&mut farm, w, second, &mut db);
+    assert_eq!(farm.records[1], (second, JobState::Done, None));
+}
+
+#[test]
+fn a_failed_dependency_fails_or_holds_its_dependents_as_each_chose() {
+    use tessera_protocol::job::AfterFailure::{Fail, Hold};
+    let mut farm = Farm::new(1);
+    let shot = farm.submit(spec("shot", 1, 1));
+    let fails = farm.submit(after("fails", &[shot], Fail));
+    let holds = farm.submit(after("holds", &[shot], Hold));
+    // A chain behind the one that fails fails with it.
+    let behind = farm.submit(after("behind", &[fails], Fail));
+    let w = farm.join("w1", worker_info(4, Engine::Builtin, vec![]));
+    farm.read(w);
+    farm.dispatch();
+    let leases = farm.assigned(w);
+    assert_eq!(leases.len(), 1);
+    farm.msg(
+        w,
+        WorkerMsg::Failed {
+            task: leases[0].task,
+            error: "boom".into(),
+            log: String::new(),
+            unsupported: false,
+        },
+    );
+    let state_of = |farm: &Farm, job: u64| farm.records.iter().find(|r| r.0 == job).cloned();
+    assert_eq!(state_of(&farm, shot).unwrap().1, JobState::Failed);
+    let (_, state, error) = state_of(&farm, fails).unwrap();
+    assert_eq!(state, JobState::Failed);
+    assert!(error
+        .unwrap()
+        .starts_with("job 1, which this job runs after, failed"));
+    let (_, state, error) = state_of(&farm, behind).unwrap();
+    assert_eq!(state, JobState::Failed);
+    assert!(error
+        .unwrap()
+        .starts_with("job 2, which this job runs after, failed"));
+    // The one that holds stays, says why and what to do, and runs once
+    // resumed.
+    assert!(state_of(&farm, holds).is_none());
+    let status = farm.core.job_status(holds, farm.now()).unwrap();
+    assert_eq!(
+        (status.state, status.waiting_for),
+        (JobState::Queued, vec![shot])
+    );
+    let blocked = status.blocked.unwrap();
+    assert!(
+        blocked.contains("held: job 1, which it runs after, failed"),
+        "{blocked}"
+    );
+    assert!(blocked.contains("tessera resume 3"), "{blocked}");
+    farm.at(10).dispatch();
+    assert!(farm.assigned(w).is_empty(), "held");
+    let now = farm.now();
+    assert!(farm.core.pause(holds, false, now));
+    farm.collect();
+    assert_eq!(
+        farm.holds,
+        vec![(holds, false, true)],
+        "recorded for a restart"
+    );
+    let status = farm.core.job_status(holds, farm.now()).unwrap();
+    assert!(
+        status.waiting_for.is_empty() && status.blocked.is_none(),
+        "{status:?}"
+    );
+    let mut db = BTreeSet::new();
+    render_until_done(&mut farm, w, holds, &mut db);
+    assert_eq!(state_of(&farm, holds).unwrap().1, JobState::Done);
+}
+
+#[test]
+fn a_job_submitted_paused_waits_for_resume_and_a_restart_keeps_its_holds() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(JobSpec {
+        paused: true,
+        ..spec("paused", 1, 1)
+    });
+    let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    farm.read(w);
+    farm.dispatch();
+    assert!(farm.assigned(w).is_empty());
+    assert!(farm.core.job_status(job, farm.now()).unwrap().paused);
+    // Restored with its recorded holds (resumed), it runs.
+    let mut restarted = Farm::new(3);
+    let now = restarted.now();
+    restarted.core.restore_job(
+        RestoredJob {
+            id: job,
+            spec: JobSpec {
+                paused: true,
+                ..spec("paused", 1, 1)
+            },
+            state: JobState::Queued,
+            error: None,
+            submitted_unix_ms: now.unix_ms,
+            finished_unix_ms: None,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            cost_usd: 0.0,
+            results: Vec::new(),
+            frames: Vec::new(),
+            passes: Vec::new(),
+            leases: Vec::new(),
+        },
+        now,
+    );
+    restarted.core.restore_holds(job, false, false);
+    restarted.core.link_after(job, &[], now);
+    let w = restarted.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    restarted.read(w);
+    restarted.dispatch();
+    assert_eq!(restarted.assigned(w).len(), 1);
+}
+
+#[test]
+fn dependencies_the_database_reports_finished_release_or_fail_at_once() {
+    use tessera_protocol::job::AfterFailure::{Fail, Hold};
+    let mut farm = Farm::new(3);
+    farm.next_job = 10;
+    let now = farm.now();
+    // Jobs 1 (done) and 2 (canceled) finished in an earlier run.
+    let stored = [(1, JobState::Done), (2, JobState::Canceled)];
+    let runs = farm.next_job;
+    farm.next_job += 1;
+    farm.core
+        .submit(runs, after("runs", &[1], Fail), now.unix_ms, 0, 0, now);
+    farm.core.link_after(runs, &stored, now);
+    let held = farm.next_job;
+    farm.core
+        .submit(held, after("held", &[1, 2], Hold), now.unix_ms, 0, 0, now);
+    farm.core.link_after(held, &stored, now);
+    farm.collect();
+    let status = farm.core.job_status(held, now).unwrap();
+    assert_eq!(status.waiting_for, vec![2]);
+    assert!(status
+        .blocked
+        .unwrap()
+        .contains("job 2, which it runs after, was canceled"));
+    let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    farm.read(w);
+    farm.dispatch();
+    let jobs: Vec<u64> = farm.assigned(w).iter().map(|s| s.task.job).collect();
+    assert_eq!(jobs, vec![runs]);
+}
+
+#[test]
+fn canceling_the_head_of_a_long_chain_fails_every_job_behind_it_without_recursing() {
+    use tessera_protocol::job::AfterFailure::Fail;
+    let mut farm = Farm::new(3);
+    let head = farm.submit(spec("head", 1, 1));
+    let mut last = head;
+    for i in 0..2000 {
+        last = farm.submit(after(&format!("j{i}"), &[last], Fail));
+    }
+    let now = farm.now();
+    farm.core.cancel(head, now);
+    farm.collect();
+    assert_eq!(farm.records.len(), 2001);
+    assert!(farm.records[1..].iter().all(|r| r.1 == JobState::Failed));
+    assert!(farm.core.job_status(last, now).is_none(), "forgotten");
 }
