@@ -163,6 +163,8 @@ fn memory() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                deadline_unix_ms: None,
+                budget: None,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

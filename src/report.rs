@@ -33,6 +33,8 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "cost_usd": s.cost_usd,
         "cost_to_finish_usd": s.cost_to_finish_usd,
         "eta_secs": s.eta_secs,
+        "deadline_unix_ms": s.deadline_unix_ms,
+        "budget_usd": s.budget_usd,
         "verification": s.verification.as_ref().map(|v| json!({
             "percent": v.percent,
             "agreed": v.agreed,

@@ -85,6 +85,8 @@ impl StoredJob {
             eta_secs: None,
             paused: false,
             verification: None,
+            deadline_unix_ms: self.spec.deadline_unix_ms,
+            budget_usd: self.spec.budget.map(|b| b.usd),
         }
     }
 }
@@ -882,6 +884,8 @@ mod tests {
             unreal: None,
             finish: false,
             verify_percent: 0,
+            deadline_unix_ms: None,
+            budget: None,
         }
     }
 

@@ -19,6 +19,8 @@ pub struct DockerProvider {
     pub run_args: Vec<String>,
     /// Seconds between SIGTERM and SIGKILL on release and `docker stop`.
     pub stop_timeout_secs: u32,
+    /// Where a released container's log is kept (`NAME.log`).
+    pub log_dir: Option<std::path::PathBuf>,
 }
 
 impl DockerProvider {
@@ -38,6 +40,7 @@ impl DockerProvider {
             },
             run_args: Vec::new(),
             stop_timeout_secs: 30,
+            log_dir: None,
         }
     }
 }
@@ -118,6 +121,14 @@ impl Provider for DockerProvider {
         let _ = docker(&["unpause", &node.0]);
         let t = self.stop_timeout_secs.to_string();
         let _ = docker(&["stop", "--time", &t, &node.0]);
+        if let Some(dir) = &self.log_dir {
+            if let Ok(log) = docker(&["logs", &node.0]) {
+                let _ = std::fs::create_dir_all(dir);
+                let mut text = log.stdout;
+                text.extend_from_slice(&log.stderr);
+                let _ = std::fs::write(dir.join(format!("{}.log", node.0)), text);
+            }
+        }
         let out = docker(&["rm", "--force", &node.0])?;
         let gone = String::from_utf8_lossy(&out.stderr).contains("No such container");
         if !out.status.success() && !gone {

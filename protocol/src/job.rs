@@ -290,6 +290,49 @@ pub struct JobSpec {
     /// result of the job is checked too).
     #[serde(default)]
     pub verify_percent: u32,
+    /// `submit --deadline`: when the job should be done (wall clock, unix
+    /// ms). The fleet rents enough nodes to meet it; the coordinator only
+    /// shows it.
+    #[serde(default)]
+    pub deadline_unix_ms: Option<u64>,
+    /// `submit --budget-usd`: the most the job may cost, and what happens
+    /// when its cost reaches it.
+    #[serde(default)]
+    pub budget: Option<Budget>,
+}
+
+/// A job's budget (`submit --budget-usd X --on-budget ACTION`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    pub usd: f64,
+    pub on_reached: OnBudget,
+}
+
+/// What happens when a job's cost reaches its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OnBudget {
+    /// `stop-dispatch`: no more tasks are handed out; running ones finish
+    /// (their cost may pass the budget by what they take).
+    StopDispatch,
+    /// `cancel`: the job is canceled, its running tasks too.
+    Cancel,
+}
+
+impl OnBudget {
+    pub fn parse(s: &str) -> Result<OnBudget, String> {
+        match s {
+            "stop-dispatch" => Ok(OnBudget::StopDispatch),
+            "cancel" => Ok(OnBudget::Cancel),
+            _ => Err(format!("--on-budget takes stop-dispatch or cancel, not {s:?}")),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBudget::StopDispatch => "stop-dispatch",
+            OnBudget::Cancel => "cancel",
+        }
+    }
 }
 
 impl JobSpec {
@@ -304,6 +347,11 @@ impl JobSpec {
     /// spec overflows once this passed.
     pub fn check_limits(&self) -> Result<u64, String> {
         use limits::*;
+        if let Some(b) = self.budget {
+            if !b.usd.is_finite() || b.usd <= 0.0 {
+                return Err("a job's budget must be a positive number of USD".into());
+            }
+        }
         if self.frames.is_empty() {
             return Err("the job has no frames".into());
         }

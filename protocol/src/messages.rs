@@ -42,7 +42,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 }
 
 /// Bumped whenever a message changes shape.
-pub const PROTOCOL_VERSION: u32 = 10;
+pub const PROTOCOL_VERSION: u32 = 11;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -297,6 +297,12 @@ pub struct JobStatus {
     pub paused: bool,
     /// `submit --verify`: what the checks found so far; `None` without.
     pub verification: Option<Verification>,
+    /// `submit --deadline`: when the job should be done (unix ms).
+    #[serde(default)]
+    pub deadline_unix_ms: Option<u64>,
+    /// `submit --budget-usd`: the job's budget, USD.
+    #[serde(default)]
+    pub budget_usd: Option<f64>,
 }
 
 /// What a job's result checks (`submit --verify P`) found.

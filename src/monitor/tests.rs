@@ -86,6 +86,8 @@ fn job(id: u64, name: &str, state: JobState) -> JobStatus {
         eta_secs: None,
         paused: false,
         verification: None,
+        deadline_unix_ms: None,
+        budget_usd: None,
     }
 }
 

@@ -207,6 +207,8 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                deadline_unix_ms: None,
+                budget: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

@@ -347,6 +347,8 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                deadline_unix_ms: None,
+                budget: None,
             };
         let cases = [
             (

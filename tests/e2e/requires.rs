@@ -23,15 +23,19 @@ pub enum Need {
     /// `$TESSERA_TEST_BPY` names a Python where `import bpy` works (the
     /// official Blender 4.5 LTS as a module; `.ci/run` installs it).
     Bpy,
+    /// A Docker Engine that answers, and root with `debootstrap` to build
+    /// the worker image.
+    Docker,
 }
 
 impl Need {
-    const ALL: [Need; 5] = [
+    const ALL: [Need; 6] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
         Need::Python3,
         Need::Bpy,
+        Need::Docker,
     ];
 
     fn what(self) -> &'static str {
@@ -42,6 +46,7 @@ impl Need {
             Need::Tmux => "tmux on the PATH (apt-get install tmux)",
             Need::RootNetns => "root and iproute2's `ip` (network namespaces)",
             Need::Python3 => "python3 on the PATH (apt-get install python3)",
+            Need::Docker => "a running Docker Engine (`docker info` answers), root and debootstrap (apt-get install debootstrap)",
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
             }
@@ -64,6 +69,12 @@ impl Need {
             Need::Python3 => runs(Command::new("python3").arg("--version")),
             Need::Bpy => std::env::var_os("TESSERA_TEST_BPY")
                 .is_some_and(|py| runs(Command::new(py).args(["-c", "import bpy"]))),
+            Need::Docker => {
+                let root = (Command::new("id").arg("-u").output())
+                    .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");
+                root && runs(Command::new("docker").arg("info"))
+                    && runs(Command::new("debootstrap").arg("--version"))
+            }
             Need::RootNetns => {
                 let root = (Command::new("id").arg("-u").output())
                     .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");

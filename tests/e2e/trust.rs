@@ -251,6 +251,8 @@ fn status_of_many_jobs_is_read_page_by_page() {
                 unreal: None,
                 finish: false,
                 verify_percent: 0,
+                deadline_unix_ms: None,
+                budget: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap() {

@@ -42,6 +42,9 @@ pub(crate) struct Job {
     pub started: Option<(Millis, u32)>,
     /// `submit --verify`: the checks of its results.
     pub verify: Option<super::verify::Checks>,
+    /// Its budget was reached under `--on-budget stop-dispatch`: why no
+    /// more tasks are handed out.
+    pub budget_reached: Option<String>,
 }
 
 impl Job {
@@ -76,6 +79,7 @@ impl Job {
             paused: false,
             started: None,
             verify,
+            budget_reached: None,
         }
     }
 
@@ -223,6 +227,8 @@ impl Job {
             eta_secs: None,
             paused: self.paused,
             verification: self.verify.as_ref().map(|v| v.summary()),
+            deadline_unix_ms: self.spec.deadline_unix_ms,
+            budget_usd: self.spec.budget.map(|b| b.usd),
         }
     }
 }
