@@ -133,9 +133,7 @@ fn demand(jobs: &[JobStatus], policy: &mut Autoscaler, unix0: u64, ms0: Millis) 
             id: j.id,
             queued,
             running,
-            deadline_ms: j
-                .deadline_unix_ms
-                .map(|d| ms0 + d.saturating_sub(unix0)),
+            deadline_ms: j.deadline_unix_ms.map(|d| ms0 + d.saturating_sub(unix0)),
         });
     }
     out
@@ -190,8 +188,10 @@ pub async fn run(
     // Job costs and render time when the fleet started, to count what it
     // added since.
     let (jobs0, _) = client.status(None).await?;
-    let base_cost: BTreeMap<u64, (f64, u64)> =
-        jobs0.iter().map(|j| (j.id, (j.cost_usd, j.render_ms))).collect();
+    let base_cost: BTreeMap<u64, (f64, u64)> = jobs0
+        .iter()
+        .map(|j| (j.id, (j.cost_usd, j.render_ms)))
+        .collect();
     eprintln!(
         "fleet: {} providers, at most {} nodes, idle timeout {} s",
         providers.len(),
@@ -319,7 +319,8 @@ pub async fn run(
         let (usd, gpu_secs) = billed(&n.offer, n.launched.elapsed().as_secs_f64());
         bill.closed_usd += usd;
         bill.closed_gpu_secs += gpu_secs;
-        bill.released.push(json!({"name": name, "reason": "fleet-stopped", "usd": usd}));
+        bill.released
+            .push(json!({"name": name, "reason": "fleet-stopped", "usd": usd}));
     }
     if let Some(path) = status_file {
         let (jobs, _) = client.status(None).await.unwrap_or_default();
@@ -363,7 +364,10 @@ fn fleet_status(
         .collect();
     let (attributed, rendered_ms) = jobs.iter().fold((0.0, 0u64), |(c, r), j| {
         let (c0, r0) = base.get(&j.id).copied().unwrap_or((0.0, 0));
-        (c + (j.cost_usd - c0).max(0.0), r + j.render_ms.saturating_sub(r0))
+        (
+            c + (j.cost_usd - c0).max(0.0),
+            r + j.render_ms.saturating_sub(r0),
+        )
     });
     let billed_h = gpu_secs / 3600.0;
     let rendered_h = rendered_ms as f64 / 3_600_000.0;
@@ -407,7 +411,10 @@ pub async fn plan(config: &Path, client: &mut Client, json_out: bool) -> anyhow:
         .sum();
     if tasks == 0 {
         if json_out {
-            println!("{}", json!({"tasks": 0, "nodes": [], "cost_usd": 0.0, "finish_secs": 0}));
+            println!(
+                "{}",
+                json!({"tasks": 0, "nodes": [], "cost_usd": 0.0, "finish_secs": 0})
+            );
         } else {
             println!("nothing is queued: the fleet would rent nothing");
         }

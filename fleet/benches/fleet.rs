@@ -29,7 +29,10 @@ fn show(label: &str, r: &SimResult, frames: u32) {
 }
 
 fn main() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../benches/data/fleet_trace.csv");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../benches/data/fleet_trace.csv"
+    );
     let trace = Trace::parse(&std::fs::read_to_string(path).expect("trace")).expect("trace parses");
     let deadline_ms = 2 * 3_600_000;
     let job = SimJob {
@@ -50,7 +53,10 @@ fn main() {
         trace.offers.len()
     );
     let (rows, fixed) = cheapest_static(&trace, &job).expect("a static fleet meets the deadline");
-    let names: Vec<&str> = rows.iter().map(|&i| trace.offers[i].offer.id.as_str()).collect();
+    let names: Vec<&str> = rows
+        .iter()
+        .map(|&i| trace.offers[i].offer.id.as_str())
+        .collect();
     show("static (cheapest meeting deadline)", &fixed, job.frames);
     println!("  static fleet: {}", names.join(", "));
     let auto = run_autoscaled(&trace, &job, config.clone());
@@ -106,7 +112,11 @@ fn main() {
     }
     if std::env::var_os("FLEET_BENCH_NODES").is_some() {
         for (p, o, from, to) in &spot.rented {
-            println!("  {p} {o} {:.0}-{:.0} s", *from as f64 / 1e3, *to as f64 / 1e3);
+            println!(
+                "  {p} {o} {:.0}-{:.0} s",
+                *from as f64 / 1e3,
+                *to as f64 / 1e3
+            );
         }
     }
     if !missed.is_empty() {

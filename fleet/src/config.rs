@@ -190,7 +190,10 @@ impl FleetFile {
                 ));
             }
             if !names.insert(p.name()) {
-                return Err(format!("fleet file: two providers are named {:?}", p.name()));
+                return Err(format!(
+                    "fleet file: two providers are named {:?}",
+                    p.name()
+                ));
             }
             if !p.usd_per_hour.is_finite() || p.usd_per_hour < 0.0 {
                 return Err("fleet file: usd_per_hour must be ≥ 0".into());
@@ -229,7 +232,11 @@ impl ProviderConfig {
     /// VRAM, price per GPU-hour, region, interruptible).
     pub fn wants(&self, offer: &Offer, file_interruptible: bool) -> bool {
         let gpus = f64::from(offer.gpu_count.max(1));
-        (self.gpu_types.is_empty() || self.gpu_types.iter().any(|g| g.eq_ignore_ascii_case(&offer.gpu)))
+        (self.gpu_types.is_empty()
+            || self
+                .gpu_types
+                .iter()
+                .any(|g| g.eq_ignore_ascii_case(&offer.gpu)))
             && offer.vram_gib >= self.min_vram_gib
             && self
                 .max_usd_per_gpu_hour
@@ -293,14 +300,22 @@ mod tests {
     fn bad_fleet_files_say_what_to_fix() {
         let err = |text: &str| FleetFile::parse(text).unwrap_err();
         assert!(err("worker_ticket = { env = \"X\" }").contains("no [[provider]]"));
-        assert!(err("worker_ticket = { env = \"X\" }\n[[provider]]\nkind = \"aws\"")
-            .contains("unknown provider kind"));
-        assert!(err("worker_ticket = { env = \"X\" }\n[[provider]]\nkind = \"runpod\"")
-            .contains("needs `credential"));
+        assert!(
+            err("worker_ticket = { env = \"X\" }\n[[provider]]\nkind = \"aws\"")
+                .contains("unknown provider kind")
+        );
+        assert!(
+            err("worker_ticket = { env = \"X\" }\n[[provider]]\nkind = \"runpod\"")
+                .contains("needs `credential")
+        );
         // A key on the command line is not a thing: a literal string is refused.
-        assert!(err("worker_ticket = \"tessera1...\"\n[[provider]]\nkind = \"local\"")
-            .contains("fleet file"));
-        assert!(err("worker_ticket = { env = \"X\" }\nmax_nodes = 0\n[[provider]]\nkind = \"local\"")
-            .contains("max_nodes"));
+        assert!(
+            err("worker_ticket = \"tessera1...\"\n[[provider]]\nkind = \"local\"")
+                .contains("fleet file")
+        );
+        assert!(err(
+            "worker_ticket = { env = \"X\" }\nmax_nodes = 0\n[[provider]]\nkind = \"local\""
+        )
+        .contains("max_nodes"));
     }
 }

@@ -80,9 +80,18 @@ impl Provider for DockerProvider {
     fn launch(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
         let stop = self.stop_timeout_secs.to_string();
         let mut args: Vec<String> = [
-            "run", "--detach", "--name", &spec.name, "--network", &self.network,
-            "--label", "tessera.fleet=1", "--stop-timeout", &stop,
-            "-e", "TESSERA_WORKER_TICKET",
+            "run",
+            "--detach",
+            "--name",
+            &spec.name,
+            "--network",
+            &self.network,
+            "--label",
+            "tessera.fleet=1",
+            "--stop-timeout",
+            &stop,
+            "-e",
+            "TESSERA_WORKER_TICKET",
         ]
         .iter()
         .map(|s| s.to_string())

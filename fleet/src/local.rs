@@ -24,7 +24,13 @@ pub struct LocalProvider {
 impl LocalProvider {
     /// Workers run `binary` with their cache folders and logs under
     /// `work_dir`, reported to cost `usd_per_hour` on a `gpu`.
-    pub fn new(name: &str, binary: PathBuf, work_dir: PathBuf, gpu: &str, usd_per_hour: f64) -> Self {
+    pub fn new(
+        name: &str,
+        binary: PathBuf,
+        work_dir: PathBuf,
+        gpu: &str,
+        usd_per_hour: f64,
+    ) -> Self {
         LocalProvider {
             name: name.to_string(),
             binary,
@@ -82,9 +88,14 @@ impl Provider for LocalProvider {
             .map_err(|e| ProviderError::Other(format!("cannot create {}: {e}", dir.display())))?;
         let log = std::fs::File::create(dir.join("worker.log"))
             .map_err(|e| ProviderError::Other(format!("cannot create the worker log: {e}")))?;
-        let err = log.try_clone().map_err(|e| ProviderError::Other(e.to_string()))?;
+        let err = log
+            .try_clone()
+            .map_err(|e| ProviderError::Other(e.to_string()))?;
         let mut args = worker_args(spec, offer);
-        args.extend(["--cache-dir".to_string(), dir.join("cache").display().to_string()]);
+        args.extend([
+            "--cache-dir".to_string(),
+            dir.join("cache").display().to_string(),
+        ]);
         let child = Command::new(&self.binary)
             .args(&args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))

@@ -460,10 +460,12 @@ impl Autoscaler {
             if r.offer.interruptible && !cfg.interruptible {
                 continue;
             }
-            if (self.avoid).contains_key(&(r.provider.clone(), r.offer.id.clone())) {
-                continue;
-            }
-            let left = r.count.saturating_sub(live_per_offer(&r.provider, &r.offer.id));
+            // An offer whose node failed lately is taken only when nothing
+            // else is left (ten times its price).
+            let avoided = (self.avoid).contains_key(&(r.provider.clone(), r.offer.id.clone()));
+            let left = r
+                .count
+                .saturating_sub(live_per_offer(&r.provider, &r.offer.id));
             let boot = self.boot_ms(&r.provider);
             let avail = horizon as f64 - now as f64 - boot;
             let work = self.work_ms(&jobs, &r.offer);
@@ -471,7 +473,9 @@ impl Autoscaler {
             // Renting pays the boot too; a node that would boot after the
             // horizon is still ranked (the deadline may be lost anyway).
             let useful = avail.max(work.min(avail.abs()) * 0.1).max(1.0);
-            let cost = r.offer.usd_per_hour * work / y * (1.0 + boot / useful.min(work));
+            let cost = r.offer.usd_per_hour * work / y
+                * (1.0 + boot / useful.min(work))
+                * if avoided { 10.0 } else { 1.0 };
             for _ in 0..left.min(cfg.max_nodes) {
                 candidates.push(Candidate {
                     live: None,
@@ -502,25 +506,32 @@ impl Autoscaler {
             .filter(|n| !n.released && (n.drained || n.paused_since.is_some()))
             .map(|n| n.offer.usd_per_hour)
             .sum();
-        for c in &candidates {
-            if have >= need || taken >= cfg.max_nodes {
-                break;
-            }
-            if c.share <= 0.0 {
-                continue;
-            }
-            if let Some(cap) = cfg.max_usd_per_hour {
-                if committed_rate + rate + c.usd_per_hour > cap + 1e-9 {
+        let mut chosen = vec![false; candidates.len()];
+        // Two passes: first what helps before the horizon; then, when the
+        // work cannot fit (the deadline is lost or passed), the rest as
+        // best effort, cheapest first, up to the limits.
+        for best_effort in [false, true] {
+            for (i, c) in candidates.iter().enumerate() {
+                if have >= need || taken >= cfg.max_nodes {
+                    break;
+                }
+                if chosen[i] || (!best_effort && c.share <= 0.0) {
                     continue;
                 }
-            }
-            have += c.share;
-            taken += 1;
-            rate += c.usd_per_hour;
-            match (&c.live, c.rentable) {
-                (Some(name), _) => keep.push(name.clone()),
-                (None, Some(i)) => launch.push(i),
-                _ => {}
+                if let Some(cap) = cfg.max_usd_per_hour {
+                    if committed_rate + rate + c.usd_per_hour > cap + 1e-9 {
+                        continue;
+                    }
+                }
+                chosen[i] = true;
+                have += c.share.max(0.0);
+                taken += 1;
+                rate += c.usd_per_hour;
+                match (&c.live, c.rentable) {
+                    (Some(name), _) => keep.push(name.clone()),
+                    (None, Some(i)) => launch.push(i),
+                    _ => {}
+                }
             }
         }
         // Busy nodes are never dropped before the queue is empty of work
@@ -725,7 +736,11 @@ mod tests {
         p.tick(200_000, &obs);
         obs.nodes = vec![node("n1", NodeState::Paused, false, false)];
         let actions = p.tick(210_000, &obs);
-        assert_eq!(launches(&actions), ["cheap"], "a replacement for the paused node");
+        assert_eq!(
+            launches(&actions),
+            ["cheap"],
+            "a replacement for the paused node"
+        );
         assert!(!actions.iter().any(|a| matches!(a, Action::Release { .. })));
         // It resumes: it is kept (not released), and nothing more is rented.
         obs.nodes = vec![
@@ -798,7 +813,13 @@ mod tests {
         let actions = p.tick(1_030_000, &obs);
         assert_eq!(
             (actions.iter())
-                .filter(|a| matches!(a, Action::Release { reason: Release::ScaledDown, .. }))
+                .filter(|a| matches!(
+                    a,
+                    Action::Release {
+                        reason: Release::ScaledDown,
+                        ..
+                    }
+                ))
                 .count(),
             1
         );

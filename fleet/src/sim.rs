@@ -10,7 +10,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use crate::policy::{Action, Autoscaler, JobDemand, Millis, NodeView, Observation, PolicyConfig, Rentable};
+use crate::policy::{
+    Action, Autoscaler, JobDemand, Millis, NodeView, Observation, PolicyConfig, Rentable,
+};
 use crate::provider::{Billing, NodeState, Offer};
 
 /// One machine on the market in the trace.
@@ -50,7 +52,11 @@ impl Trace {
             }
             let f: Vec<&str> = line.split(',').map(str::trim).collect();
             if f.len() != 12 {
-                return Err(format!("trace line {}: want 12 fields, got {}", n + 1, f.len()));
+                return Err(format!(
+                    "trace line {}: want 12 fields, got {}",
+                    n + 1,
+                    f.len()
+                ));
             }
             let num = |i: usize| -> Result<f64, String> {
                 (f[i].parse::<f64>())
@@ -74,7 +80,11 @@ impl Trace {
                 appears_ms: secs(7)?,
                 withdrawn_ms: secs(8)?,
                 boot_ms: secs(9)?,
-                preempt_after_ms: if f[10].is_empty() { None } else { Some(secs(10)?) },
+                preempt_after_ms: if f[10].is_empty() {
+                    None
+                } else {
+                    Some(secs(10)?)
+                },
                 speed: num(11)?.max(0.01),
             });
         }
@@ -176,7 +186,9 @@ impl<'a> World<'a> {
     }
 
     fn end(&mut self, name: &str, now: Millis) {
-        let Some(n) = self.nodes.get_mut(name) else { return };
+        let Some(n) = self.nodes.get_mut(name) else {
+            return;
+        };
         if n.ended.is_some() {
             return;
         }
@@ -198,12 +210,9 @@ impl<'a> World<'a> {
             self.taken[n.row] = false;
         }
         let row = n.row;
-        self.result.rented.push((
-            t.provider.clone(),
-            t.offer.id.clone(),
-            n.launched,
-            now,
-        ));
+        self.result
+            .rented
+            .push((t.provider.clone(), t.offer.id.clone(), n.launched, now));
         let _ = row;
     }
 
@@ -282,7 +291,10 @@ impl<'a> World<'a> {
 
     fn finish(mut self) -> SimResult {
         self.result.deadline_met = self.all_done()
-            && self.job.deadline_ms.is_none_or(|d| self.result.finish_ms <= d);
+            && self
+                .job
+                .deadline_ms
+                .is_none_or(|d| self.result.finish_ms <= d);
         self.result
     }
 }
@@ -340,7 +352,11 @@ pub fn run_autoscaled(trace: &Trace, job: &SimJob, config: PolicyConfig) -> SimR
             };
             for action in policy.tick(now, &obs) {
                 match action {
-                    Action::Launch { name, provider, offer } => {
+                    Action::Launch {
+                        name,
+                        provider,
+                        offer,
+                    } => {
                         let row = trace.offers.iter().enumerate().position(|(i, t)| {
                             !world.taken[i] && t.provider == provider && t.offer.id == offer.id
                         });

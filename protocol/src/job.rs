@@ -323,7 +323,9 @@ impl OnBudget {
         match s {
             "stop-dispatch" => Ok(OnBudget::StopDispatch),
             "cancel" => Ok(OnBudget::Cancel),
-            _ => Err(format!("--on-budget takes stop-dispatch or cancel, not {s:?}")),
+            _ => Err(format!(
+                "--on-budget takes stop-dispatch or cancel, not {s:?}"
+            )),
         }
     }
 
@@ -560,6 +562,8 @@ mod tests {
             unreal: None,
             finish: false,
             verify_percent: 0,
+            deadline_unix_ms: None,
+            budget: None,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

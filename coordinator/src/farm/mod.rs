@@ -442,7 +442,12 @@ impl FarmCore {
             );
             match budget.on_reached {
                 OnBudget::StopDispatch => {
-                    tracing::info!(job = id, cost, budget = budget.usd, "budget reached: no more tasks are handed out");
+                    tracing::info!(
+                        job = id,
+                        cost,
+                        budget = budget.usd,
+                        "budget reached: no more tasks are handed out"
+                    );
                     self.sched.pause_job(id, true);
                     if let Some(j) = self.jobs.get_mut(&id) {
                         j.paused = true;
@@ -452,7 +457,12 @@ impl FarmCore {
                     }
                 }
                 OnBudget::Cancel => {
-                    tracing::info!(job = id, cost, budget = budget.usd, "budget reached: job canceled");
+                    tracing::info!(
+                        job = id,
+                        cost,
+                        budget = budget.usd,
+                        "budget reached: job canceled"
+                    );
                     self.finish_job(
                         id,
                         JobState::Canceled,

@@ -1346,7 +1346,10 @@ fn check_budget(on_reached: tessera_protocol::job::OnBudget) {
     match on_reached {
         OnBudget::StopDispatch => {
             let status = status.expect("still a job");
-            assert!(farm.assigned(w).is_empty(), "a task started past the budget");
+            assert!(
+                farm.assigned(w).is_empty(),
+                "a task started past the budget"
+            );
             let why = status.blocked.expect("says why");
             assert!(why.contains("budget of $0.01 is reached"), "{why}");
             // The running task finishes and is accepted; nothing follows.
@@ -1355,10 +1358,7 @@ fn check_budget(on_reached: tessera_protocol::job::OnBudget) {
             farm.commit_all(&mut db);
             farm.dispatch();
             assert!(farm.assigned(w).is_empty());
-            assert_eq!(
-                farm.core.job_status(job, farm.now()).unwrap().tasks_done,
-                2
-            );
+            assert_eq!(farm.core.job_status(job, farm.now()).unwrap().tasks_done, 2);
         }
         OnBudget::Cancel => {
             assert!(status.is_none(), "a canceled job is forgotten by the core");
