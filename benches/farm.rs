@@ -174,6 +174,8 @@ fn memory() {
                 after: Vec::new(),
                 after_failure: Default::default(),
                 paused: false,
+                deadline_unix_ms: None,
+                budget: None,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

@@ -331,6 +331,10 @@ pub struct SubmitOptions {
     pub samples: Option<u32>,
     /// `--verify P`: percent of tasks checked on another worker.
     pub verify: u32,
+    /// `--deadline`: from now.
+    pub deadline: Option<std::time::Duration>,
+    /// `--budget-usd` and `--on-budget`.
+    pub budget: Option<tessera_protocol::job::Budget>,
     pub name: Option<String>,
     pub priority: i32,
     pub request_id: Option<String>,
@@ -834,6 +838,13 @@ pub async fn upload_scene(
         after: opts.after.clone(),
         after_failure: opts.after_failure,
         paused: opts.paused,
+        deadline_unix_ms: opts.deadline.map(|d| {
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |t| t.as_millis() as u64);
+            now.saturating_add(d.as_millis().min(u128::from(u64::MAX / 2)) as u64)
+        }),
+        budget: opts.budget,
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

@@ -169,6 +169,8 @@ pub async fn run(
         sample_ranges: 1,
         samples: None,
         verify: 0,
+        deadline: None,
+        budget: None,
         name: Some("demo".into()),
         priority: 0,
         request_id: None,

@@ -7,6 +7,7 @@ mod client;
 mod demo;
 mod exit;
 mod follow;
+mod fleet;
 mod monitor;
 mod openjd;
 mod progress;
@@ -45,6 +46,36 @@ struct TicketArg {
     /// Client ticket (the line in DATA_DIR/client.ticket), or @FILE holding it.
     #[arg(long, env = "TESSERA_TICKET", hide_env_values = true)]
     ticket: Option<String>,
+}
+
+#[derive(Subcommand)]
+enum FleetCommand {
+    /// Rent, watch and release worker nodes for the queue, as the fleet
+    /// file says, until SIGINT or SIGTERM (then every node is released).
+    Run {
+        /// The fleet file (TOML): providers, limits, the worker image.
+        #[arg(long, default_value = "fleet.toml")]
+        config: PathBuf,
+        /// Write the fleet's nodes, billed cost and GPU-hours here (JSON),
+        /// every tick.
+        #[arg(long)]
+        status_file: Option<PathBuf>,
+        /// How often the fleet looks at the farm, milliseconds.
+        #[arg(long, default_value_t = 1000, hide = true)]
+        tick_ms: u64,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
+    /// A dry run: which offers the fleet would rent for the queue now, for
+    /// how long, the estimated cost and finish time. Rents nothing.
+    Plan {
+        #[arg(long, default_value = "fleet.toml")]
+        config: PathBuf,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        ticket: TicketArg,
+    },
 }
 
 #[derive(Subcommand)]
@@ -152,7 +183,7 @@ enum Command {
         #[arg(long)]
         name: Option<String>,
         /// Where fetched assets are kept.
-        #[arg(long)]
+        #[arg(long, env = "TESSERA_CACHE_DIR")]
         cache_dir: Option<PathBuf>,
         /// Cap on the asset cache (e.g. 50G, 800M, or bytes): least recently
         /// used assets are evicted, never those of a running task.
@@ -237,6 +268,18 @@ enum Command {
         /// pixels is quarantined and its results are rendered again.
         #[arg(long, default_value = "0", value_parser = clap::value_parser!(u32).range(0..=100))]
         verify: u32,
+        /// When the job should be done, from now (e.g. 2h, 90m): `tessera
+        /// fleet` rents enough nodes to meet it.
+        #[arg(long, value_parser = parse_duration)]
+        deadline: Option<std::time::Duration>,
+        /// The most the job may cost, USD; what happens then is --on-budget.
+        #[arg(long)]
+        budget_usd: Option<f64>,
+        /// When the budget is reached: `stop-dispatch` (hand out no more
+        /// tasks, let running ones finish) or `cancel` (cancel the job and
+        /// its running tasks).
+        #[arg(long, default_value = "stop-dispatch", value_parser = tessera_protocol::job::OnBudget::parse)]
+        on_budget: tessera_protocol::job::OnBudget,
         /// With --wait: download the frames here, each as soon as it is
         /// stitched.
         #[arg(long)]
@@ -386,6 +429,11 @@ enum Command {
         job: u64,
         #[command(flatten)]
         ticket: TicketArg,
+    },
+    /// Rented nodes on demand: `fleet run` and `fleet plan` (README, "Fleet").
+    Fleet {
+        #[command(subcommand)]
+        command: FleetCommand,
     },
     /// Blender builds shipped through the farm.
     Blender {
@@ -591,7 +639,7 @@ fn main() {
     }
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .expect("signal handler");
     tokio::select! {
@@ -836,6 +884,9 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             sample_ranges,
             samples,
             verify,
+            deadline,
+            budget_usd,
+            on_budget,
             output,
             overwrite,
             partial,
@@ -872,6 +923,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 sample_ranges,
                 samples,
                 verify,
+                deadline,
+                budget: budget_usd.map(|usd| tessera_protocol::job::Budget {
+                    usd,
+                    on_reached: on_budget,
+                }),
                 name,
                 priority,
                 request_id,
@@ -995,6 +1051,28 @@ async fn run(command: Command) -> anyhow::Result<i32> {
         }
         Command::Pause { job, ticket } => pause(job, ticket, true).await,
         Command::Resume { job, ticket } => pause(job, ticket, false).await,
+        Command::Fleet { command } => match command {
+            FleetCommand::Run {
+                config,
+                status_file,
+                tick_ms,
+                ticket,
+            } => {
+                let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+                let mut client = Client::connect(&ticket).await?;
+                let tick = std::time::Duration::from_millis(tick_ms.clamp(50, 60_000));
+                fleet::run(&config, &mut client, status_file.as_deref(), Some(tick)).await
+            }
+            FleetCommand::Plan {
+                config,
+                json,
+                ticket,
+            } => {
+                let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
+                let mut client = Client::connect(&ticket).await?;
+                fleet::plan(&config, &mut client, json).await
+            }
+        },
         Command::Drain { worker, ticket } => {
             let ticket = client::resolve_ticket(ticket.ticket.as_deref())?;
             let mut client = Client::connect(&ticket).await?;

@@ -48,6 +48,8 @@ pub fn job_json(s: &JobStatus) -> serde_json::Value {
         "after": s.after,
         "after_failure": s.after_failure.name(),
         "waiting_for": s.waiting_for,
+        "deadline_unix_ms": s.deadline_unix_ms,
+        "budget_usd": s.budget_usd.map(|b| round(b, 4)),
         "verification": s.verification.as_ref().map(|v| json!({
             "percent": v.percent,
             "agreed": v.agreed,

@@ -88,6 +88,8 @@ impl StoredJob {
             after: self.spec.after.clone(),
             after_failure: self.spec.after_failure,
             waiting_for: Vec::new(),
+            deadline_unix_ms: self.spec.deadline_unix_ms,
+            budget_usd: self.spec.budget.map(|b| b.usd),
         }
     }
 }
@@ -1053,6 +1055,8 @@ mod tests {
             after: Vec::new(),
             after_failure: Default::default(),
             paused: false,
+            deadline_unix_ms: None,
+            budget: None,
         }
     }
 

@@ -313,6 +313,15 @@ pub struct JobSpec {
     /// `submit --paused`: held until `tessera resume`.
     #[serde(default)]
     pub paused: bool,
+    /// `submit --deadline`: when the job should be done (wall clock, unix
+    /// ms). The fleet rents enough nodes to meet it; the coordinator only
+    /// shows it.
+    #[serde(default)]
+    pub deadline_unix_ms: Option<u64>,
+    /// `submit --budget-usd`: the most the job may cost, and what happens
+    /// when its cost reaches it.
+    #[serde(default)]
+    pub budget: Option<Budget>,
 }
 
 /// The most jobs one job may run after (`--after`).
@@ -372,6 +381,42 @@ pub fn parse_after(s: &str) -> Result<Vec<u64>, String> {
     Ok(jobs)
 }
 
+/// A job's budget (`submit --budget-usd X --on-budget ACTION`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Budget {
+    pub usd: f64,
+    pub on_reached: OnBudget,
+}
+
+/// What happens when a job's cost reaches its budget.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum OnBudget {
+    /// `stop-dispatch`: no more tasks are handed out; running ones finish
+    /// (their cost may pass the budget by what they take).
+    StopDispatch,
+    /// `cancel`: the job is canceled, its running tasks too.
+    Cancel,
+}
+
+impl OnBudget {
+    pub fn parse(s: &str) -> Result<OnBudget, String> {
+        match s {
+            "stop-dispatch" => Ok(OnBudget::StopDispatch),
+            "cancel" => Ok(OnBudget::Cancel),
+            _ => Err(format!(
+                "--on-budget takes stop-dispatch or cancel, not {s:?}"
+            )),
+        }
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OnBudget::StopDispatch => "stop-dispatch",
+            OnBudget::Cancel => "cancel",
+        }
+    }
+}
+
 impl JobSpec {
     /// Tasks per frame: every tile's sample ranges, and the finishing task.
     pub fn tasks_per_frame(&self) -> u32 {
@@ -390,6 +435,11 @@ impl JobSpec {
                 self.after.len(),
                 crate::job::MAX_AFTER
             ));
+        }
+        if let Some(b) = self.budget {
+            if !b.usd.is_finite() || b.usd <= 0.0 {
+                return Err("a job's budget must be a positive number of USD".into());
+            }
         }
         if self.frames.is_empty() {
             return Err("the job has no frames".into());
@@ -602,6 +652,8 @@ mod tests {
             after: Vec::new(),
             after_failure: Default::default(),
             paused: false,
+            deadline_unix_ms: None,
+            budget: None,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

@@ -314,6 +314,12 @@ pub struct JobStatus {
     /// while it is held (`--after-failure hold`, not resumed). Empty once
     /// it may run, and for a finished job.
     pub waiting_for: Vec<u64>,
+    /// `submit --deadline`: when the job should be done (unix ms).
+    #[serde(default)]
+    pub deadline_unix_ms: Option<u64>,
+    /// `submit --budget-usd`: the job's budget, USD.
+    #[serde(default)]
+    pub budget_usd: Option<f64>,
 }
 
 /// What a job's result checks (`submit --verify P`) found.

@@ -210,6 +210,8 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 after: Vec::new(),
                 after_failure: Default::default(),
                 paused: false,
+                deadline_unix_ms: None,
+                budget: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

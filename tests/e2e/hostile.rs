@@ -350,6 +350,8 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 after: Vec::new(),
                 after_failure: Default::default(),
                 paused: false,
+                deadline_unix_ms: None,
+                budget: None,
             };
         let cases = [
             (

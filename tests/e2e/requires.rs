@@ -28,10 +28,13 @@ pub enum Need {
     /// `$TESSERA_TEST_PYTHON` names a Python (3.9+) with `prometheus_client`
     /// (`.ci/run` makes that venv and `pip install`s `./python` into it).
     PyClient,
+    /// A Docker Engine that answers, and root with `debootstrap` to build
+    /// the worker image.
+    Docker,
 }
 
 impl Need {
-    const ALL: [Need; 6] = [
+    const ALL: [Need; 8] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
@@ -39,6 +42,7 @@ impl Need {
         Need::Python3,
         Need::Bpy,
         Need::PyClient,
+        Need::Docker,
     ];
 
     fn what(self) -> &'static str {
@@ -53,6 +57,7 @@ impl Need {
             Need::PyClient => {
                 "TESSERA_TEST_PYTHON naming a Python 3.9+ with prometheus_client (.ci/run makes it in $HOME/.cache/tessera-ci/pyclient)"
             }
+            Need::Docker => "a running Docker Engine (`docker info` answers), root and debootstrap (apt-get install debootstrap)",
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
             }
@@ -82,6 +87,12 @@ impl Need {
             Need::Bpy => std::env::var_os("TESSERA_TEST_BPY")
                 .is_some_and(|py| runs(Command::new(py).args(["-c", "import bpy"]))),
             Need::WanBench => crate::wan::unavailable().is_none(),
+            Need::Docker => {
+                let root = (Command::new("id").arg("-u").output())
+                    .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");
+                root && runs(Command::new("docker").arg("info"))
+                    && runs(Command::new("debootstrap").arg("--version"))
+            }
             Need::RootNetns => {
                 let root = (Command::new("id").arg("-u").output())
                     .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");

@@ -254,6 +254,8 @@ fn status_of_many_jobs_is_read_page_by_page() {
                 after: Vec::new(),
                 after_failure: Default::default(),
                 paused: false,
+                deadline_unix_ms: None,
+                budget: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap() {

@@ -49,6 +49,9 @@ pub(crate) struct Job {
     pub failed_deps: Vec<(u64, JobState)>,
     /// Resumed while held by a failed dependency: it runs without it.
     pub released: bool,
+    /// Its budget was reached under `--on-budget stop-dispatch`: why no
+    /// more tasks are handed out.
+    pub budget_reached: Option<String>,
 }
 
 impl Job {
@@ -87,6 +90,7 @@ impl Job {
             waiting: BTreeSet::new(),
             failed_deps: Vec::new(),
             released: false,
+            budget_reached: None,
         }
     }
 
@@ -286,6 +290,8 @@ impl Job {
             } else {
                 self.waiting_for()
             },
+            deadline_unix_ms: self.spec.deadline_unix_ms,
+            budget_usd: self.spec.budget.map(|b| b.usd),
         }
     }
 }

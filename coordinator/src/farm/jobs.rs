@@ -202,7 +202,7 @@ impl FarmCore {
     /// state to be recorded with the job's cost and counters, and forgets
     /// the job: memory follows active work, the database keeps the rest.
     /// Returns its final status.
-    fn finish_job(
+    pub(super) fn finish_job(
         &mut self,
         id: u64,
         state: JobState,

@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use lost::LostLeases;
 pub use lost::{GONE_AFTER_MS, LOST_IN_A_ROW_FAILS};
 
-use tessera_protocol::job::{Engine, JobSpec};
+use tessera_protocol::job::{Engine, JobSpec, OnBudget};
 use tessera_protocol::messages::{
     CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, StitchedPasses, TaskRef, WorkerInfo,
 };
@@ -446,6 +446,7 @@ impl FarmCore {
             );
         }
         self.send_cancels(&expired, now);
+        self.enforce_budgets(now);
         let hold = now.ms < self.rejoin_until;
         if !hold {
             for a in self.sched.assign(now.ms) {
@@ -473,6 +474,56 @@ impl FarmCore {
             next.into_iter().chain([self.rejoin_until]).min()
         } else {
             next
+        }
+    }
+
+    /// Jobs whose cost reached their budget (`submit --budget-usd`): under
+    /// `stop-dispatch` no more of their tasks are handed out (running ones
+    /// finish), under `cancel` they are canceled with their running tasks.
+    /// Called before every assignment, so no task starts past a budget.
+    fn enforce_budgets(&mut self, now: Now) {
+        let reached: Vec<(u64, tessera_protocol::job::Budget, f64)> = (self.jobs.iter())
+            .filter(|(_, j)| j.final_state.is_none() && j.budget_reached.is_none())
+            .filter_map(|(&id, j)| j.spec.budget.map(|b| (id, b)))
+            .map(|(id, b)| (id, b, self.ledger.job_cost(id, now.ms)))
+            .filter(|(_, b, cost)| *cost >= b.usd)
+            .collect();
+        for (id, budget, cost) in reached {
+            let why = format!(
+                "its budget of ${:.2} is reached (${cost:.2} spent)",
+                budget.usd
+            );
+            match budget.on_reached {
+                OnBudget::StopDispatch => {
+                    tracing::info!(
+                        job = id,
+                        cost,
+                        budget = budget.usd,
+                        "budget reached: no more tasks are handed out"
+                    );
+                    self.sched.pause_job(id, true);
+                    if let Some(j) = self.jobs.get_mut(&id) {
+                        j.paused = true;
+                        j.budget_reached = Some(format!(
+                            "{why}: no more tasks are handed out, running ones finish; cancel it, or submit again with a larger --budget-usd"
+                        ));
+                    }
+                }
+                OnBudget::Cancel => {
+                    tracing::info!(
+                        job = id,
+                        cost,
+                        budget = budget.usd,
+                        "budget reached: job canceled"
+                    );
+                    self.finish_job(
+                        id,
+                        JobState::Canceled,
+                        Some(format!("canceled: {why} (--on-budget cancel)")),
+                        now,
+                    );
+                }
+            }
         }
     }
 
@@ -554,6 +605,9 @@ impl FarmCore {
 
     /// Why a job needing `engine` cannot progress now, if it cannot.
     fn blocked(&self, job: u64, engine: Engine) -> Option<String> {
+        if let Some(why) = self.jobs.get(&job).and_then(|j| j.budget_reached.clone()) {
+            return Some(why);
+        }
         if self.workers.is_empty() {
             return Some("no workers are connected".into());
         }

@@ -69,6 +69,8 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         after: Vec::new(),
         after_failure: Default::default(),
         paused: false,
+        deadline_unix_ms: None,
+        budget: None,
     }
 }
 
@@ -1616,4 +1618,67 @@ fn canceling_the_head_of_a_long_chain_fails_every_job_behind_it_without_recursin
     assert_eq!(farm.records.len(), 2001);
     assert!(farm.records[1..].iter().all(|r| r.1 == JobState::Failed));
     assert!(farm.core.job_status(last, now).is_none(), "forgotten");
+}
+
+/// `submit --budget-usd 0.01` at $3.60/h: each 5 s task costs $0.005, so the
+/// budget is reached with the second finished task. `stop-dispatch` hands
+/// out nothing more and lets the running tasks finish; `cancel` cancels the
+/// job with them. Either way the status says why.
+fn check_budget(on_reached: tessera_protocol::job::OnBudget) {
+    use tessera_protocol::job::{Budget, OnBudget};
+    let mut farm = Farm::new(3);
+    let mut db = BTreeSet::new();
+    let mut s = spec("budget", 6, 1);
+    s.budget = Some(Budget {
+        usd: 0.01,
+        on_reached,
+    });
+    let job = farm.submit(s);
+    let mut info = worker_info(2, Engine::Builtin, vec![]);
+    info.price_per_hour = 3.60;
+    let w = farm.join("w1", info);
+    farm.dispatch();
+    let first = farm.assigned(w);
+    assert_eq!(first.len(), 2);
+    farm.at(5_000);
+    farm.done(w, first[0].task);
+    farm.commit_all(&mut db);
+    // $0.005 closed plus $0.005 running on the second slot: reached.
+    farm.dispatch();
+    let status = farm.core.job_status(job, farm.now());
+    match on_reached {
+        OnBudget::StopDispatch => {
+            let status = status.expect("still a job");
+            assert!(
+                farm.assigned(w).is_empty(),
+                "a task started past the budget"
+            );
+            let why = status.blocked.expect("says why");
+            assert!(why.contains("budget of $0.01 is reached"), "{why}");
+            // The running task finishes and is accepted; nothing follows.
+            farm.at(6_000);
+            farm.done(w, first[1].task);
+            farm.commit_all(&mut db);
+            farm.dispatch();
+            assert!(farm.assigned(w).is_empty());
+            assert_eq!(farm.core.job_status(job, farm.now()).unwrap().tasks_done, 2);
+        }
+        OnBudget::Cancel => {
+            assert!(status.is_none(), "a canceled job is forgotten by the core");
+            let (_, state, error) = farm.records.last().expect("recorded").clone();
+            assert_eq!(state, JobState::Canceled);
+            assert!(error.unwrap().contains("budget of $0.01 is reached"));
+            assert!(kinds(&farm.read(w)).contains(&"cancel 1/1".to_string()));
+        }
+    }
+}
+
+#[test]
+fn a_budget_reached_stops_dispatch_and_lets_running_tasks_finish() {
+    check_budget(tessera_protocol::job::OnBudget::StopDispatch);
+}
+
+#[test]
+fn a_budget_reached_cancels_the_job_and_its_running_tasks() {
+    check_budget(tessera_protocol::job::OnBudget::Cancel);
 }

@@ -1,0 +1,499 @@
+//! `tessera fleet` end to end: the fleet process rents nodes for a submit on
+//! an empty farm, replaces a node killed mid-job and releases idle nodes;
+//! on Docker, the worker image is built here (debootstrap + `docker
+//! import`, no registry) and the providers' lifecycles are played on its
+//! containers for real: `docker pause`/`unpause` (a Vast.ai instance
+//! outbid and resumed), `docker stop` with a grace period (a RunPod spot
+//! stop, a Kubernetes eviction: SIGTERM, drain), `docker kill` (a node that
+//! vanishes) and `docker network disconnect` (a partition). Budgets reached
+//! mid-job stop dispatch or cancel, and `status` says why.
+//!
+//! What is real: the coordinator, the workers (processes or containers of
+//! the image), the fleet process and its policy, Docker. What stands in:
+//! the price a node is billed at (the fleet file says it; no provider bills
+//! these nodes).
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::harness::{assert_frames_match_reference_samples, field, scenes, tessera, Farm};
+use crate::requires::{require, Need};
+
+/// A `tessera fleet run` process and its status file.
+struct Fleet {
+    child: Child,
+    status: PathBuf,
+    log: PathBuf,
+}
+
+impl Fleet {
+    fn start(farm: &Farm, toml: &str) -> Fleet {
+        let config = farm.dir.join("fleet.toml");
+        std::fs::write(&config, toml).unwrap();
+        let status = farm.dir.join("fleet.json");
+        let log = farm.dir.join("fleet.log");
+        let child = tessera()
+            .args(["fleet", "run", "--tick-ms", "250", "--config"])
+            .arg(&config)
+            .arg("--status-file")
+            .arg(&status)
+            .env("TESSERA_TICKET", farm.client_ticket())
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Fleet { child, status, log }
+    }
+
+    fn status(&self) -> Value {
+        std::fs::read(&self.status)
+            .ok()
+            .and_then(|b| serde_json::from_slice(&b).ok())
+            .unwrap_or(Value::Null)
+    }
+
+    /// Polls the status file until `pred` holds (120 s at most).
+    fn wait(&self, what: &str, pred: impl Fn(&Value) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let s = self.status();
+            if !s.is_null() && pred(&s) {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "timed out waiting for the fleet to {what}; status {s}; log:\n{}",
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Stops the fleet as a user would (SIGTERM): it releases its nodes.
+    fn stop(mut self) -> Value {
+        signal(self.child.id() as i32, "-TERM");
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "fleet exited with {status}");
+        self.status()
+    }
+}
+
+impl Drop for Fleet {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            // The fleet releases its nodes on SIGTERM.
+            signal(self.child.id() as i32, "-TERM");
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// Sends a signal to a process this test started (directly or through
+/// the fleet it started).
+fn signal(pid: i32, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success(), "kill {sig} {pid}");
+}
+
+fn nodes(s: &Value) -> Vec<String> {
+    (s["nodes"].as_array().into_iter().flatten())
+        .map(|n| n["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+fn released(s: &Value, reason: &str) -> Vec<String> {
+    (s["released"].as_array().into_iter().flatten())
+        .filter(|r| r["reason"] == reason)
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Whether worker `name` holds a task now (the coordinator says so).
+fn rendering(farm: &Farm, name: &str) -> bool {
+    let all = farm.json(&["status", "--json"]);
+    (all["workers"].as_array().unwrap().iter())
+        .any(|w| w["name"] == name && w["running"].as_u64().unwrap_or(0) > 0)
+}
+
+fn wait_until(what: &str, mut pred: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !pred() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// (job, task) of every "result accepted" line in these logs: each must
+/// appear once.
+fn assert_accepted_once(logs: &[String], tasks_total: u64) {
+    let mut seen = HashSet::new();
+    for text in logs {
+        for line in text.lines().filter(|l| l.contains("result accepted")) {
+            let key = (field(line, "job").unwrap(), field(line, "task").unwrap());
+            assert!(seen.insert(key), "task {key:?} accepted twice");
+        }
+    }
+    assert_eq!(seen.len() as u64, tasks_total, "every task accepted once");
+}
+
+/// A builtin job due in a few seconds: the fleet rents as many nodes as it
+/// may, and keeps them while there is work.
+fn submit(farm: &Farm, frames: &str, tiles: &str, samples: &str) -> u64 {
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        frames,
+        "--tiles",
+        tiles,
+        "--samples",
+        samples,
+        "--deadline",
+        "5s",
+        "--json",
+    ]);
+    job["id"].as_u64().unwrap()
+}
+
+/// The pid of the `tessera worker --name NAME` process (started by the
+/// fleet this test started).
+fn worker_pid(name: &str) -> Option<i32> {
+    let want = format!("worker\0--name\0{name}\0");
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(&want) {
+                return Some(pid);
+            }
+        }
+    }
+    None
+}
+
+#[test]
+fn a_local_fleet_starts_nodes_for_a_submit_replaces_a_killed_one_and_stops_them_when_idle() {
+    let farm = Farm::start("t15a-fleet-local", &[]);
+    let fleet = Fleet::start(
+        &farm,
+        r#"
+        worker_ticket = { file = "data/worker.ticket" }
+        max_nodes = 2
+        idle_timeout_secs = 3
+        name_prefix = "t15a-local-"
+        worker_args = ["--engine", "builtin", "--slots", "1"]
+        [[provider]]
+        kind = "local"
+        usd_per_hour = 0.36
+        work_dir = "fleet-workers"
+        "#,
+    );
+    // An empty farm rents nothing.
+    let s = fleet.wait("start", |_| true);
+    assert!(nodes(&s).is_empty(), "nodes rented for nothing: {s}");
+
+    let job = submit(&farm, "1-4", "2x2", "256");
+    let s = fleet.wait("rent two nodes", |s| nodes(s).len() == 2);
+    let first = nodes(&s)[0].clone();
+    wait_until("a fleet node mid-render", || rendering(&farm, &first));
+    let pid = worker_pid(&first).expect("the node's worker process");
+    // The worker the fleet (started by this test) started.
+    signal(pid, "-KILL");
+    let s = fleet.wait("replace the killed node", |s| {
+        s["replaced"].as_u64() >= Some(1) && nodes(s).len() == 2 && !nodes(s).contains(&first)
+    });
+    assert!(released(&s, "vanished").contains(&first), "{s}");
+
+    let out = farm.dir.join("out");
+    let done = farm.wait_done(job, &out);
+    assert_frames_match_reference_samples(
+        &out,
+        &scenes().join("demo.scene.json"),
+        &[1, 2, 3, 4],
+        256,
+    );
+    // Nothing queued: every node is released by the idle timeout.
+    let s = fleet.wait("release idle nodes", |s| nodes(s).is_empty());
+    assert!(released(&s, "idle").len() >= 2, "{s}");
+    let names: Vec<String> = (s["released"].as_array().unwrap().iter())
+        .map(|r| r["name"].as_str().unwrap().to_string())
+        .collect();
+    for name in &names {
+        assert_eq!(
+            worker_pid(name),
+            None,
+            "{name} still runs after its release"
+        );
+    }
+    let logs: Vec<String> = (names.iter())
+        .map(|n| {
+            std::fs::read_to_string(farm.dir.join("fleet-workers").join(n).join("worker.log"))
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_accepted_once(&logs, done["tasks_total"].as_u64().unwrap());
+    // Billed from launch to release, beside what the leases cost.
+    assert!(s["billed_usd"].as_f64().unwrap() > 0.0, "{s}");
+    assert!(
+        s["billed_usd"].as_f64().unwrap() + 1e-9 >= s["attributed_to_jobs_usd"].as_f64().unwrap(),
+        "{s}"
+    );
+    fleet.stop();
+}
+
+#[test]
+fn a_budget_reached_mid_job_stops_dispatch_or_cancels_and_status_says_why() {
+    let mut farm = Farm::start("t15a-budget", &[]);
+    // $360/h is $0.10 a second of lease: a budget of $0.30 lasts a few tasks.
+    farm.add_worker_with(
+        "w1",
+        &[
+            "--engine",
+            "builtin",
+            "--price-per-hour",
+            "360",
+            "--slots",
+            "1",
+        ],
+    );
+    farm.wait_workers(1);
+    let scene = scenes().join("demo.scene.json");
+    let submit_budget = |action: &str| {
+        farm.json(&[
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            "1-8",
+            "--tiles",
+            "2x2",
+            "--samples",
+            "64",
+            "--budget-usd",
+            "0.3",
+            "--on-budget",
+            action,
+            "--json",
+        ])["id"]
+            .as_u64()
+            .unwrap()
+    };
+    let job = submit_budget("stop-dispatch");
+    let s = farm.wait_for(job, "the budget to stop dispatch", |s| {
+        s["blocked"].as_str().is_some_and(|b| b.contains("budget")) && s["tasks_running"] == 0
+    });
+    assert!(
+        s["tasks_done"].as_u64().unwrap() < s["tasks_total"].as_u64().unwrap(),
+        "{s}"
+    );
+    assert!(s["cost_usd"].as_f64().unwrap() >= 0.3, "{s}");
+    assert_eq!(s["budget_usd"], 0.3);
+    let why = s["blocked"].as_str().unwrap();
+    assert!(why.contains("no more tasks are handed out"), "{why}");
+    // Nothing more starts: the worker is idle while the job waits.
+    let done_then = s["tasks_done"].clone();
+    let all = farm.json(&["status", "--json"]);
+    assert_eq!(all["workers"][0]["running"], 0, "{all}");
+    assert_eq!(farm.status(job)["tasks_done"], done_then);
+    let text = farm.run(&["status", &job.to_string()]);
+    assert!(
+        String::from_utf8_lossy(&text.stdout).contains("budget"),
+        "plain status says why"
+    );
+    farm.run(&["cancel", &job.to_string()]);
+
+    let job = submit_budget("cancel");
+    let s = farm.wait_for(job, "the budget to cancel the job", |s| {
+        s["state"] == "canceled"
+    });
+    assert!(
+        s["error"]
+            .as_str()
+            .unwrap()
+            .contains("budget of $0.30 is reached"),
+        "{s}"
+    );
+    assert!(
+        s["tasks_done"].as_u64().unwrap() < s["tasks_total"].as_u64().unwrap(),
+        "{s}"
+    );
+}
+
+/// The docker bridge's gateway: an address of this machine the containers
+/// reach (the coordinator listens there).
+fn bridge_gateway() -> String {
+    let out = Command::new("docker")
+        .args([
+            "network",
+            "inspect",
+            "bridge",
+            "--format",
+            "{{(index .IPAM.Config 0).Gateway}}",
+        ])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "docker network inspect bridge failed");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+fn docker(args: &[&str]) -> String {
+    let out = Command::new("docker").args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "docker {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Builds the worker image with `fleet/image/build.sh` (the base is cached
+/// by its content tag, so a second run only adds the binary).
+fn build_image() -> String {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fleet/image/build.sh");
+    let out = Command::new(script)
+        .arg(env!("CARGO_BIN_EXE_tessera"))
+        .arg("t15a-tessera-worker")
+        .stderr(Stdio::inherit())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "the worker image did not build");
+    String::from_utf8(out.stdout).unwrap().trim().to_string()
+}
+
+/// A fleet node rendering now, other than `not`.
+fn busy_node(farm: &Farm, fleet: &Fleet, not: &[&String]) -> String {
+    let mut found = None;
+    wait_until("a fleet node mid-render", || {
+        let live = nodes(&fleet.status());
+        found = live
+            .into_iter()
+            .find(|n| !not.contains(&n) && rendering(farm, n));
+        found.is_some()
+    });
+    found.unwrap()
+}
+
+#[test]
+#[ignore = "needs Docker, root and debootstrap"]
+fn docker_fleet_plays_pause_stop_kill_and_partition_on_worker_containers() {
+    require(Need::Docker);
+    let image = build_image();
+    let gateway = bridge_gateway();
+    let farm = Farm::start_in("t15a-fleet-docker", &[], None, &gateway);
+    let fleet = Fleet::start(
+        &farm,
+        &format!(
+            r#"
+            worker_ticket = {{ file = "data/worker.ticket" }}
+            image = "{image}"
+            max_nodes = 2
+            idle_timeout_secs = 3
+            name_prefix = "t15a-dock-"
+            worker_args = ["--engine", "builtin", "--slots", "1"]
+            [[provider]]
+            kind = "docker"
+            usd_per_hour = 0.5
+            work_dir = "container-logs"
+            options = {{ stop_timeout_secs = 10 }}
+            "#
+        ),
+    );
+    let job = submit(&farm, "1-4", "2x2", "512");
+    let s = fleet.wait("rent two containers", |s| nodes(s).len() == 2);
+    let (a, b) = (nodes(&s)[0].clone(), nodes(&s)[1].clone());
+    let _ = &b;
+    // The ticket is in the container's environment, never its arguments.
+    let args = docker(&["inspect", "--format", "{{json .Args}}", &a]);
+    let ticket = std::fs::read_to_string(farm.data.join("worker.ticket")).unwrap();
+    assert!(
+        !args.contains(ticket.trim()),
+        "ticket on the command line: {args}"
+    );
+
+    // 1. Outbid (Vast.ai): paused without notice, disk kept. Its lease
+    // expires and its task renders elsewhere; the fleet counts it gone and
+    // rents another; resumed, it is taken back with its cache.
+    wait_until("a mid-render", || rendering(&farm, &a));
+    docker(&["pause", &a]);
+    let s = fleet.wait("count the paused node gone and rent another", |s| {
+        nodes(s).len() == 3
+            && (s["nodes"].as_array().unwrap().iter())
+                .any(|n| n["name"] == a.as_str() && n["state"] == "paused")
+    });
+    let _replacement = nodes(&s).into_iter().find(|n| *n != a && *n != b).unwrap();
+    docker(&["unpause", &a]);
+    fleet.wait("take the resumed node back", |s| {
+        (s["nodes"].as_array().unwrap().iter())
+            .any(|n| n["name"] == a.as_str() && n["state"] == "running")
+    });
+    wait_until("the resumed worker to rejoin", || {
+        let all = farm.json(&["status", "--json"]);
+        (all["workers"].as_array().unwrap().iter())
+            .any(|w| w["name"] == a.as_str() && w["state"] != "silent")
+    });
+    let cached = docker(&["exec", &a, "sh", "-c", "ls /home/tessera/cache | wc -l"]);
+    assert!(
+        cached.parse::<u32>().unwrap() > 0,
+        "the resumed node lost its cache"
+    );
+
+    // 2. Spot stop / eviction: SIGTERM with a grace period; the worker
+    // hands its leases back and leaves; the fleet replaces it.
+    let b = busy_node(&farm, &fleet, &[&a]);
+    docker(&["stop", "--time", "10", &b]);
+    fleet.wait("replace the stopped node", |s| !nodes(s).contains(&b));
+
+    // 3. Vanishes: SIGKILL, no goodbye.
+    let c = busy_node(&farm, &fleet, &[&a, &b]);
+    docker(&["kill", &c]);
+    fleet.wait("replace the killed node", |s| !nodes(s).contains(&c));
+
+    // 4. Partition: a node drops off the network, its leases expire, and
+    // when it is back it rejoins.
+    let d = busy_node(&farm, &fleet, &[&b, &c]);
+    docker(&["network", "disconnect", "bridge", &d]);
+    wait_until("the partitioned node's lease to expire", || {
+        !rendering(&farm, &d)
+    });
+    docker(&["network", "connect", "bridge", &d]);
+
+    let out = farm.dir.join("out");
+    let done = farm.wait_done(job, &out);
+    assert_frames_match_reference_samples(
+        &out,
+        &scenes().join("demo.scene.json"),
+        &[1, 2, 3, 4],
+        512,
+    );
+    let s = fleet.wait("release every container", |s| nodes(s).is_empty());
+    assert!(s["replaced"].as_u64().unwrap() >= 2, "{s}");
+    let mut logs = Vec::new();
+    for r in s["released"].as_array().unwrap() {
+        let name = r["name"].as_str().unwrap();
+        assert!(
+            Command::new("docker")
+                .args(["inspect", name])
+                .output()
+                .unwrap()
+                .status
+                .code()
+                != Some(0),
+            "container {name} left behind"
+        );
+        logs.push(
+            std::fs::read_to_string(farm.dir.join("container-logs").join(format!("{name}.log")))
+                .unwrap_or_default(),
+        );
+    }
+    assert_accepted_once(&logs, done["tasks_total"].as_u64().unwrap());
+    fleet.stop();
+}
