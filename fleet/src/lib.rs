@@ -6,5 +6,14 @@
 //! Kubernetes). The policy that decides what to rent never talks to a
 //! provider directly; it sees offers and node states and asks for launches
 //! and releases.
+//!
+//! `providers` holds the cloud adapters, each on the shared blocking client
+//! in `http`; `boot` launches until a node boots, trying the next offer when
+//! one never does; `preempt` drains the workers of nodes marked for
+//! preemption.
 
+pub mod boot;
+pub mod http;
+pub mod preempt;
 pub mod provider;
+pub mod providers;

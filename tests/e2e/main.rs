@@ -11,6 +11,7 @@ mod durability;
 mod faithful;
 mod faults;
 mod finishing;
+mod fleet;
 mod formats;
 mod harness;
 mod hostile;
