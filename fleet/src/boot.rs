@@ -69,7 +69,9 @@ pub fn launch_until_booted(
 ) -> Result<Booted, ProviderError> {
     let mut skipped = Vec::new();
     for _ in 0..policy.max_attempts.max(1) {
-        let Some(offer) = next_offer(offers, avoid) else { break };
+        let Some(offer) = next_offer(offers, avoid) else {
+            break;
+        };
         let offer = offer.clone();
         let node = match provider.launch(&offer, spec) {
             Ok(node) => node,
@@ -90,7 +92,13 @@ pub fn launch_until_booted(
             }
         };
         match outcome {
-            None => return Ok(Booted { node, offer, skipped }),
+            None => {
+                return Ok(Booted {
+                    node,
+                    offer,
+                    skipped,
+                })
+            }
             Some(why) => {
                 tracing::warn!(provider = provider.name(), offer = %offer.id, node = %node, "node did not boot ({why:?}); trying another offer");
                 provider.release(&node)?;
@@ -102,6 +110,10 @@ pub fn launch_until_booted(
     Err(ProviderError::Other(format!(
         "{}: no offer booted a node (tried {})",
         provider.name(),
-        skipped.iter().map(|(id, _)| id.as_str()).collect::<Vec<_>>().join(", ")
+        skipped
+            .iter()
+            .map(|(id, _)| id.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
     )))
 }

@@ -59,11 +59,7 @@ impl Reply {
                 self.status,
                 self.message()
             )),
-            _ => ProviderError::Other(format!(
-                "{what}: HTTP {}: {}",
-                self.status,
-                self.message()
-            )),
+            _ => ProviderError::Other(format!("{what}: HTTP {}: {}", self.status, self.message())),
         }
     }
 
@@ -105,7 +101,11 @@ impl Api {
     /// A client for `base` (e.g. `https://console.vast.ai/api/v0`) sending
     /// `token` as a bearer credential. `ca_pem`: the certificates to trust
     /// instead of the public roots (a Kubernetes cluster's own CA).
-    pub fn new(base: &str, token: Option<Secret>, ca_pem: Option<&[u8]>) -> Result<Api, ProviderError> {
+    pub fn new(
+        base: &str,
+        token: Option<Secret>,
+        ca_pem: Option<&[u8]>,
+    ) -> Result<Api, ProviderError> {
         let base = base.trim_end_matches('/').to_string();
         check_url(&base)?;
         let mut tls = ureq::tls::TlsConfig::builder();
@@ -147,7 +147,12 @@ impl Api {
     /// Sends `method path` (path starting with `/`, query included) with an
     /// optional JSON body; returns the reply whatever its status. Transport
     /// failures are `ProviderError::Other`.
-    pub fn call(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Reply, ProviderError> {
+    pub fn call(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<Reply, ProviderError> {
         self.call_typed(method, path, body, "application/json")
     }
 
@@ -164,7 +169,10 @@ impl Api {
             // ureq's errors name the URL, never a header or body.
             ProviderError::Other(format!("{method} {url}: {e}"))
         };
-        let auth = self.token.as_ref().map(|t| format!("Bearer {}", t.expose()));
+        let auth = self
+            .token
+            .as_ref()
+            .map(|t| format!("Bearer {}", t.expose()));
         let request = match method {
             "GET" => Method::Empty(self.agent.get(&url)),
             "DELETE" => Method::Empty(self.agent.delete(&url)),
@@ -213,7 +221,10 @@ impl Api {
 
     /// Opens `GET path` and returns a reader of its body as it arrives (a
     /// Kubernetes watch: one JSON event a line).
-    pub fn stream(&self, path: &str) -> Result<(u16, Box<dyn std::io::BufRead + Send>), ProviderError> {
+    pub fn stream(
+        &self,
+        path: &str,
+    ) -> Result<(u16, Box<dyn std::io::BufRead + Send>), ProviderError> {
         let url = format!("{}{}", self.base, path);
         let mut request = self.agent.get(&url);
         if let Some(t) = &self.token {
@@ -224,7 +235,10 @@ impl Api {
             .map_err(|e| ProviderError::Other(format!("GET {url}: {e}")))?;
         let status = response.status().as_u16();
         let reader = response.into_body().into_reader();
-        Ok((status, Box::new(std::io::BufReader::new(reader.take(MAX_RESPONSE * 4)))))
+        Ok((
+            status,
+            Box::new(std::io::BufReader::new(reader.take(MAX_RESPONSE * 4))),
+        ))
     }
 }
 
@@ -323,7 +337,10 @@ mod tests {
     #[test]
     fn retry_after_is_read_as_seconds_and_bounded() {
         assert_eq!(parse_retry_after("7"), Some(Duration::from_secs(7)));
-        assert_eq!(parse_retry_after(" 1.5 "), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_retry_after(" 1.5 "),
+            Some(Duration::from_millis(1500))
+        );
         assert_eq!(parse_retry_after("999999"), Some(MAX_RETRY_AFTER));
         assert_eq!(parse_retry_after("Wed, 21 Oct 2015 07:28:00 GMT"), None);
         assert_eq!(parse_retry_after("-3"), None);

@@ -44,7 +44,9 @@ impl Preemptions {
                     self.drained.insert(w.worker.clone());
                     now.push(w);
                 }
-                Err(e) => tracing::warn!(worker = %w.worker, node = %w.node, "could not drain the worker of a node marked for preemption: {e}"),
+                Err(e) => {
+                    tracing::warn!(worker = %w.worker, node = %w.node, "could not drain the worker of a node marked for preemption: {e}")
+                }
             }
         }
         Ok(now)

@@ -11,7 +11,7 @@ mod durability;
 mod faithful;
 mod faults;
 mod finishing;
-mod fleet;
+mod fleet_preempt;
 mod formats;
 mod harness;
 mod hostile;

@@ -53,7 +53,7 @@ pub const MAX_WATCH_EVENTS: usize = 10_000;
 pub const MAX_REPLICAS: u32 = 1000;
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct KubernetesConfig {
     /// The API server (in a pod: `https://kubernetes.default.svc`).
     pub api_url: String,
@@ -131,7 +131,11 @@ impl Kubernetes {
             None => None,
         };
         let api = Api::new(&config.api_url, Some(token), ca.as_deref())?;
-        Ok(Kubernetes { config, api, claimed: HashSet::new() })
+        Ok(Kubernetes {
+            config,
+            api,
+            claimed: HashSet::new(),
+        })
     }
 
     fn scale_path(&self) -> String {
@@ -143,7 +147,11 @@ impl Kubernetes {
     }
 
     fn pod_path(&self, pod: &str) -> String {
-        format!("/api/v1/namespaces/{}/pods/{}", encode(&self.config.namespace), encode(pod))
+        format!(
+            "/api/v1/namespaces/{}/pods/{}",
+            encode(&self.config.namespace),
+            encode(pod)
+        )
     }
 
     fn check(r: Reply, what: &str) -> Result<Value, ProviderError> {
@@ -156,14 +164,27 @@ impl Kubernetes {
 
     /// The Deployment's replica count.
     pub fn replicas(&self) -> Result<u32, ProviderError> {
-        let body = Self::check(self.api.call("GET", &self.scale_path(), None)?, "kubernetes read scale")?;
-        Ok(body.pointer("/spec/replicas").and_then(Value::as_u64).unwrap_or(0).min(u64::from(MAX_REPLICAS)) as u32)
+        let body = Self::check(
+            self.api.call("GET", &self.scale_path(), None)?,
+            "kubernetes read scale",
+        )?;
+        Ok(body
+            .pointer("/spec/replicas")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .min(u64::from(MAX_REPLICAS)) as u32)
     }
 
     /// Scales the Deployment to `n` replicas.
     pub fn scale(&self, n: u32) -> Result<(), ProviderError> {
-        let patch = json!({"spec": {"replicas": n.min(self.config.max_replicas.min(MAX_REPLICAS))}});
-        let r = self.api.call_typed("PATCH", &self.scale_path(), Some(&patch), "application/merge-patch+json")?;
+        let patch =
+            json!({"spec": {"replicas": n.min(self.config.max_replicas.min(MAX_REPLICAS))}});
+        let r = self.api.call_typed(
+            "PATCH",
+            &self.scale_path(),
+            Some(&patch),
+            "application/merge-patch+json",
+        )?;
         Self::check(r, "kubernetes scale").map(|_| ())
     }
 
@@ -180,9 +201,15 @@ impl Kubernetes {
             .and_then(Value::as_array)
             .into_iter()
             .flatten()
-            .filter(|p| p.pointer("/metadata/deletionTimestamp").is_none_or(Value::is_null))
+            .filter(|p| {
+                p.pointer("/metadata/deletionTimestamp")
+                    .is_none_or(Value::is_null)
+            })
             .filter_map(|p| {
-                let node = p.pointer("/spec/nodeName").and_then(Value::as_str).map(str::to_string);
+                let node = p
+                    .pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
                 name_of(p).map(|n| (n.to_string(), node))
             })
             .collect())
@@ -190,7 +217,10 @@ impl Kubernetes {
 
     /// Nodes being reclaimed now (cordoned or labelled), from a list.
     pub fn preempting_nodes(&self) -> Result<BTreeSet<String>, ProviderError> {
-        let body = Self::check(self.api.call("GET", "/api/v1/nodes", None)?, "kubernetes list nodes")?;
+        let body = Self::check(
+            self.api.call("GET", "/api/v1/nodes", None)?,
+            "kubernetes list nodes",
+        )?;
         Ok(body
             .get("items")
             .and_then(Value::as_array)
@@ -201,23 +231,31 @@ impl Kubernetes {
             .collect())
     }
 
-    /// Reads one node watch (`timeout_secs`, or until the server ends it)
+    /// Reads one node watch (`timeout_secs`, at most 25 s: within the
+    /// client's request timeout; or until the server ends it)
     /// and returns the nodes its events mark for preemption (an `ADDED` or
     /// `MODIFIED` node cordoned or labelled), in the order they came.
     pub fn watch_preemptions(&self, timeout_secs: u32) -> Result<Vec<String>, ProviderError> {
-        let path = format!("/api/v1/nodes?watch=true&timeoutSeconds={}", timeout_secs.clamp(1, 3600));
+        let path = format!(
+            "/api/v1/nodes?watch=true&timeoutSeconds={}",
+            timeout_secs.clamp(1, 25)
+        );
         let (status, reader) = self.api.stream(&path)?;
         if !(200..300).contains(&status) {
-            return Err(ProviderError::Other(format!("kubernetes watch nodes: HTTP {status}")));
+            return Err(ProviderError::Other(format!(
+                "kubernetes watch nodes: HTTP {status}"
+            )));
         }
         let mut marked = Vec::new();
         for line in reader.lines().take(MAX_WATCH_EVENTS) {
-            let line = line.map_err(|e| ProviderError::Other(format!("kubernetes watch nodes: {e}")))?;
+            let line =
+                line.map_err(|e| ProviderError::Other(format!("kubernetes watch nodes: {e}")))?;
             if line.trim().is_empty() {
                 continue;
             }
-            let event: Value = serde_json::from_str(&line)
-                .map_err(|e| ProviderError::Other(format!("kubernetes watch nodes: a bad event: {e}")))?;
+            let event: Value = serde_json::from_str(&line).map_err(|e| {
+                ProviderError::Other(format!("kubernetes watch nodes: a bad event: {e}"))
+            })?;
             if let Some(node) = node_event(&event) {
                 if !marked.contains(&node) {
                     marked.push(node);
@@ -228,13 +266,18 @@ impl Kubernetes {
     }
 
     /// The workers (pods of the Deployment) on `nodes`.
-    pub fn workers_on(&self, nodes: &BTreeSet<String>) -> Result<Vec<PreemptedWorker>, ProviderError> {
+    pub fn workers_on(
+        &self,
+        nodes: &BTreeSet<String>,
+    ) -> Result<Vec<PreemptedWorker>, ProviderError> {
         let mut out: Vec<PreemptedWorker> = self
             .pods()?
             .into_iter()
             .filter_map(|(pod, node)| {
                 let node = node?;
-                nodes.contains(&node).then_some(PreemptedWorker { worker: pod, node })
+                nodes
+                    .contains(&node)
+                    .then_some(PreemptedWorker { worker: pod, node })
             })
             .collect();
         out.sort();
@@ -255,7 +298,8 @@ impl Kubernetes {
 pub fn node_event(event: &Value) -> Option<String> {
     let kind = event.get("type").and_then(Value::as_str)?;
     let node = event.get("object")?;
-    (matches!(kind, "ADDED" | "MODIFIED") && node_preempting(node)).then(|| name_of(node).map(str::to_string))?
+    (matches!(kind, "ADDED" | "MODIFIED") && node_preempting(node))
+        .then(|| name_of(node).map(str::to_string))?
 }
 
 impl Provider for Kubernetes {
@@ -319,7 +363,10 @@ impl Provider for Kubernetes {
             return Ok(NodeState::Gone);
         }
         let pod = Self::check(r, "kubernetes read pod")?;
-        if pod.pointer("/metadata/deletionTimestamp").is_some_and(|t| !t.is_null()) {
+        if pod
+            .pointer("/metadata/deletionTimestamp")
+            .is_some_and(|t| !t.is_null())
+        {
             // Terminating: SIGTERM is on its way or sent; the worker drains.
             return Ok(NodeState::Preempting);
         }
@@ -331,12 +378,18 @@ impl Provider for Kubernetes {
         let Some(host) = pod.pointer("/spec/nodeName").and_then(Value::as_str) else {
             return Ok(NodeState::Starting);
         };
-        let r = self.api.call("GET", &format!("/api/v1/nodes/{}", encode(host)), None)?;
+        let r = self
+            .api
+            .call("GET", &format!("/api/v1/nodes/{}", encode(host)), None)?;
         if r.status == 404 {
             return Ok(NodeState::Preempting);
         }
         let n = Self::check(r, "kubernetes read node")?;
-        Ok(if node_preempting(&n) { NodeState::Preempting } else { NodeState::Running })
+        Ok(if node_preempting(&n) {
+            NodeState::Preempting
+        } else {
+            NodeState::Running
+        })
     }
 
     /// Marks the pod as the one to remove and scales down by one.
@@ -344,7 +397,12 @@ impl Provider for Kubernetes {
         self.claimed.remove(&node.0);
         if !node.0.starts_with("pending-") {
             let patch = json!({"metadata": {"annotations": {DELETION_COST: "-1000000"}}});
-            let r = self.api.call_typed("PATCH", &self.pod_path(&node.0), Some(&patch), "application/merge-patch+json")?;
+            let r = self.api.call_typed(
+                "PATCH",
+                &self.pod_path(&node.0),
+                Some(&patch),
+                "application/merge-patch+json",
+            )?;
             if r.status == 404 {
                 // Already gone: its ReplicaSet has made, or makes, another
                 // pod for the count, which the next scale-down removes.

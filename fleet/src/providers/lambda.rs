@@ -43,7 +43,7 @@ use crate::provider::{
 };
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct LambdaConfig {
     pub api_url: String,
     /// Instance type names (`gpu_1x_a100_sxm4`) or GPU names (`A100`,
@@ -84,27 +84,41 @@ impl Lambda {
     pub fn new(config: LambdaConfig, api_key: Secret) -> Result<Lambda, ProviderError> {
         if config.ssh_key_name.is_empty() {
             return Err(ProviderError::Other(
-                "lambda: ssh_key_name is required (the name of an SSH key in your Lambda account)".into(),
+                "lambda: ssh_key_name is required (the name of an SSH key in your Lambda account)"
+                    .into(),
             ));
         }
         let api = Api::new(&config.api_url, Some(api_key), None)?;
-        Ok(Lambda { config, api, last_launch: None })
+        Ok(Lambda {
+            config,
+            api,
+            last_launch: None,
+        })
     }
 
     fn interval(&self) -> Duration {
         let s = self.config.launch_interval_secs;
-        Duration::from_secs_f64(if s.is_finite() { s.clamp(0.0, 600.0) } else { 12.0 })
+        Duration::from_secs_f64(if s.is_finite() {
+            s.clamp(0.0, 600.0)
+        } else {
+            12.0
+        })
     }
 }
 
 /// Lambda's error code, e.g. `global/quota-exceeded`.
 fn code(r: &Reply) -> &str {
-    r.body.pointer("/error/code").and_then(Value::as_str).unwrap_or("")
+    r.body
+        .pointer("/error/code")
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 /// The VRAM per GPU in a description like `1x A100 (40 GB SXM4)`.
 fn vram_from(description: &str) -> u32 {
-    let Some(open) = description.find('(') else { return 0 };
+    let Some(open) = description.find('(') else {
+        return 0;
+    };
     description[open + 1..]
         .split_whitespace()
         .next()
@@ -120,7 +134,9 @@ fn yq(s: &str) -> String {
 /// The cloud-init user data: the env file, then the worker container.
 pub fn user_data(spec: &LaunchSpec) -> String {
     let mut y = String::from("#cloud-config\nwrite_files:\n");
-    y.push_str(&format!("  - path: {ENV_FILE}\n    permissions: \"0600\"\n    owner: root:root\n    content: |\n"));
+    y.push_str(&format!(
+        "  - path: {ENV_FILE}\n    permissions: \"0600\"\n    owner: root:root\n    content: |\n"
+    ));
     for line in env_file(spec).lines() {
         y.push_str("      ");
         y.push_str(line);
@@ -148,18 +164,40 @@ impl Provider for Lambda {
         };
         for (name, t) in types.iter().take(256) {
             let it = &t["instance_type"];
-            let description = it.get("description").and_then(Value::as_str).unwrap_or(name);
-            let gpu = it.get("gpu_description").and_then(Value::as_str).unwrap_or(description);
-            let gpus = it.pointer("/specs/gpus").and_then(Value::as_u64).unwrap_or(1).clamp(1, 64) as u32;
-            let Some(cents) = it.get("price_cents_per_hour").and_then(Value::as_f64) else { continue };
+            let description = it
+                .get("description")
+                .and_then(Value::as_str)
+                .unwrap_or(name);
+            let gpu = it
+                .get("gpu_description")
+                .and_then(Value::as_str)
+                .unwrap_or(description);
+            let gpus = it
+                .pointer("/specs/gpus")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .clamp(1, 64) as u32;
+            let Some(cents) = it.get("price_cents_per_hour").and_then(Value::as_f64) else {
+                continue;
+            };
             let usd = cents / 100.0;
             let vram = vram_from(gpu).max(vram_from(description));
             let wanted = gpu_wanted(&c.gpu_types, name) || gpu_wanted(&c.gpu_types, gpu);
-            if !wanted || vram < c.min_vram_gib || usd / f64::from(gpus) > c.max_usd_per_gpu_hour || usd <= 0.0 {
+            if !wanted
+                || vram < c.min_vram_gib
+                || usd / f64::from(gpus) > c.max_usd_per_gpu_hour
+                || usd <= 0.0
+            {
                 continue;
             }
-            let regions = t.get("regions_with_capacity_available").and_then(Value::as_array);
-            for region in regions.into_iter().flatten().filter_map(|r| r.get("name").and_then(Value::as_str)) {
+            let regions = t
+                .get("regions_with_capacity_available")
+                .and_then(Value::as_array);
+            for region in regions
+                .into_iter()
+                .flatten()
+                .filter_map(|r| r.get("name").and_then(Value::as_str))
+            {
                 if !c.regions.is_empty() && !c.regions.iter().any(|w| w == region) {
                     continue;
                 }
@@ -180,17 +218,59 @@ impl Provider for Lambda {
     }
 
     fn launch(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
+        self.launch_node(offer, spec)
+            .map_err(|e| super::scrub(e, spec.worker_ticket.expose()))
+    }
+
+    fn state(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
+        let r = self.api.call(
+            "GET",
+            &format!("/instances/{}", crate::http::encode(&node.0)),
+            None,
+        )?;
+        if r.status == 404 || code(&r) == "global/object-does-not-exist" {
+            return Ok(NodeState::Gone);
+        }
+        if !r.ok() {
+            return Err(r.error("lambda get instance"));
+        }
+        Ok(
+            match r.body.pointer("/data/status").and_then(Value::as_str) {
+                Some("active") => NodeState::Running,
+                Some("terminating" | "terminated") => NodeState::Gone,
+                // booting, unhealthy (not serving yet)
+                _ => NodeState::Starting,
+            },
+        )
+    }
+
+    fn release(&mut self, node: &NodeId) -> Result<(), ProviderError> {
+        let body = json!({"instance_ids": [node.0]});
+        let r = self
+            .api
+            .call("POST", "/instance-operations/terminate", Some(&body))?;
+        if r.ok() || r.status == 404 || code(&r) == "global/object-does-not-exist" {
+            tracing::info!(provider = "lambda", node = %node, "instance terminated");
+            return Ok(());
+        }
+        Err(r.error("lambda terminate"))
+    }
+}
+
+impl Lambda {
+    fn launch_node(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
         check_spec(spec)?;
         if let Some(last) = self.last_launch {
             let wait = self.interval().saturating_sub(last.elapsed());
             if !wait.is_zero() {
-                return Err(ProviderError::RateLimited { retry_after: Some(wait) });
+                return Err(ProviderError::RateLimited {
+                    retry_after: Some(wait),
+                });
             }
         }
-        let (instance_type, region) = offer
-            .id
-            .split_once('@')
-            .ok_or_else(|| ProviderError::Other(format!("lambda: offer {} is not TYPE@REGION", offer.id)))?;
+        let (instance_type, region) = offer.id.split_once('@').ok_or_else(|| {
+            ProviderError::Other(format!("lambda: offer {} is not TYPE@REGION", offer.id))
+        })?;
         let body = json!({
             "region_name": region,
             "instance_type_name": instance_type,
@@ -200,13 +280,21 @@ impl Provider for Lambda {
             "user_data": user_data(spec),
         });
         self.last_launch = Some(Instant::now());
-        let r = self.api.call("POST", "/instance-operations/launch", Some(&body))?;
+        let r = self
+            .api
+            .call("POST", "/instance-operations/launch", Some(&body))?;
         if !r.ok() {
             return Err(match (r.status, code(&r)) {
                 (429, _) => r.error("lambda launch"),
-                (_, "instance-operations/launch/insufficient-capacity") => ProviderError::OfferGone(offer.id.clone()),
-                (_, "global/quota-exceeded") => ProviderError::Quota(format!("lambda: {}", r.message())),
-                (_, "global/invalid-api-key") => ProviderError::Auth(format!("lambda: {}", r.message())),
+                (_, "instance-operations/launch/insufficient-capacity") => {
+                    ProviderError::OfferGone(offer.id.clone())
+                }
+                (_, "global/quota-exceeded") => {
+                    ProviderError::Quota(format!("lambda: {}", r.message()))
+                }
+                (_, "global/invalid-api-key") => {
+                    ProviderError::Auth(format!("lambda: {}", r.message()))
+                }
                 _ => r.error("lambda launch"),
             });
         }
@@ -214,35 +302,11 @@ impl Provider for Lambda {
             .body
             .pointer("/data/instance_ids/0")
             .and_then(Value::as_str)
-            .ok_or_else(|| ProviderError::Other(format!("lambda launch: no instance id in {}", r.message())))?;
+            .ok_or_else(|| {
+                ProviderError::Other(format!("lambda launch: no instance id in {}", r.message()))
+            })?;
         tracing::info!(provider = "lambda", offer = %offer.id, node = %id, usd_per_hour = offer.usd_per_hour, "instance launched");
         Ok(NodeId(id.to_string()))
-    }
-
-    fn state(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
-        let r = self.api.call("GET", &format!("/instances/{}", crate::http::encode(&node.0)), None)?;
-        if r.status == 404 || code(&r) == "global/object-does-not-exist" {
-            return Ok(NodeState::Gone);
-        }
-        if !r.ok() {
-            return Err(r.error("lambda get instance"));
-        }
-        Ok(match r.body.pointer("/data/status").and_then(Value::as_str) {
-            Some("active") => NodeState::Running,
-            Some("terminating" | "terminated") => NodeState::Gone,
-            // booting, unhealthy (not serving yet)
-            _ => NodeState::Starting,
-        })
-    }
-
-    fn release(&mut self, node: &NodeId) -> Result<(), ProviderError> {
-        let body = json!({"instance_ids": [node.0]});
-        let r = self.api.call("POST", "/instance-operations/terminate", Some(&body))?;
-        if r.ok() || r.status == 404 || code(&r) == "global/object-does-not-exist" {
-            tracing::info!(provider = "lambda", node = %node, "instance terminated");
-            return Ok(());
-        }
-        Err(r.error("lambda terminate"))
     }
 }
 

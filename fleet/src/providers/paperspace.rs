@@ -51,7 +51,7 @@ fn one() -> u32 {
 }
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct PaperspaceConfig {
     pub api_url: String,
     /// A Linux template with Docker and the NVIDIA container runtime (e.g.
@@ -96,12 +96,20 @@ impl Paperspace {
             ));
         }
         let api = Api::new(&config.api_url, Some(api_key), None)?;
-        Ok(Paperspace { config, api, scripts: HashMap::new() })
+        Ok(Paperspace {
+            config,
+            api,
+            scripts: HashMap::new(),
+        })
     }
 
     /// Stops a machine (its disk is kept, and billed).
     pub fn stop(&mut self, node: &NodeId) -> Result<(), ProviderError> {
-        let r = self.api.call("PATCH", &format!("/machines/{}/stop", crate::http::encode(&node.0)), None)?;
+        let r = self.api.call(
+            "PATCH",
+            &format!("/machines/{}/stop", crate::http::encode(&node.0)),
+            None,
+        )?;
         match r.status {
             404 => Err(ProviderError::NoSuchNode(node.clone())),
             _ if r.ok() => Ok(()),
@@ -113,7 +121,10 @@ impl Paperspace {
 /// The startup script: the env file from a quoted heredoc (nothing in it
 /// is expanded), then the worker container.
 pub fn startup_script(spec: &LaunchSpec) -> String {
-    let argv: Vec<String> = docker_run_argv(spec).iter().map(|a| shell_quote(a)).collect();
+    let argv: Vec<String> = docker_run_argv(spec)
+        .iter()
+        .map(|a| shell_quote(a))
+        .collect();
     format!(
         "#!/bin/sh\nset -eu\numask 077\nmkdir -p /etc/tessera\ncat > {ENV_FILE} <<'TESSERA_ENV'\n{}TESSERA_ENV\n\
          docker rm -f tessera-worker >/dev/null 2>&1 || true\n{}\n",
@@ -127,7 +138,11 @@ fn classify(what: &str, offer: &Offer, r: &Reply) -> ProviderError {
     if r.status == 429 || r.status == 401 || r.status == 403 {
         return r.error(what);
     }
-    if m.contains("capacity") || m.contains("not available") || m.contains("unavailable") || m.contains("out of stock") {
+    if m.contains("capacity")
+        || m.contains("not available")
+        || m.contains("unavailable")
+        || m.contains("out of stock")
+    {
         return ProviderError::OfferGone(offer.id.clone());
     }
     if m.contains("quota") || m.contains("limit") || m.contains("balance") || r.status == 402 {
@@ -142,7 +157,10 @@ impl Provider for Paperspace {
     }
 
     fn offers(&mut self) -> Result<Vec<Offer>, ProviderError> {
-        let path = format!("/templates/{}", crate::http::encode(&self.config.template_id));
+        let path = format!(
+            "/templates/{}",
+            crate::http::encode(&self.config.template_id)
+        );
         let r = self.api.call("GET", &path, None)?;
         if !r.ok() {
             return Err(r.error("paperspace get template"));
@@ -161,7 +179,10 @@ impl Provider for Paperspace {
             .iter()
             .filter(|m| available.contains(&m.name.as_str()))
             .filter(|m| gpu_wanted(&c.gpu_types, &m.gpu) && m.vram_gib >= c.min_vram_gib)
-            .filter(|m| m.usd_per_hour > 0.0 && m.usd_per_hour / f64::from(m.gpu_count.max(1)) <= c.max_usd_per_gpu_hour)
+            .filter(|m| {
+                m.usd_per_hour > 0.0
+                    && m.usd_per_hour / f64::from(m.gpu_count.max(1)) <= c.max_usd_per_gpu_hour
+            })
             .map(|m| Offer {
                 id: m.name.clone(),
                 gpu: m.gpu.clone(),
@@ -176,6 +197,61 @@ impl Provider for Paperspace {
     }
 
     fn launch(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
+        self.launch_node(offer, spec)
+            .map_err(|e| super::scrub(e, spec.worker_ticket.expose()))
+    }
+
+    fn state(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
+        let r = self.api.call(
+            "GET",
+            &format!("/machines/{}", crate::http::encode(&node.0)),
+            None,
+        )?;
+        if r.status == 404 {
+            return Ok(NodeState::Gone);
+        }
+        if !r.ok() {
+            return Err(r.error("paperspace get machine"));
+        }
+        let m = r
+            .body
+            .get("data")
+            .filter(|d| d.is_object())
+            .unwrap_or(&r.body);
+        Ok(match m.get("state").and_then(Value::as_str) {
+            Some("ready" | "serviceready") => NodeState::Running,
+            Some("off" | "stopping") => NodeState::Paused,
+            Some("deleted" | "deleting") => NodeState::Gone,
+            _ => NodeState::Starting,
+        })
+    }
+
+    fn release(&mut self, node: &NodeId) -> Result<(), ProviderError> {
+        let r = self.api.call(
+            "DELETE",
+            &format!("/machines/{}", crate::http::encode(&node.0)),
+            None,
+        )?;
+        if !(r.ok() || r.status == 404) {
+            return Err(r.error("paperspace delete machine"));
+        }
+        if let Some(script) = self.scripts.remove(&node.0) {
+            let r = self.api.call(
+                "DELETE",
+                &format!("/startup-scripts/{}", crate::http::encode(&script)),
+                None,
+            )?;
+            if !(r.ok() || r.status == 404) {
+                tracing::warn!(provider = "paperspace", node = %node, "the startup script was not deleted: {}", r.message());
+            }
+        }
+        tracing::info!(provider = "paperspace", node = %node, "machine deleted");
+        Ok(())
+    }
+}
+
+impl Paperspace {
+    fn launch_node(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
         check_spec(spec)?;
         let script = json!({
             "name": format!("tessera-{}", spec.name),
@@ -206,45 +282,21 @@ impl Provider for Paperspace {
             "autoShutdownEnabled": false,
         });
         let r = self.api.call("POST", "/machines", Some(&machine))?;
-        let id = r.body.pointer("/data/id").or_else(|| r.body.get("id")).and_then(Value::as_str);
+        let id = r
+            .body
+            .pointer("/data/id")
+            .or_else(|| r.body.get("id"))
+            .and_then(Value::as_str);
         let (true, Some(id)) = (r.ok(), id) else {
-            let _ = self.api.call("DELETE", &format!("/startup-scripts/{}", crate::http::encode(&script_id)), None);
+            let _ = self.api.call(
+                "DELETE",
+                &format!("/startup-scripts/{}", crate::http::encode(&script_id)),
+                None,
+            );
             return Err(classify("paperspace create machine", offer, &r));
         };
         tracing::info!(provider = "paperspace", offer = %offer.id, node = %id, usd_per_hour = offer.usd_per_hour, "machine created");
         self.scripts.insert(id.to_string(), script_id);
         Ok(NodeId(id.to_string()))
-    }
-
-    fn state(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
-        let r = self.api.call("GET", &format!("/machines/{}", crate::http::encode(&node.0)), None)?;
-        if r.status == 404 {
-            return Ok(NodeState::Gone);
-        }
-        if !r.ok() {
-            return Err(r.error("paperspace get machine"));
-        }
-        let m = r.body.get("data").filter(|d| d.is_object()).unwrap_or(&r.body);
-        Ok(match m.get("state").and_then(Value::as_str) {
-            Some("ready" | "serviceready") => NodeState::Running,
-            Some("off" | "stopping") => NodeState::Paused,
-            Some("deleted" | "deleting") => NodeState::Gone,
-            _ => NodeState::Starting,
-        })
-    }
-
-    fn release(&mut self, node: &NodeId) -> Result<(), ProviderError> {
-        let r = self.api.call("DELETE", &format!("/machines/{}", crate::http::encode(&node.0)), None)?;
-        if !(r.ok() || r.status == 404) {
-            return Err(r.error("paperspace delete machine"));
-        }
-        if let Some(script) = self.scripts.remove(&node.0) {
-            let r = self.api.call("DELETE", &format!("/startup-scripts/{}", crate::http::encode(&script)), None)?;
-            if !(r.ok() || r.status == 404) {
-                tracing::warn!(provider = "paperspace", node = %node, "the startup script was not deleted: {}", r.message());
-            }
-        }
-        tracing::info!(provider = "paperspace", node = %node, "machine deleted");
-        Ok(())
     }
 }

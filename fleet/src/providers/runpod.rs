@@ -34,7 +34,7 @@ use crate::provider::{
 };
 
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct RunpodConfig {
     /// The GraphQL endpoint.
     pub api_url: String,
@@ -81,8 +81,10 @@ const RENT_INTERRUPTABLE: &str = "mutation Rent($input: PodRentInterruptableInpu
     podRentInterruptable(input: $input) { id desiredStatus imageName machineId } }";
 const POD: &str = "query Pod($input: PodFilter) { pod(input: $input) { id desiredStatus \
     runtime { uptimeInSeconds } } }";
-const STOP: &str = "mutation Stop($input: PodStopInput!) { podStop(input: $input) { id desiredStatus } }";
-const TERMINATE: &str = "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }";
+const STOP: &str =
+    "mutation Stop($input: PodStopInput!) { podStop(input: $input) { id desiredStatus } }";
+const TERMINATE: &str =
+    "mutation Terminate($input: PodTerminateInput!) { podTerminate(input: $input) }";
 
 impl Runpod {
     pub fn new(config: RunpodConfig, api_key: Secret) -> Result<Runpod, ProviderError> {
@@ -91,7 +93,12 @@ impl Runpod {
     }
 
     /// One GraphQL call: the reply's `data`, or the error its `errors` mean.
-    fn graphql(&self, what: &str, query: &str, variables: Value) -> Result<(Reply, Value), ProviderError> {
+    fn graphql(
+        &self,
+        what: &str,
+        query: &str,
+        variables: Value,
+    ) -> Result<(Reply, Value), ProviderError> {
         let body = json!({"query": query, "variables": variables});
         let r = self.api.call("POST", "", Some(&body))?;
         if !r.ok() {
@@ -105,7 +112,9 @@ impl Runpod {
     pub fn stop(&mut self, node: &NodeId) -> Result<(), ProviderError> {
         let (r, _) = self.graphql("runpod podStop", STOP, json!({"input": {"podId": node.0}}))?;
         match errors(&r) {
-            Some(m) if m.to_lowercase().contains("not found") => Err(ProviderError::NoSuchNode(node.clone())),
+            Some(m) if m.to_lowercase().contains("not found") => {
+                Err(ProviderError::NoSuchNode(node.clone()))
+            }
             Some(m) => Err(ProviderError::Other(format!("runpod podStop: {m}"))),
             None => Ok(()),
         }
@@ -116,14 +125,27 @@ impl Runpod {
 fn errors(r: &Reply) -> Option<String> {
     let list = r.body.get("errors")?.as_array()?;
     let first = list.first()?;
-    Some(crate::http::cut(first.get("message").and_then(Value::as_str).unwrap_or("error"), 300))
+    Some(crate::http::cut(
+        first
+            .get("message")
+            .and_then(Value::as_str)
+            .unwrap_or("error"),
+        300,
+    ))
 }
 
 fn launch_error(offer: &Offer, message: String) -> ProviderError {
     let m = message.to_lowercase();
-    if m.contains("no longer any instances available") || m.contains("not available") || m.contains("no instances") {
+    if m.contains("no longer any instances available")
+        || m.contains("not available")
+        || m.contains("no instances")
+    {
         ProviderError::OfferGone(offer.id.clone())
-    } else if m.contains("balance") || m.contains("quota") || m.contains("limit") || m.contains("insufficient funds") {
+    } else if m.contains("balance")
+        || m.contains("quota")
+        || m.contains("limit")
+        || m.contains("insufficient funds")
+    {
         ProviderError::Quota(format!("runpod: {message}"))
     } else if m.contains("unauthorized") || m.contains("api key") {
         ProviderError::Auth(format!("runpod: {message}"))
@@ -144,21 +166,35 @@ impl Provider for Runpod {
         if let Some(m) = errors(&r) {
             return Err(ProviderError::Other(format!("runpod gpuTypes: {m}")));
         }
-        let list = data.get("gpuTypes").and_then(Value::as_array).cloned().unwrap_or_default();
+        let list = data
+            .get("gpuTypes")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let mut offers = Vec::new();
         for g in list.iter().take(256) {
-            let Some(id) = g.get("id").and_then(Value::as_str) else { continue };
+            let Some(id) = g.get("id").and_then(Value::as_str) else {
+                continue;
+            };
             let display = g.get("displayName").and_then(Value::as_str).unwrap_or(id);
-            let vram = g.get("memoryInGb").and_then(Value::as_u64).unwrap_or(0).min(4096) as u32;
+            let vram = g
+                .get("memoryInGb")
+                .and_then(Value::as_u64)
+                .unwrap_or(0)
+                .min(4096) as u32;
             let price = g.get("lowestPrice").and_then(|p| {
                 if c.interruptible {
-                    p.get("minimumBidPrice").and_then(Value::as_f64).map(|b| b * (1.0 + c.bid_margin.max(0.0)))
+                    p.get("minimumBidPrice")
+                        .and_then(Value::as_f64)
+                        .map(|b| b * (1.0 + c.bid_margin.max(0.0)))
                 } else {
                     p.get("uninterruptablePrice").and_then(Value::as_f64)
                 }
             });
             // No price: none to rent now.
-            let Some(per_gpu) = price.filter(|p| p.is_finite() && *p > 0.0) else { continue };
+            let Some(per_gpu) = price.filter(|p| p.is_finite() && *p > 0.0) else {
+                continue;
+            };
             let wanted = gpu_wanted(&c.gpu_types, id) || gpu_wanted(&c.gpu_types, display);
             if wanted && vram >= c.min_vram_gib && per_gpu <= c.max_usd_per_gpu_hour {
                 offers.push(Offer {
@@ -177,12 +213,61 @@ impl Provider for Runpod {
     }
 
     fn launch(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
+        self.launch_node(offer, spec)
+            .map_err(|e| super::scrub(e, spec.worker_ticket.expose()))
+    }
+
+    fn state(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
+        let (r, data) = self.graphql("runpod pod", POD, json!({"input": {"podId": node.0}}))?;
+        if let Some(m) = errors(&r) {
+            if m.to_lowercase().contains("not found") {
+                return Ok(NodeState::Gone);
+            }
+            return Err(ProviderError::Other(format!("runpod pod: {m}")));
+        }
+        let pod = data.get("pod").cloned().unwrap_or(Value::Null);
+        if pod.is_null() {
+            return Ok(NodeState::Gone);
+        }
+        let up = pod.get("runtime").is_some_and(|rt| !rt.is_null());
+        Ok(match pod.get("desiredStatus").and_then(Value::as_str) {
+            Some("RUNNING") if up => NodeState::Running,
+            Some("RUNNING" | "CREATED" | "RESTARTING") => NodeState::Starting,
+            Some("EXITED") => NodeState::Paused,
+            Some("TERMINATED" | "DEAD") => NodeState::Gone,
+            _ => NodeState::Starting,
+        })
+    }
+
+    fn release(&mut self, node: &NodeId) -> Result<(), ProviderError> {
+        let (r, _) = self.graphql(
+            "runpod podTerminate",
+            TERMINATE,
+            json!({"input": {"podId": node.0}}),
+        )?;
+        match errors(&r) {
+            Some(m) if !m.to_lowercase().contains("not found") => {
+                Err(ProviderError::Other(format!("runpod podTerminate: {m}")))
+            }
+            _ => {
+                tracing::info!(provider = "runpod", node = %node, "pod terminated");
+                Ok(())
+            }
+        }
+    }
+}
+
+impl Runpod {
+    fn launch_node(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
         check_spec(spec)?;
         let env: Vec<Value> = worker_env(spec)
             .into_iter()
             .map(|(key, value)| json!({"key": key, "value": value}))
             .collect();
-        let args: Vec<String> = worker_args(spec).iter().map(|a| super::shell_quote(a)).collect();
+        let args: Vec<String> = worker_args(spec)
+            .iter()
+            .map(|a| super::shell_quote(a))
+            .collect();
         let mut input = json!({
             "name": spec.name,
             "imageName": spec.image,
@@ -210,40 +295,5 @@ impl Provider for Runpod {
             .ok_or_else(|| ProviderError::OfferGone(offer.id.clone()))?;
         tracing::info!(provider = "runpod", offer = %offer.id, node = %id, usd_per_hour = offer.usd_per_hour, "pod created");
         Ok(NodeId(id.to_string()))
-    }
-
-    fn state(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
-        let (r, data) = self.graphql("runpod pod", POD, json!({"input": {"podId": node.0}}))?;
-        if let Some(m) = errors(&r) {
-            if m.to_lowercase().contains("not found") {
-                return Ok(NodeState::Gone);
-            }
-            return Err(ProviderError::Other(format!("runpod pod: {m}")));
-        }
-        let pod = data.get("pod").cloned().unwrap_or(Value::Null);
-        if pod.is_null() {
-            return Ok(NodeState::Gone);
-        }
-        let up = pod.get("runtime").is_some_and(|rt| !rt.is_null());
-        Ok(match pod.get("desiredStatus").and_then(Value::as_str) {
-            Some("RUNNING") if up => NodeState::Running,
-            Some("RUNNING" | "CREATED" | "RESTARTING") => NodeState::Starting,
-            Some("EXITED") => NodeState::Paused,
-            Some("TERMINATED" | "DEAD") => NodeState::Gone,
-            _ => NodeState::Starting,
-        })
-    }
-
-    fn release(&mut self, node: &NodeId) -> Result<(), ProviderError> {
-        let (r, _) = self.graphql("runpod podTerminate", TERMINATE, json!({"input": {"podId": node.0}}))?;
-        match errors(&r) {
-            Some(m) if !m.to_lowercase().contains("not found") => {
-                Err(ProviderError::Other(format!("runpod podTerminate: {m}")))
-            }
-            _ => {
-                tracing::info!(provider = "runpod", node = %node, "pod terminated");
-                Ok(())
-            }
-        }
     }
 }

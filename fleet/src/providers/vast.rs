@@ -41,7 +41,7 @@ pub const MAX_OFFERS: u32 = 64;
 /// What the fleet file says about Vast.ai (the key comes apart, as a
 /// [`Secret`]).
 #[derive(Clone, Debug, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct VastConfig {
     /// The API's base URL.
     pub api_url: String,
@@ -116,7 +116,11 @@ impl Vast {
     /// the whole instance); a paused instance outbid may resume.
     pub fn change_bid(&mut self, node: &NodeId, usd_per_hour: f64) -> Result<(), ProviderError> {
         let body = json!({"client_id": "me", "price": usd_per_hour});
-        let r = self.api.call("PUT", &format!("/instances/bid_price/{}/", node.0), Some(&body))?;
+        let r = self.api.call(
+            "PUT",
+            &format!("/instances/bid_price/{}/", node.0),
+            Some(&body),
+        )?;
         match r.status {
             404 => Err(ProviderError::NoSuchNode(node.clone())),
             _ if r.ok() => Ok(()),
@@ -127,7 +131,9 @@ impl Vast {
     /// Stops an instance and keeps its disk (billing for storage only).
     pub fn stop(&mut self, node: &NodeId) -> Result<(), ProviderError> {
         let body = json!({"state": "stopped"});
-        let r = self.api.call("PUT", &format!("/instances/{}/", node.0), Some(&body))?;
+        let r = self
+            .api
+            .call("PUT", &format!("/instances/{}/", node.0), Some(&body))?;
         match r.status {
             404 => Err(ProviderError::NoSuchNode(node.clone())),
             _ if r.ok() => Ok(()),
@@ -147,7 +153,11 @@ fn launch_error(offer: &Offer, r: &crate::http::Reply) -> ProviderError {
     if r.status == 429 {
         return r.error("vast create instance");
     }
-    if code == "no_such_ask" || r.status == 404 || msg.contains("no_such_ask") || msg.contains("not available") {
+    if code == "no_such_ask"
+        || r.status == 404
+        || msg.contains("no_such_ask")
+        || msg.contains("not available")
+    {
         return ProviderError::OfferGone(offer.id.clone());
     }
     if code == "insufficient_credit"
@@ -172,14 +182,26 @@ impl Provider for Vast {
         if !r.ok() {
             return Err(r.error("vast search offers"));
         }
-        let list = r.body.get("offers").and_then(Value::as_array).cloned().unwrap_or_default();
+        let list = r
+            .body
+            .get("offers")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
         let c = &self.config;
         let mut offers = Vec::new();
         for o in list.iter().take(MAX_OFFERS as usize) {
-            let (Some(id), Some(gpu)) = (o.get("id").and_then(Value::as_u64), o.get("gpu_name").and_then(Value::as_str)) else {
+            let (Some(id), Some(gpu)) = (
+                o.get("id").and_then(Value::as_u64),
+                o.get("gpu_name").and_then(Value::as_str),
+            ) else {
                 continue;
             };
-            let gpus = o.get("num_gpus").and_then(Value::as_u64).unwrap_or(1).clamp(1, 64) as u32;
+            let gpus = o
+                .get("num_gpus")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .clamp(1, 64) as u32;
             let vram_gib = (num(o, "gpu_ram").unwrap_or(0.0) / 1024.0).round() as u32;
             let ceiling = c.max_usd_per_gpu_hour * f64::from(gpus);
             let price = if c.interruptible {
@@ -191,14 +213,19 @@ impl Provider for Vast {
             } else {
                 num(o, "dph_total").unwrap_or(f64::INFINITY)
             };
-            let region = o.get("geolocation").and_then(Value::as_str).map(str::to_string);
+            let region = o
+                .get("geolocation")
+                .and_then(Value::as_str)
+                .map(str::to_string);
             let fits = price.is_finite()
                 && price > 0.0
                 && price / f64::from(gpus) <= c.max_usd_per_gpu_hour
                 && vram_gib >= c.min_vram_gib
                 && gpu_wanted(&c.gpu_types, gpu)
                 && (c.regions.is_empty()
-                    || region.as_deref().is_some_and(|g| c.regions.iter().any(|w| g.contains(w.as_str()))));
+                    || region
+                        .as_deref()
+                        .is_some_and(|g| c.regions.iter().any(|w| g.contains(w.as_str()))));
             if fits {
                 offers.push(Offer {
                     id: id.to_string(),
@@ -216,36 +243,16 @@ impl Provider for Vast {
     }
 
     fn launch(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
-        check_spec(spec)?;
-        let env: serde_json::Map<String, Value> =
-            worker_env(spec).into_iter().map(|(k, v)| (k, Value::String(v))).collect();
-        let mut body = json!({
-            "image": spec.image,
-            "label": spec.name,
-            "disk": self.config.disk_gb,
-            "runtype": "args",
-            "args": worker_args(spec),
-            "env": env,
-        });
-        if offer.interruptible {
-            body["price"] = json!(offer.usd_per_hour);
-        }
-        let r = self.api.call("PUT", &format!("/asks/{}/", crate::http::encode(&offer.id)), Some(&body))?;
-        let success = r.body.get("success").and_then(Value::as_bool).unwrap_or(r.ok());
-        if !r.ok() || !success {
-            return Err(launch_error(offer, &r));
-        }
-        let id = r
-            .body
-            .get("new_contract")
-            .and_then(|v| v.as_u64().map(|n| n.to_string()).or_else(|| v.as_str().map(str::to_string)))
-            .ok_or_else(|| ProviderError::Other(format!("vast create instance: no new_contract in {}", r.message())))?;
-        tracing::info!(provider = "vast", offer = %offer.id, node = %id, usd_per_hour = offer.usd_per_hour, "instance created");
-        Ok(NodeId(id))
+        self.launch_node(offer, spec)
+            .map_err(|e| super::scrub(e, spec.worker_ticket.expose()))
     }
 
     fn state(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
-        let r = self.api.call("GET", &format!("/instances/{}/", crate::http::encode(&node.0)), None)?;
+        let r = self.api.call(
+            "GET",
+            &format!("/instances/{}/", crate::http::encode(&node.0)),
+            None,
+        )?;
         if r.status == 404 {
             return Ok(NodeState::Gone);
         }
@@ -270,11 +277,65 @@ impl Provider for Vast {
     }
 
     fn release(&mut self, node: &NodeId) -> Result<(), ProviderError> {
-        let r = self.api.call("DELETE", &format!("/instances/{}/", crate::http::encode(&node.0)), None)?;
+        let r = self.api.call(
+            "DELETE",
+            &format!("/instances/{}/", crate::http::encode(&node.0)),
+            None,
+        )?;
         if r.ok() || r.status == 404 {
             tracing::info!(provider = "vast", node = %node, "instance destroyed");
             return Ok(());
         }
         Err(r.error("vast destroy instance"))
+    }
+}
+
+impl Vast {
+    fn launch_node(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
+        check_spec(spec)?;
+        let env: serde_json::Map<String, Value> = worker_env(spec)
+            .into_iter()
+            .map(|(k, v)| (k, Value::String(v)))
+            .collect();
+        let mut body = json!({
+            "image": spec.image,
+            "label": spec.name,
+            "disk": self.config.disk_gb,
+            "runtype": "args",
+            "args": worker_args(spec),
+            "env": env,
+        });
+        if offer.interruptible {
+            body["price"] = json!(offer.usd_per_hour);
+        }
+        let r = self.api.call(
+            "PUT",
+            &format!("/asks/{}/", crate::http::encode(&offer.id)),
+            Some(&body),
+        )?;
+        let success = r
+            .body
+            .get("success")
+            .and_then(Value::as_bool)
+            .unwrap_or(r.ok());
+        if !r.ok() || !success {
+            return Err(launch_error(offer, &r));
+        }
+        let id = r
+            .body
+            .get("new_contract")
+            .and_then(|v| {
+                v.as_u64()
+                    .map(|n| n.to_string())
+                    .or_else(|| v.as_str().map(str::to_string))
+            })
+            .ok_or_else(|| {
+                ProviderError::Other(format!(
+                    "vast create instance: no new_contract in {}",
+                    r.message()
+                ))
+            })?;
+        tracing::info!(provider = "vast", offer = %offer.id, node = %id, usd_per_hour = offer.usd_per_hour, "instance created");
+        Ok(NodeId(id))
     }
 }

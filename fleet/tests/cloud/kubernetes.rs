@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::{json, Value};
 use tessera_fleet::provider::{NodeState, Provider, ProviderError};
-use tessera_fleet::providers::kubernetes::{Kubernetes, KubernetesConfig, PreemptedWorker, DELETION_COST};
+use tessera_fleet::providers::kubernetes::{
+    Kubernetes, KubernetesConfig, PreemptedWorker, DELETION_COST,
+};
 
 use crate::standin::{Request, Response, StandIn};
 
@@ -25,7 +27,8 @@ pub struct Cluster {
 }
 
 pub fn node(name: &str, preempting: bool, cordoned: bool) -> Value {
-    let mut labels = json!({"kubernetes.io/hostname": name, "gpu.nvidia.com/class": "A100_PCIE_80GB"});
+    let mut labels =
+        json!({"kubernetes.io/hostname": name, "gpu.nvidia.com/class": "A100_PCIE_80GB"});
     if preempting {
         labels["qos.coreweave.cloud/pending-preemption"] = json!("true");
     }
@@ -50,12 +53,17 @@ pub fn stand_in(cluster: Cluster) -> (StandIn, Arc<Mutex<Cluster>>) {
             return f;
         }
         let scale = "/apis/apps/v1/namespaces/render/deployments/tessera-worker/scale";
-        let scale_obj = |n: u32| json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
-            "metadata": {"name": "tessera-worker", "namespace": "render"}, "spec": {"replicas": n}, "status": {"replicas": n}});
+        let scale_obj = |n: u32| {
+            json!({"kind": "Scale", "apiVersion": "autoscaling/v1",
+            "metadata": {"name": "tessera-worker", "namespace": "render"}, "spec": {"replicas": n}, "status": {"replicas": n}})
+        };
         match (r.method.as_str(), r.route()) {
             ("GET", p) if p == scale => Response::json(200, scale_obj(c.replicas)),
             ("PATCH", p) if p == scale => {
-                assert_eq!(r.header("content-type"), Some("application/merge-patch+json"));
+                assert_eq!(
+                    r.header("content-type"),
+                    Some("application/merge-patch+json")
+                );
                 let want = r.json()["spec"]["replicas"].as_u64().unwrap() as u32;
                 while (c.pods.len() as u32) < want {
                     c.next += 1;
@@ -65,48 +73,87 @@ pub fn stand_in(cluster: Cluster) -> (StandIn, Arc<Mutex<Cluster>>) {
                     c.pods.insert(name, (node, 0));
                 }
                 while (c.pods.len() as u32) > want {
-                    let victim = c.pods.iter().min_by_key(|(_, (_, cost))| *cost).map(|(k, _)| k.clone()).unwrap();
+                    let victim = c
+                        .pods
+                        .iter()
+                        .min_by_key(|(_, (_, cost))| *cost)
+                        .map(|(k, _)| k.clone())
+                        .unwrap();
                     c.pods.remove(&victim);
                 }
                 c.replicas = want;
                 Response::json(200, scale_obj(want))
             }
             ("GET", "/api/v1/namespaces/render/pods") => {
-                assert!(r.path.contains("labelSelector=app.kubernetes.io%2Fname%3Dtessera-worker"), "{}", r.path);
+                assert!(
+                    r.path
+                        .contains("labelSelector=app.kubernetes.io%2Fname%3Dtessera-worker"),
+                    "{}",
+                    r.path
+                );
                 let items: Vec<Value> = c.pods.iter().map(|(n, (node, _))| pod(n, node)).collect();
-                Response::json(200, json!({"kind": "PodList", "apiVersion": "v1", "items": items}))
+                Response::json(
+                    200,
+                    json!({"kind": "PodList", "apiVersion": "v1", "items": items}),
+                )
             }
             ("GET", p) if p.starts_with("/api/v1/namespaces/render/pods/") => {
                 let name = &p["/api/v1/namespaces/render/pods/".len()..];
                 match c.pods.get(name) {
                     Some((node, _)) => Response::json(200, pod(name, node)),
-                    None => Response::json(404, json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
-                        "message": format!("pods \"{name}\" not found")})),
+                    None => Response::json(
+                        404,
+                        json!({"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404,
+                        "message": format!("pods \"{name}\" not found")}),
+                    ),
                 }
             }
             ("PATCH", p) if p.starts_with("/api/v1/namespaces/render/pods/") => {
-                assert_eq!(r.header("content-type"), Some("application/merge-patch+json"));
+                assert_eq!(
+                    r.header("content-type"),
+                    Some("application/merge-patch+json")
+                );
                 let name = p["/api/v1/namespaces/render/pods/".len()..].to_string();
-                let cost: i64 = r.json()["metadata"]["annotations"][DELETION_COST].as_str().unwrap().parse().unwrap();
+                let cost: i64 = r.json()["metadata"]["annotations"][DELETION_COST]
+                    .as_str()
+                    .unwrap()
+                    .parse()
+                    .unwrap();
                 match c.pods.get_mut(&name) {
                     Some(p) => {
                         p.1 = cost;
                         let (node, _) = p.clone();
                         Response::json(200, pod(&name, &node))
                     }
-                    None => Response::json(404, json!({"kind": "Status", "reason": "NotFound", "code": 404})),
+                    None => Response::json(
+                        404,
+                        json!({"kind": "Status", "reason": "NotFound", "code": 404}),
+                    ),
                 }
             }
-            ("GET", "/api/v1/nodes") if r.path.contains("watch=true") => Response::lines(200, &c.watch),
+            ("GET", "/api/v1/nodes") if r.path.contains("watch=true") => {
+                Response::lines(200, &c.watch)
+            }
             ("GET", "/api/v1/nodes") => {
                 let items: Vec<Value> = c.nodes.values().cloned().collect();
-                Response::json(200, json!({"kind": "NodeList", "apiVersion": "v1", "items": items}))
+                Response::json(
+                    200,
+                    json!({"kind": "NodeList", "apiVersion": "v1", "items": items}),
+                )
             }
-            ("GET", p) if p.starts_with("/api/v1/nodes/") => match c.nodes.get(&p["/api/v1/nodes/".len()..]) {
-                Some(n) => Response::json(200, n.clone()),
-                None => Response::json(404, json!({"kind": "Status", "reason": "NotFound", "code": 404})),
-            },
-            _ => Response::json(404, json!({"kind": "Status", "reason": "NotFound", "code": 404, "message": r.path})),
+            ("GET", p) if p.starts_with("/api/v1/nodes/") => {
+                match c.nodes.get(&p["/api/v1/nodes/".len()..]) {
+                    Some(n) => Response::json(200, n.clone()),
+                    None => Response::json(
+                        404,
+                        json!({"kind": "Status", "reason": "NotFound", "code": 404}),
+                    ),
+                }
+            }
+            _ => Response::json(
+                404,
+                json!({"kind": "Status", "reason": "NotFound", "code": 404, "message": r.path}),
+            ),
         }
     });
     (s, cluster)
@@ -116,7 +163,10 @@ pub fn cluster(nodes: &[&str]) -> Cluster {
     Cluster {
         replicas: 0,
         pods: BTreeMap::new(),
-        nodes: nodes.iter().map(|n| (n.to_string(), node(n, false, false))).collect(),
+        nodes: nodes
+            .iter()
+            .map(|n| (n.to_string(), node(n, false, false)))
+            .collect(),
         next: 0,
         watch: Vec::new(),
         fail_next: None,
@@ -140,11 +190,21 @@ fn kubernetes_scales_the_deployment_and_removes_the_released_pod_only() {
     let (spec, token) = (crate::spec("k8s-scale"), crate::key("k8s-scale"));
     let mut k = adapter(&s, &token);
     let offers = k.offers().unwrap();
-    assert_eq!((offers[0].id.as_str(), offers[0].gpu.as_str(), offers[0].interruptible), ("tessera-worker", "A100_PCIE_80GB", true));
+    assert_eq!(
+        (
+            offers[0].id.as_str(),
+            offers[0].gpu.as_str(),
+            offers[0].interruptible
+        ),
+        ("tessera-worker", "A100_PCIE_80GB", true)
+    );
     let a = k.launch(&offers[0], &spec).unwrap();
     let b = k.launch(&offers[0], &spec).unwrap();
     let c = k.launch(&offers[0], &spec).unwrap();
-    assert_eq!([a.0.as_str(), b.0.as_str(), c.0.as_str()], ["tessera-worker-1", "tessera-worker-2", "tessera-worker-3"]);
+    assert_eq!(
+        [a.0.as_str(), b.0.as_str(), c.0.as_str()],
+        ["tessera-worker-1", "tessera-worker-2", "tessera-worker-3"]
+    );
     assert_eq!(cluster.lock().unwrap().replicas, 3);
     assert_eq!(k.state(&b).unwrap(), NodeState::Running);
     // Releasing the middle one removes that pod, not the others.
@@ -157,9 +217,19 @@ fn kubernetes_scales_the_deployment_and_removes_the_released_pod_only() {
     assert!(!s.all_text().contains(spec.worker_ticket.expose()));
     k.launch(&offers[0], &spec).unwrap();
     k.launch(&offers[0], &spec).unwrap();
-    assert!(matches!(k.launch(&offers[0], &spec), Err(ProviderError::Quota(_))), "max_replicas is 4");
-    cluster.lock().unwrap().fail_next = Some(Response::json(429, json!({"kind": "Status", "code": 429})).with_header("Retry-After", "1"));
-    assert!(matches!(k.state(&a), Err(ProviderError::RateLimited { retry_after: Some(_) })));
+    assert!(
+        matches!(k.launch(&offers[0], &spec), Err(ProviderError::Quota(_))),
+        "max_replicas is 4"
+    );
+    cluster.lock().unwrap().fail_next = Some(
+        Response::json(429, json!({"kind": "Status", "code": 429})).with_header("Retry-After", "1"),
+    );
+    assert!(matches!(
+        k.state(&a),
+        Err(ProviderError::RateLimited {
+            retry_after: Some(_)
+        })
+    ));
     crate::assert_secrets_kept(&s, &token, &spec);
 }
 
@@ -172,12 +242,26 @@ fn kubernetes_a_pod_on_a_node_marked_for_preemption_is_preempting() {
     let a = k.launch(&offers[0], &spec).unwrap(); // on gpu-a
     let b = k.launch(&offers[0], &spec).unwrap(); // on gpu-b
     assert!(k.preempted_workers().unwrap().is_empty());
-    cluster.lock().unwrap().nodes.insert("gpu-a".into(), node("gpu-a", true, true));
+    cluster
+        .lock()
+        .unwrap()
+        .nodes
+        .insert("gpu-a".into(), node("gpu-a", true, true));
     assert_eq!(k.state(&a).unwrap(), NodeState::Preempting);
     assert_eq!(k.state(&b).unwrap(), NodeState::Running);
-    assert_eq!(k.preempted_workers().unwrap(), [PreemptedWorker { worker: a.0.clone(), node: "gpu-a".into() }]);
+    assert_eq!(
+        k.preempted_workers().unwrap(),
+        [PreemptedWorker {
+            worker: a.0.clone(),
+            node: "gpu-a".into()
+        }]
+    );
     // Cordoned alone counts too (the label may come a moment later).
-    cluster.lock().unwrap().nodes.insert("gpu-b".into(), node("gpu-b", false, true));
+    cluster
+        .lock()
+        .unwrap()
+        .nodes
+        .insert("gpu-b".into(), node("gpu-b", false, true));
     assert_eq!(k.state(&b).unwrap(), NodeState::Preempting);
     crate::assert_secrets_kept(&s, &token, &spec);
 }
@@ -195,7 +279,14 @@ fn kubernetes_a_node_watch_event_with_the_label_names_that_node() {
     let token = crate::key("k8s-watch");
     let k = adapter(&s, &token);
     assert_eq!(k.watch_preemptions(5).unwrap(), ["gpu-b"]);
-    let watch = s.requests().into_iter().find(|r| r.path.contains("watch=true")).unwrap();
+    let watch = s
+        .requests()
+        .into_iter()
+        .find(|r| r.path.contains("watch=true"))
+        .unwrap();
     assert_eq!(watch.path, "/api/v1/nodes?watch=true&timeoutSeconds=5");
-    assert_eq!(watch.header("authorization"), Some(format!("Bearer {}", token.expose()).as_str()));
+    assert_eq!(
+        watch.header("authorization"),
+        Some(format!("Bearer {}", token.expose()).as_str())
+    );
 }

@@ -24,22 +24,56 @@ struct Cloud {
 }
 
 fn error(status: u16, code: &str, message: &str) -> Response {
-    Response::json(status, json!({"error": {"code": code, "message": message, "suggestion": "see the docs"}}))
+    Response::json(
+        status,
+        json!({"error": {"code": code, "message": message, "suggestion": "see the docs"}}),
+    )
 }
 
 fn instance_types() -> Value {
     let t = |name: &str, desc: &str, gpu: &str, cents: u32, gpus: u32, regions: &[&str]| {
-        (name.to_string(), json!({
-            "instance_type": {"name": name, "description": desc, "gpu_description": gpu,
-                "price_cents_per_hour": cents, "specs": {"vcpus": 30, "memory_gib": 200, "storage_gib": 512, "gpus": gpus}},
-            "regions_with_capacity_available": regions.iter().map(|r| json!({"name": r, "description": r})).collect::<Vec<_>>()
-        }))
+        (
+            name.to_string(),
+            json!({
+                "instance_type": {"name": name, "description": desc, "gpu_description": gpu,
+                    "price_cents_per_hour": cents, "specs": {"vcpus": 30, "memory_gib": 200, "storage_gib": 512, "gpus": gpus}},
+                "regions_with_capacity_available": regions.iter().map(|r| json!({"name": r, "description": r})).collect::<Vec<_>>()
+            }),
+        )
     };
     let map: serde_json::Map<String, Value> = [
-        t("gpu_1x_a100_sxm4", "1x A100 (40 GB SXM4)", "A100 (40 GB SXM4)", 129, 1, &["us-east-1", "us-west-2"]),
-        t("gpu_1x_h100_pcie", "1x H100 (80 GB PCIe)", "H100 (80 GB PCIe)", 249, 1, &["us-west-3"]),
-        t("gpu_8x_a100_80gb_sxm4", "8x A100 (80 GB SXM4)", "A100 (80 GB SXM4)", 1432, 8, &[]),
-        t("gpu_1x_a10", "1x A10 (24 GB PCIe)", "A10 (24 GB PCIe)", 75, 1, &["us-east-1"]),
+        t(
+            "gpu_1x_a100_sxm4",
+            "1x A100 (40 GB SXM4)",
+            "A100 (40 GB SXM4)",
+            129,
+            1,
+            &["us-east-1", "us-west-2"],
+        ),
+        t(
+            "gpu_1x_h100_pcie",
+            "1x H100 (80 GB PCIe)",
+            "H100 (80 GB PCIe)",
+            249,
+            1,
+            &["us-west-3"],
+        ),
+        t(
+            "gpu_8x_a100_80gb_sxm4",
+            "8x A100 (80 GB SXM4)",
+            "A100 (80 GB SXM4)",
+            1432,
+            8,
+            &[],
+        ),
+        t(
+            "gpu_1x_a10",
+            "1x A10 (24 GB PCIe)",
+            "A10 (24 GB PCIe)",
+            75,
+            1,
+            &["us-east-1"],
+        ),
     ]
     .into_iter()
     .collect();
@@ -61,7 +95,11 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
                 let b = r.json();
                 let ty = b["instance_type_name"].as_str().unwrap().to_string();
                 if c.no_capacity.contains(&ty) {
-                    return error(400, "instance-operations/launch/insufficient-capacity", "Not enough capacity to fulfill launch request.");
+                    return error(
+                        400,
+                        "instance-operations/launch/insufficient-capacity",
+                        "Not enough capacity to fulfill launch request.",
+                    );
                 }
                 c.next += 1;
                 let id = format!("0920582c7ff04139{:04}", c.next);
@@ -69,10 +107,22 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
                 Response::json(200, json!({"data": {"instance_ids": [id]}}))
             }
             ("POST", "/instance-operations/terminate") => {
-                let ids: Vec<String> = serde_json::from_value(r.json()["instance_ids"].clone()).unwrap();
-                let gone: Vec<Value> = ids.iter().filter_map(|i| c.instances.remove(i).map(|_| json!({"id": i, "status": "terminating"}))).collect();
+                let ids: Vec<String> =
+                    serde_json::from_value(r.json()["instance_ids"].clone()).unwrap();
+                let gone: Vec<Value> = ids
+                    .iter()
+                    .filter_map(|i| {
+                        c.instances
+                            .remove(i)
+                            .map(|_| json!({"id": i, "status": "terminating"}))
+                    })
+                    .collect();
                 if gone.is_empty() {
-                    return error(404, "global/object-does-not-exist", "Specified instance does not exist.");
+                    return error(
+                        404,
+                        "global/object-does-not-exist",
+                        "Specified instance does not exist.",
+                    );
                 }
                 Response::json(200, json!({"data": {"terminated_instances": gone}}))
             }
@@ -80,11 +130,22 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
                 let id = &path["/instances/".len()..];
                 let never = c.never_boots.clone();
                 match c.instances.get_mut(id) {
-                    None => error(404, "global/object-does-not-exist", "Specified instance does not exist."),
+                    None => error(
+                        404,
+                        "global/object-does-not-exist",
+                        "Specified instance does not exist.",
+                    ),
                     Some((ty, polls)) => {
                         *polls += 1;
-                        let status = if *polls > 1 && !never.contains(ty) { "active" } else { "booting" };
-                        Response::json(200, json!({"data": {"id": id, "status": status, "instance_type": {"name": ty}}}))
+                        let status = if *polls > 1 && !never.contains(ty) {
+                            "active"
+                        } else {
+                            "booting"
+                        };
+                        Response::json(
+                            200,
+                            json!({"data": {"id": id, "status": status, "instance_type": {"name": ty}}}),
+                        )
                     }
                 }
             }
@@ -116,12 +177,30 @@ fn lambda_launches_with_the_ticket_in_an_env_file_not_a_command() {
     offers.sort_by(|a, b| a.id.cmp(&b.id));
     // One offer per region with capacity; the 8x A100 has none, the A10 is another GPU.
     let ids: Vec<_> = offers.iter().map(|o| o.id.as_str()).collect();
-    assert_eq!(ids, ["gpu_1x_a100_sxm4@us-east-1", "gpu_1x_a100_sxm4@us-west-2", "gpu_1x_h100_pcie@us-west-3"]);
-    assert_eq!((offers[0].usd_per_hour, offers[0].vram_gib, offers[0].billing), (1.29, 40, Billing::Increment(60)));
+    assert_eq!(
+        ids,
+        [
+            "gpu_1x_a100_sxm4@us-east-1",
+            "gpu_1x_a100_sxm4@us-west-2",
+            "gpu_1x_h100_pcie@us-west-3"
+        ]
+    );
+    assert_eq!(
+        (
+            offers[0].usd_per_hour,
+            offers[0].vram_gib,
+            offers[0].billing
+        ),
+        (1.29, 40, Billing::Increment(60))
+    );
     assert!(offers.iter().all(|o| !o.interruptible));
 
     let node = l.launch(&offers[0], &spec).unwrap();
-    let launch = s.requests().into_iter().find(|r| r.method == "POST").unwrap();
+    let launch = s
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "POST")
+        .unwrap();
     let b = launch.json();
     assert_eq!(b["instance_type_name"], "gpu_1x_a100_sxm4");
     assert_eq!(b["region_name"], "us-east-1");
@@ -129,18 +208,31 @@ fn lambda_launches_with_the_ticket_in_an_env_file_not_a_command() {
     assert_eq!(b["name"], spec.name);
     let ud = b["user_data"].as_str().unwrap();
     assert!(ud.starts_with("#cloud-config\n"), "{ud}");
-    let ticket_line = format!("      TESSERA_WORKER_TICKET={}", spec.worker_ticket.expose());
+    let ticket_line = format!(
+        "      TESSERA_WORKER_TICKET={}",
+        spec.worker_ticket.expose()
+    );
     assert!(ud.lines().any(|l| l == ticket_line), "{ud}");
     assert!(ud.contains("permissions: \"0600\""));
-    assert_eq!(ud.matches(spec.worker_ticket.expose()).count(), 1, "the ticket is only in the env file");
+    assert_eq!(
+        ud.matches(spec.worker_ticket.expose()).count(),
+        1,
+        "the ticket is only in the env file"
+    );
     // The runcmd entry is a YAML flow sequence (JSON): the docker command.
     let run = ud.lines().find(|l| l.starts_with("  - [")).unwrap();
     let argv: Vec<String> = serde_json::from_str(&run[4..]).unwrap();
     assert_eq!(&argv[..2], ["docker", "run"]);
-    assert!(argv.windows(2).any(|w| w == ["--env-file", "/etc/tessera/worker.env"]));
+    assert!(argv
+        .windows(2)
+        .any(|w| w == ["--env-file", "/etc/tessera/worker.env"]));
     assert!(argv.contains(&"registry.example/tessera-worker:0.1".to_string()));
-    assert!(argv.windows(3).any(|w| w == ["worker", "--name", spec.name.as_str()]));
-    assert!(argv.iter().all(|a| !a.contains(spec.worker_ticket.expose())));
+    assert!(argv
+        .windows(3)
+        .any(|w| w == ["worker", "--name", spec.name.as_str()]));
+    assert!(argv
+        .iter()
+        .all(|a| !a.contains(spec.worker_ticket.expose())));
 
     assert_eq!(l.state(&node).unwrap(), NodeState::Starting);
     assert_eq!(l.state(&node).unwrap(), NodeState::Running);
@@ -160,16 +252,27 @@ fn lambda_keeps_to_its_launch_rate_and_honours_429() {
     l.launch(&offers[0], &spec).unwrap();
     // A second launch within the interval is not sent at all.
     match l.launch(&offers[0], &spec) {
-        Err(ProviderError::RateLimited { retry_after: Some(wait) }) => assert!(wait <= Duration::from_secs(60) && !wait.is_zero()),
+        Err(ProviderError::RateLimited {
+            retry_after: Some(wait),
+        }) => assert!(wait <= Duration::from_secs(60) && !wait.is_zero()),
         other => panic!("expected RateLimited, got {other:?}"),
     }
-    let launches = s.requests().iter().filter(|r| r.route().ends_with("/launch")).count();
+    let launches = s
+        .requests()
+        .iter()
+        .filter(|r| r.route().ends_with("/launch"))
+        .count();
     assert_eq!(launches, 1);
     // The server's own 429 and its Retry-After.
     let mut l = lambda(&s, &key, 0.0);
-    cloud.lock().unwrap().fail_next = Some(error(429, "global/too-many-requests", "Too many requests").with_header("Retry-After", "12"));
+    cloud.lock().unwrap().fail_next = Some(
+        error(429, "global/too-many-requests", "Too many requests")
+            .with_header("Retry-After", "12"),
+    );
     match l.launch(&offers[0], &spec) {
-        Err(ProviderError::RateLimited { retry_after }) => assert_eq!(retry_after, Some(Duration::from_secs(12))),
+        Err(ProviderError::RateLimited { retry_after }) => {
+            assert_eq!(retry_after, Some(Duration::from_secs(12)))
+        }
         other => panic!("expected RateLimited, got {other:?}"),
     }
     crate::assert_secrets_kept(&s, &key, &spec);
@@ -181,12 +284,30 @@ fn lambda_errors_are_told_apart_capacity_quota_key() {
     let (spec, key) = (crate::spec("lambda-errors"), crate::key("lambda-errors"));
     let mut l = lambda(&s, &key, 0.0);
     let offers = l.offers().unwrap();
-    let a100 = offers.iter().find(|o| o.id.starts_with("gpu_1x_a100")).unwrap();
-    cloud.lock().unwrap().no_capacity.push("gpu_1x_a100_sxm4".into());
+    let a100 = offers
+        .iter()
+        .find(|o| o.id.starts_with("gpu_1x_a100"))
+        .unwrap();
+    cloud
+        .lock()
+        .unwrap()
+        .no_capacity
+        .push("gpu_1x_a100_sxm4".into());
     assert!(matches!(l.launch(a100, &spec), Err(ProviderError::OfferGone(id)) if id == a100.id));
-    cloud.lock().unwrap().fail_next = Some(error(400, "global/quota-exceeded", "Quota exceeded for instances."));
-    assert!(matches!(l.launch(a100, &spec), Err(ProviderError::Quota(_))));
-    cloud.lock().unwrap().fail_next = Some(error(401, "global/invalid-api-key", "API key was invalid, expired, or deleted."));
+    cloud.lock().unwrap().fail_next = Some(error(
+        400,
+        "global/quota-exceeded",
+        "Quota exceeded for instances.",
+    ));
+    assert!(matches!(
+        l.launch(a100, &spec),
+        Err(ProviderError::Quota(_))
+    ));
+    cloud.lock().unwrap().fail_next = Some(error(
+        401,
+        "global/invalid-api-key",
+        "API key was invalid, expired, or deleted.",
+    ));
     assert!(matches!(l.launch(a100, &spec), Err(ProviderError::Auth(_))));
     crate::assert_secrets_kept(&s, &key, &spec);
 }
@@ -197,13 +318,34 @@ fn lambda_an_instance_that_never_boots_is_terminated_and_another_type_tried() {
     let (spec, key) = (crate::spec("lambda-boot"), crate::key("lambda-boot"));
     let mut l = lambda(&s, &key, 0.0);
     let offers = l.offers().unwrap();
-    cloud.lock().unwrap().never_boots.push("gpu_1x_a100_sxm4".into());
-    let policy = BootPolicy { boot_timeout: Duration::from_millis(300), poll: Duration::from_millis(20), max_attempts: 4 };
-    let booted = launch_until_booted(&mut l, &offers, &spec, policy, &mut Default::default()).unwrap();
+    cloud
+        .lock()
+        .unwrap()
+        .never_boots
+        .push("gpu_1x_a100_sxm4".into());
+    let policy = BootPolicy {
+        boot_timeout: Duration::from_millis(300),
+        poll: Duration::from_millis(20),
+        max_attempts: 4,
+    };
+    let booted =
+        launch_until_booted(&mut l, &offers, &spec, policy, &mut Default::default()).unwrap();
     // Both A100 regions never boot; the H100 does.
     assert_eq!(booted.offer.id, "gpu_1x_h100_pcie@us-west-3");
     assert_eq!(booted.skipped.len(), 2);
-    assert!(booted.skipped.iter().all(|(_, why)| matches!(why, Skipped::NeverBooted(_))));
-    assert_eq!(cloud.lock().unwrap().instances.keys().cloned().collect::<Vec<_>>(), [booted.node.0.clone()]);
+    assert!(booted
+        .skipped
+        .iter()
+        .all(|(_, why)| matches!(why, Skipped::NeverBooted(_))));
+    assert_eq!(
+        cloud
+            .lock()
+            .unwrap()
+            .instances
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        [booted.node.0.clone()]
+    );
     crate::assert_secrets_kept(&s, &key, &spec);
 }

@@ -73,12 +73,28 @@ pub fn assert_secrets_kept(s: &standin::StandIn, key: &Secret, spec: &LaunchSpec
     let requests = s.requests();
     assert!(!requests.is_empty());
     for r in &requests {
-        assert_eq!(r.header("authorization"), Some(format!("Bearer {}", key.expose()).as_str()), "{} {}", r.method, r.path);
-        assert!(!r.path.contains(key.expose()), "the key is in a URL: {}", r.path);
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {}", key.expose()).as_str()),
+            "{} {}",
+            r.method,
+            r.path
+        );
+        assert!(
+            !r.path.contains(key.expose()),
+            "the key is in a URL: {}",
+            r.path
+        );
         assert!(!r.body.contains(key.expose()), "the key is in a body");
-        assert!(!r.path.contains(spec.worker_ticket.expose()), "the ticket is in a URL");
+        assert!(
+            !r.path.contains(spec.worker_ticket.expose()),
+            "the ticket is in a URL"
+        );
     }
     let logs = logs();
-    assert!(!logs.contains(spec.worker_ticket.expose()), "the ticket was logged");
+    assert!(
+        !logs.contains(spec.worker_ticket.expose()),
+        "the ticket was logged"
+    );
     assert!(!logs.contains(key.expose()), "the API key was logged");
 }

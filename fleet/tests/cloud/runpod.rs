@@ -44,7 +44,10 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
         let mut c = c.lock().unwrap();
         assert_eq!((r.method.as_str(), r.route()), ("POST", "/graphql"));
         let b = r.json();
-        let (q, vars) = (b["query"].as_str().unwrap().to_string(), b["variables"].clone());
+        let (q, vars) = (
+            b["query"].as_str().unwrap().to_string(),
+            b["variables"].clone(),
+        );
         if q.contains("gpuTypes") {
             return Response::json(200, gpu_types());
         }
@@ -54,16 +57,26 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
             }
             let gpu = vars["input"]["gpuTypeId"].as_str().unwrap().to_string();
             if c.gone.contains(&gpu) {
-                return Response::json(200, json!({"errors": [{"message":
+                return Response::json(
+                    200,
+                    json!({"errors": [{"message":
                     "There are no longer any instances available with the requested specifications. Please refresh and try again."}],
-                    "data": null}));
+                    "data": null}),
+                );
             }
             c.next += 1;
             let id = format!("pod{:04}xyz", c.next);
             c.pods.insert(id.clone(), (gpu, "RUNNING".into(), 0));
-            let field = if q.contains("podRentInterruptable") { "podRentInterruptable" } else { "podFindAndDeployOnDemand" };
-            return Response::json(200, json!({"data": {field: {"id": id, "desiredStatus": "RUNNING",
-                "imageName": vars["input"]["imageName"], "machineId": "m1"}}}));
+            let field = if q.contains("podRentInterruptable") {
+                "podRentInterruptable"
+            } else {
+                "podFindAndDeployOnDemand"
+            };
+            return Response::json(
+                200,
+                json!({"data": {field: {"id": id, "desiredStatus": "RUNNING",
+                "imageName": vars["input"]["imageName"], "machineId": "m1"}}}),
+            );
         }
         if q.contains("podTerminate") {
             let id = vars["input"]["podId"].as_str().unwrap();
@@ -75,7 +88,10 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
             return match c.pods.get_mut(id) {
                 Some(p) => {
                     p.1 = "EXITED".into();
-                    Response::json(200, json!({"data": {"podStop": {"id": id, "desiredStatus": "EXITED"}}}))
+                    Response::json(
+                        200,
+                        json!({"data": {"podStop": {"id": id, "desiredStatus": "EXITED"}}}),
+                    )
                 }
                 None => Response::json(200, json!({"errors": [{"message": "pod not found"}]})),
             };
@@ -88,12 +104,22 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
                 Some((gpu, status, polls)) => {
                     *polls += 1;
                     let up = *polls > 1 && !never.contains(gpu) && status == "RUNNING";
-                    let runtime = if up { json!({"uptimeInSeconds": 5}) } else { Value::Null };
-                    Response::json(200, json!({"data": {"pod": {"id": id, "desiredStatus": status, "runtime": runtime}}}))
+                    let runtime = if up {
+                        json!({"uptimeInSeconds": 5})
+                    } else {
+                        Value::Null
+                    };
+                    Response::json(
+                        200,
+                        json!({"data": {"pod": {"id": id, "desiredStatus": status, "runtime": runtime}}}),
+                    )
                 }
             };
         }
-        Response::json(200, json!({"errors": [{"message": format!("unknown query {q}")}]}))
+        Response::json(
+            200,
+            json!({"errors": [{"message": format!("unknown query {q}")}]}),
+        )
     });
     (s, cloud)
 }
@@ -118,20 +144,42 @@ fn runpod_deploys_the_image_with_the_ticket_only_in_env() {
     let mut p = runpod(&s, &key, false);
     let offers = p.offers().unwrap();
     // H100 has no price now (none to rent); the A4000 has 16 GB.
-    let ids: Vec<_> = offers.iter().map(|o| (o.id.as_str(), o.usd_per_hour)).collect();
-    assert_eq!(ids, [("NVIDIA GeForce RTX 4090", 0.69), ("NVIDIA A100 80GB PCIe", 1.64)]);
+    let ids: Vec<_> = offers
+        .iter()
+        .map(|o| (o.id.as_str(), o.usd_per_hour))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("NVIDIA GeForce RTX 4090", 0.69),
+            ("NVIDIA A100 80GB PCIe", 1.64)
+        ]
+    );
     assert_eq!(s.requests()[0].json()["variables"], json!({"gpuCount": 1}));
     let node = p.launch(&offers[0], &spec).unwrap();
-    let deploy = s.requests().into_iter().rfind(|r| r.body.contains("podFindAndDeployOnDemand")).unwrap();
+    let deploy = s
+        .requests()
+        .into_iter()
+        .rfind(|r| r.body.contains("podFindAndDeployOnDemand"))
+        .unwrap();
     let input = &deploy.json()["variables"]["input"];
     assert_eq!(input["imageName"], "registry.example/tessera-worker:0.1");
     assert_eq!(input["gpuTypeId"], "NVIDIA GeForce RTX 4090");
     assert_eq!(input["gpuCount"], 1);
     assert_eq!(input["cloudType"], "SECURE");
-    assert_eq!(input["env"][0], json!({"key": "TESSERA_WORKER_TICKET", "value": spec.worker_ticket.expose()}));
+    assert_eq!(
+        input["env"][0],
+        json!({"key": "TESSERA_WORKER_TICKET", "value": spec.worker_ticket.expose()})
+    );
     assert_eq!(input["env"][1], json!({"key": "RUST_LOG", "value": "info"}));
     let args = input["dockerArgs"].as_str().unwrap();
-    assert_eq!(args, format!("'worker' '--name' '{}' '--slots' 'auto' '--interruptible'", spec.name));
+    assert_eq!(
+        args,
+        format!(
+            "'worker' '--name' '{}' '--slots' 'auto' '--interruptible'",
+            spec.name
+        )
+    );
     assert!(input.get("bidPerGpu").is_none());
     assert_eq!(deploy.body.matches(spec.worker_ticket.expose()).count(), 1);
 
@@ -153,7 +201,11 @@ fn runpod_spot_pods_bid_per_gpu() {
     let offers = p.offers().unwrap();
     assert!((offers[0].usd_per_hour - 0.21).abs() < 1e-9, "{offers:?}"); // 0.20 + 5 %
     p.launch(&offers[0], &spec).unwrap();
-    let rent = s.requests().into_iter().rfind(|r| r.body.contains("podRentInterruptable")).unwrap();
+    let rent = s
+        .requests()
+        .into_iter()
+        .rfind(|r| r.body.contains("podRentInterruptable"))
+        .unwrap();
     let input = &rent.json()["variables"]["input"];
     assert!((input["bidPerGpu"].as_f64().unwrap() - 0.21).abs() < 1e-9);
     assert_eq!(input["env"][0]["value"], spec.worker_ticket.expose());
@@ -166,15 +218,31 @@ fn runpod_errors_are_told_apart_gone_quota_rate_limited() {
     let (spec, key) = (crate::spec("runpod-errors"), crate::key("runpod-errors"));
     let mut p = runpod(&s, &key, false);
     let offers = p.offers().unwrap();
-    cloud.lock().unwrap().gone.push("NVIDIA GeForce RTX 4090".into());
-    assert!(matches!(p.launch(&offers[0], &spec), Err(ProviderError::OfferGone(_))));
-    cloud.lock().unwrap().fail_next = Some(Response::json(200, json!({"errors": [{"message":
-        "Your account balance is too low to deploy this pod."}]})));
-    assert!(matches!(p.launch(&offers[1], &spec), Err(ProviderError::Quota(_))));
-    cloud.lock().unwrap().fail_next =
-        Some(Response::json(429, json!({"error": "too many requests"})).with_header("Retry-After", "3"));
+    cloud
+        .lock()
+        .unwrap()
+        .gone
+        .push("NVIDIA GeForce RTX 4090".into());
+    assert!(matches!(
+        p.launch(&offers[0], &spec),
+        Err(ProviderError::OfferGone(_))
+    ));
+    cloud.lock().unwrap().fail_next = Some(Response::json(
+        200,
+        json!({"errors": [{"message":
+        "Your account balance is too low to deploy this pod."}]}),
+    ));
+    assert!(matches!(
+        p.launch(&offers[1], &spec),
+        Err(ProviderError::Quota(_))
+    ));
+    cloud.lock().unwrap().fail_next = Some(
+        Response::json(429, json!({"error": "too many requests"})).with_header("Retry-After", "3"),
+    );
     match p.launch(&offers[1], &spec) {
-        Err(ProviderError::RateLimited { retry_after }) => assert_eq!(retry_after, Some(Duration::from_secs(3))),
+        Err(ProviderError::RateLimited { retry_after }) => {
+            assert_eq!(retry_after, Some(Duration::from_secs(3)))
+        }
         other => panic!("expected RateLimited, got {other:?}"),
     }
     crate::assert_secrets_kept(&s, &key, &spec);
@@ -186,11 +254,32 @@ fn runpod_a_pod_that_never_boots_is_terminated_and_another_gpu_type_tried() {
     let (spec, key) = (crate::spec("runpod-boot"), crate::key("runpod-boot"));
     let mut p = runpod(&s, &key, false);
     let offers = p.offers().unwrap();
-    cloud.lock().unwrap().never_boots.push("NVIDIA GeForce RTX 4090".into());
-    let policy = BootPolicy { boot_timeout: Duration::from_millis(300), poll: Duration::from_millis(20), max_attempts: 3 };
-    let booted = launch_until_booted(&mut p, &offers, &spec, policy, &mut Default::default()).unwrap();
+    cloud
+        .lock()
+        .unwrap()
+        .never_boots
+        .push("NVIDIA GeForce RTX 4090".into());
+    let policy = BootPolicy {
+        boot_timeout: Duration::from_millis(300),
+        poll: Duration::from_millis(20),
+        max_attempts: 3,
+    };
+    let booted =
+        launch_until_booted(&mut p, &offers, &spec, policy, &mut Default::default()).unwrap();
     assert_eq!(booted.offer.id, "NVIDIA A100 80GB PCIe");
-    assert!(matches!(booted.skipped.as_slice(), [(_, Skipped::NeverBooted(_))]));
-    assert_eq!(cloud.lock().unwrap().pods.keys().cloned().collect::<Vec<_>>(), [booted.node.0.clone()]);
+    assert!(matches!(
+        booted.skipped.as_slice(),
+        [(_, Skipped::NeverBooted(_))]
+    ));
+    assert_eq!(
+        cloud
+            .lock()
+            .unwrap()
+            .pods
+            .keys()
+            .cloned()
+            .collect::<Vec<_>>(),
+        [booted.node.0.clone()]
+    );
     crate::assert_secrets_kept(&s, &key, &spec);
 }

@@ -22,11 +22,19 @@ pub struct Request {
 
 impl Request {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("{} {}: body is not JSON ({e}): {}", self.method, self.path, self.body))
+        serde_json::from_str(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "{} {}: body is not JSON ({e}): {}",
+                self.method, self.path, self.body
+            )
+        })
     }
 
     /// The path without its query.
@@ -43,7 +51,11 @@ pub struct Response {
 
 impl Response {
     pub fn json(status: u16, body: Value) -> Response {
-        Response { status, headers: vec![("Content-Type".into(), "application/json".into())], body: body.to_string() }
+        Response {
+            status,
+            headers: vec![("Content-Type".into(), "application/json".into())],
+            body: body.to_string(),
+        }
     }
 
     pub fn with_header(mut self, k: &str, v: &str) -> Response {
@@ -54,7 +66,11 @@ impl Response {
     /// A body of lines (a Kubernetes watch stream).
     pub fn lines(status: u16, lines: &[Value]) -> Response {
         let body: String = lines.iter().map(|l| format!("{l}\n")).collect();
-        Response { status, headers: vec![("Content-Type".into(), "application/json".into())], body }
+        Response {
+            status,
+            headers: vec![("Content-Type".into(), "application/json".into())],
+            body,
+        }
     }
 }
 
@@ -67,7 +83,10 @@ pub struct StandIn {
 
 impl StandIn {
     /// Serves `handler` on 127.0.0.1:0 until the test process ends.
-    pub fn start(prefix: &str, handler: impl Fn(&Request) -> Response + Send + Sync + 'static) -> StandIn {
+    pub fn start(
+        prefix: &str,
+        handler: impl Fn(&Request) -> Response + Send + Sync + 'static,
+    ) -> StandIn {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}{prefix}", listener.local_addr().unwrap());
         let requests = Arc::new(Mutex::new(Vec::new()));
@@ -93,7 +112,11 @@ impl StandIn {
         self.requests()
             .iter()
             .map(|r| {
-                let h: String = r.headers.iter().map(|(k, v)| format!("{k}: {v}\n")).collect();
+                let h: String = r
+                    .headers
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {v}\n"))
+                    .collect();
                 format!("{} {}\n{h}\n{}\n", r.method, r.path, r.body)
             })
             .collect()
@@ -110,7 +133,10 @@ fn serve(conn: TcpStream, seen: &Mutex<Vec<Request>>, handler: &Handler) {
             return;
         }
         let mut parts = line.split_whitespace();
-        let (method, path) = (parts.next().unwrap_or("").to_string(), parts.next().unwrap_or("").to_string());
+        let (method, path) = (
+            parts.next().unwrap_or("").to_string(),
+            parts.next().unwrap_or("").to_string(),
+        );
         let mut headers = Vec::new();
         let mut length = 0usize;
         loop {
@@ -133,10 +159,19 @@ fn serve(conn: TcpStream, seen: &Mutex<Vec<Request>>, handler: &Handler) {
         if reader.read_exact(&mut body).is_err() {
             return;
         }
-        let request = Request { method, path, headers, body: String::from_utf8_lossy(&body).into_owned() };
+        let request = Request {
+            method,
+            path,
+            headers,
+            body: String::from_utf8_lossy(&body).into_owned(),
+        };
         let response = handler(&request);
         seen.lock().unwrap().push(request);
-        let mut out = format!("HTTP/1.1 {} X\r\nContent-Length: {}\r\n", response.status, response.body.len());
+        let mut out = format!(
+            "HTTP/1.1 {} X\r\nContent-Length: {}\r\n",
+            response.status,
+            response.body.len()
+        );
         for (k, v) in &response.headers {
             out.push_str(&format!("{k}: {v}\r\n"));
         }

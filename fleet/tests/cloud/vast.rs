@@ -38,7 +38,10 @@ fn offers() -> Value {
 }
 
 fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
-    let cloud = Arc::new(Mutex::new(Cloud { next: 9000, ..Default::default() }));
+    let cloud = Arc::new(Mutex::new(Cloud {
+        next: 9000,
+        ..Default::default()
+    }));
     let c = cloud.clone();
     let s = StandIn::start("/api/v0", move |r: &Request| {
         let mut c = c.lock().unwrap();
@@ -49,12 +52,18 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
             ("PUT", ["asks", ask]) => {
                 if let Some((status, body, retry)) = c.fail_next.take() {
                     let resp = Response::json(status, body);
-                    return match retry { Some(s) => resp.with_header("Retry-After", s), None => resp };
+                    return match retry {
+                        Some(s) => resp.with_header("Retry-After", s),
+                        None => resp,
+                    };
                 }
                 let ask: u64 = ask.parse().unwrap();
                 if c.gone.contains(&ask) {
-                    return Response::json(400, json!({"success": false, "error": "no_such_ask",
-                        "msg": format!("error 404/3603: no_such_ask  Instance type by id {ask} is not available.")}));
+                    return Response::json(
+                        400,
+                        json!({"success": false, "error": "no_such_ask",
+                        "msg": format!("error 404/3603: no_such_ask  Instance type by id {ask} is not available.")}),
+                    );
                 }
                 c.next += 1;
                 let id = c.next;
@@ -76,8 +85,11 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
                         };
                         let shown = status.clone();
                         *status = next;
-                        Response::json(200, json!({"instances": {"id": id, "actual_status": shown,
-                            "intended_status": "running", "cur_state": "running", "gpu_name": "RTX 4090"}}))
+                        Response::json(
+                            200,
+                            json!({"instances": {"id": id, "actual_status": shown,
+                            "intended_status": "running", "cur_state": "running", "gpu_name": "RTX 4090"}}),
+                        )
                     }
                 }
             }
@@ -88,17 +100,24 @@ fn stand_in() -> (StandIn, Arc<Mutex<Cloud>>) {
                         *s = json!("running");
                         Response::json(200, json!({"success": true}))
                     }
-                    None => Response::json(404, json!({"success": false, "error": "no_such_instance"})),
+                    None => {
+                        Response::json(404, json!({"success": false, "error": "no_such_instance"}))
+                    }
                 }
             }
             ("DELETE", ["instances", id]) => {
                 let id: u64 = id.parse().unwrap();
                 match c.instances.remove(&id) {
                     Some(_) => Response::json(200, json!({"success": true})),
-                    None => Response::json(404, json!({"success": false, "error": "no_such_instance"})),
+                    None => {
+                        Response::json(404, json!({"success": false, "error": "no_such_instance"}))
+                    }
                 }
             }
-            _ => Response::json(404, json!({"success": false, "error": "not_found", "msg": route})),
+            _ => Response::json(
+                404,
+                json!({"success": false, "error": "not_found", "msg": route}),
+            ),
         }
     });
     (s, cloud)
@@ -124,25 +143,58 @@ fn vast_rents_the_cheapest_fitting_ask_with_the_ticket_only_in_env() {
     let mut v = vast(&s, &key, false);
     let offers = v.offers().unwrap();
     // 102 is another GPU, 103 costs $3/GPU-hour.
-    assert_eq!(offers.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(), ["101", "104"]);
-    assert_eq!((offers[0].gpu.as_str(), offers[0].vram_gib, offers[0].usd_per_hour), ("RTX 4090", 24, 0.40));
+    assert_eq!(
+        offers.iter().map(|o| o.id.as_str()).collect::<Vec<_>>(),
+        ["101", "104"]
+    );
+    assert_eq!(
+        (
+            offers[0].gpu.as_str(),
+            offers[0].vram_gib,
+            offers[0].usd_per_hour
+        ),
+        ("RTX 4090", 24, 0.40)
+    );
     let search = &s.requests()[0];
-    assert_eq!((search.method.as_str(), search.route()), ("POST", "/api/v0/bundles/"));
+    assert_eq!(
+        (search.method.as_str(), search.route()),
+        ("POST", "/api/v0/bundles/")
+    );
     let q = search.json();
     assert_eq!(q["gpu_name"], json!({"in": ["RTX 4090"]}));
     assert_eq!(q["type"], "on-demand");
     assert_eq!(q["gpu_ram"], json!({"gte": 20 * 1024}));
 
     let node = v.launch(&offers[0], &spec).unwrap();
-    let create = s.requests().into_iter().find(|r| r.method == "PUT").unwrap();
+    let create = s
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "PUT")
+        .unwrap();
     assert_eq!(create.route(), "/api/v0/asks/101/");
     let b = create.json();
     assert_eq!(b["image"], "registry.example/tessera-worker:0.1");
     assert_eq!(b["runtype"], "args");
-    assert_eq!(b["env"]["TESSERA_WORKER_TICKET"], spec.worker_ticket.expose());
+    assert_eq!(
+        b["env"]["TESSERA_WORKER_TICKET"],
+        spec.worker_ticket.expose()
+    );
     assert_eq!(b["env"]["RUST_LOG"], "info");
-    assert_eq!(b["args"], json!(["worker", "--name", spec.name, "--slots", "auto", "--interruptible"]));
-    assert!(b.get("price").is_none(), "an on-demand instance has no bid: {b}");
+    assert_eq!(
+        b["args"],
+        json!([
+            "worker",
+            "--name",
+            spec.name,
+            "--slots",
+            "auto",
+            "--interruptible"
+        ])
+    );
+    assert!(
+        b.get("price").is_none(),
+        "an on-demand instance has no bid: {b}"
+    );
     let ticket_places = create.body.matches(spec.worker_ticket.expose()).count();
     assert_eq!(ticket_places, 1, "the ticket is only the env value");
     assert!(!b["args"].to_string().contains(spec.worker_ticket.expose()));
@@ -169,14 +221,22 @@ fn vast_bids_for_interruptible_and_an_outbid_instance_is_paused_then_resumes() {
     assert!((offers[0].usd_per_hour - 0.22).abs() < 1e-9, "{offers:?}");
     assert_eq!(s.requests()[0].json()["type"], "bid");
     let node = v.launch(&offers[0], &spec).unwrap();
-    let create = s.requests().into_iter().find(|r| r.method == "PUT").unwrap();
+    let create = s
+        .requests()
+        .into_iter()
+        .find(|r| r.method == "PUT")
+        .unwrap();
     assert!((create.json()["price"].as_f64().unwrap() - 0.22).abs() < 1e-9);
     // Outbid: Vast.ai stops the container and keeps its disk.
     let id: u64 = node.0.parse().unwrap();
     cloud.lock().unwrap().instances.get_mut(&id).unwrap().1 = json!("stopped");
     assert_eq!(v.state(&node).unwrap(), NodeState::Paused);
     v.change_bid(&node, 0.30).unwrap();
-    let bid = s.requests().into_iter().rfind(|r| r.route().contains("bid_price")).unwrap();
+    let bid = s
+        .requests()
+        .into_iter()
+        .rfind(|r| r.route().contains("bid_price"))
+        .unwrap();
     assert_eq!(bid.route(), format!("/api/v0/instances/bid_price/{id}/"));
     assert_eq!(bid.json(), json!({"client_id": "me", "price": 0.30}));
     assert_eq!(v.state(&node).unwrap(), NodeState::Running);
@@ -191,16 +251,50 @@ fn vast_errors_are_told_apart_gone_quota_rate_limited() {
     let mut v = vast(&s, &key, false);
     let offers = v.offers().unwrap();
     cloud.lock().unwrap().gone.push(101);
-    assert!(matches!(v.launch(&offers[0], &spec), Err(ProviderError::OfferGone(id)) if id == "101"));
-    cloud.lock().unwrap().fail_next = Some((402, json!({"success": false, "error": "insufficient_credit",
-        "msg": "Your account lacks credit; see the billing page."}), None));
-    assert!(matches!(v.launch(&offers[1], &spec), Err(ProviderError::Quota(_))));
-    cloud.lock().unwrap().fail_next = Some((429, json!({"detail": "API requests too frequent"}), Some("7")));
+    assert!(
+        matches!(v.launch(&offers[0], &spec), Err(ProviderError::OfferGone(id)) if id == "101")
+    );
+    cloud.lock().unwrap().fail_next = Some((
+        402,
+        json!({"success": false, "error": "insufficient_credit",
+        "msg": "Your account lacks credit; see the billing page."}),
+        None,
+    ));
+    assert!(matches!(
+        v.launch(&offers[1], &spec),
+        Err(ProviderError::Quota(_))
+    ));
+    cloud.lock().unwrap().fail_next = Some((
+        429,
+        json!({"detail": "API requests too frequent"}),
+        Some("7"),
+    ));
     match v.launch(&offers[1], &spec) {
-        Err(ProviderError::RateLimited { retry_after }) => assert_eq!(retry_after, Some(Duration::from_secs(7))),
+        Err(ProviderError::RateLimited { retry_after }) => {
+            assert_eq!(retry_after, Some(Duration::from_secs(7)))
+        }
         other => panic!("expected RateLimited, got {other:?}"),
     }
-    assert!(matches!(v.state(&NodeId("424242".into())), Ok(NodeState::Gone)));
+    // A provider echoing the request in its error does not carry the
+    // ticket into the fleet's error (and so its log).
+    let echo = format!(
+        "invalid env {{\"TESSERA_WORKER_TICKET\": \"{}\"}}",
+        spec.worker_ticket.expose()
+    );
+    cloud.lock().unwrap().fail_next = Some((
+        400,
+        json!({"success": false, "error": "invalid_args", "msg": echo}),
+        None,
+    ));
+    let e = v.launch(&offers[1], &spec).unwrap_err().to_string();
+    assert!(
+        !e.contains(spec.worker_ticket.expose()) && e.contains("[ticket]"),
+        "{e}"
+    );
+    assert!(matches!(
+        v.state(&NodeId("424242".into())),
+        Ok(NodeState::Gone)
+    ));
     crate::assert_secrets_kept(&s, &key, &spec);
 }
 
@@ -211,8 +305,13 @@ fn vast_an_instance_that_never_boots_is_destroyed_and_the_next_ask_rented() {
     let mut v = vast(&s, &key, false);
     let offers = v.offers().unwrap();
     cloud.lock().unwrap().never_boots.push(101);
-    let policy = BootPolicy { boot_timeout: Duration::from_millis(300), poll: Duration::from_millis(20), max_attempts: 3 };
-    let booted = launch_until_booted(&mut v, &offers, &spec, policy, &mut Default::default()).unwrap();
+    let policy = BootPolicy {
+        boot_timeout: Duration::from_millis(300),
+        poll: Duration::from_millis(20),
+        max_attempts: 3,
+    };
+    let booted =
+        launch_until_booted(&mut v, &offers, &spec, policy, &mut Default::default()).unwrap();
     assert_eq!(booted.offer.id, "104");
     assert!(matches!(booted.skipped.as_slice(), [(id, Skipped::NeverBooted(_))] if id == "101"));
     // The one that never booted was destroyed; only the booted one is billed.
