@@ -94,7 +94,7 @@ fn a_node_marked_for_preemption_has_its_workers_drained_and_their_tasks_requeued
         "--tiles",
         "4x4",
         "--samples",
-        "256",
+        "64",
         "--json",
     ]);
     let job = job["id"].as_u64().unwrap();
