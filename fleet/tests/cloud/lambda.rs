@@ -345,7 +345,7 @@ fn lambda_an_instance_that_never_boots_is_terminated_and_another_type_tried() {
             .keys()
             .cloned()
             .collect::<Vec<_>>(),
-        [booted.node.0.clone()]
+        vec![booted.node.0.clone()]
     );
     crate::assert_secrets_kept(&s, &key, &spec);
 }

@@ -279,7 +279,7 @@ fn paperspace_a_machine_that_never_boots_is_deleted_and_another_type_tried() {
     let c = cloud.lock().unwrap();
     assert_eq!(
         c.machines.keys().cloned().collect::<Vec<_>>(),
-        [booted.node.0.clone()]
+        vec![booted.node.0.clone()]
     );
     assert_eq!(c.scripts.len(), 1);
     drop(c);

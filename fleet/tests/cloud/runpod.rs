@@ -279,7 +279,7 @@ fn runpod_a_pod_that_never_boots_is_terminated_and_another_gpu_type_tried() {
             .keys()
             .cloned()
             .collect::<Vec<_>>(),
-        [booted.node.0.clone()]
+        vec![booted.node.0.clone()]
     );
     crate::assert_secrets_kept(&s, &key, &spec);
 }
