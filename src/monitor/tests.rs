@@ -86,14 +86,11 @@ fn job(id: u64, name: &str, state: JobState) -> JobStatus {
         eta_secs: None,
         paused: false,
         verification: None,
-<<<<<<< HEAD
         after: Vec::new(),
         after_failure: Default::default(),
         waiting_for: Vec::new(),
-=======
         deadline_unix_ms: None,
         budget_usd: None,
->>>>>>> issue-15a
     }
 }
 

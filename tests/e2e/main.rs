@@ -14,6 +14,7 @@ mod faithful;
 mod faults;
 mod finishing;
 mod fleet;
+mod fleet_preempt;
 mod formats;
 mod harness;
 mod hostile;
