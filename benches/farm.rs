@@ -31,7 +31,11 @@
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
 mod harness;
+#[path = "../tests/e2e/requires.rs"]
+#[allow(dead_code)]
+mod requires;
 #[path = "../tests/e2e/wan.rs"]
+#[allow(unused)]
 mod wan;
 
 use std::path::Path;
