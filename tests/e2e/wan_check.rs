@@ -2,7 +2,6 @@
 //! faster than its round-trip time or its rate (lower bounds only, which
 //! no load can break), and drops about the share of packets asked for.
 
-use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
