@@ -35,4 +35,5 @@ mod trust;
 mod unreal;
 mod unreal_dedupe;
 mod wan;
+mod wan_check;
 mod wan_faults;
