@@ -168,7 +168,9 @@ impl Client {
                 after_worker,
             };
             match self.call(&request).await? {
-                ClientResponse::StatusPage { workers: w, more, .. } => {
+                ClientResponse::StatusPage {
+                    workers: w, more, ..
+                } => {
                     after_worker = w.last().map_or(after_worker, |s| s.id);
                     let empty = w.is_empty();
                     workers.extend(w);

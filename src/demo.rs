@@ -198,7 +198,11 @@ pub async fn run(
         progress: true,
     };
     let waited = crate::follow::wait(&ticket, Some(client), &[submitted.id], &opts).await?;
-    let (status, files) = waited.jobs.into_iter().next().context("the demo job vanished")?;
+    let (status, files) = waited
+        .jobs
+        .into_iter()
+        .next()
+        .context("the demo job vanished")?;
     if status.state != JobState::Done {
         bail!(
             "the demo job ended {}: {}",

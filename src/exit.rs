@@ -76,10 +76,11 @@ pub fn is_unreachable(e: &anyhow::Error) -> bool {
             return true;
         }
         if let Some(t) = cause.downcast_ref::<TransportError>() {
-            return matches!(
-                t,
-                TransportError::Connect { .. } | TransportError::Lost(_)
-            ) || matches!(t, TransportError::Codec(CodecError::Closed | CodecError::Io(_)));
+            return matches!(t, TransportError::Connect { .. } | TransportError::Lost(_))
+                || matches!(
+                    t,
+                    TransportError::Codec(CodecError::Closed | CodecError::Io(_))
+                );
         }
         if let Some(c) = cause.downcast_ref::<CodecError>() {
             return matches!(c, CodecError::Closed | CodecError::Io(_));

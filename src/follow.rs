@@ -141,7 +141,10 @@ pub async fn wait(
         if let Some(p) = &mut progress {
             p.show(&followed);
         }
-        if followed.iter().all(|f| f.status.as_ref().is_some_and(|s| s.state.is_final())) {
+        if followed
+            .iter()
+            .all(|f| f.status.as_ref().is_some_and(|s| s.state.is_final()))
+        {
             if let Some(p) = &mut progress {
                 p.finish();
             }
@@ -220,7 +223,13 @@ pub fn output_dir(template: &Path, job: &JobStatus) -> PathBuf {
     let mut name: String = job
         .name
         .chars()
-        .map(|c| if c == '/' || c == '\\' || c.is_control() { '_' } else { c })
+        .map(|c| {
+            if c == '/' || c == '\\' || c.is_control() {
+                '_'
+            } else {
+                c
+            }
+        })
         .collect();
     if name.starts_with('.') || name.is_empty() {
         name.insert(0, '_');
@@ -334,9 +343,17 @@ impl FrameWriter {
     }
 
     /// Writes every frame of `frames` not written yet.
-    pub async fn write(&mut self, client: &mut Client, frames: &[FrameOutput]) -> anyhow::Result<()> {
+    pub async fn write(
+        &mut self,
+        client: &mut Client,
+        frames: &[FrameOutput],
+    ) -> anyhow::Result<()> {
         for f in frames {
-            if self.written.get(&f.frame).is_some_and(|(d, _)| *d == f.digest) {
+            if self
+                .written
+                .get(&f.frame)
+                .is_some_and(|(d, _)| *d == f.digest)
+            {
                 continue;
             }
             let dest = self.dir.join(file_name(f));

@@ -910,7 +910,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             ticket,
         } => {
             if !wait && (output.is_some() || timeout.is_some()) {
-                let what = if output.is_some() { "--output" } else { "--timeout" };
+                let what = if output.is_some() {
+                    "--output"
+                } else {
+                    "--timeout"
+                };
                 return Err(exit::usage(format!(
                     "{what} needs --wait (submit returns at once without it; use `tessera wait JOB {what} …` later)"
                 )));
@@ -1091,7 +1095,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 anyhow::bail!(
                     "no connected worker is named `{}` (connected: {})",
                     shown::text(&worker),
-                    if names.is_empty() { "none".into() } else { names.join(", ") }
+                    if names.is_empty() {
+                        "none".into()
+                    } else {
+                        names.join(", ")
+                    }
                 );
             }
             for (id, shown) in ids {
@@ -1125,7 +1133,11 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 if json {
                     println!("{}", report::job_json(&status));
                 } else {
-                    println!("job {job} is {} again: {}", status.state.name(), follow::progress_line(&status));
+                    println!(
+                        "job {job} is {} again: {}",
+                        status.state.name(),
+                        follow::progress_line(&status)
+                    );
                 }
                 return Ok(0);
             }
@@ -1315,12 +1327,16 @@ fn parse_since(text: &str) -> Result<u64, String> {
         .map_or(0, |d| d.as_millis() as u64);
     if t.len() < 10 || t.as_bytes().get(4) != Some(&b'-') {
         let ago = parse_duration(t).map_err(|_| {
-            format!("`{text}`: give a duration ago (2h, 30m, 7d) or a UTC time (2026-12-01T09:30:00Z)")
+            format!(
+                "`{text}`: give a duration ago (2h, 30m, 7d) or a UTC time (2026-12-01T09:30:00Z)"
+            )
         })?;
         return Ok(now.saturating_sub(ago.as_millis() as u64));
     }
     parse_utc(t).ok_or_else(|| {
-        format!("`{text}` is not a time: expected 2026-12-01, 2026-12-01T09:30 or 2026-12-01T09:30:00Z")
+        format!(
+            "`{text}` is not a time: expected 2026-12-01, 2026-12-01T09:30 or 2026-12-01T09:30:00Z"
+        )
     })
 }
 
@@ -1353,7 +1369,11 @@ fn parse_utc(t: &str) -> Option<u64> {
             return None;
         }
         secs = h * 3600 + min * 60 + sec;
-        if let Some(z) = zone.strip_prefix('+').map(|z| (1, z)).or(zone.strip_prefix('-').map(|z| (-1, z))) {
+        if let Some(z) = zone
+            .strip_prefix('+')
+            .map(|z| (1, z))
+            .or(zone.strip_prefix('-').map(|z| (-1, z)))
+        {
             let (sign, z) = z;
             let (oh, om) = z.split_once(':').unwrap_or((z.get(..2)?, z.get(2..)?));
             offset = sign * (num(oh)? * 3600 + num(om)? * 60);
@@ -1669,7 +1689,11 @@ fn default_worker_name() -> anyhow::Result<(String, PathBuf, std::fs::File)> {
     use std::os::fd::AsRawFd;
     let host = host_name();
     for n in 1..=64u32 {
-        let name = if n == 1 { host.clone() } else { format!("{host}-{n}") };
+        let name = if n == 1 {
+            host.clone()
+        } else {
+            format!("{host}-{n}")
+        };
         let dir = default_cache_dir(&name);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create the cache folder {}", dir.display()))?;
@@ -1685,7 +1709,9 @@ fn default_worker_name() -> anyhow::Result<(String, PathBuf, std::fs::File)> {
             return Ok((name, dir, lock));
         }
     }
-    anyhow::bail!("64 workers without --name already run on this machine; pass --name and --cache-dir")
+    anyhow::bail!(
+        "64 workers without --name already run on this machine; pass --name and --cache-dir"
+    )
 }
 
 fn default_cache_dir(name: &str) -> PathBuf {
@@ -1705,7 +1731,10 @@ mod tests {
         assert_eq!(parse_utc("1970-01-02"), Some(86_400_000));
         assert_eq!(parse_utc("2026-12-01T09:30:00Z"), Some(1_796_117_400_000));
         assert_eq!(parse_utc("2026-12-01T09:30"), Some(1_796_117_400_000));
-        assert_eq!(parse_utc("2026-12-01T10:30:00+01:00"), Some(1_796_117_400_000));
+        assert_eq!(
+            parse_utc("2026-12-01T10:30:00+01:00"),
+            Some(1_796_117_400_000)
+        );
         assert_eq!(parse_utc("2000-02-29T00:00:00Z"), Some(951_782_400_000));
         for bad in ["2026-13-01", "2026-12-01T25:00", "2026-12-01X", "2026-1-1"] {
             assert!(parse_since(bad).is_err(), "{bad}");
@@ -1714,8 +1743,13 @@ mod tests {
         let hour_ago = parse_since("1h").unwrap();
         assert!(now - hour_ago >= 3_599_000 && now - hour_ago <= 3_601_000);
         assert!(parse_since("soon").is_err());
-        assert_eq!(parse_states("active").unwrap().0, vec![JobState::Queued, JobState::Running]);
-        assert!(parse_states("paused").unwrap_err().contains("not a job state"));
+        assert_eq!(
+            parse_states("active").unwrap().0,
+            vec![JobState::Queued, JobState::Running]
+        );
+        assert!(parse_states("paused")
+            .unwrap_err()
+            .contains("not a job state"));
     }
 
     #[test]

@@ -200,8 +200,10 @@ pub fn print_detail(d: &tessera_protocol::messages::JobDetail, json: bool) {
         v["attempts"] = json!(d
             .attempts
             .iter()
-            .map(|a| json!({"task": a.task, "frame": a.frame, "worker": a.worker,
-                            "worker_name": a.worker_name, "unix_ms": a.unix_ms, "error": a.error}))
+            .map(
+                |a| json!({"task": a.task, "frame": a.frame, "worker": a.worker,
+                            "worker_name": a.worker_name, "unix_ms": a.unix_ms, "error": a.error})
+            )
             .collect::<Vec<_>>());
         v["attempts_total"] = json!(d.attempts_total);
         v["workers"] = json!(d
@@ -350,7 +352,11 @@ pub fn print_waited(
                 print_final(s, files, None, false);
                 if s.state != JobState::Done && !files.is_empty() {
                     if let Some(dir) = files.first().and_then(|f| f.parent()) {
-                        println!("{} finished frames written to {}", files.len(), dir.display());
+                        println!(
+                            "{} finished frames written to {}",
+                            files.len(),
+                            dir.display()
+                        );
                     }
                 }
             }

@@ -9,8 +9,7 @@ use std::collections::{BTreeMap, VecDeque};
 
 use crossterm::event::{KeyCode, KeyEvent, KeyEventKind, KeyModifiers};
 use tessera_protocol::messages::{
-    JobState,
-    FarmEvent, JobStatus, Snapshot, TileState, TileStatus, WorkerStatus,
+    FarmEvent, JobState, JobStatus, Snapshot, TileState, TileStatus, WorkerStatus,
 };
 
 /// How many log lines the monitor keeps.
@@ -315,7 +314,9 @@ impl App {
         // queued or finished one (the first in order is the busiest).
         let follow = !self.pinned
             && selected.is_none_or(|j| j.state != JobState::Running || j.paused)
-            && s.jobs.first().is_some_and(|j| j.state == JobState::Running && !j.paused);
+            && s.jobs
+                .first()
+                .is_some_and(|j| j.state == JobState::Running && !j.paused);
         if selected.is_none() || follow {
             self.selected_job = s.jobs.first().map(|j| j.id);
         }

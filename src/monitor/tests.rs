@@ -968,19 +968,29 @@ fn running_jobs_come_first_and_the_tiles_follow_them_unless_pinned() {
     app.update(Msg::Link(Link::Connected));
     app.update(Msg::Snapshot(history(4)));
     let order: Vec<u64> = app.jobs().iter().map(|j| j.id).collect();
-    assert_eq!(order, [4, 3, 2, 1], "running first, then the newest finished");
+    assert_eq!(
+        order,
+        [4, 3, 2, 1],
+        "running first, then the newest finished"
+    );
     assert_eq!(app.selected_job, Some(4));
     // Job 4 ends and job 5 starts: the tiles move on to job 5.
     let cmd = app.update(Msg::Snapshot(history(5)));
     assert_eq!(app.selected_job, Some(5));
     assert!(
-        matches!(cmd, Some(Command::FetchFrames { job: 5 } | Command::FetchTiles { job: 5, .. })),
+        matches!(
+            cmd,
+            Some(Command::FetchFrames { job: 5 } | Command::FetchTiles { job: 5, .. })
+        ),
         "{cmd:?}"
     );
     let text = screen_text(&draw(&app, 100, 30));
     let running = text.find("shot_005").unwrap();
     let finished = text.find("shot_001").unwrap();
-    assert!(running < finished, "the running job is listed first:\n{text}");
+    assert!(
+        running < finished,
+        "the running job is listed first:\n{text}"
+    );
     // The user picks a finished job: it stays, pinned, while job 6 runs.
     app.update(key(KeyCode::Down));
     assert_eq!(app.selected_job, Some(4));

@@ -558,7 +558,11 @@ fn render_mosaic(app: &App, frame: &mut Frame, area: Rect) {
             m.frame,
             m.tiles.len(),
             j.name,
-            if app.pinned { " · pinned (f follows)" } else { "" }
+            if app.pinned {
+                " · pinned (f follows)"
+            } else {
+                ""
+            }
         );
     }
     let block = pane_block(&title, false);

@@ -76,9 +76,20 @@ fn every_exit_code_means_what_the_readme_says() {
     // 2: bad usage, before anything is uploaded.
     let out = farm.run(&["submit", scene_s, "--output", "frames"]);
     assert_eq!(code(&out), USAGE, "{}", stderr(&out));
-    assert!(stderr(&out).contains("--output needs --wait"), "{}", stderr(&out));
-    assert_eq!(farm.json(&["status", "--json"])["jobs"], serde_json::json!([]));
-    for args in [&["wait"][..], &["status", "--state", "paused"], &["wait", "1", "--timeout", "soon"]] {
+    assert!(
+        stderr(&out).contains("--output needs --wait"),
+        "{}",
+        stderr(&out)
+    );
+    assert_eq!(
+        farm.json(&["status", "--json"])["jobs"],
+        serde_json::json!([])
+    );
+    for args in [
+        &["wait"][..],
+        &["status", "--state", "paused"],
+        &["wait", "1", "--timeout", "soon"],
+    ] {
         let out = farm.run(args);
         assert_eq!(code(&out), USAGE, "{args:?}: {}", stderr(&out));
     }
@@ -89,22 +100,44 @@ fn every_exit_code_means_what_the_readme_says() {
     let out = farm.run(&["wait", &queued.to_string(), "--timeout", "1s", "--json"]);
     assert_eq!(code(&out), TIMED_OUT, "{}", stderr(&out));
     let v = json_of(&out);
-    assert_eq!((v["timed_out"].clone(), v["state"].clone()), (true.into(), "queued".into()));
+    assert_eq!(
+        (v["timed_out"].clone(), v["state"].clone()),
+        (true.into(), "queued".into())
+    );
 
     // 4: canceled.
-    farm.json(&["cancel", &queued.to_string()]);
+    assert!(farm.run(&["cancel", &queued.to_string()]).status.success());
     let out = farm.run(&["wait", &queued.to_string()]);
     assert_eq!(code(&out), CANCELED, "{}", stderr(&out));
 
     // 1: a reused request id with another submit is refused, naming the
     // job; the same submit again gets the same job.
-    let first = submit(&farm, &scene, &["--frames", "1", "--request-id", "r-1", "--name", "sh020"]);
-    let again = submit(&farm, &scene, &["--frames", "1", "--request-id", "r-1", "--name", "sh020"]);
+    let first = submit(
+        &farm,
+        &scene,
+        &["--frames", "1", "--request-id", "r-1", "--name", "sh020"],
+    );
+    let again = submit(
+        &farm,
+        &scene,
+        &["--frames", "1", "--request-id", "r-1", "--name", "sh020"],
+    );
     assert_eq!(first, again);
-    let out = farm.run(&["submit", scene_s, "--frames", "2", "--request-id", "r-1", "--name", "sh020"]);
+    let out = farm.run(&[
+        "submit",
+        scene_s,
+        "--frames",
+        "2",
+        "--request-id",
+        "r-1",
+        "--name",
+        "sh020",
+    ]);
     assert_eq!(code(&out), ERROR, "{}", stderr(&out));
     assert!(
-        stderr(&out).contains(&format!("request id `r-1` was already used for job {first}")),
+        stderr(&out).contains(&format!(
+            "request id `r-1` was already used for job {first}"
+        )),
         "{}",
         stderr(&out)
     );
@@ -112,7 +145,11 @@ fn every_exit_code_means_what_the_readme_says() {
     // 3: a job whose every render fails; 0: a job that renders; several
     // jobs: the worst of them.
     let dir = farm.dir.clone();
-    let broken = submit(&farm, &broken_scene(&dir), &["--frames", "1", "--name", "sh030"]);
+    let broken = submit(
+        &farm,
+        &broken_scene(&dir),
+        &["--frames", "1", "--name", "sh030"],
+    );
     farm.add_worker("w1");
     let out = farm.run(&["wait", &first.to_string(), "--json"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
@@ -130,11 +167,17 @@ fn every_exit_code_means_what_the_readme_says() {
     let d = farm.status(broken);
     assert_eq!(d["attempts_total"], 3, "{d}");
     assert!(
-        (d["attempts"].as_array().unwrap().iter())
-            .all(|a| a["error"].as_str().unwrap().contains("wood.png") && a["frame"] == 1),
+        (d["attempts"].as_array().unwrap().iter()).all(|a| a["error"]
+            .as_str()
+            .unwrap()
+            .contains("wood.png")
+            && a["frame"] == 1),
         "{d}"
     );
-    assert_eq!(d["frames"], serde_json::json!([{"first": 1, "last": 1, "count": 1, "state": "waiting"}]));
+    assert_eq!(
+        d["frames"],
+        serde_json::json!([{"first": 1, "last": 1, "count": 1, "state": "waiting"}])
+    );
     let d = farm.status(first);
     assert_eq!(d["frames"][0]["state"], "done", "{d}");
     assert_eq!(d["workers"][0]["name"], "w1", "{d}");
@@ -155,7 +198,10 @@ fn every_exit_code_means_what_the_readme_says() {
     assert_eq!(ids(&["--state", "finished", "--name", "sh020"]), [first]);
     assert_eq!(ids(&["--name", "sh0?0", "--state", "done"]), [first]);
     assert_eq!(ids(&["--name", "sh*"]), [queued, first, broken]);
-    assert_eq!(ids(&[&broken.to_string(), &queued.to_string()]), [queued, broken]);
+    assert_eq!(
+        ids(&[&broken.to_string(), &queued.to_string()]),
+        [queued, broken]
+    );
     assert_eq!(ids(&["--since", "1h"]).len(), 3);
     assert_eq!(ids(&["--since", "2999-01-01"]), Vec::<u64>::new());
 
@@ -163,7 +209,11 @@ fn every_exit_code_means_what_the_readme_says() {
     farm.kill_coordinator();
     let out = farm.run(&["status"]);
     assert_eq!(code(&out), UNREACHABLE, "{}", stderr(&out));
-    assert!(stderr(&out).contains("cannot reach the coordinator"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("cannot reach the coordinator"),
+        "{}",
+        stderr(&out)
+    );
 }
 
 /// The frame files in `dir` with their inode and modification time.
@@ -197,7 +247,14 @@ fn frames_arrive_as_they_finish_and_a_coordinator_restart_loses_none() {
     let out_dir = farm.dir.join("frames");
     // Six whole frames, one after another on the one worker.
     let mut client = tessera()
-        .args(["submit", scene.to_str().unwrap(), "--frames", "1-6", "--samples", "48"])
+        .args([
+            "submit",
+            scene.to_str().unwrap(),
+            "--frames",
+            "1-6",
+            "--samples",
+            "4",
+        ])
         .args(["--name", "stream", "--wait", "--json", "--output"])
         .arg(&out_dir)
         .env("TESSERA_TICKET", farm.client_ticket())
@@ -217,7 +274,10 @@ fn frames_arrive_as_they_finish_and_a_coordinator_restart_loses_none() {
     };
     let status = farm.json(&["status", "--json", "--name", "stream"]);
     let job = &status["jobs"][0];
-    assert_ne!(job["state"], "done", "the job ended before its first frame showed: {job}");
+    assert_ne!(
+        job["state"], "done",
+        "the job ended before its first frame showed: {job}"
+    );
     assert!(job["frames_done"].as_u64().unwrap() < 6, "{job}");
     let id = job["id"].as_u64().unwrap();
 
@@ -228,9 +288,13 @@ fn frames_arrive_as_they_finish_and_a_coordinator_restart_loses_none() {
     let done = client.wait_with_output_deadline(Duration::from_secs(180));
     assert_eq!(code(&done), 0, "{}", stderr(&done));
     let v = json_of(&done);
-    assert_eq!((v["id"].as_u64(), v["state"].as_str()), (Some(id), Some("done")), "{v}");
+    assert_eq!(
+        (v["id"].as_u64(), v["state"].as_str()),
+        (Some(id), Some("done")),
+        "{v}"
+    );
     assert_eq!(v["files"].as_array().unwrap().len(), 6, "{v}");
-    assert_frames_match_reference_samples(&out_dir, &scene, &[1, 2, 3, 4, 5, 6], 48);
+    assert_frames_match_reference_samples(&out_dir, &scene, &[1, 2, 3, 4, 5, 6], 4);
     // Written once: what was on disk before the restart was never
     // replaced (same inode, same modification time).
     let after = frame_files(&out_dir);
@@ -257,8 +321,16 @@ impl WaitDeadline for std::process::Child {
         let mut stdout = Vec::new();
         let mut stderr = Vec::new();
         use std::io::Read;
-        self.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
-        self.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+        self.stdout
+            .take()
+            .unwrap()
+            .read_to_end(&mut stdout)
+            .unwrap();
+        self.stderr
+            .take()
+            .unwrap()
+            .read_to_end(&mut stderr)
+            .unwrap();
         Output {
             status: self.wait().unwrap(),
             stdout,
@@ -273,28 +345,47 @@ fn a_canceled_jobs_finished_frames_come_with_partial_and_progress_goes_to_stderr
     farm.add_worker("w1");
     farm.wait_workers(1);
     let scene = scenes().join("demo.scene.json");
-    let id = submit(&farm, &scene, &["--frames", "1-8", "--samples", "48", "--name", "long"]);
-    farm.wait_for(id, "two frames", |s| s["frames_done"].as_u64().unwrap() >= 2);
-    farm.json(&["cancel", &id.to_string()]);
+    let id = submit(
+        &farm,
+        &scene,
+        &["--frames", "1-8", "--samples", "4", "--name", "long"],
+    );
+    farm.wait_for(id, "two frames", |s| {
+        s["frames_done"].as_u64().unwrap() >= 2
+    });
+    assert!(farm.run(&["cancel", &id.to_string()]).status.success());
     let out_dir = farm.dir.join("partial");
     let out_s = out_dir.to_str().unwrap();
     let out = farm.run(&["wait", &id.to_string(), "--output", out_s, "--partial"]);
     assert_eq!(code(&out), CANCELED, "{}", stderr(&out));
     let got = frame_files(&out_dir).len() as u64;
     let done = farm.status(id)["frames_done"].as_u64().unwrap();
-    assert!(got >= 2 && got == done, "{got} frames written of {done} done");
+    assert!(
+        got >= 2 && got == done,
+        "{got} frames written of {done} done"
+    );
     // Without --partial nothing is fetched.
-    let out = farm.run(&["wait", &id.to_string(), "--output", farm.dir.join("none").to_str().unwrap()]);
+    let out = farm.run(&[
+        "wait",
+        &id.to_string(),
+        "--output",
+        farm.dir.join("none").to_str().unwrap(),
+    ]);
     assert_eq!(code(&out), CANCELED);
     assert!(frame_files(&farm.dir.join("none")).is_empty());
 
     // Progress: stderr is a pipe here, so a line, not a bar.
-    let job = submit(&farm, &scene, &["--frames", "1-2", "--samples", "8", "--name", "lines"]);
+    let job = submit(
+        &farm,
+        &scene,
+        &["--frames", "1", "--samples", "1", "--name", "lines"],
+    );
     let out = farm.run(&["wait", &job.to_string()]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let text = stderr(&out);
     assert!(
-        text.lines().any(|l| l.starts_with(&format!("job {job} (lines): "))),
+        text.lines()
+            .any(|l| l.starts_with(&format!("job {job} (lines): "))),
         "{text}"
     );
     assert!(!text.contains('\r'), "{text:?}");
@@ -307,7 +398,11 @@ fn drain_takes_a_worker_name_and_an_idle_worker_leaves_at_once() {
     farm.wait_workers(1);
     let out = farm.run(&["drain", "nobody"]);
     assert_eq!(code(&out), ERROR);
-    assert!(stderr(&out).contains("no connected worker is named `nobody`"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("no connected worker is named `nobody`"),
+        "{}",
+        stderr(&out)
+    );
     let out = farm.run(&["drain", "render-a"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let status = farm.wait_worker_exit(w, Duration::from_secs(10));
@@ -320,16 +415,22 @@ fn drain_takes_a_worker_name_and_an_idle_worker_leaves_at_once() {
 fn the_readmes_three_shot_script_runs() {
     let mut farm = Farm::start("t14b-readme", &[]);
     farm.add_worker("w1");
-    let readme = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md"))
-        .unwrap();
-    let start = readme.find("# three_shots.sh").expect("the script in the README");
+    let readme =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let start = readme
+        .find("# three_shots.sh")
+        .expect("the script in the README");
     let start = readme[..start].rfind("```bash\n").unwrap() + "```bash\n".len();
     let script = &readme[start..start + readme[start..].find("```").unwrap()];
     let work = farm.dir.join("script");
     std::fs::create_dir_all(&work).unwrap();
     std::fs::write(work.join("three_shots.sh"), script).unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_tessera")).parent().unwrap();
-    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap_or_default());
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let run = || {
         std::process::Command::new("bash")
             .arg("three_shots.sh")
@@ -341,7 +442,13 @@ fn the_readmes_three_shot_script_runs() {
             .unwrap()
     };
     let out = run();
-    assert_eq!(code(&out), 0, "{}{}", String::from_utf8_lossy(&out.stdout), stderr(&out));
+    assert_eq!(
+        code(&out),
+        0,
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        stderr(&out)
+    );
     let scene = scenes().join("textured.scene.json");
     for shot in ["sh010", "sh020", "sh030"] {
         assert_frames_match_reference(&work.join("shots").join(shot), &scene, &[1, 2, 3, 4]);
@@ -349,7 +456,13 @@ fn the_readmes_three_shot_script_runs() {
     // Run again: the same jobs (request ids), nothing rendered twice.
     let again = run();
     assert_eq!(code(&again), 0, "{}", stderr(&again));
-    assert_eq!(farm.json(&["status", "--json"])["jobs"].as_array().unwrap().len(), 3);
+    assert_eq!(
+        farm.json(&["status", "--json"])["jobs"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
 }
 
 #[test]
@@ -363,8 +476,8 @@ fn retry_puts_a_failed_job_back_and_it_finishes_on_a_healthy_worker() {
     }
     farm.wait_workers(3);
     let scene = scenes().join("textured.scene.json");
-    let id = submit(&farm, &scene, &["--frames", "1-2", "--name", "retry-me"]);
-    let out = farm.run(&["wait", &id.to_string()]);
+    let id = submit(&farm, &scene, &["--frames", "1", "--name", "retry-me"]);
+    let out = farm.run(&["wait", &id.to_string(), "--timeout", "120s"]);
     assert_eq!(code(&out), FAILED, "{}", stderr(&out));
     // A done or canceled job is not retried; an unknown one neither.
     let out = farm.run(&["retry", "999"]);
@@ -375,12 +488,25 @@ fn retry_puts_a_failed_job_back_and_it_finishes_on_a_healthy_worker() {
     let out = farm.run(&["retry", &id.to_string(), "--wait", "--json"]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
     let v = json_of(&out);
-    assert_eq!((v["state"].as_str(), v["error"].is_null()), (Some("done"), true), "{v}");
+    assert_eq!(
+        (v["state"].as_str(), v["error"].is_null()),
+        (Some("done"), true),
+        "{v}"
+    );
     let out_dir = farm.dir.join("retried");
-    let out = farm.run(&["wait", &id.to_string(), "--output", out_dir.to_str().unwrap()]);
+    let out = farm.run(&[
+        "wait",
+        &id.to_string(),
+        "--output",
+        out_dir.to_str().unwrap(),
+    ]);
     assert_eq!(code(&out), 0, "{}", stderr(&out));
-    assert_frames_match_reference(&out_dir, &scene, &[1, 2]);
+    assert_frames_match_reference(&out_dir, &scene, &[1]);
     let out = farm.run(&["retry", &id.to_string()]);
     assert_eq!(code(&out), ERROR);
-    assert!(stderr(&out).contains("only a failed job can be retried"), "{}", stderr(&out));
+    assert!(
+        stderr(&out).contains("only a failed job can be retried"),
+        "{}",
+        stderr(&out)
+    );
 }
