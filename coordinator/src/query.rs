@@ -55,7 +55,12 @@ pub fn jobs_page(
                     status
                 }
             };
-            if filter.matches(status.id, status.state, &status.name, status.submitted_unix_ms) {
+            if filter.matches(
+                status.id,
+                status.state,
+                &status.name,
+                status.submitted_unix_ms,
+            ) {
                 matched.push(status);
             }
         }

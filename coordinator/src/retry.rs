@@ -29,9 +29,13 @@ pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> anyhow::Result<JobStatus> 
                 "job {id} is {}: only a failed job can be retried (submit it again instead)",
                 stored.state.name()
             ),
-            _ => bail!("job {id} is still {}; nothing to retry", stored.state.name()),
+            _ => bail!(
+                "job {id} is still {}; nothing to retry",
+                stored.state.name()
+            ),
         }
-        if let Some(m) = (stored.spec.manifest.iter()).find(|m| shared.store.has(&m.digest).is_none())
+        if let Some(m) =
+            (stored.spec.manifest.iter()).find(|m| shared.store.has(&m.digest).is_none())
         {
             bail!(
                 "job {id}'s file `{}` was removed by garbage collection (the job finished more than --retention ago); submit it again",

@@ -678,7 +678,11 @@ impl JobFilter {
                 "a status filter names at most {MAX_FILTER_IDS} job ids"
             ));
         }
-        if self.name.as_ref().is_some_and(|n| n.len() > crate::text::MAX_NAME * 4) {
+        if self
+            .name
+            .as_ref()
+            .is_some_and(|n| n.len() > crate::text::MAX_NAME * 4)
+        {
             return Err(format!(
                 "a name pattern is at most {} bytes",
                 crate::text::MAX_NAME * 4
@@ -880,7 +884,10 @@ mod page_tests {
         assert!(!f.matches(1, JobState::Failed, "env", 1000));
         assert!(!f.matches(1, JobState::Failed, "sh010", 999));
         assert!(JobFilter::default().matches(7, JobState::Queued, "x", 0));
-        let ids = JobFilter { ids: vec![3, 5], ..Default::default() };
+        let ids = JobFilter {
+            ids: vec![3, 5],
+            ..Default::default()
+        };
         assert!(ids.matches(5, JobState::Done, "x", 0) && !ids.matches(4, JobState::Done, "x", 0));
     }
 

@@ -36,7 +36,10 @@ impl FarmCore {
         let workers = self.worker_statuses(now);
         // Folded from +0.0: an empty f64 `sum()` is -0.0, which the
         // monitor showed as `idle $-0.00/h` with every worker busy.
-        let burn: f64 = workers.iter().map(|w| w.price_per_hour).fold(0.0, |a, b| a + b);
+        let burn: f64 = workers
+            .iter()
+            .map(|w| w.price_per_hour)
+            .fold(0.0, |a, b| a + b);
         let idle: f64 = workers
             .iter()
             .filter(|w| w.state == WorkerState::Idle)
