@@ -14,6 +14,10 @@
 //! can be downloaded here. `api/openapi.json` describes every route; a test
 //! checks it against this file's [`ROUTES`].
 
+// A refused request's early answer is a `Response` in an `Err`, made once
+// per request: its size does not matter.
+#![allow(clippy::result_large_err)]
+
 pub mod metrics;
 
 use std::convert::Infallible;
