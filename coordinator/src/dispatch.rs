@@ -13,7 +13,9 @@ pub(crate) async fn dispatcher(shared: Arc<Shared>) {
     loop {
         let deadline = shared.update(|core, now| core.dispatch(now));
         if let Some(at) = woken.take() {
-            shared.metrics.observe_dispatch(std::time::Instant::elapsed(&at));
+            shared
+                .metrics
+                .observe_dispatch(std::time::Instant::elapsed(&at));
         }
         // While anything runs, look again every heartbeat: a task may have
         // become a straggler.

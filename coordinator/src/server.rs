@@ -419,7 +419,11 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             );
             std::fs::write(dir.join("http.url"), format!("{url}\n"))
                 .with_context(|| format!("cannot write {}", dir.join("http.url").display()))?;
-            tasks.spawn(crate::http::serve(shared.clone(), listener, crate::http::tls(&identity)?));
+            tasks.spawn(crate::http::serve(
+                shared.clone(),
+                listener,
+                crate::http::tls(&identity)?,
+            ));
             tracing::info!(%addr, %url, "http api listening");
             Some(addr)
         }

@@ -165,7 +165,10 @@ fn catch_up(shared: &Shared, since_ms: u64) -> anyhow::Result<()> {
 
 fn blocked(shared: &Shared) -> anyhow::Result<()> {
     let jobs: Vec<JobStatus> = shared.read(|core, now| core.snapshot(now).jobs);
-    for j in jobs.iter().filter(|j| j.blocked.is_some() && !j.state.is_final()) {
+    for j in jobs
+        .iter()
+        .filter(|j| j.blocked.is_some() && !j.state.is_final())
+    {
         enqueue(
             shared,
             &format!("job.blocked:{}", j.id),
@@ -236,11 +239,10 @@ async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
             "INSERT OR IGNORE INTO webhook_meta (k, v) VALUES ('since_ms', ?1)",
             params![unix_ms() as i64],
         )?;
-        db.conn().query_row(
-            "SELECT v FROM webhook_meta WHERE k = 'since_ms'",
-            [],
-            |r| r.get::<_, i64>(0),
-        )? as u64
+        db.conn()
+            .query_row("SELECT v FROM webhook_meta WHERE k = 'since_ms'", [], |r| {
+                r.get::<_, i64>(0)
+            })? as u64
     };
     catch_up(shared, since_ms)?;
     let mut tick = tokio::time::interval(TICK);

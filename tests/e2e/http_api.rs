@@ -102,10 +102,8 @@ fn python_client_drives_every_endpoint_of_a_real_farm() {
     let out = run_python(
         &farm,
         &[
-            "-m",
-            "unittest",
-            "-v",
             repo().join("python/tests/test_client.py").to_str().unwrap(),
+            "-v",
         ],
         &work,
     );
@@ -120,14 +118,26 @@ fn readme_python_three_shot_script_runs() {
     python();
     let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
     let start = "<!-- three-shot.py -->\n```python\n";
-    let begin = readme.find(start).expect("README has the Python three-shot script") + start.len();
+    let begin = readme
+        .find(start)
+        .expect("README has the Python three-shot script")
+        + start.len();
     let script = &readme[begin..begin + readme[begin..].find("```").unwrap()];
     let mut farm = Farm::start("t14a-three", &["--http"]);
     farm.add_worker_with("w1", &["--engine", "builtin"]);
     farm.add_worker_with("w2", &["--engine", "builtin"]);
     farm.wait_workers(2);
     let work = farm.dir.join("studio");
-    std::fs::create_dir_all(work.join("shots")).unwrap();
+    std::fs::create_dir_all(work.join("shots/textures")).unwrap();
+    for texture in std::fs::read_dir(scenes().join("textures")).unwrap() {
+        let texture = texture.unwrap().path();
+        std::fs::copy(
+            &texture,
+            work.join("shots/textures")
+                .join(texture.file_name().unwrap()),
+        )
+        .unwrap();
+    }
     for shot in ["sh010", "sh020", "sh030"] {
         std::fs::copy(
             scenes().join("demo.scene.json"),
@@ -281,9 +291,11 @@ fn webhooks_arrive_once_each_across_an_outage_and_a_restart() {
     );
     let job = farm.submit_demo_frame("1x1");
     // Blocked (no worker): queued, then refused with 503 and retried.
-    wait_until("retries of the blocked event", Duration::from_secs(30), || {
-        seen.lock().unwrap().len() >= 3
-    });
+    wait_until(
+        "retries of the blocked event",
+        Duration::from_secs(30),
+        || seen.lock().unwrap().len() >= 3,
+    );
     // A full outage: nothing listens; the coordinator dies and comes back.
     let (port, seen) = receiver.shut();
     farm.kill_coordinator();
@@ -295,7 +307,12 @@ fn webhooks_arrive_once_each_across_an_outage_and_a_restart() {
     std::thread::sleep(Duration::from_millis(300));
     let receiver = Receiver::start(port, 200, seen.clone());
     wait_until("both events delivered", Duration::from_secs(60), || {
-        seen.lock().unwrap().iter().filter(|d| d.answered == 200).count() >= 2
+        seen.lock()
+            .unwrap()
+            .iter()
+            .filter(|d| d.answered == 200)
+            .count()
+            >= 2
     });
     // Nothing more comes: no duplicate after the delivery is recorded.
     std::thread::sleep(Duration::from_millis(1500));
@@ -305,13 +322,20 @@ fn webhooks_arrive_once_each_across_an_outage_and_a_restart() {
     let key = ring::hmac::Key::new(ring::hmac::HMAC_SHA256, SECRET.as_bytes());
     let mut delivered: Vec<(String, String)> = Vec::new();
     for d in &seen {
-        let hex = d.signature.strip_prefix("sha256=").expect("sha256= signature");
+        let hex = d
+            .signature
+            .strip_prefix("sha256=")
+            .expect("sha256= signature");
         let tag: Vec<u8> = (0..hex.len() / 2)
             .map(|i| u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap())
             .collect();
         ring::hmac::verify(&key, &d.body, &tag).expect("a valid HMAC-SHA256 signature");
         let body: Value = serde_json::from_slice(&d.body).unwrap();
-        assert_eq!(body["id"].to_string(), d.id, "the body carries the event id");
+        assert_eq!(
+            body["id"].to_string(),
+            d.id,
+            "the body carries the event id"
+        );
         assert_eq!(body["type"], d.kind);
         assert_eq!(body["job"], job);
         if d.answered == 200 {
@@ -320,7 +344,10 @@ fn webhooks_arrive_once_each_across_an_outage_and_a_restart() {
     }
     delivered.sort();
     assert_eq!(
-        delivered.iter().map(|(_, k)| k.as_str()).collect::<Vec<_>>(),
+        delivered
+            .iter()
+            .map(|(_, k)| k.as_str())
+            .collect::<Vec<_>>(),
         ["job.blocked", "job.done"],
         "each event delivered exactly once: {seen:#?}"
     );

@@ -46,109 +46,107 @@ pub(crate) async fn handle(
     uploaded: &AtomicU64,
 ) -> anyhow::Result<ClientResponse> {
     Ok(match request {
-            ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
-                digests
-                    .into_iter()
-                    .filter(|d| !shared.store.touch(d))
-                    .collect(),
-            ),
-            ClientRequest::KnownLists(lists) => {
-                let store = shared.store.clone();
-                ClientResponse::Known(
-                    tokio::task::spawn_blocking(move || {
-                        lists.iter().map(|l| store.file_of_list(l)).collect()
-                    })
-                    .await?,
-                )
+        ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
+            digests
+                .into_iter()
+                .filter(|d| !shared.store.touch(d))
+                .collect(),
+        ),
+        ClientRequest::KnownLists(lists) => {
+            let store = shared.store.clone();
+            ClientResponse::Known(
+                tokio::task::spawn_blocking(move || {
+                    lists.iter().map(|l| store.file_of_list(l)).collect()
+                })
+                .await?,
+            )
+        }
+        ClientRequest::Assemble(list) => {
+            let store = shared.store.clone();
+            match tokio::task::spawn_blocking(move || store.assemble_list(&list)).await? {
+                Ok(file) => ClientResponse::Assembled(file),
+                Err(e) => ClientResponse::Error(e.to_string()),
             }
-            ClientRequest::Assemble(list) => {
-                let store = shared.store.clone();
-                match tokio::task::spawn_blocking(move || store.assemble_list(&list)).await? {
-                    Ok(file) => ClientResponse::Assembled(file),
-                    Err(e) => ClientResponse::Error(e.to_string()),
-                }
+        }
+        ClientRequest::CollectGarbage => {
+            let shared = shared.clone();
+            match tokio::task::spawn_blocking(move || collect_garbage(&shared)).await? {
+                Ok(c) => ClientResponse::Collected(c),
+                Err(e) => ClientResponse::Error(format!("garbage collection failed: {e:#}")),
             }
-            ClientRequest::CollectGarbage => {
-                let shared = shared.clone();
-                match tokio::task::spawn_blocking(move || collect_garbage(&shared)).await? {
-                    Ok(c) => ClientResponse::Collected(c),
-                    Err(e) => ClientResponse::Error(format!("garbage collection failed: {e:#}")),
-                }
-            }
-            ClientRequest::Submit(spec) => {
-                let _gc = crate::server::relock(&shared.gc);
-                match submit(shared, spec, uploaded.swap(0, Ordering::Relaxed)) {
-                    Ok(status) => ClientResponse::Submitted(status),
-                    Err(e) => ClientResponse::Error(format!("{e:#}")),
-                }
-            }
-            ClientRequest::AddBuild(digest) => {
-                let shared = shared.clone();
-                let unix_ms = shared.now().unix_ms;
-                match tokio::task::spawn_blocking(move || add_build(&shared, digest, unix_ms))
-                    .await?
-                {
-                    Ok(info) => ClientResponse::BuildAdded(info),
-                    Err(e) => ClientResponse::Error(format!("{e:#}")),
-                }
-            }
-            ClientRequest::Builds => {
-                let shared = shared.clone();
-                match tokio::task::spawn_blocking(move || list_builds(&shared)).await? {
-                    Ok(builds) => ClientResponse::Builds(builds),
-                    Err(e) => ClientResponse::Error(format!("{e:#}")),
-                }
-            }
-            ClientRequest::Status(job) => status(shared, job),
-            ClientRequest::Cancel(id) => cancel(shared, id),
-            ClientRequest::Frames(id) => frames(shared, id),
-            ClientRequest::Logs { job, task } => logs(shared, job, task),
-            ClientRequest::Tiles { job, frame } => tiles(shared, job, frame),
-            ClientRequest::Pause { job, paused } => {
-                if shared.update(|core, now| core.pause(job, paused, now)) {
-                    ClientResponse::Done
-                } else {
-                    ClientResponse::Error(format!("job {job} is not queued or running"))
-                }
-            }
-            ClientRequest::Drain { worker } => {
-                if shared.update(|core, _| core.drain(worker)) {
-                    ClientResponse::Done
-                } else {
-                    ClientResponse::Error(format!("no worker {worker} is connected"))
-                }
-            }
-            ClientRequest::RevokeWorker { name } => revoke(shared, &name).await,
-            ClientRequest::RotateTickets => rotate_tickets(shared),
-            ClientRequest::Scan {
-                blend,
-                path,
-                version,
-            } => super::scan::scan(shared, blend, path, version).await,
-            ClientRequest::Subscribe => {
-                ClientResponse::Error("a feed is asked for on a session of its own".into())
-            }
-            ClientRequest::StatusPage {
-                after_job,
-                after_worker,
-            } => status_page(shared, after_job, after_worker),
-            ClientRequest::LogsPage { job, task, after } => logs_page(shared, job, task, after),
-            ClientRequest::FramesPage { job, after } => frames_page(shared, job, after),
-            ClientRequest::Retry(id) => match crate::retry::retry(shared, id) {
-                Ok(status) => ClientResponse::Retried(status),
+        }
+        ClientRequest::Submit(spec) => {
+            let _gc = crate::server::relock(&shared.gc);
+            match submit(shared, spec, uploaded.swap(0, Ordering::Relaxed)) {
+                Ok(status) => ClientResponse::Submitted(status),
                 Err(e) => ClientResponse::Error(format!("{e:#}")),
-            },
-            ClientRequest::JobDetail(id) => match crate::query::job_detail(shared, id) {
-                Ok(Some(detail)) => ClientResponse::JobDetail(Box::new(detail)),
-                Ok(None) => ClientResponse::Error(format!("no job {id} on this coordinator")),
-                Err(e) => ClientResponse::Error(format!("{e:#}")),
-            },
-            ClientRequest::JobsPage { filter, after } => {
-                match crate::query::jobs_page(shared, &filter, after) {
-                    Ok((jobs, next)) => ClientResponse::JobsPage { jobs, next },
-                    Err(e) => ClientResponse::Error(format!("{e:#}")),
-                }
             }
+        }
+        ClientRequest::AddBuild(digest) => {
+            let shared = shared.clone();
+            let unix_ms = shared.now().unix_ms;
+            match tokio::task::spawn_blocking(move || add_build(&shared, digest, unix_ms)).await? {
+                Ok(info) => ClientResponse::BuildAdded(info),
+                Err(e) => ClientResponse::Error(format!("{e:#}")),
+            }
+        }
+        ClientRequest::Builds => {
+            let shared = shared.clone();
+            match tokio::task::spawn_blocking(move || list_builds(&shared)).await? {
+                Ok(builds) => ClientResponse::Builds(builds),
+                Err(e) => ClientResponse::Error(format!("{e:#}")),
+            }
+        }
+        ClientRequest::Status(job) => status(shared, job),
+        ClientRequest::Cancel(id) => cancel(shared, id),
+        ClientRequest::Frames(id) => frames(shared, id),
+        ClientRequest::Logs { job, task } => logs(shared, job, task),
+        ClientRequest::Tiles { job, frame } => tiles(shared, job, frame),
+        ClientRequest::Pause { job, paused } => {
+            if shared.update(|core, now| core.pause(job, paused, now)) {
+                ClientResponse::Done
+            } else {
+                ClientResponse::Error(format!("job {job} is not queued or running"))
+            }
+        }
+        ClientRequest::Drain { worker } => {
+            if shared.update(|core, _| core.drain(worker)) {
+                ClientResponse::Done
+            } else {
+                ClientResponse::Error(format!("no worker {worker} is connected"))
+            }
+        }
+        ClientRequest::RevokeWorker { name } => revoke(shared, &name).await,
+        ClientRequest::RotateTickets => rotate_tickets(shared),
+        ClientRequest::Scan {
+            blend,
+            path,
+            version,
+        } => super::scan::scan(shared, blend, path, version).await,
+        ClientRequest::Subscribe => {
+            ClientResponse::Error("a feed is asked for on a session of its own".into())
+        }
+        ClientRequest::StatusPage {
+            after_job,
+            after_worker,
+        } => status_page(shared, after_job, after_worker),
+        ClientRequest::LogsPage { job, task, after } => logs_page(shared, job, task, after),
+        ClientRequest::FramesPage { job, after } => frames_page(shared, job, after),
+        ClientRequest::Retry(id) => match crate::retry::retry(shared, id) {
+            Ok(status) => ClientResponse::Retried(status),
+            Err(e) => ClientResponse::Error(format!("{e:#}")),
+        },
+        ClientRequest::JobDetail(id) => match crate::query::job_detail(shared, id) {
+            Ok(Some(detail)) => ClientResponse::JobDetail(Box::new(detail)),
+            Ok(None) => ClientResponse::Error(format!("no job {id} on this coordinator")),
+            Err(e) => ClientResponse::Error(format!("{e:#}")),
+        },
+        ClientRequest::JobsPage { filter, after } => {
+            match crate::query::jobs_page(shared, &filter, after) {
+                Ok((jobs, next)) => ClientResponse::JobsPage { jobs, next },
+                Err(e) => ClientResponse::Error(format!("{e:#}")),
+            }
+        }
     })
 }
 

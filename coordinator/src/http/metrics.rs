@@ -84,7 +84,11 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
     let mut o = Out(String::new());
     let jobs = &snapshot.jobs;
 
-    o.family("tessera_jobs", "gauge", "Jobs the coordinator holds, by state.");
+    o.family(
+        "tessera_jobs",
+        "gauge",
+        "Jobs the coordinator holds, by state.",
+    );
     for state in [
         JobState::Queued,
         JobState::Running,
@@ -153,9 +157,8 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         o.sample("tessera_dispatch_latency_seconds_sum", "", h.sum);
         o.sample("tessera_dispatch_latency_seconds_count", "", h.count);
     }
-    let sum = |f: fn(&tessera_protocol::messages::JobStatus) -> u64| -> u64 {
-        jobs.iter().map(f).sum()
-    };
+    let sum =
+        |f: fn(&tessera_protocol::messages::JobStatus) -> u64| -> u64 { jobs.iter().map(f).sum() };
     o.one(
         "tessera_bytes_uploaded_total",
         "counter",
@@ -262,9 +265,11 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
     }
     type Host = fn(&tessera_protocol::telemetry::HostTelemetry) -> f64;
     let host: [(&str, &str, Host); 3] = [
-        ("tessera_host_load1", "The host's 1-minute load average.", |h| {
-            f64::from(h.load_1m)
-        }),
+        (
+            "tessera_host_load1",
+            "The host's 1-minute load average.",
+            |h| f64::from(h.load_1m),
+        ),
         (
             "tessera_host_memory_used_bytes",
             "The host's memory in use.",
