@@ -170,8 +170,9 @@ fn job_parameters(
         overrides.insert(k.trim(), v);
     }
     let mut out = HashMap::new();
+    let empty = Vec::new();
     let defs = match defs {
-        None => &Vec::new(),
+        None => &empty,
         Some(Value::Array(a)) => a,
         Some(_) => return Err("parameterDefinitions: expected a list".into()),
     };
@@ -530,12 +531,11 @@ fn blender_command(
         return Ok((format!("{field}.args"), args.to_vec()));
     }
     let shell = matches!(program(command), "bash" | "sh" | "zsh" | "dash");
-    let script_file = if shell {
-        args.first()
+    let script_file: Option<String> = if shell {
+        args.first().cloned()
     } else {
-        Some(&command.to_string()).filter(|c| c.starts_with("\u{0}FILE:"))
-    }
-    .cloned();
+        Some(command.to_string()).filter(|c| c.starts_with("\u{0}FILE:"))
+    };
     let Some(file) = script_file
         .as_deref()
         .and_then(|a| a.strip_prefix("\u{0}FILE:"))

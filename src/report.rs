@@ -434,12 +434,11 @@ pub fn print_status(job: Option<u64>, jobs: &[JobStatus], workers: &[WorkerStatu
         "JOB", "NAME", "STATE", "FRAMES", "TASKS"
     );
     for s in jobs {
-        let note = s
-            .error
-            .clone()
-            .or_else(|| s.blocked.as_ref().map(|b| format!("blocked: {b}")))
+        let note = after_note(s)
             .into_iter()
-            .chain(after_note(s))
+            .chain(
+                (s.error.clone()).or_else(|| s.blocked.as_ref().map(|b| format!("blocked: {b}"))),
+            )
             .chain(s.verification.as_ref().map(verification_note))
             .collect::<Vec<_>>()
             .join("; ");
