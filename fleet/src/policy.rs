@@ -453,7 +453,13 @@ impl Autoscaler {
         }
         let live_per_offer = |provider: &str, id: &str| {
             (self.nodes.values())
-                .filter(|n| !n.released && n.provider == provider && n.offer.id == id)
+                .filter(|n| {
+                    // A paused node counts as gone: its place may be rented again.
+                    !n.released
+                        && n.paused_since.is_none()
+                        && n.provider == provider
+                        && n.offer.id == id
+                })
                 .count() as u32
         };
         for (i, r) in obs.offers.iter().enumerate() {

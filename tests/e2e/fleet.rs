@@ -331,18 +331,23 @@ fn a_budget_reached_mid_job_stops_dispatch_or_cancels_and_status_says_why() {
 /// The docker bridge's gateway: an address of this machine the containers
 /// reach (the coordinator listens there).
 fn bridge_gateway() -> String {
-    let out = Command::new("docker")
-        .args([
-            "network",
-            "inspect",
-            "bridge",
-            "--format",
-            "{{(index .IPAM.Config 0).Gateway}}",
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "docker network inspect bridge failed");
-    String::from_utf8(out.stdout).unwrap().trim().to_string()
+    let inspect = |format: &str| {
+        let out = Command::new("docker")
+            .args(["network", "inspect", "bridge", "--format", format])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "docker network inspect bridge failed");
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let gateway = inspect("{{range .IPAM.Config}}{{.Gateway}}{{end}}");
+    if !gateway.is_empty() {
+        return gateway;
+    }
+    // Some daemons leave Gateway empty: the bridge's address is then the
+    // first of its subnet (172.17.0.0/16 → 172.17.0.1).
+    let subnet = inspect("{{range .IPAM.Config}}{{.Subnet}}{{end}}");
+    let net: std::net::Ipv4Addr = subnet.split('/').next().unwrap().parse().unwrap();
+    std::net::Ipv4Addr::from(u32::from(net) + 1).to_string()
 }
 
 fn docker(args: &[&str]) -> String {
