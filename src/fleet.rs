@@ -73,8 +73,30 @@ fn providers(
                 }
                 Box::new(d)
             }
+            kind @ ("vast" | "runpod" | "lambda" | "paperspace" | "kubernetes") => {
+                let source = (p.credential.as_ref()).with_context(|| {
+                    format!("provider {name:?}: a {kind} provider needs `credential = {{ env = \"VAR\" }}` or `{{ file = \"PATH\" }}`")
+                })?;
+                let credential = source
+                    .read(base)
+                    .map_err(|e| anyhow::anyhow!("provider {name:?}: {e}"))?;
+                let common = tessera_fleet::providers::Common {
+                    gpu_types: p.gpu_types.clone(),
+                    min_vram_gib: p.min_vram_gib,
+                    max_usd_per_gpu_hour: p.max_usd_per_gpu_hour,
+                    regions: p.regions.clone(),
+                    interruptible: p.interruptible.unwrap_or(file.interruptible),
+                };
+                let options = serde_json::to_value(&p.options)
+                    .context("the provider's options")?
+                    .as_object()
+                    .cloned()
+                    .unwrap_or_default();
+                tessera_fleet::providers::build(kind, &common, options, credential)
+                    .map_err(|e| anyhow::anyhow!("provider {name:?}: {e}"))?
+            }
             kind => bail!(
-                "provider {name:?}: the {kind} adapter is not part of this build of tessera fleet (local and docker are)"
+                "provider {name:?}: unknown kind {kind:?} (local, docker, vast, runpod, lambda, paperspace or kubernetes)"
             ),
         };
         // Read now, so a missing credential fails at start, not at launch.

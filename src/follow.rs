@@ -31,6 +31,7 @@ const POLL: Duration = Duration::from_millis(250);
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 
 /// What `wait` was asked to do.
+#[derive(Clone)]
 pub struct WaitOptions {
     /// `--output DIR` and `--overwrite`.
     pub output: Option<(PathBuf, bool)>,

@@ -960,8 +960,14 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             if openjd::is_template(&opts.scene) {
                 let template = openjd::load(&opts.scene, &job_params)?;
                 let mut client = Client::connect(&ticket).await?;
-                let output = output.map(|dir| (dir, overwrite));
-                return submit_template(&mut client, template, opts, wait, output, json).await;
+                let wait_opts = follow::WaitOptions {
+                    output: output.map(|dir| (dir, overwrite)),
+                    partial,
+                    timeout,
+                    progress: !json,
+                };
+                return submit_template(&ticket, &mut client, template, opts, wait, wait_opts, json)
+                    .await;
             }
             if !job_params.is_empty() {
                 anyhow::bail!(
@@ -1210,13 +1216,15 @@ async fn pause(job: u64, ticket: TicketArg, paused: bool) -> anyhow::Result<i32>
 /// waits for each and downloads its frames (into `--output`, or a folder
 /// per step when there are several).
 async fn submit_template(
+    ticket: &tessera_protocol::ticket::Ticket,
     client: &mut Client,
     template: openjd::Imported,
     opts: SubmitOptions,
     wait: bool,
-    output: Option<(PathBuf, bool)>,
+    wait_opts: follow::WaitOptions,
     json: bool,
 ) -> anyhow::Result<i32> {
+    let output = wait_opts.output.clone();
     for note in &template.notes {
         eprintln!("note: {note}");
     }
@@ -1272,7 +1280,13 @@ async fn submit_template(
             let dir = if several { dir.join(name) } else { dir.clone() };
             (dir, *o)
         });
-        let c = finish_wait(client, *id, out, json, None).await?;
+        let opts = follow::WaitOptions {
+            output: out,
+            ..wait_opts.clone()
+        };
+        let waited = follow::wait(ticket, None, &[*id], &opts).await?;
+        report::print_waited(&waited, None, json, opts.timeout);
+        let c = waited.exit_code();
         if code == 0 {
             code = c;
         }

@@ -682,6 +682,11 @@ mod tests {
             eta_secs: None,
             paused: false,
             verification: None,
+            after: Vec::new(),
+            after_failure: Default::default(),
+            waiting_for: Vec::new(),
+            deadline_unix_ms: None,
+            budget_usd: None,
         };
         s.eta_secs = Some(12.881999999999998);
         s.cost_usd = 0.1 + 0.2;
