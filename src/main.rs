@@ -6,8 +6,8 @@ mod build;
 mod client;
 mod demo;
 mod exit;
-mod follow;
 mod fleet;
+mod follow;
 mod monitor;
 mod openjd;
 mod progress;
@@ -966,8 +966,16 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     timeout,
                     progress: !json,
                 };
-                return submit_template(&ticket, &mut client, template, opts, wait, wait_opts, json)
-                    .await;
+                return submit_template(
+                    &ticket,
+                    &mut client,
+                    template,
+                    opts,
+                    wait,
+                    wait_opts,
+                    json,
+                )
+                .await;
             }
             if !job_params.is_empty() {
                 anyhow::bail!(
