@@ -20,7 +20,7 @@ use crate::requires::{require, Need};
 /// Submit, Refresh until the job is final, Fetch. Writes what it saw to
 /// `RESULT`.
 const DRIVE: &str = r#"
-import json, sys, time
+import json, os, sys, time
 import bpy, addon_utils
 sys.path.insert(0, ADDON_DIR)
 addon_utils.enable("tessera_addon", default_set=True)
@@ -33,7 +33,10 @@ t = scene.tessera
 t.frames = "1-3"
 t.tiles_cols = 2
 t.tiles_rows = 2
+before = os.stat(bpy.data.filepath).st_mtime_ns
 assert bpy.ops.tessera.submit() == {"FINISHED"}, "submit"
+# Saved by the submit (the operator's own status fields dirty it again).
+saved = os.stat(bpy.data.filepath).st_mtime_ns > before
 seen = [(t.state, t.frames_done, t.frames_total)]
 deadline = time.time() + 600
 while t.state not in ("done", "failed", "canceled"):
@@ -43,7 +46,7 @@ while t.state not in ("done", "failed", "canceled"):
     seen.append((t.state, t.frames_done, t.frames_total))
 assert bpy.ops.tessera.fetch() == {"FINISHED"}, "fetch"
 json.dump({"job": t.job_id, "state": t.state, "seen": seen, "fetched": t.fetched,
-           "saved": not bpy.data.is_dirty}, open(RESULT, "w"))
+           "saved": saved}, open(RESULT, "w"))
 "#;
 
 fn script(farm: &Farm, result: &Path) -> String {

@@ -78,10 +78,14 @@ fn a_chain_with_a_failing_middle_shot_holds_or_fails_its_dependents_as_chosen_ac
     assert!(text.contains(&format!("after {m} (hold)")), "{text}");
 
     // A restart before anything ran keeps the pause and the dependencies.
+    // Two workers: one alone would be blocklisted for the broken shot
+    // (3 failures) before any of its tasks failed its 3 attempts, and the
+    // shot would wait, blocked, instead of failing.
     farm.add_worker("w1");
+    farm.add_worker("w2");
     farm.kill_coordinator();
     farm.start_coordinator();
-    farm.wait_workers(1);
+    farm.wait_workers(2);
     let s = farm.status(first);
     assert_eq!(
         (s["state"].as_str(), s["paused"].as_bool()),
@@ -123,7 +127,7 @@ fn a_chain_with_a_failing_middle_shot_holds_or_fails_its_dependents_as_chosen_ac
     );
     farm.kill_coordinator();
     farm.start_coordinator();
-    farm.wait_workers(1);
+    farm.wait_workers(2);
     let s = farm.status(held);
     assert_eq!(
         (s["state"].as_str(), ids(&s["waiting_for"])),

@@ -554,12 +554,15 @@ fn a_worker_whose_blender_always_crashes_is_blocklisted_and_the_job_completes_on
     ]);
     assert_eq!(job["state"], "done", "{job}");
     assert_same_pixels(&out.join("frame_0004.png"), &refs.join("ref_0004.png"));
+    // Blocklisted after 3 failures; its queued tasks are handed back, but
+    // with pipelined leases one more may have started before the
+    // coordinator's word arrives.
     let crashes = farm.log_of(0).matches("task failed").count();
     assert!(
-        (1..=3).contains(&crashes),
+        (1..=4).contains(&crashes),
         "the crashing worker failed {crashes} tasks"
     );
-    if crashes == 3 {
+    if crashes >= 3 {
         let log = farm.coordinator_log();
         assert!(
             log.contains("worker blocklisted for this job after 3 failures"),

@@ -186,6 +186,10 @@ pub struct Cache {
     builds_root: PathBuf,
     cap: Option<u64>,
     state: Mutex<State>,
+    /// One job's files are fetched at a time: a task fetched ahead
+    /// (pipelined leases) then finds the chunks the one before it brought
+    /// in, instead of fetching the same bytes beside it.
+    fetching: tokio::sync::Mutex<()>,
 }
 
 /// A stored Blender build unpacked for one task: its files stay pinned (not
@@ -280,6 +284,7 @@ impl Cache {
             jobs_root,
             builds_root,
             cap,
+            fetching: tokio::sync::Mutex::new(()),
             state: Mutex::new(State {
                 lru,
                 prepared: HashMap::new(),
@@ -371,7 +376,10 @@ impl Cache {
             dir: PathBuf::new(),
         };
         files.dir = cell
-            .get_or_try_init(|| self.build(conn, job))
+            .get_or_try_init(|| async {
+                let _one_at_a_time = self.fetching.lock().await;
+                self.build(conn, job).await
+            })
             .await?
             .clone();
         Ok(files)

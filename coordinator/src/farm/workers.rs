@@ -577,6 +577,9 @@ impl FarmCore {
                     self.sched.blocklist(task.job, id);
                 }
                 if unsupported || outcome.blocklisted {
+                    // Tasks of this job queued behind its slots go to
+                    // other workers rather than fail here too.
+                    self.sched.hand_back_queued(id, Some(task.job));
                     if let Some(w) = self.workers.get(&id) {
                         (self.blocklists.entry(task.job).or_default()).insert(w.identity.clone());
                     }

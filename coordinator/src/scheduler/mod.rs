@@ -1206,8 +1206,20 @@ impl Scheduler {
             return false;
         };
         known.draining = true;
-        let known = &self.workers[&worker];
+        self.hand_back_queued(worker, None);
+        true
+    }
+
+    /// Ends `worker`'s leases queued behind its render slots (of `job`
+    /// only, with `Some`) and puts their tasks back at the front of their
+    /// queues; the worker is told to drop them (see
+    /// [`Scheduler::take_superseded`]).
+    pub fn hand_back_queued(&mut self, worker: WorkerId, job: Option<JobId>) {
+        let Some(known) = self.workers.get(&worker) else {
+            return;
+        };
         let queued: Vec<TaskKey> = (known.leases.iter().copied())
+            .filter(|&t| job.is_none_or(|j| t.job == j))
             .filter(|&t| {
                 self.leases
                     .get(&t)
@@ -1223,7 +1235,6 @@ impl Scheduler {
             });
         }
         self.requeue_front(queued);
-        true
     }
 
     /// Whether the worker was silent for a whole lease as of `now`.
