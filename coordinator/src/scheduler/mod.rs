@@ -568,7 +568,7 @@ impl Scheduler {
             return;
         };
         let usable = w.usable_slots() as usize;
-        let mut rendering = self.rendering(worker);
+        let rendering = self.rendering(worker);
         if rendering >= usable {
             return;
         }
@@ -580,14 +580,10 @@ impl Scheduler {
             .collect();
         queued.sort_unstable();
         let clock = self.clock;
-        for (epoch, task) in queued {
-            if rendering >= usable {
-                break;
-            }
+        for (epoch, task) in queued.into_iter().take(usable - rendering) {
             let lease = self.lease_of_mut(worker, task).expect("listed above");
             lease.queued = false;
             lease.started = clock;
-            rendering += 1;
             self.promoted.push((
                 Assignment {
                     worker,
