@@ -577,7 +577,13 @@ async fn render(
     // of the worker's own Blenders fits: pinned until this task is over.
     let _build = match &config.builds {
         Some(auto) if job.engine == tessera_protocol::job::Engine::Blender => {
+            // One task at a time unpacks and checks a build: tasks fetched
+            // ahead (pipelined leases) would otherwise check a build another
+            // is still unpacking.
+            static PREPARING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+            let one_at_a_time = PREPARING.lock().await;
             let build = auto.prepare(cache, conn, job, &dir).await;
+            drop(one_at_a_time);
             build.map_err(|e| match e.downcast_ref::<crate::engine::Failure>() {
                 Some(_) => RenderError::Render(e),
                 None => RenderError::Fetch(e),
