@@ -322,10 +322,13 @@ pub struct FrameWriter {
     staging: Option<(Staging, BlobDir)>,
     /// Each frame written (or found in place) and the digest it holds.
     written: HashMap<u32, (Digest, PathBuf)>,
+    /// The folder was made by this run: if no frame came, it goes again.
+    made_dir: bool,
 }
 
 impl FrameWriter {
     pub fn new(dir: &Path, job: u64, overwrite: bool) -> anyhow::Result<FrameWriter> {
+        let made_dir = !dir.exists();
         std::fs::create_dir_all(dir).with_context(|| format!("cannot create {}", dir.display()))?;
         Ok(FrameWriter {
             dir: dir.to_path_buf(),
@@ -333,6 +336,7 @@ impl FrameWriter {
             job,
             staging: None,
             written: HashMap::new(),
+            made_dir,
         })
     }
 
@@ -408,6 +412,18 @@ fn file_name(f: &FrameOutput) -> String {
 /// A staging folder this run created inside the output folder; removed
 /// when dropped. A folder of the same name that was there before is never
 /// touched: another name is picked.
+impl Drop for FrameWriter {
+    /// A folder this run made and no frame came to (a job cancelled or
+    /// failed before any) is removed, so that none is left empty.
+    fn drop(&mut self) {
+        self.staging = None;
+        if self.made_dir && self.written.is_empty() {
+            // Only an empty folder: remove_dir refuses anything else.
+            let _ = std::fs::remove_dir(&self.dir);
+        }
+    }
+}
+
 struct Staging(PathBuf);
 
 impl Staging {

@@ -304,6 +304,10 @@ impl App {
     fn on_snapshot(&mut self, mut s: Snapshot) -> Option<Command> {
         let before = self.selected_job;
         order_jobs(&mut s.jobs);
+        // By name, which a worker keeps across reconnects (its id does not),
+        // so rows stay put when the coordinator restarts.
+        s.workers
+            .sort_by(|a, b| a.name.cmp(&b.name).then(a.id.cmp(&b.id)));
         let selected = self
             .selected_job
             .and_then(|id| s.jobs.iter().find(|j| j.id == id));

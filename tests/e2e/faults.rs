@@ -516,13 +516,18 @@ fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_fra
     // The ranges add up exactly: the frame is the whole-frame render's.
     assert_frames_match_reference_samples(&out, &scene, &[1], 256);
     // What the preemption lost is the one range the spot worker was on:
-    // one lease expired, and every range was rendered to the end once.
+    // only its leases expired (the range it rendered, and the one it held
+    // queued behind it, not started), and every range was rendered to the
+    // end once.
     let log = farm.coordinator_log();
     let expired: Vec<&str> = (log.lines())
         .filter(|l| l.contains("lease expired; task requeued"))
         .collect();
-    assert_eq!(expired.len(), 1, "{log}");
-    assert!(expired[0].contains("name=\"spot\""), "{}", expired[0]);
+    assert!((1..=2).contains(&expired.len()), "{log}");
+    assert!(
+        expired.iter().all(|l| l.contains("name=\"spot\"")),
+        "{expired:?}"
+    );
     assert_eq!(
         farm.renders().len(),
         16,

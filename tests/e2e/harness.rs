@@ -323,13 +323,14 @@ impl Farm {
     }
 
     /// Waits until worker `i` (named `name`) has rendered a task of `job`
-    /// and is caught in the middle of another: the coordinator counts one
-    /// task running on it, and no render of it ends around the check.
+    /// and is caught in the middle of another: the coordinator counts a
+    /// task running on it (with pipelined leases, its next one is counted
+    /// too), and no render of it ends around the check.
     pub fn wait_mid_render(&self, job: u64, i: usize, name: &str) {
         let running = || {
             let all = self.json(&["status", "--json"]);
             (all["workers"].as_array().unwrap().iter())
-                .any(|w| w["name"] == name && w["running"] == 1)
+                .any(|w| w["name"] == name && w["running"].as_u64().is_some_and(|r| r >= 1))
         };
         self.wait_for(job, &format!("{name} mid-render"), |_| {
             let rendered = self.log_of(i).matches("task rendered").count();

@@ -136,11 +136,14 @@ pub(crate) async fn handle(
             Ok(status) => ClientResponse::Retried(status),
             Err(e) => ClientResponse::Error(format!("{e:#}")),
         },
-        ClientRequest::JobDetail(id) => match crate::query::job_detail(shared, id) {
-            Ok(Some(detail)) => ClientResponse::JobDetail(Box::new(detail)),
-            Ok(None) => ClientResponse::Error(format!("no job {id} on this coordinator")),
-            Err(e) => ClientResponse::Error(format!("{e:#}")),
-        },
+        ClientRequest::JobDetail(id) => {
+            panic_if_asked(shared, id);
+            match crate::query::job_detail(shared, id) {
+                Ok(Some(detail)) => ClientResponse::JobDetail(Box::new(detail)),
+                Ok(None) => ClientResponse::Error(format!("no job {id} on this coordinator")),
+                Err(e) => ClientResponse::Error(format!("{e:#}")),
+            }
+        }
         ClientRequest::JobsPage { filter, after } => {
             match crate::query::jobs_page(shared, &filter, after) {
                 Ok((jobs, next)) => ClientResponse::JobsPage { jobs, next },
@@ -270,12 +273,20 @@ fn frames_page(shared: &Shared, id: u64, after: Option<u32>) -> ClientResponse {
     }
 }
 
-fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
-    if job == Some(u64::MAX)
+/// The failpoint [`FAILPOINT_PANIC_IN_HANDLER`]: asked about job
+/// `u64::MAX`, the handler panics while it holds the farm core's lock.
+fn panic_if_asked(shared: &Shared, job: u64) {
+    if job == u64::MAX
         && std::env::var(crate::commit::FAILPOINT).as_deref() == Ok(FAILPOINT_PANIC_IN_HANDLER)
     {
         shared
             .read(|_, _| panic!("failpoint: a panic in a connection handler, under the core lock"));
+    }
+}
+
+fn status(shared: &Shared, job: Option<u64>) -> ClientResponse {
+    if let Some(job) = job {
+        panic_if_asked(shared, job);
     }
     let answer = || -> anyhow::Result<ClientResponse> {
         Ok(match job {

@@ -1104,6 +1104,14 @@ impl Scheduler {
             if attempt == Attempt::Primary && !self.promote_backup(task) {
                 requeue.push(task);
             }
+            // A worker that let a lease run out is silent until it is heard
+            // from again by a heartbeat (a result alone, seen after its last
+            // renewal, does not say it lives): the requeued task must not go
+            // straight back to it.
+            let lease_ms = self.config.lease_ms;
+            if let Some(known) = self.workers.get_mut(&lease.worker) {
+                known.last_seen = known.last_seen.min(now.saturating_sub(lease_ms));
+            }
             expired.push(Assignment {
                 worker: lease.worker,
                 task,

@@ -548,6 +548,28 @@ fn expired_task_goes_to_another_worker_and_the_late_result_is_refused() {
     assert_eq!(farm.progress(1), (1, 1, 0, 0));
 }
 
+/// A preempted worker's result, sent after its last heartbeat, is not a
+/// sign of life: when its other lease runs out, the task goes to another
+/// worker, not back to the dead one (seen with a killed spot worker).
+#[test]
+fn a_task_whose_lease_ran_out_does_not_go_back_to_its_silent_worker() {
+    let mut farm = Farm::new();
+    farm.job((1, 0, "builtin", 3));
+    farm.worker((10, 2, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    // A result at 400, then nothing more: killed without another heartbeat.
+    farm.at(400).complete(10, key(1, 0)).unwrap();
+    assert_eq!(farm.assign(), [(10, 1, 2)]);
+    assert_eq!(farm.at(LEASE).sched.expire(LEASE).len(), 1);
+    assert_eq!(farm.assign(), [], "nothing goes to the silent worker");
+    farm.worker((11, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(11, 1, 1)], "task 1 goes to a live worker");
+    // Heard from again, the first worker takes work once more.
+    farm.at(LEASE + 1).sched.heartbeat(10, LEASE + 1);
+    farm.job((2, 0, "builtin", 1));
+    assert_eq!(farm.assign(), [(10, 2, 0)]);
+}
+
 #[test]
 fn expired_and_removed_tasks_go_back_to_the_front_in_order() {
     let mut farm = Farm::new();
