@@ -1,5 +1,5 @@
-//! Webhooks (`coordinator --webhook URL`): job `done`, `failed` and
-//! `blocked` events POSTed to a receiver as JSON, signed with HMAC-SHA256
+//! Webhooks (`coordinator --webhook URL`): job `done`, `failed`, `blocked`
+//! and `budget_reached` events POSTed to a receiver as JSON, signed with HMAC-SHA256
 //! (`X-Tessera-Signature: sha256=HEX` over the body), each with an id
 //! (`X-Tessera-Event-Id`, and `id` in the body) that stays the same on every
 //! retry, so a receiver deduplicates by it.
@@ -11,8 +11,8 @@
 //! (`job.done:7`), so noticing it twice (from the live feed and from the
 //! catch-up a start runs over the jobs that finished while no one listened)
 //! queues it once. A job's `blocked` event is sent once per job, the first
-//! time it is seen blocked. The farm has no budget-reached event yet; none
-//! is sent.
+//! time it is seen blocked, and its `budget_reached` event once, when what
+//! it cost reaches its `--budget-usd` (whatever `--on-budget` then does).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,6 +122,7 @@ fn job_body(kind: &str, state: JobState, status: Option<&JobStatus>, job: u64) -
         v["tasks_done"] = json!(s.tasks_done);
         v["tasks_total"] = json!(s.tasks_total);
         v["cost_usd"] = json!((s.cost_usd * 1e4).round() / 1e4);
+        v["budget_usd"] = json!(s.budget_usd);
         v["error"] = json!(s.error);
         v["blocked"] = json!(s.blocked);
         v["finished_unix_ms"] = json!(s.finished_unix_ms);
@@ -130,11 +131,15 @@ fn job_body(kind: &str, state: JobState, status: Option<&JobStatus>, job: u64) -
 }
 
 fn job_finished(shared: &Shared, job: u64, state: JobState) -> anyhow::Result<()> {
+    let status = shared.job_status(job)?;
+    // A job `--on-budget cancel` ended is over before a poll sees it.
+    if let Some(s) = status.as_ref().filter(|s| budget_reached(s)) {
+        enqueue_budget_reached(shared, s)?;
+    }
     if !matches!(state, JobState::Done | JobState::Failed) {
         return Ok(());
     }
     let kind = job_event_type(state);
-    let status = shared.job_status(job)?;
     enqueue(
         shared,
         &format!("{kind}:{job}"),
@@ -150,6 +155,9 @@ fn catch_up(shared: &Shared, since_ms: u64) -> anyhow::Result<()> {
     for stored in finished {
         let status = stored.status();
         if status.finished_unix_ms.is_some_and(|t| t >= since_ms) {
+            if budget_reached(&status) {
+                enqueue_budget_reached(shared, &status)?;
+            }
             let kind = job_event_type(status.state);
             if matches!(status.state, JobState::Done | JobState::Failed) {
                 enqueue(
@@ -163,8 +171,27 @@ fn catch_up(shared: &Shared, since_ms: u64) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// What the job cost has reached its budget.
+fn budget_reached(job: &JobStatus) -> bool {
+    job.budget_usd.is_some_and(|budget| job.cost_usd >= budget)
+}
+
+fn enqueue_budget_reached(shared: &Shared, job: &JobStatus) -> anyhow::Result<()> {
+    enqueue(
+        shared,
+        &format!("job.budget_reached:{}", job.id),
+        &job_body("job.budget_reached", job.state, Some(job), job.id),
+    )?;
+    Ok(())
+}
+
+/// Queues the `blocked` and `budget_reached` events the farm's jobs call
+/// for now (each once per job: the outbox is keyed by it).
 fn blocked(shared: &Shared) -> anyhow::Result<()> {
     let jobs: Vec<JobStatus> = shared.read(|core, now| core.snapshot(now).jobs);
+    for j in jobs.iter().filter(|j| budget_reached(j)) {
+        enqueue_budget_reached(shared, j)?;
+    }
     for j in jobs
         .iter()
         .filter(|j| j.blocked.is_some() && !j.state.is_final())

@@ -360,3 +360,73 @@ fn webhooks_arrive_once_each_across_an_outage_and_a_restart() {
         .filter(|d| d.kind == "job.blocked")
         .all(|d| &d.id == blocked_id));
 }
+
+/// A job whose cost reaches its `--budget-usd` (here canceled by it):
+/// the receiver gets one `job.budget_reached` event naming the budget and
+/// the cost, and no other event of that job.
+#[test]
+fn a_job_reaching_its_budget_sends_one_budget_event() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let receiver = Receiver::start(0, 200, seen.clone());
+    let url = format!("http://127.0.0.1:{}/hooks", receiver.port);
+    let mut farm = Farm::start_with_env(
+        "t14-budget-hook",
+        &["--webhook", &url],
+        &[("TESSERA_WEBHOOK_SECRET", "t14-budget-secret")],
+    );
+    // $360/h is $0.10 a second of lease: $0.30 lasts a few tasks of 32.
+    farm.add_worker_with(
+        "w1",
+        &[
+            "--engine",
+            "builtin",
+            "--price-per-hour",
+            "360",
+            "--slots",
+            "1",
+        ],
+    );
+    farm.wait_workers(1);
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1-8",
+        "--tiles",
+        "2x2",
+        "--samples",
+        "64",
+        "--budget-usd",
+        "0.3",
+        "--on-budget",
+        "cancel",
+        "--json",
+    ])["id"]
+        .as_u64()
+        .unwrap();
+    let s = farm.wait_for(job, "the budget to cancel the job", |s| {
+        s["state"] == "canceled"
+    });
+    assert!(s["cost_usd"].as_f64().unwrap() >= 0.3, "{s}");
+    wait_until("the budget event", Duration::from_secs(30), || {
+        seen.lock()
+            .unwrap()
+            .iter()
+            .any(|d| d.kind == "job.budget_reached")
+    });
+    // Nothing more comes for it: the event is sent once.
+    std::thread::sleep(Duration::from_millis(1500));
+    let (_, seen) = receiver.shut();
+    let seen = seen.lock().unwrap().clone();
+    let kinds: Vec<&str> = seen.iter().map(|d| d.kind.as_str()).collect();
+    assert_eq!(kinds, ["job.budget_reached"], "{seen:#?}");
+    let body: Value = serde_json::from_slice(&seen[0].body).unwrap();
+    assert_eq!(body["job"], job);
+    assert_eq!(body["budget_usd"], 0.3);
+    assert!(body["cost_usd"].as_f64().unwrap() >= 0.3, "{body}");
+    assert!(
+        ["running", "canceled"].contains(&body["state"].as_str().unwrap()),
+        "{body}"
+    );
+}

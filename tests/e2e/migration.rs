@@ -20,7 +20,8 @@ fn a_worker_whose_socket_is_rebound_mid_task_keeps_its_lease_and_its_result_is_a
         .flat_map(|w| w["tasks"].as_array().unwrap().clone())
         .filter_map(|t| t["task"].as_u64())
         .collect();
-    assert_eq!(held.len(), 1, "one task mid-render: {all}");
+    // The one it renders, and with pipelined leases the next one queued.
+    assert!((1..=2).contains(&held.len()), "a task mid-render: {all}");
     let pid = farm.worker_pid(mover);
     let ok = std::process::Command::new("kill")
         .args(["-USR1", &pid.to_string()])
@@ -47,13 +48,15 @@ fn a_worker_whose_socket_is_rebound_mid_task_keeps_its_lease_and_its_result_is_a
     assert!(!log.contains("disconnected from the coordinator"), "{log}");
     let coord = farm.coordinator_log();
     assert!(!coord.contains("lease expired"), "{coord}");
-    // The task held across the rebind was rendered and accepted once.
+    // The tasks held across the rebind were rendered and accepted once.
     let accepted: Vec<(u64, u32)> = farm.accepted();
     let once = |task: u64| accepted.iter().filter(|a| **a == (id, task as u32)).count();
-    assert_eq!(once(held[0]), 1, "{log}");
     assert_eq!(accepted.len(), 4, "{log}");
-    let renders = (log.lines())
-        .filter(|l| l.contains("task rendered") && field(l, "task") == Some(held[0]))
-        .count();
-    assert_eq!(renders, 1, "{log}");
+    for &task in &held {
+        assert_eq!(once(task), 1, "task {task}: {log}");
+        let renders = (log.lines())
+            .filter(|l| l.contains("task rendered") && field(l, "task") == Some(task))
+            .count();
+        assert_eq!(renders, 1, "task {task}: {log}");
+    }
 }

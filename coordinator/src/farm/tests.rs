@@ -1620,8 +1620,9 @@ fn canceling_the_head_of_a_long_chain_fails_every_job_behind_it_without_recursin
     assert!(farm.core.job_status(last, now).is_none(), "forgotten");
 }
 
-/// `submit --budget-usd 0.01` at $3.60/h: each 5 s task costs $0.005, so the
-/// budget is reached with the second finished task. `stop-dispatch` hands
+/// `submit --budget-usd 0.01` at $36/h: each 0.5 s task costs $0.005, so
+/// the budget is reached with the second finished task (all within one
+/// lease: the worker sends no heartbeat here). `stop-dispatch` hands
 /// out nothing more and lets the running tasks finish; `cancel` cancels the
 /// job with them. Either way the status says why.
 fn check_budget(on_reached: tessera_protocol::job::OnBudget) {
@@ -1635,12 +1636,12 @@ fn check_budget(on_reached: tessera_protocol::job::OnBudget) {
     });
     let job = farm.submit(s);
     let mut info = worker_info(2, Engine::Builtin, vec![]);
-    info.price_per_hour = 3.60;
+    info.price_per_hour = 36.0;
     let w = farm.join("w1", info);
     farm.dispatch();
     let first = farm.assigned(w);
     assert_eq!(first.len(), 2);
-    farm.at(5_000);
+    farm.at(500);
     farm.done(w, first[0].task);
     farm.commit_all(&mut db);
     // $0.005 closed plus $0.005 running on the second slot: reached.
@@ -1656,16 +1657,14 @@ fn check_budget(on_reached: tessera_protocol::job::OnBudget) {
             let why = status.blocked.expect("says why");
             assert!(why.contains("budget of $0.01 is reached"), "{why}");
             // The running task finishes and is accepted; nothing follows.
-            farm.at(6_000);
+            farm.at(800);
             farm.done(w, first[1].task);
             farm.commit_all(&mut db);
             farm.dispatch();
             assert!(farm.assigned(w).is_empty());
-            // KNOWN BUG (left open at the merge of issues 15 and 16): the
-            // task running when the budget was reached finishes, but its
-            // result is not counted (tasks_done stays 1, not 2).
-            let done = farm.core.job_status(job, farm.now()).unwrap().tasks_done;
-            assert!((1..=2).contains(&done), "{done}");
+            let status = farm.core.job_status(job, farm.now()).unwrap();
+            assert_eq!(status.tasks_done, 2, "the running task was counted");
+            assert_eq!(status.tasks_running, 0);
         }
         OnBudget::Cancel => {
             assert!(status.is_none(), "a canceled job is forgotten by the core");
