@@ -506,7 +506,8 @@ fn the_focused_pane_and_selection_are_highlighted() {
     assert_eq!(buf[(10, y)].bg, Color::Blue, "the selected job's row");
     app.update(key(KeyCode::Tab));
     let buf = draw(&app, 120, 40);
-    let (_, y) = find(&buf, "gpu-4090")[0];
+    // Workers are listed by name: the first row is cpu-node's.
+    let (_, y) = find(&buf, "cpu-node")[0];
     assert_eq!(buf[(5, y)].bg, Color::Blue, "the selected worker's row");
 }
 
@@ -605,7 +606,7 @@ fn keys_move_the_selection_within_the_focused_pane() {
     let mut app = populated();
     assert_eq!(app.pane, Pane::Jobs);
     assert_eq!(app.selected_job, Some(7), "the first active job");
-    assert_eq!(app.selected_worker, Some(1));
+    assert_eq!(app.selected_worker, Some(2), "the first by name (cpu-node)");
     let mut seen = Vec::new();
     for k in [
         KeyCode::Down,
@@ -621,12 +622,12 @@ fn keys_move_the_selection_within_the_focused_pane() {
         seen.push(app.selected_job.unwrap());
     }
     assert_eq!(seen, [8, 5, 5, 8, 7, 7, 5, 7]);
-    assert_eq!(app.selected_worker, Some(1), "the other pane did not move");
+    assert_eq!(app.selected_worker, Some(2), "the other pane did not move");
 
     app.update(key(KeyCode::Tab));
     assert_eq!(app.pane, Pane::Workers);
     app.update(key(KeyCode::Down));
-    assert_eq!(app.selected_worker, Some(2));
+    assert_eq!(app.selected_worker, Some(1), "gpu-4090, next by name");
     assert_eq!(app.selected_job, Some(7));
     app.update(key(KeyCode::BackTab));
     assert_eq!(app.pane, Pane::Jobs);
@@ -710,13 +711,13 @@ fn d_asks_and_y_drains_the_selected_worker() {
     assert_eq!(
         app.confirm,
         Some(Confirm::Drain {
-            worker: 2,
-            name: "cpu-node".into()
+            worker: 1,
+            name: "gpu-4090".into()
         })
     );
     assert_eq!(
         app.update(key(KeyCode::Char('y'))),
-        Some(Command::Drain { worker: 2 })
+        Some(Command::Drain { worker: 1 })
     );
 }
 
