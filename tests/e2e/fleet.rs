@@ -374,14 +374,18 @@ fn build_image() -> String {
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
-/// A fleet node rendering now, other than `not`.
+/// A fleet node rendering now, other than `not`, and not one the fleet is
+/// scaling down (draining): taking that one away would need no replacement.
 fn busy_node(farm: &Farm, fleet: &Fleet, not: &[&String]) -> String {
     let mut found = None;
     wait_until("a fleet node mid-render", || {
         let live = nodes(&fleet.status());
-        found = live
-            .into_iter()
-            .find(|n| !not.contains(&n) && rendering(farm, n));
+        let all = farm.json(&["status", "--json"]);
+        let busy = |name: &String| {
+            (all["workers"].as_array().unwrap().iter())
+                .any(|w| w["name"] == name.as_str() && w["state"] == "busy")
+        };
+        found = live.into_iter().find(|n| !not.contains(&n) && busy(n));
         found.is_some()
     });
     found.unwrap()
