@@ -240,7 +240,7 @@ pub async fn run(
                 eprintln!("fleet: {name} is {state:?}");
                 n.state = state.clone();
             }
-            let worker = worker_named(&workers, name);
+            let worker = worker_of(&workers, name, &n.id);
             views.push(NodeView {
                 name: name.clone(),
                 state,
@@ -296,7 +296,8 @@ pub async fn run(
                     }
                 }
                 Action::Drain { name } => {
-                    if let Some(w) = worker_named(&workers, &name) {
+                    let node = nodes.get(&name).map(|n| n.id.clone());
+                    if let Some(w) = node.and_then(|id| worker_of(&workers, &name, &id)) {
                         eprintln!("fleet: draining {name}");
                         if let Err(e) = client.drain(w.id).await {
                             eprintln!("fleet: cannot drain {name}: {e:#}");
@@ -352,10 +353,12 @@ pub async fn run(
     Ok(0)
 }
 
-fn worker_named<'a>(workers: &'a [WorkerStatus], name: &str) -> Option<&'a WorkerStatus> {
-    workers
-        .iter()
-        .find(|w| w.name == name && w.state != WorkerState::Silent)
+/// The live worker on the fleet's node `name`: named after it (the fleet
+/// names the workers it launches), or after its node id where the provider
+/// names the worker itself (a Kubernetes pod's worker takes the pod's name).
+fn worker_of<'a>(workers: &'a [WorkerStatus], name: &str, id: &NodeId) -> Option<&'a WorkerStatus> {
+    let named = |n: &str| (workers.iter()).find(|w| w.name == n && w.state != WorkerState::Silent);
+    named(name).or_else(|| named(&id.0))
 }
 
 /// The fleet's status file: its nodes, what the providers billed, what the
@@ -527,5 +530,50 @@ fn human_secs(secs: f64) -> String {
         0..=119 => format!("{s} s"),
         120..=7199 => format!("{} min", s / 60),
         _ => format!("{} h {} min", s / 3600, s % 3600 / 60),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tessera_protocol::messages::{WorkerState, WorkerStatus};
+
+    use super::worker_of;
+    use tessera_fleet::provider::NodeId;
+
+    fn worker(id: u64, name: &str, state: WorkerState) -> WorkerStatus {
+        WorkerStatus {
+            id,
+            name: name.into(),
+            hostname: name.into(),
+            engines: Vec::new(),
+            slots: 1,
+            state,
+            running: 0,
+            tasks_done: 0,
+            price_per_hour: 0.0,
+            connected_secs: 0,
+            tasks: Vec::new(),
+            telemetry: None,
+            interruptible: false,
+            blenders: Vec::new(),
+        }
+    }
+
+    /// A node's worker is found by the fleet's name for the node, or by the
+    /// node id where the provider names the worker (a Kubernetes pod), and
+    /// never as a silent one (a drain would not reach it).
+    #[test]
+    fn a_nodes_worker_is_found_by_the_fleets_name_or_the_pod_name() {
+        let workers = [
+            worker(1, "fleet-1", WorkerState::Idle),
+            worker(2, "tessera-worker-7d9f-abcde", WorkerState::Busy),
+            worker(3, "fleet-3", WorkerState::Silent),
+        ];
+        let found =
+            |name: &str, id: &str| worker_of(&workers, name, &NodeId(id.into())).map(|w| w.id);
+        assert_eq!(found("fleet-1", "container-1"), Some(1));
+        assert_eq!(found("fleet-2", "tessera-worker-7d9f-abcde"), Some(2));
+        assert_eq!(found("fleet-3", "container-3"), None);
+        assert_eq!(found("fleet-4", "pending-4"), None);
     }
 }
