@@ -324,12 +324,14 @@ impl App {
         if selected.is_none() || follow {
             self.selected_job = s.jobs.first().map(|j| j.id);
         }
-        if !self
-            .selected_worker
-            .is_some_and(|id| s.workers.iter().any(|w| w.id == id))
-        {
-            self.selected_worker = s.workers.first().map(|w| w.id);
-        }
+        // The selected worker is followed by its name, which it keeps when
+        // it reconnects with a new id (after a coordinator restart, say).
+        let name = (self.selected_worker).and_then(|id| self.worker_names.get(&id));
+        let by_name = name.and_then(|n| s.workers.iter().find(|w| &w.name == n));
+        let by_id = (self.selected_worker).filter(|&id| s.workers.iter().any(|w| w.id == id));
+        self.selected_worker = (by_name.map(|w| w.id))
+            .or(by_id)
+            .or_else(|| s.workers.first().map(|w| w.id));
         for w in &s.workers {
             self.worker_names.insert(w.id, w.name.clone());
         }

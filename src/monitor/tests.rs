@@ -821,14 +821,42 @@ fn snapshots_keep_the_selection_by_id() {
     assert_eq!(app.selected_job, Some(8));
     let mut s = farm();
     s.jobs.reverse();
-    s.workers.remove(0);
     app.update(Msg::Snapshot(s));
     assert_eq!(
         app.selected_job,
         Some(8),
         "job 8 moved, the selection followed"
     );
-    assert_eq!(app.selected_worker, Some(2), "worker 1 left: the next one");
+}
+
+/// A worker that reconnects has a new id (a coordinator restart gives
+/// every worker one, in the order they come back); the selection follows
+/// it by name, even when its old id now belongs to another worker.
+#[test]
+fn the_selected_worker_is_followed_by_name_across_new_ids() {
+    let mut app = populated();
+    app.update(key(KeyCode::Tab));
+    app.update(key(KeyCode::Down));
+    assert_eq!(app.selected_worker, Some(1), "gpu-4090");
+    // After a restart: gpu-4090 came back second (id 2), cpu-node first.
+    let mut s = farm();
+    s.workers[0].id = 2;
+    s.workers[1].id = 1;
+    app.update(Msg::Snapshot(s));
+    assert_eq!(app.selected_worker, Some(2), "still gpu-4090");
+    assert_eq!(
+        app.selected_worker_status().map(|w| w.name.as_str()),
+        Some("gpu-4090")
+    );
+    // It leaves: the first by name is selected.
+    let mut s = farm();
+    s.workers.remove(0);
+    s.workers[0].id = 1;
+    app.update(Msg::Snapshot(s));
+    assert_eq!(
+        app.selected_worker_status().map(|w| w.name.as_str()),
+        Some("cpu-node")
+    );
 }
 
 #[test]

@@ -73,6 +73,7 @@ impl FarmCore {
         }
         let held = job.held();
         self.sched.pause_job(id, held);
+        self.cancel_handed_back("the job is paused or held");
         if !held {
             self.effects.push(Effect::Wake);
         }

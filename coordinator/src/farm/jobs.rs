@@ -286,7 +286,7 @@ impl FarmCore {
         w.draining = true;
         tracing::info!(worker, "worker asked to drain");
         self.send(worker, CoordMsg::Drain);
-        self.hand_back_queued(worker);
+        self.cancel_handed_back("the worker drains");
         true
     }
 

@@ -502,6 +502,7 @@ impl FarmCore {
                         "budget reached: no more tasks are handed out"
                     );
                     self.sched.pause_job(id, true);
+                    self.cancel_handed_back("the job reached its budget");
                     if let Some(j) = self.jobs.get_mut(&id) {
                         j.paused = true;
                         j.budget_reached = Some(format!(

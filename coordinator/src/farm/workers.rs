@@ -263,16 +263,14 @@ impl FarmCore {
         }
     }
 
-    /// A draining worker's tasks queued behind its render slots went back
-    /// to their queues: it drops them, and the others take them.
-    pub(super) fn hand_back_queued(&mut self, worker: WorkerId) {
+    /// Tasks queued behind workers' render slots went back to their queues
+    /// (`why`: the worker drains, the job was paused, the worker was
+    /// blocklisted for the job): their holders drop them, and the others
+    /// take them when they may.
+    pub(super) fn cancel_handed_back(&mut self, why: &'static str) {
         let handed = self.sched.take_superseded();
         if !handed.is_empty() {
-            tracing::info!(
-                worker,
-                handed_back = handed.len(),
-                "draining: queued tasks handed back"
-            );
+            tracing::info!(handed_back = handed.len(), why, "queued tasks handed back");
             // Not `now`-dependent: a canceled lease bills nothing more.
             for lease in &handed {
                 self.ledger.lease_ended(lease.task, lease.worker, false, 0);
@@ -313,7 +311,7 @@ impl FarmCore {
             }
             WorkerMsg::Draining => {
                 self.sched.drain_worker(id);
-                self.hand_back_queued(id);
+                self.cancel_handed_back("the worker drains");
                 if let Some(w) = self.workers.get_mut(&id) {
                     w.draining = true;
                     tracing::info!(
@@ -580,6 +578,7 @@ impl FarmCore {
                     // Tasks of this job queued behind its slots go to
                     // other workers rather than fail here too.
                     self.sched.hand_back_queued(id, Some(task.job));
+                    self.cancel_handed_back("the worker is blocklisted for the job");
                     if let Some(w) = self.workers.get(&id) {
                         (self.blocklists.entry(task.job).or_default()).insert(w.identity.clone());
                     }

@@ -1191,13 +1191,26 @@ impl Scheduler {
     }
 
     /// Pauses or resumes a live job: a paused job hands out no new leases;
-    /// running ones go on. Returns false for an unknown or finished job.
+    /// running ones go on, queued ones (pipelined, not started) are handed
+    /// back. Returns false for an unknown or finished job.
     pub fn pause_job(&mut self, job: JobId, paused: bool) -> bool {
         let Some(known) = self.jobs.get_mut(&job).filter(|j| j.state.is_live()) else {
             return false;
         };
         known.paused = paused;
         sync_ready(&mut self.ready, known);
+        if paused {
+            // Its tasks queued behind render slots have not started: they
+            // go back to its queue, so that a pause stops the job once the
+            // running ones end (see [`Scheduler::take_superseded`]).
+            let holders: Vec<WorkerId> = (self.workers.iter())
+                .filter(|(_, w)| w.leases.iter().any(|t| t.job == job))
+                .map(|(&id, _)| id)
+                .collect();
+            for worker in holders {
+                self.hand_back_queued(worker, Some(job));
+            }
+        }
         true
     }
 

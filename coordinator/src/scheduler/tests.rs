@@ -1600,6 +1600,31 @@ fn the_lease_depth_follows_the_round_trip_over_the_task_time() {
     check_lease_depth(80, Some(0), 1 + MAX_AHEAD_PER_SLOT as usize);
 }
 
+/// A paused job stops once its running tasks end: the task queued behind
+/// a render slot (not started) is handed back, and its holder is told to
+/// drop it; resumed, the job hands it out again.
+#[test]
+fn pausing_a_job_hands_back_its_queued_tasks() {
+    let mut farm = pipelined();
+    farm.job((1, 0, "builtin", 4));
+    farm.worker((10, 1, &["builtin"]));
+    assert_eq!(farm.assign(), [(10, 1, 0), (10, 1, 1)]);
+    assert!(farm.sched.is_queued(10, key(1, 1)));
+    assert!(farm.sched.pause_job(1, true));
+    let handed: Vec<(WorkerId, TaskKey)> = (farm.sched.take_superseded().iter())
+        .map(|a| (a.worker, a.task))
+        .collect();
+    assert_eq!(handed, [(10, key(1, 1))]);
+    let running: Vec<TaskKey> = (farm.sched.running_on(10).iter())
+        .map(|(t, _)| *t)
+        .collect();
+    assert_eq!(running, [key(1, 0)], "the rendering task goes on");
+    farm.at(500).complete(10, key(1, 0)).unwrap();
+    assert_eq!(farm.assign(), [], "paused: nothing more");
+    assert!(farm.sched.pause_job(1, false));
+    assert_eq!(farm.assign(), [(10, 1, 1), (10, 1, 2)]);
+}
+
 /// Without pipelining a worker holds one task per slot, as before.
 #[test]
 fn without_pipelining_a_slot_holds_only_the_task_it_renders() {
