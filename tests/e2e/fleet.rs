@@ -350,6 +350,29 @@ fn bridge_gateway() -> String {
     std::net::Ipv4Addr::from(u32::from(net) + 1).to_string()
 }
 
+/// `docker pause`: the cgroup freezer gives up ("unable to freeze") when
+/// it cannot stop every process of the container in time, as when one is
+/// in an uninterruptible disk wait on a loaded machine; freezing again
+/// then succeeds, as an operator's second try would.
+fn docker_pause(name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let out = Command::new("docker")
+            .args(["pause", name])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            return;
+        }
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("unable to freeze") && Instant::now() < deadline,
+            "docker pause {name}: {err}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
 fn docker(args: &[&str]) -> String {
     let out = Command::new("docker").args(args).output().unwrap();
     assert!(
@@ -432,7 +455,7 @@ fn docker_fleet_plays_pause_stop_kill_and_partition_on_worker_containers() {
     // expires and its task renders elsewhere; the fleet counts it gone and
     // rents another; resumed, it is taken back with its cache.
     wait_until("a mid-render", || rendering(&farm, &a));
-    docker(&["pause", &a]);
+    docker_pause(&a);
     let s = fleet.wait("count the paused node gone and rent another", |s| {
         nodes(s).len() == 3
             && (s["nodes"].as_array().unwrap().iter())
