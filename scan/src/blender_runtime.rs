@@ -129,6 +129,9 @@ impl Runtime {
         match self {
             Runtime::Executable(exe) => {
                 let mut cmd = Command::new(exe);
+                // Where Blender's Python reads the environment: no bytecode
+                // written into the build (see -B below).
+                cmd.env("PYTHONDONTWRITEBYTECODE", "1");
                 cmd.args(SAFE_ARGS);
                 if threads > 0 {
                     cmd.args(["-t", &threads.to_string()]);
@@ -148,7 +151,11 @@ impl Runtime {
                 let mut cmd = Command::new(python);
                 // -I: no PYTHONPATH, no user site, no current folder on the
                 // path; a build's folder goes first on it through the runner.
+                // -B: no `__pycache__` written into the build, whose files
+                // are links to the worker's cache, checked before each task
+                // (a session rewriting them failed the next task's check).
                 cmd.arg("-I")
+                    .arg("-B")
                     .arg("-c")
                     .arg(BPY_RUNNER)
                     .arg("--")

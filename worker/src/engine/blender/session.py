@@ -484,7 +484,7 @@ def _blender_command(script):
     if bpy.app.binary_path:
         return [bpy.app.binary_path, "-b", "--factory-startup", "--disable-autoexec",
                 "--python-exit-code", "3", "--python-expr", script]
-    return [sys.executable, "-I", "-c", "import bpy\n" + script]
+    return [sys.executable, "-I", "-B", "-c", "import bpy\n" + script]
 
 
 def gpu_context_error():
