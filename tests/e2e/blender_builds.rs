@@ -401,6 +401,23 @@ fn a_45_file_on_a_34_farm_completes_on_a_blender_auto_worker_that_fetches_the_bu
     assert!(out.join("whole/frame_0001.png").is_file());
 
     step("second job done");
+    // Two jobs rendered in the stored build and it is as it was laid out:
+    // every file still a link to its blob in the cache, none written by
+    // Blender (its Python once rewrote `__pycache__` files there, and the
+    // next task's check of the build failed).
+    let builds = farm.dir.join("cache-auto/builds");
+    let rewritten: Vec<PathBuf> = files_under(&builds)
+        .into_iter()
+        .map(|(_, path)| path)
+        .filter(|path| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::symlink_metadata(path).is_ok_and(|m| m.is_file() && m.nlink() < 2)
+        })
+        .collect();
+    assert!(
+        builds.is_dir() && rewritten.is_empty(),
+        "files of the stored build no longer linked to the cache: {rewritten:?}"
+    );
     // Restarted under a cap just above what its cache holds now, the
     // worker keeps the build; a job that needs more room than is left
     // evicts it, since no task uses it.
