@@ -634,15 +634,16 @@ mod tests {
         let module = Runtime::Module("/venv/bin/python".into());
         let cmd = module.command(Some(blend), "print(1)", &["cfg.json"], 4);
         let a = args(&cmd);
-        assert_eq!((a[0].as_str(), a[1].as_str()), ("-I", "-c"));
-        let prelude = a[2].find("read_factory_settings").unwrap();
-        let open = a[2].find("open_mainfile(filepath=_blend, load_ui=False, use_scripts=False)");
+        // Isolated, and writing no bytecode into the build.
+        assert_eq!(a[..3], ["-I", "-B", "-c"]);
+        let prelude = a[3].find("read_factory_settings").unwrap();
+        let open = a[3].find("open_mainfile(filepath=_blend, load_ui=False, use_scripts=False)");
         assert!(
             open.is_some_and(|o| o > prelude),
             "factory settings, then open without scripts"
         );
         assert_eq!(
-            a[3..],
+            a[4..],
             [
                 "--",
                 "/jobs/7/shot; rm -rf ~.blend",
