@@ -263,9 +263,14 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
         let screen = tmux.screen();
         seen.screen(&screen, id);
         // Every task done is not yet the job done: its last frame is
-        // stitched after its last task is committed.
+        // stitched after its last task is committed. The event comes on
+        // the live feed, the jobs table with the next snapshot: both.
         let job_done = screen.contains(&format!("job {id} (mon-textured) is done"));
-        if seen.progress.last() == Some(&64) && screen.contains("16/16 done") && job_done {
+        if seen.progress.last() == Some(&64)
+            && screen.contains("16/16 done")
+            && job_done
+            && screen.contains("4/4")
+        {
             break screen;
         }
         assert!(
