@@ -64,6 +64,136 @@ fn main() {
     if run("memory") {
         memory();
     }
+    if run("fanout") {
+        fanout();
+    }
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+/// Fan-out: one scene of `TESSERA_BENCH_FANOUT_MIB` MiB (default 1024) to
+/// 8 workers, each behind its own WAN-bench path of 100 Mbit/s and 20 ms
+/// RTT. The scene is one file every task needs (1/16 of it) and a cache
+/// of 60 per-frame files (`submit --frame-files`); the no-op engine takes
+/// 1 s a task. The job is submitted paused (so the upload is done), then
+/// resumed: the time from the resume to the first finished frame, against
+/// the physical limit: the bytes that frame needs over one link plus one
+/// task time (target: within 1.2x). Needs root for the bench.
+fn fanout() {
+    if let Some(why) = wan::unavailable() {
+        println!("fan-out: skipped ({why})");
+        return;
+    }
+    const WORKERS: usize = 8;
+    const FRAMES: u64 = 60;
+    let (mbit, rtt_ms, task_ms) = (100, 20, 1000);
+    let total = env_u64("TESSERA_BENCH_FANOUT_MIB").unwrap_or(1024) << 20;
+    let shared_len = total / 16;
+    let frame_len = (total - shared_len) / FRAMES;
+    let bench = wan::Bench::start(&[wan::Link::new(rtt_ms, 0.0, mbit); WORKERS]);
+    let mut farm = Farm::start_in(
+        "bench-fanout",
+        &[],
+        Some(&bench.coordinator_ns),
+        wan::COORDINATOR_IP,
+    );
+    let dir = farm.dir.join("scene");
+    std::fs::create_dir_all(dir.join("cache")).unwrap();
+    let mut textures = vec!["shared.bin".to_string()];
+    std::fs::write(
+        dir.join("shared.bin"),
+        harness::noise(shared_len as usize, 1),
+    )
+    .unwrap();
+    for f in 1..=FRAMES {
+        let name = format!("cache/f_{f:04}.bin");
+        std::fs::write(dir.join(&name), harness::noise(frame_len as usize, 100 + f)).unwrap();
+        textures.push(name);
+    }
+    let materials: Vec<String> = (textures.iter().enumerate())
+        .map(|(i, t)| format!(r#""m{i}": {{ "kind": "diffuse", "texture": "{t}" }}"#))
+        .collect();
+    let scene = dir.join("fanout.scene.json");
+    std::fs::write(
+        &scene,
+        format!(
+            r#"{{ "resolution": [64, 36], "samples": 1, "max_bounces": 1, "seed": 1,
+  "frames": {{ "start": 1, "end": {FRAMES} }},
+  "background": {{ "sky": {{ "horizon": [0.9, 0.9, 0.9], "zenith": [0.4, 0.6, 1.0] }} }},
+  "camera": [{{ "frame": 1, "position": [0.0, 1.0, 6.0], "look_at": [0.0, 0.5, 0.0], "fov_deg": 40 }}],
+  "materials": {{ {} }}, "objects": [] }}"#,
+            materials.join(", ")
+        ),
+    )
+    .unwrap();
+    for (i, path) in bench.paths.iter().enumerate() {
+        farm.add_worker_in(
+            Some(&path.ns),
+            &format!("w{i}"),
+            &["--engine", "noop", "--noop-ms", &task_ms.to_string()],
+            &[],
+        );
+    }
+    farm.wait_workers(WORKERS);
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--engine",
+        "noop",
+        "--frame-files",
+        "cache/f_####.bin",
+        "--paused",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap().to_string();
+    let started = Instant::now();
+    farm.run(&["resume", &id]);
+    let (mut first, mut all_first) = (None, None);
+    loop {
+        let status = farm.json(&["status", &id, "--json"]);
+        let done = status["frames_done"].as_u64().unwrap();
+        if done >= 1 && first.is_none() {
+            first = Some(started.elapsed().as_secs_f64());
+        }
+        if done >= WORKERS as u64 {
+            all_first = Some(started.elapsed().as_secs_f64());
+            break;
+        }
+        assert!(
+            started.elapsed().as_secs() < 900,
+            "fan-out never finished: {status}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let (first, eighth) = (first.unwrap(), all_first.unwrap());
+    let needs = shared_len + frame_len + std::fs::metadata(&scene).unwrap().len();
+    let rate = mbit as f64 * 1e6 / 8.0;
+    let limit = needs as f64 / rate + task_ms as f64 / 1000.0;
+    let whole = (total as f64) / rate + task_ms as f64 / 1000.0;
+    println!(
+        "fan-out: {:.0} MiB scene ({:.0} MiB every task needs, {FRAMES} frame files of {:.1} MiB, --frame-files), {WORKERS} workers, each path {}",
+        total as f64 / 1048576.0,
+        shared_len as f64 / 1048576.0,
+        frame_len as f64 / 1048576.0,
+        bench.paths[0].link
+    );
+    println!(
+        "  a frame needs             {:8.1} MiB  ({:.2} s over one link)",
+        needs as f64 / 1048576.0,
+        needs as f64 / rate
+    );
+    println!("  resume to first frame     {first:8.2} s");
+    println!("  resume to {WORKERS} frames done   {eighth:8.2} s");
+    println!("  limit (bytes ÷ link + one {task_ms} ms task) {limit:8.2} s; waiting for the whole scene: {whole:.2} s");
+    println!(
+        "  first frame ÷ limit       {:8.3}  target <= 1.2  ({:.2}x target)",
+        first / limit,
+        1.2 / (first / limit)
+    );
+    // The job's other frames are not part of the figure.
+    farm.run(&["cancel", &id]);
 }
 
 /// Resident memory of a process, in MiB, from `/proc`.
@@ -152,6 +282,7 @@ fn memory() {
                 digest,
                 size: len,
                 origin: Some(format!("/home/artist/projects/shot/file_{f}")),
+                frame: None,
             });
         }
         let mut ch = session.control;

@@ -360,6 +360,8 @@ pub struct SubmitOptions {
     pub after_failure: tessera_protocol::job::AfterFailure,
     /// `--paused`: held until `tessera resume`.
     pub paused: bool,
+    /// `--frame-files`: patterns naming the files of one frame each.
+    pub frame_files: Vec<String>,
 }
 
 /// A scene file and everything it references, ready to hash.
@@ -853,7 +855,27 @@ pub async fn upload_scene(
     if let Err(e) = spec.check_limits() {
         bail!("{e}; nothing was uploaded");
     }
-    let hashed = hash_files(&scan.files).await?;
+    // Checked before anything is hashed or uploaded.
+    if scan.engine == Engine::Unreal && !opts.frame_files.is_empty() {
+        bail!("--frame-files is for Blender and builtin scenes (an Unreal chunk renders warm-up frames before its own); nothing was uploaded");
+    }
+    let paths: Vec<&str> = scan.files.iter().map(|f| f.job_path.as_str()).collect();
+    let mut file_frames = crate::frame_files::assign(&opts.frame_files, &paths)?;
+    // A frame's files are uploaded only when the job renders that frame.
+    let rendered: std::collections::HashSet<u32> = spec.frames.iter().copied().collect();
+    let wanted = |f: &Option<u32>| f.is_none_or(|f| rendered.contains(&f));
+    let mut files = scan.files;
+    let before = files.len();
+    let mut keep = file_frames.iter().map(wanted);
+    files.retain(|_| keep.next().unwrap_or(true));
+    file_frames.retain(wanted);
+    if files.len() < before {
+        eprintln!(
+            "note: --frame-files: {} files of frames this job does not render are left out",
+            before - files.len()
+        );
+    }
+    let hashed = hash_files(&files).await?;
     for h in &hashed {
         if let Some(note) = &h.note {
             eprintln!("note: {note}");
@@ -862,6 +884,9 @@ pub async fn upload_scene(
     let mut hashed = hashed;
     send_missing(client, &mut hashed, opts.progress).await?;
     spec.manifest = hashed.into_iter().map(|h| h.entry).collect();
+    for (entry, frame) in spec.manifest.iter_mut().zip(file_frames) {
+        entry.frame = frame;
+    }
     Ok((spec, scan.warnings))
 }
 
@@ -919,6 +944,7 @@ fn hash_file(path: String, on_disk: PathBuf, origin: Option<String>) -> anyhow::
             digest,
             size,
             origin,
+            frame: None,
         },
         on_disk,
         list,

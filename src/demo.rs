@@ -184,6 +184,7 @@ pub async fn run(
         after: Vec::new(),
         after_failure: Default::default(),
         paused: false,
+        frame_files: Vec::new(),
     };
     let started = Instant::now();
     let submitted = client::submit(&mut client, &opts).await?.status;

@@ -8,6 +8,7 @@ mod demo;
 mod exit;
 mod fleet;
 mod follow;
+mod frame_files;
 mod monitor;
 mod openjd;
 mod progress;
@@ -325,6 +326,14 @@ enum Command {
         /// Hold the job until `tessera resume JOB`.
         #[arg(long)]
         paused: bool,
+        /// Files of a per-frame sequence, such as a simulation cache:
+        /// PATTERN is a path in the job folder (relative to the scene's
+        /// folder) with a run of `#` for the frame number and `*` for any
+        /// characters but `/`, e.g. `cache/fluid_data_####.vdb`. A worker
+        /// fetches a frame's files only for that frame's tasks, instead of
+        /// every file before its first task (repeat for several).
+        #[arg(long = "frame-files", value_name = "PATTERN")]
+        frame_files: Vec<String>,
         /// For an Open Job Description template: a job parameter's value,
         /// NAME=VALUE (repeat for several; others take their defaults).
         #[arg(long = "job-param")]
@@ -900,6 +909,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             after,
             after_failure,
             paused,
+            frame_files,
             job_params,
             allow_missing,
             engine,
@@ -956,6 +966,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 after: after.map(|a| a.0).unwrap_or_default(),
                 after_failure,
                 paused,
+                frame_files,
             };
             if openjd::is_template(&opts.scene) {
                 let template = openjd::load(&opts.scene, &job_params)?;

@@ -251,6 +251,19 @@ pub struct ManifestEntry {
     /// Where the file was on the submitting machine (absolute), for engines
     /// whose scene files name their dependencies by path (Blender).
     pub origin: Option<String>,
+    /// The one frame whose tasks need this file (`submit --frame-files`: a
+    /// file of a per-frame sequence, such as a simulation cache), or `None`
+    /// when every task needs it. A worker fetches a frame's files only for
+    /// a task of that frame.
+    #[serde(default)]
+    pub frame: Option<u32>,
+}
+
+impl ManifestEntry {
+    /// Whether a task rendering `frames` (inclusive) needs this file.
+    pub fn needed_for(&self, frames: std::ops::RangeInclusive<u32>) -> bool {
+        self.frame.is_none_or(|f| frames.contains(&f))
+    }
 }
 
 /// What a client submits.

@@ -45,8 +45,9 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 /// be assigned more tasks than it has slots, and renders at most its slots'
 /// worth at once, the others queued in the order assigned; 12: job filters,
 /// job details, retry and request-id conflicts for clients; 13: a job
-/// may wait for others (`after`) or be submitted paused).
-pub const PROTOCOL_VERSION: u32 = 13;
+/// may wait for others (`after`) or be submitted paused; 14: a manifest
+/// file may belong to one frame, fetched only for that frame's tasks).
+pub const PROTOCOL_VERSION: u32 = 14;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -197,6 +198,18 @@ pub struct TaskSpec {
     /// A finishing task: run the scene's compositor and denoising on these
     /// passes of the whole frame and write the scene's output.
     pub finish: Option<StitchedPasses>,
+}
+
+impl TaskSpec {
+    /// The frames whose files (`ManifestEntry::frame`) this task needs:
+    /// its own, or for an Unreal chunk every frame (warm-up frames render
+    /// before the kept ones).
+    pub fn frames_needed(&self) -> std::ops::RangeInclusive<u32> {
+        match self.unreal {
+            Some(_) => 0..=u32::MAX,
+            None => self.frame..=self.frame,
+        }
+    }
 }
 
 /// Coordinator → worker, on the control stream.

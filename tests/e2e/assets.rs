@@ -603,3 +603,98 @@ fn chunk_note_for_a_compressed_large_file_suggests_saving_it_uncompressed() {
         packed.len() as u64 + size(&scene)
     );
 }
+
+/// `submit --frame-files`: each of 4 workers renders one frame of 4, and
+/// fetches the files every task needs plus its own frame's file, not the
+/// other frames' (nor, once its task is over, keeps that file linked in
+/// the job folder); files of frames the job does not render are not
+/// uploaded, and a pattern that matches nothing is refused before any
+/// upload.
+#[test]
+fn frame_files_go_only_to_the_workers_rendering_their_frames() {
+    // No pipelining: with 4 one-slot workers and 4 one-task frames, each
+    // worker holds exactly one lease.
+    let mut farm = Farm::start("frame-files", &["--no-pipelining"]);
+    let dir = farm.dir.join("scene");
+    let frame_file = |f: u32| format!("cache/f_{f:04}.png");
+    let mut textures = vec!["tex/shared.png".to_string()];
+    textures.extend((1..=6).map(frame_file));
+    let refs: Vec<&str> = textures.iter().map(String::as_str).collect();
+    std::fs::create_dir_all(&dir).unwrap();
+    let scene = write_scene(&dir, &refs);
+    let text = std::fs::read_to_string(&scene).unwrap();
+    std::fs::write(&scene, text.replace(r#""end": 1"#, r#""end": 6"#)).unwrap();
+    write_noise_png(&dir.join("tex/shared.png"), 64, 1);
+    for f in 1..=6 {
+        write_noise_png(&dir.join(frame_file(f)), 96, 10 + u64::from(f));
+    }
+    let scene_arg = scene.to_str().unwrap();
+
+    let bad = farm.run(&[
+        "submit",
+        scene_arg,
+        "--engine",
+        "noop",
+        "--frame-files",
+        "cache/g_####.png",
+    ]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert_eq!(bad.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("`cache/g_####.png` matches none of the job's 8 files"),
+        "{err}"
+    );
+    assert_eq!(stored_bytes(&farm), 0, "nothing was uploaded");
+
+    for i in 0..4 {
+        farm.add_worker_with(&format!("w{i}"), &["--engine", "noop", "--noop-ms", "300"]);
+    }
+    farm.wait_workers(4);
+    let job = farm.json(&[
+        "submit",
+        scene_arg,
+        "--engine",
+        "noop",
+        "--frames",
+        "1-4",
+        "--frame-files",
+        "cache/f_####.png",
+        "--json",
+    ]);
+    let id = u(&job["id"]);
+    let shared = size(&scene) + size(&dir.join("tex/shared.png"));
+    let frame_bytes = |f: u32| size(&dir.join(frame_file(f)));
+    assert_eq!(
+        u(&job["bytes_uploaded"]),
+        shared + (1..=4).map(frame_bytes).sum::<u64>(),
+        "frames 5 and 6 are not rendered, so their files are not uploaded"
+    );
+    let done = farm.wait_done(id, &farm.dir.join("out"));
+    assert!(!in_store(&farm, &digest_of(&dir.join(frame_file(5)))));
+    assert_eq!(
+        u(&done["bytes_to_workers"]),
+        4 * shared + (1..=4).map(frame_bytes).sum::<u64>(),
+        "each worker fetched the shared files and one frame's: {done}"
+    );
+    let mut frames_seen = Vec::new();
+    for i in 0..4 {
+        let w = format!("w{i}");
+        assert!(cached(&farm, &w, &dir.join("tex/shared.png")), "{w}");
+        let own: Vec<u32> = (1..=6)
+            .filter(|&f| cached(&farm, &w, &dir.join(frame_file(f))))
+            .collect();
+        assert_eq!(own.len(), 1, "{w} holds the files of frames {own:?}");
+        frames_seen.extend(own);
+        // The task is over: its frame's file is no longer in the job folder.
+        let jobs = farm.dir.join(format!("cache-{w}")).join("jobs");
+        for d in std::fs::read_dir(&jobs).unwrap().flatten() {
+            assert!(d.path().join("tex/shared.png").exists());
+            let left: Vec<_> = std::fs::read_dir(d.path().join("cache"))
+                .map(|r| r.flatten().map(|e| e.file_name()).collect())
+                .unwrap_or_default();
+            assert!(left.is_empty(), "{w} still links {left:?}");
+        }
+    }
+    frames_seen.sort_unstable();
+    assert_eq!(frames_seen, vec![1, 2, 3, 4]);
+}

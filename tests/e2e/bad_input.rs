@@ -194,6 +194,7 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                     digest,
                     size: 2,
                     origin: None,
+                    frame: None,
                 }],
                 frames: vec![1],
                 tiles: TileGrid::WHOLE,

@@ -334,6 +334,7 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                     digest,
                     size: bytes.len() as u64,
                     origin: None,
+                    frame: None,
                 }],
                 frames,
                 tiles,

@@ -238,6 +238,7 @@ fn status_of_many_jobs_is_read_page_by_page() {
                     digest,
                     size: len,
                     origin: None,
+                    frame: None,
                 }],
                 frames: vec![1],
                 tiles: TileGrid::WHOLE,

@@ -11,6 +11,7 @@
 //! metadata changed (edited in place, even keeping its size).
 
 use std::collections::HashMap;
+use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
@@ -177,6 +178,9 @@ struct State {
     builds: HashMap<Digest, u32>,
     /// A build's folder was removed since last asked (its sessions end).
     builds_removed: bool,
+    /// A frame's own files linked into a job's folder, by job and path:
+    /// how many running tasks use each.
+    linked: HashMap<(u64, String), u32>,
 }
 
 pub struct Cache {
@@ -229,6 +233,8 @@ pub struct JobFiles<'a> {
     job: u64,
     digests: Vec<Digest>,
     dir: PathBuf,
+    /// This task's frame files in the folder (their paths).
+    linked: Vec<String>,
 }
 
 impl JobFiles<'_> {
@@ -239,7 +245,8 @@ impl JobFiles<'_> {
 
 impl Drop for JobFiles<'_> {
     fn drop(&mut self) {
-        self.cache.release_job(self.job, &self.digests);
+        self.cache
+            .release_job(self.job, &self.digests, &self.dir, &self.linked);
     }
 }
 
@@ -294,6 +301,7 @@ impl Cache {
                 stamps,
                 builds: HashMap::new(),
                 builds_removed: false,
+                linked: HashMap::new(),
             }),
         };
         if let Some(cap) = cap {
@@ -348,14 +356,21 @@ impl Cache {
         self.state().prepared.clear();
     }
 
-    /// Fetches the job's missing blobs from the coordinator and lays out its
-    /// folder. The job's blobs stay pinned while the returned value lives.
+    /// Fetches the job's missing blobs that a task rendering `frames` needs
+    /// from the coordinator and lays out its folder: the files every task
+    /// needs once per job, and a frame's own files (`submit
+    /// --frame-files`) for the tasks of that frame only, so that a worker's
+    /// first task waits for its share of the scene, not for all of it. The
+    /// blobs stay pinned, and a frame's files linked in the folder, while
+    /// the returned value lives.
     pub async fn prepare(
         &self,
         conn: &quinn::Connection,
         job: &JobInfo,
+        frames: RangeInclusive<u32>,
     ) -> anyhow::Result<JobFiles<'_>> {
-        let mut digests: Vec<Digest> = job.manifest.iter().map(|e| e.digest).collect();
+        let needed = || job.manifest.iter().filter(|e| e.needed_for(frames.clone()));
+        let mut digests: Vec<Digest> = needed().map(|e| e.digest).collect();
         digests.sort_unstable();
         digests.dedup();
         self.reverify_changed(&digests).await?;
@@ -374,6 +389,7 @@ impl Cache {
             job: job.job,
             digests,
             dir: PathBuf::new(),
+            linked: Vec::new(),
         };
         files.dir = cell
             .get_or_try_init(|| async {
@@ -382,6 +398,40 @@ impl Cache {
             })
             .await?
             .clone();
+        let own: Vec<ManifestEntry> = needed().filter(|e| e.frame.is_some()).cloned().collect();
+        if own.is_empty() {
+            return Ok(files);
+        }
+        let mut fetched = 0;
+        {
+            let _one_at_a_time = self.fetching.lock().await;
+            for entry in &own {
+                let held = self.state().lru.contains(&Blob::File(entry.digest));
+                if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
+                    fetched += self.fetch(conn, job.job, entry, true).await?;
+                }
+            }
+        }
+        // Linked (again, should a link have gone stale) under the state's
+        // lock, counted per path: the last task using a frame's file
+        // unlinks it, so that an evicted blob leaves the disk.
+        let mut state = self.state();
+        lay_out(&self.blobs, &files.dir, &own)?;
+        for entry in own {
+            *state
+                .linked
+                .entry((job.job, entry.path.clone()))
+                .or_default() += 1;
+            files.linked.push(entry.path);
+        }
+        drop(state);
+        tracing::info!(
+            job = job.job,
+            frames = ?frames,
+            files = files.linked.len(),
+            fetched_bytes = fetched,
+            "frame files ready"
+        );
         Ok(files)
     }
 
@@ -399,6 +449,7 @@ impl Cache {
             digest: passes.digest,
             size: passes.size,
             origin: None,
+            frame: None,
         };
         let held = self.state().lru.contains(&Blob::File(entry.digest));
         if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
@@ -455,10 +506,25 @@ impl Cache {
         Ok(())
     }
 
-    fn release_job(&self, job: u64, digests: &[Digest]) {
+    fn release_job(&self, job: u64, digests: &[Digest], dir: &Path, linked: &[String]) {
         let mut state = self.state();
         for d in digests {
             state.lru.unpin(&Blob::File(*d));
+        }
+        for path in linked {
+            let key = (job, path.clone());
+            let Some(n) = state.linked.get_mut(&key) else {
+                continue;
+            };
+            *n -= 1;
+            if *n == 0 {
+                state.linked.remove(&key);
+                if let Ok(parts) = sanitize_manifest_path(path) {
+                    let _ = std::fs::remove_file(
+                        parts.iter().fold(dir.to_path_buf(), |p, c| p.join(c)),
+                    );
+                }
+            }
         }
         if let Some(n) = state.running.get_mut(&job) {
             *n -= 1;
@@ -718,9 +784,14 @@ impl Cache {
         Ok(got)
     }
 
+    /// Fetches and lays out the files every task of the job needs.
     async fn build(&self, conn: &quinn::Connection, job: &JobInfo) -> anyhow::Result<PathBuf> {
         let mut fetched = 0u64;
-        for entry in &job.manifest {
+        let shared: Vec<ManifestEntry> = (job.manifest.iter())
+            .filter(|e| e.frame.is_none())
+            .cloned()
+            .collect();
+        for entry in &shared {
             let held = self.state().lru.contains(&Blob::File(entry.digest));
             if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
                 fetched += self.fetch(conn, job.job, entry, true).await?;
@@ -729,12 +800,12 @@ impl Cache {
         let tag = Digest::of(format!("{:?}", job.manifest).as_bytes()).to_hex();
         let dir = self.jobs_root.join(format!("{}-{}", job.job, &tag[..12]));
         let blobs = self.blobs.clone();
-        let manifest = job.manifest.clone();
+        let files = shared.len();
         let dir2 = dir.clone();
-        tokio::task::spawn_blocking(move || lay_out(&blobs, &dir2, &manifest)).await??;
+        tokio::task::spawn_blocking(move || lay_out(&blobs, &dir2, &shared)).await??;
         tracing::info!(
             job = job.job,
-            files = job.manifest.len(),
+            files,
             fetched_bytes = fetched,
             cached_bytes = self.held_bytes(),
             "job files ready"
@@ -794,6 +865,7 @@ impl Cache {
                 digest: f.digest,
                 size: f.size,
                 origin: None,
+                frame: None,
             })
             .collect();
         for entry in &entries {

@@ -571,7 +571,8 @@ async fn render(
         .with_context(|| format!("this worker does not offer the {} engine", job.engine))
         .map_err(RenderError::Render)?;
     // The job's files stay pinned in the cache until this task is over.
-    let files = cache.prepare(conn, job).await.map_err(RenderError::Fetch)?;
+    let files =
+        (cache.prepare(conn, job, task.frames_needed()).await).map_err(RenderError::Fetch)?;
     let dir = files.dir().to_path_buf();
     // With `--blender auto`, the stored build the job renders with, if none
     // of the worker's own Blenders fits: pinned until this task is over.

@@ -227,9 +227,13 @@ fn lease_ref(task: TaskKey, epoch: Epoch) -> TaskRef {
     }
 }
 
-/// What every task of a job needs, for cache affinity.
+/// What every task of a job needs, for cache affinity (a file of one
+/// frame, `submit --frame-files`, is needed by that frame's tasks only).
 fn job_assets(spec: &JobSpec) -> Vec<(Digest, u64)> {
-    spec.manifest.iter().map(|m| (m.digest, m.size)).collect()
+    (spec.manifest.iter())
+        .filter(|m| m.frame.is_none())
+        .map(|m| (m.digest, m.size))
+        .collect()
 }
 
 impl FarmCore {

@@ -50,6 +50,7 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
             digest: Digest::of(name.as_bytes()),
             size: name.len() as u64,
             origin: None,
+            frame: None,
         }],
         frames: (1..=frames).collect(),
         tiles: TileGrid {
