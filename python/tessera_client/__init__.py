@@ -328,7 +328,7 @@ class Client:
         ``tiles="2x2"``, ``sample_ranges=4``, ``samples=64``, ``verify=10``,
         ``name=…``, ``priority=5``, ``request_id=…``, ``allow_missing=True``,
         ``blender=">=4.2"``, ``blender_python=…``, ``frame_names="frame"``,
-        Unreal's ``level_sequence=…`` and the rest; an option ``tessera``
+        ``frame_files=["cache/fluid_data_####.vdb"]``, Unreal's ``level_sequence=…`` and the rest; an option ``tessera``
         learns later works too (its flag is ``--`` and the name with dashes).
         Returns the job's status."""
         return self.submit_spec(self.upload(scene, **options))
