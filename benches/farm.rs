@@ -86,13 +86,13 @@ fn fanout() {
         println!("fan-out: skipped ({why})");
         return;
     }
-    const WORKERS: usize = 8;
+    let workers = env_u64("TESSERA_BENCH_FANOUT_WORKERS").unwrap_or(8) as usize;
     const FRAMES: u64 = 60;
     let (mbit, rtt_ms, task_ms) = (100, 20, 1000);
     let total = env_u64("TESSERA_BENCH_FANOUT_MIB").unwrap_or(1024) << 20;
     let shared_len = total / 16;
     let frame_len = (total - shared_len) / FRAMES;
-    let bench = wan::Bench::start(&[wan::Link::new(rtt_ms, 0.0, mbit); WORKERS]);
+    let bench = wan::Bench::start(&vec![wan::Link::new(rtt_ms, 0.0, mbit); workers]);
     let mut farm = Farm::start_in(
         "bench-fanout",
         &[],
@@ -136,7 +136,7 @@ fn fanout() {
             &[],
         );
     }
-    farm.wait_workers(WORKERS);
+    farm.wait_workers(workers);
     let job = farm.json(&[
         "submit",
         scene.to_str().unwrap(),
@@ -150,30 +150,29 @@ fn fanout() {
     let id = job["id"].as_u64().unwrap().to_string();
     let started = Instant::now();
     farm.run(&["resume", &id]);
-    let (mut first, mut all_first) = (None, None);
-    loop {
+    let mut first = None;
+    let eighth = loop {
         let status = farm.json(&["status", &id, "--json"]);
         let done = status["frames_done"].as_u64().unwrap();
         if done >= 1 && first.is_none() {
             first = Some(started.elapsed().as_secs_f64());
         }
-        if done >= WORKERS as u64 {
-            all_first = Some(started.elapsed().as_secs_f64());
-            break;
+        if done >= workers as u64 {
+            break started.elapsed().as_secs_f64();
         }
         assert!(
             started.elapsed().as_secs() < 900,
             "fan-out never finished: {status}"
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
-    }
-    let (first, eighth) = (first.unwrap(), all_first.unwrap());
+    };
+    let first = first.unwrap();
     let needs = shared_len + frame_len + std::fs::metadata(&scene).unwrap().len();
     let rate = mbit as f64 * 1e6 / 8.0;
     let limit = needs as f64 / rate + task_ms as f64 / 1000.0;
     let whole = (total as f64) / rate + task_ms as f64 / 1000.0;
     println!(
-        "fan-out: {:.0} MiB scene ({:.0} MiB every task needs, {FRAMES} frame files of {:.1} MiB, --frame-files), {WORKERS} workers, each path {}",
+        "fan-out: {:.0} MiB scene ({:.0} MiB every task needs, {FRAMES} frame files of {:.1} MiB, --frame-files), {workers} workers, each path {}",
         total as f64 / 1048576.0,
         shared_len as f64 / 1048576.0,
         frame_len as f64 / 1048576.0,
@@ -185,13 +184,27 @@ fn fanout() {
         needs as f64 / rate
     );
     println!("  resume to first frame     {first:8.2} s");
-    println!("  resume to {WORKERS} frames done   {eighth:8.2} s");
+    println!("  resume to {workers} frames done   {eighth:8.2} s");
     println!("  limit (bytes ÷ link + one {task_ms} ms task) {limit:8.2} s; waiting for the whole scene: {whole:.2} s");
     println!(
         "  first frame ÷ limit       {:8.3}  target <= 1.2  ({:.2}x target)",
         first / limit,
         1.2 / (first / limit)
     );
+    if std::env::var_os("TESSERA_BENCH_DEBUG").is_some() {
+        for l in farm
+            .log_of(0)
+            .lines()
+            .filter(|l| l.contains("ready") || l.contains("task"))
+            .take(12)
+        {
+            println!("DEBUG {l}");
+        }
+        println!(
+            "DEBUG resumed at {:?}",
+            std::time::SystemTime::now() - started.elapsed()
+        );
+    }
     // The job's other frames are not part of the figure.
     farm.run(&["cancel", &id]);
 }

@@ -7,7 +7,7 @@
 mod stream;
 
 pub use stream::{
-    answer, answer_gated, get, get_recipe, put, put_retrying, send_file, serve, Answered,
+    answer, answer_gated, get, get_many, get_recipe, put, put_retrying, send_file, serve, Answered,
     BlobSource, Open, ReadGate,
 };
 
@@ -441,6 +441,9 @@ impl BlobDir {
         len: u64,
         src: &mut R,
     ) -> Result<(), BlobError> {
+        if len <= BLOCK as u64 {
+            return self.receive_small(temp, digest, len as usize, src).await;
+        }
         let mut file = tokio::fs::File::create(temp).await?;
         let mut hasher = blake3::Hasher::new();
         let mut buf = vec![0u8; BLOCK];
@@ -467,6 +470,43 @@ impl BlobDir {
             });
         }
         file.flush().await?;
+        Ok(())
+    }
+
+    /// [`BlobDir::receive_into`] for a blob of at most one block (a chunk):
+    /// read whole, checked, and written in one step off the runtime, rather
+    /// than a block buffer and a blocking-pool trip per write.
+    async fn receive_small<R: AsyncRead + Unpin>(
+        &self,
+        temp: &Path,
+        digest: Digest,
+        len: usize,
+        src: &mut R,
+    ) -> Result<(), BlobError> {
+        let mut bytes = vec![0u8; len];
+        let mut got = 0;
+        while got < len {
+            let n = src.read(&mut bytes[got..]).await?;
+            if n == 0 {
+                return Err(BlobError::Short {
+                    digest,
+                    expected: len as u64,
+                    got: got as u64,
+                });
+            }
+            got += n;
+        }
+        let actual = Digest::of(&bytes);
+        if actual != digest {
+            return Err(BlobError::Mismatch {
+                expected: digest,
+                actual,
+            });
+        }
+        let temp = temp.to_path_buf();
+        tokio::task::spawn_blocking(move || std::fs::write(temp, bytes))
+            .await
+            .map_err(std::io::Error::other)??;
         Ok(())
     }
 }
@@ -632,6 +672,111 @@ mod tests {
             assert!(!dir.contains(&other));
         });
         std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    /// Refuses one digest.
+    struct AllBut(Digest);
+
+    impl ReadGate for AllBut {
+        fn may_read(&self, digest: &Digest) -> bool {
+            *digest != self.0
+        }
+    }
+
+    #[test]
+    fn many_blobs_come_in_order_on_one_stream_up_to_one_missing_or_refused() {
+        let rt = runtime();
+        let (src, dst) = (
+            BlobDir::open(temp_dir("many-src")).unwrap(),
+            BlobDir::open(temp_dir("many-dst")).unwrap(),
+        );
+        let blobs: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 20_000 + usize::from(i)]).collect();
+        let digests: Vec<Digest> = blobs.iter().map(|b| Digest::of(b)).collect();
+        for b in &blobs {
+            src.put_bytes(b).unwrap();
+        }
+        let refused = digests[3];
+        let missing = Digest::of(b"not stored");
+        rt.block_on(async {
+            let session = loopback(src.clone()).await;
+            // A second server, gated, for the refusal.
+            let identity = crate::transport::Identity::generate().unwrap();
+            let endpoint = crate::transport::server_endpoint(
+                "127.0.0.1:0".parse().unwrap(),
+                &identity,
+                crate::transport::Timing::default(),
+            )
+            .unwrap();
+            let addr = endpoint.local_addr().unwrap();
+            let served = src.clone();
+            tokio::spawn(async move {
+                use crate::messages::{Hello, Welcome, PROTOCOL_VERSION};
+                let conn = endpoint.accept().await.unwrap().await.unwrap();
+                let mut control = crate::transport::Channel::new(conn.accept_bi().await.unwrap());
+                let _: Option<Hello> = control.recv().await.unwrap();
+                crate::transport::admit(&conn);
+                let welcome = Welcome::Accepted {
+                    version: PROTOCOL_VERSION,
+                };
+                control.send(&welcome).await.unwrap();
+                let stored = std::sync::atomic::AtomicU64::new(0);
+                while let Ok(pair) = conn.accept_bi().await {
+                    let mut ch = crate::transport::Channel::new(pair);
+                    let _ = answer_gated(&served, &mut ch, &stored, &AllBut(refused)).await;
+                }
+            });
+            let conn = &session.connection;
+            let mut got = Vec::new();
+            get_many(conn, &digests[..3], Some(1), &dst, |d, n| got.push((d, n)))
+                .await
+                .unwrap();
+            let want: Vec<(Digest, u64)> = (0..3)
+                .map(|i| (digests[i], blobs[i].len() as u64))
+                .collect();
+            assert_eq!(got, want);
+            for i in 0..3 {
+                assert_eq!(dst.read(&digests[i]).unwrap(), blobs[i]);
+            }
+            let err = get_many(conn, &[digests[4], missing], None, &dst, |_, _| {})
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(err, BlobError::NotFound(d) if d == missing),
+                "{err}"
+            );
+            assert!(
+                dst.contains(&digests[4]),
+                "the one before the missing one is kept"
+            );
+            let too_many = vec![digests[0]; crate::messages::MAX_GET_MANY + 1];
+            assert!(get_many(conn, &too_many, None, &dst, |_, _| {})
+                .await
+                .is_err());
+
+            let ticket = crate::ticket::Ticket {
+                role: crate::messages::Role::Client,
+                addr,
+                fingerprint: identity.fingerprint(),
+                secret: "s".into(),
+            };
+            let gated =
+                crate::transport::connect(&ticket, "test", crate::transport::Timing::default())
+                    .await
+                    .unwrap();
+            let mut got = Vec::new();
+            let err = get_many(&gated.connection, &digests[2..5], None, &dst, |d, _| {
+                got.push(d)
+            })
+            .await
+            .unwrap_err();
+            assert!(
+                matches!(err, BlobError::Refused { digest, .. } if digest == refused),
+                "{err}"
+            );
+            assert_eq!(got, vec![digests[2]], "served up to the refused one");
+        });
+        std::fs::remove_dir_all(src.root()).unwrap();
+        std::fs::remove_dir_all(dst.root()).unwrap();
     }
 
     #[test]

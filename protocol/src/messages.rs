@@ -871,7 +871,19 @@ pub enum BlobRequest {
     /// The chunks of a large file, so a worker fetches only the chunks it
     /// lacks (and a cut download resumes).
     Recipe { digest: Digest },
+    /// Several blobs on one stream (at most [`MAX_GET_MANY`]), answered in
+    /// order: each `Found` with its bytes, or `NotFound`; a `Refused` one
+    /// ends the stream. Chunks are small (16 KiB on average): one stream
+    /// and round trip per chunk would hold a fetch on a long path to a few
+    /// chunks per round trip.
+    GetMany {
+        digests: Vec<Digest>,
+        job: Option<u64>,
+    },
 }
+
+/// The most blobs one [`BlobRequest::GetMany`] names.
+pub const MAX_GET_MANY: usize = 256;
 
 /// The receiver's answer on a blob stream.
 #[derive(Debug, Clone, Serialize, Deserialize)]

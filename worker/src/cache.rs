@@ -20,7 +20,7 @@ use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::build::BuildManifest;
 use tessera_protocol::chunk::{ChunkRef, Recipe, CHUNK_THRESHOLD};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
-use tessera_protocol::messages::{JobInfo, StitchedPasses};
+use tessera_protocol::messages::{JobInfo, StitchedPasses, MAX_GET_MANY};
 use tessera_protocol::Digest;
 use tokio::sync::OnceCell;
 
@@ -735,24 +735,30 @@ impl Cache {
         );
         self.reserve(need + recipe.size, &with_chunks)?;
         let fetched = AtomicU64::new(0);
-        let queue = Mutex::new(lacking);
+        // Batches of chunks, each asked for on one stream, up to 8 streams
+        // at once: up to 32 MiB in flight, so that a long path is not held
+        // to a few chunks per round trip.
+        let mut batches: Vec<Vec<Digest>> = (lacking.chunks(MAX_GET_MANY))
+            .map(|b| b.iter().map(|c| c.digest).collect())
+            .collect();
+        batches.reverse();
+        let queue = Mutex::new(batches);
         let stream = || async {
             loop {
                 let next = queue.lock().expect("fetch queue").pop();
-                let Some(c) = next else {
+                let Some(batch) = next else {
                     return anyhow::Ok(());
                 };
-                match blob::get(conn, c.digest, Some(job), &self.chunks).await {
-                    Ok(got) => {
-                        // This chunk's reservation becomes its entry.
-                        fetched.fetch_add(got, Ordering::Relaxed);
-                        self.unreserve(got);
-                        self.insert(Blob::Chunk(c.digest), got);
-                    }
-                    Err(e) => {
-                        queue.lock().expect("fetch queue").clear();
-                        return Err(e.into());
-                    }
+                let got = blob::get_many(conn, &batch, Some(job), &self.chunks, |digest, got| {
+                    // This chunk's reservation becomes its entry.
+                    fetched.fetch_add(got, Ordering::Relaxed);
+                    self.unreserve(got);
+                    self.insert(Blob::Chunk(digest), got);
+                })
+                .await;
+                if let Err(e) = got {
+                    queue.lock().expect("fetch queue").clear();
+                    return Err(e.into());
                 }
             }
         };

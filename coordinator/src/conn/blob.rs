@@ -61,13 +61,17 @@ async fn serve_blob(
     fetch: &Fetch,
 ) -> anyhow::Result<()> {
     let gate = Gate { shared, fetch };
-    if let blob::Answered::Get {
-        job: Some(job),
-        sent,
-        ..
-    } = blob::answer_gated(shared.store.inner(), ch, uploaded, &gate).await?
-    {
-        shared.update(|core, _| core.served_to_worker(job, sent));
+    match blob::answer_gated(shared.store.inner(), ch, uploaded, &gate).await? {
+        blob::Answered::Get {
+            job: Some(job),
+            sent,
+            ..
+        }
+        | blob::Answered::GetMany {
+            job: Some(job),
+            sent,
+        } => shared.update(|core, _| core.served_to_worker(job, sent)),
+        _ => {}
     }
     Ok(())
 }

@@ -7,7 +7,7 @@ use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::{BlobDir, BlobError, BLOCK};
 use crate::chunk::Recipe;
-use crate::messages::{BlobReply, BlobRequest};
+use crate::messages::{BlobReply, BlobRequest, MAX_GET_MANY};
 use crate::transport::Channel;
 use crate::Digest;
 
@@ -38,6 +38,23 @@ async fn send_stored<W: AsyncWrite + Unpin>(
     digest: &Digest,
     dst: &mut W,
 ) -> Result<u64, BlobError> {
+    let corrupt = || -> Result<u64, BlobError> {
+        tracing::warn!(%digest, "stored blob is corrupt: removed, it will be asked for again");
+        dir.remove(digest)?;
+        Err(BlobError::Corrupt(*digest))
+    };
+    if dir.size(digest).is_some_and(|len| len <= BLOCK as u64) {
+        // A chunk: read whole in one blocking-pool trip, checked before
+        // anything is sent.
+        let bytes = tokio::fs::read(dir.path(digest)).await?;
+        if Digest::of(&bytes) != *digest {
+            return corrupt();
+        }
+        dst.write_all(&bytes)
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?;
+        return Ok(bytes.len() as u64);
+    }
     let mut file = tokio::fs::File::open(dir.path(digest)).await?;
     let mut buf = vec![0u8; BLOCK];
     let mut hasher = blake3::Hasher::new();
@@ -54,9 +71,7 @@ async fn send_stored<W: AsyncWrite + Unpin>(
         sent += n as u64;
     }
     if Digest::from(hasher.finalize()) != *digest {
-        tracing::warn!(%digest, "stored blob is corrupt: removed, it will be asked for again");
-        dir.remove(digest)?;
-        return Err(BlobError::Corrupt(*digest));
+        return corrupt();
     }
     Ok(sent)
 }
@@ -150,6 +165,8 @@ pub enum Answered {
         job: Option<u64>,
         sent: u64,
     },
+    /// A get of several blobs: `sent` bytes served in all, for `job`.
+    GetMany { job: Option<u64>, sent: u64 },
 }
 
 /// Which blobs a peer may read: asked before a `Get` or a `Recipe` is
@@ -274,6 +291,20 @@ pub async fn answer_gated(
             ch.send.finish().map_err(lost)?;
             Answered::Get { digest, job, sent }
         }
+        BlobRequest::GetMany { digests, job } => {
+            let sent = if digests.len() > MAX_GET_MANY {
+                let reason = format!(
+                    "at most {MAX_GET_MANY} blobs a request, not {}",
+                    digests.len()
+                );
+                ch.send(&BlobReply::Refused { reason }).await?;
+                0
+            } else {
+                send_many(dir, ch, &digests, gate).await?
+            };
+            ch.send.finish().map_err(lost)?;
+            Answered::GetMany { job, sent }
+        }
         BlobRequest::Recipe { digest } => {
             let reply = match dir.recipe(&digest) {
                 Some(r) => {
@@ -289,6 +320,39 @@ pub async fn answer_gated(
     };
     let _ = ch.send.stopped().await;
     Ok(answered)
+}
+
+/// Answers a [`BlobRequest::GetMany`]: each blob in order, up to the
+/// first one `gate` refuses. Returns the bytes sent.
+async fn send_many(
+    dir: &BlobDir,
+    ch: &mut Channel,
+    digests: &[Digest],
+    gate: &(dyn ReadGate + Sync),
+) -> Result<u64, BlobError> {
+    let mut sent = 0;
+    for digest in digests {
+        if !gate.may_read(digest) {
+            let reason = format!("blob {digest} is not needed by a task this peer holds");
+            ch.send(&BlobReply::Refused { reason }).await?;
+            break;
+        }
+        let Some(len) = dir.size(digest) else {
+            ch.send(&BlobReply::NotFound).await?;
+            continue;
+        };
+        ch.send(&BlobReply::Found { len }).await?;
+        match send_stored(dir, digest, &mut ch.send).await {
+            Ok(n) => sent += n,
+            Err(e @ BlobError::Corrupt(_)) => {
+                // As for one blob: no clean end after bad bytes.
+                let _ = ch.send.reset(1u32.into());
+                return Err(e);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(sent)
 }
 
 /// A bare blob server: accepts connections on `endpoint` whose `Hello`
@@ -359,6 +423,56 @@ pub async fn get_recipe(
             "stream closed before the sender answered".into(),
         )),
     }
+}
+
+/// Downloads `digests` (at most [`MAX_GET_MANY`]) over one stream into
+/// `dir`, each verified, in order; `each` is told every blob received and
+/// its size. A blob the sender lacks or refuses ends it with an error,
+/// after the ones before it were kept.
+pub async fn get_many(
+    conn: &quinn::Connection,
+    digests: &[Digest],
+    job: Option<u64>,
+    dir: &BlobDir,
+    mut each: impl FnMut(Digest, u64),
+) -> Result<(), BlobError> {
+    if digests.len() > MAX_GET_MANY {
+        return Err(BlobError::Lost(format!(
+            "at most {MAX_GET_MANY} blobs a request"
+        )));
+    }
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    let request = BlobRequest::GetMany {
+        digests: digests.to_vec(),
+        job,
+    };
+    ch.send(&request).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    for &digest in digests {
+        match ch.recv::<BlobReply>().await? {
+            Some(BlobReply::Found { len }) => {
+                dir.receive(digest, len, &mut ch.recv).await?;
+                each(digest, len);
+            }
+            Some(BlobReply::NotFound) => return Err(BlobError::NotFound(digest)),
+            Some(BlobReply::Refused { reason }) => {
+                return Err(BlobError::Refused { digest, reason })
+            }
+            Some(other) => return Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+            None => {
+                return Err(BlobError::Lost(
+                    "stream closed before the sender answered".into(),
+                ))
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
