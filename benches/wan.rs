@@ -1,7 +1,8 @@
 //! Benchmarks across the WAN bench (`tests/e2e/wan.rs`: network
 //! namespaces, veth pairs at MTU 1500, a user-space relay for delay and
 //! rate, nftables for loss), run as root:
-//! `cargo bench --bench wan [goodput|goodput-quick|fanout|fanout-quick]`.
+//! `cargo bench --bench wan [goodput|goodput-quick]` (fan-out is in the
+//! farm benchmark: `cargo bench --bench farm -- fanout`).
 //! Each prints every run and the ratio to its target; nothing here asserts
 //! a wall-clock time. Without root it says why and measures nothing.
 //!
