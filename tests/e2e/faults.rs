@@ -101,6 +101,9 @@ fn worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats() {
     for name in ["w1", "w2", "w3"] {
         farm.add_worker(name);
     }
+    // All three joined before the submit: a worker alone would hold both
+    // tiles (pipelined leases).
+    farm.wait_workers(3);
     // Two long tiles for three workers: one stays idle, ready to take over.
     let scene = scenes().join("demo.scene.json");
     let id = farm.submit_demo_frame("2x1");
