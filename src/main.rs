@@ -135,6 +135,12 @@ enum Command {
         /// ones too (pipelined leases are on by default; for comparisons).
         #[arg(long)]
         no_pipelining: bool,
+        /// The congestion controller for what this process sends: `cubic`
+        /// (the default), `newreno`, or `bbr` (far faster on paths that
+        /// drop packets at random, but it resends much more where a slow
+        /// link's queue overflows; see BENCHMARKS.md).
+        #[arg(long, default_value = "cubic", value_parser = tessera_protocol::transport::Congestion::parse)]
+        congestion: tessera_protocol::transport::Congestion,
         /// How long a finished job's assets and frames are kept before
         /// garbage collection may remove them (e.g. 7d, 12h, 30m, 0s).
         #[arg(long, default_value = "7d", value_parser = parse_duration)]
@@ -244,6 +250,12 @@ enum Command {
         /// beside the others with `auto`): renders Movie Render Queue jobs.
         #[arg(long)]
         unreal_editor: Option<PathBuf>,
+        /// The congestion controller for what this process sends: `cubic`
+        /// (the default), `newreno`, or `bbr` (far faster on paths that
+        /// drop packets at random, but it resends much more where a slow
+        /// link's queue overflows; see BENCHMARKS.md).
+        #[arg(long, default_value = "cubic", value_parser = tessera_protocol::transport::Congestion::parse)]
+        congestion: tessera_protocol::transport::Congestion,
     },
     /// Submit a scene: uploads what the farm lacks, then queues the job.
     Submit {
@@ -710,6 +722,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             lease_ms,
             no_cache_affinity,
             no_pipelining,
+            congestion,
             retention,
             scrub_mb_per_sec,
             http,
@@ -727,6 +740,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             config.lease_ms = lease_ms.max(heartbeat_ms);
             config.cache_affinity = !no_cache_affinity;
             config.pipelining = !no_pipelining;
+            tessera_protocol::transport::use_congestion(congestion);
             config.retention = retention;
             config.http = match http.as_deref() {
                 None => None,
@@ -798,7 +812,9 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             noop_ms,
             interruptible,
             unreal_editor,
+            congestion,
         } => {
+            tessera_protocol::transport::use_congestion(congestion);
             // Required by clap unless a subcommand is given.
             let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {

@@ -120,6 +120,27 @@ pub enum Congestion {
     Bbr,
 }
 
+impl Congestion {
+    /// `--congestion cubic|newreno|bbr`.
+    pub fn parse(s: &str) -> Result<Congestion, String> {
+        match s {
+            "cubic" => Ok(Congestion::Cubic),
+            "newreno" => Ok(Congestion::NewReno),
+            "bbr" => Ok(Congestion::Bbr),
+            _ => Err(format!("`{s}`: expected cubic, newreno or bbr")),
+        }
+    }
+}
+
+/// Every endpoint and connection of this process from now on sends with
+/// `congestion` (`--congestion`); the rest of the tuning is the default.
+pub fn use_congestion(congestion: Congestion) {
+    set_tuning(Tuning {
+        congestion,
+        ..Tuning::default()
+    });
+}
+
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
@@ -588,6 +609,15 @@ pub fn constant_time_eq(a: &str, b: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn congestion_names_parse_and_a_wrong_one_says_what_is_expected() {
+        assert_eq!(Congestion::parse("bbr"), Ok(Congestion::Bbr));
+        assert_eq!(Congestion::parse("cubic"), Ok(Congestion::Cubic));
+        assert_eq!(Congestion::parse("newreno"), Ok(Congestion::NewReno));
+        let e = Congestion::parse("reno").unwrap_err();
+        assert!(e.contains("expected cubic, newreno or bbr"), "{e}");
+    }
 
     #[test]
     fn version_and_role_are_checked() {

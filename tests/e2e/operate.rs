@@ -124,3 +124,31 @@ fn a_paused_job_gets_no_new_tasks_and_a_drained_worker_leaves_cleanly() {
     );
     assert_eq!(left["blocked"], "no workers are connected");
 }
+
+/// `--congestion bbr` on both ends: assets go out and results come back
+/// under BBR, and the frame is the one a local render makes; a name it
+/// does not know is refused as bad usage.
+#[test]
+fn a_farm_sending_with_bbr_renders_the_same_frame() {
+    let mut farm = Farm::start("bbr", &["--congestion", "bbr"]);
+    farm.add_worker_with("w1", &["--congestion", "bbr"]);
+    let id = farm.submit_demo_frame("2x2");
+    let out = farm.dir.join("out");
+    farm.wait_done(id, &out);
+    let scene = scenes().join("demo.scene.json");
+    crate::harness::assert_frames_match_reference_samples(&out, &scene, &[1], 256);
+
+    let bad = crate::harness::tessera()
+        .args([
+            "worker",
+            "--ticket",
+            &farm.worker_ticket(),
+            "--congestion",
+            "vegas",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("expected cubic, newreno or bbr"), "{err}");
+}
