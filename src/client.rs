@@ -860,15 +860,14 @@ pub async fn upload_scene(
         bail!("--frame-files is for Blender and builtin scenes (an Unreal chunk renders warm-up frames before its own); nothing was uploaded");
     }
     let paths: Vec<&str> = scan.files.iter().map(|f| f.job_path.as_str()).collect();
-    let mut file_frames = crate::frame_files::assign(&opts.frame_files, &paths)?;
+    let file_frames = crate::frame_files::assign(&opts.frame_files, &paths)?;
     // A frame's files are uploaded only when the job renders that frame.
     let rendered: std::collections::HashSet<u32> = spec.frames.iter().copied().collect();
-    let wanted = |f: &Option<u32>| f.is_none_or(|f| rendered.contains(&f));
-    let mut files = scan.files;
-    let before = files.len();
-    let mut keep = file_frames.iter().map(wanted);
-    files.retain(|_| keep.next().unwrap_or(true));
-    file_frames.retain(wanted);
+    let before = scan.files.len();
+    let (files, file_frames): (Vec<SceneFile>, Vec<Option<u32>>) = (scan.files.into_iter())
+        .zip(file_frames)
+        .filter(|(_, f)| f.is_none_or(|f| rendered.contains(&f)))
+        .unzip();
     if files.len() < before {
         eprintln!(
             "note: --frame-files: {} files of frames this job does not render are left out",

@@ -402,16 +402,10 @@ impl Cache {
         if own.is_empty() {
             return Ok(files);
         }
-        let mut fetched = 0;
-        {
+        let fetched = {
             let _one_at_a_time = self.fetching.lock().await;
-            for entry in &own {
-                let held = self.state().lru.contains(&Blob::File(entry.digest));
-                if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
-                    fetched += self.fetch(conn, job.job, entry, true).await?;
-                }
-            }
-        }
+            self.fetch_missing(conn, job.job, &own).await?
+        };
         // Linked (again, should a link have gone stale) under the state's
         // lock, counted per path: the last task using a frame's file
         // unlinks it, so that an evicted blob leaves the disk.
@@ -790,19 +784,31 @@ impl Cache {
         Ok(got)
     }
 
+    /// Fetches those of a job's `entries` the cache lacks (or holds with
+    /// another size); returns the bytes fetched.
+    async fn fetch_missing(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        entries: &[ManifestEntry],
+    ) -> anyhow::Result<u64> {
+        let mut fetched = 0;
+        for entry in entries {
+            let held = self.state().lru.contains(&Blob::File(entry.digest));
+            if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
+                fetched += self.fetch(conn, job, entry, true).await?;
+            }
+        }
+        Ok(fetched)
+    }
+
     /// Fetches and lays out the files every task of the job needs.
     async fn build(&self, conn: &quinn::Connection, job: &JobInfo) -> anyhow::Result<PathBuf> {
-        let mut fetched = 0u64;
         let shared: Vec<ManifestEntry> = (job.manifest.iter())
             .filter(|e| e.frame.is_none())
             .cloned()
             .collect();
-        for entry in &shared {
-            let held = self.state().lru.contains(&Blob::File(entry.digest));
-            if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
-                fetched += self.fetch(conn, job.job, entry, true).await?;
-            }
-        }
+        let fetched = self.fetch_missing(conn, job.job, &shared).await?;
         let tag = Digest::of(format!("{:?}", job.manifest).as_bytes()).to_hex();
         let dir = self.jobs_root.join(format!("{}-{}", job.job, &tag[..12]));
         let blobs = self.blobs.clone();

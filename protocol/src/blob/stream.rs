@@ -251,16 +251,6 @@ pub async fn answer_gated(
             ch.send.finish().map_err(lost)?;
             answered
         }
-        BlobRequest::Get { digest, job } if !gate.may_read(&digest) => {
-            let reason = format!("blob {digest} is not needed by a task this peer holds");
-            ch.send(&BlobReply::Refused { reason }).await?;
-            ch.send.finish().map_err(lost)?;
-            Answered::Get {
-                digest,
-                job,
-                sent: 0,
-            }
-        }
         BlobRequest::Recipe { digest } if !gate.may_read(&digest) => {
             let reason = format!("file {digest} is not needed by a task this peer holds");
             ch.send(&BlobReply::Refused { reason }).await?;
@@ -268,26 +258,7 @@ pub async fn answer_gated(
             Answered::Recipe { digest }
         }
         BlobRequest::Get { digest, job } => {
-            let sent = match dir.size(&digest) {
-                Some(len) => {
-                    ch.send(&BlobReply::Found { len }).await?;
-                    match send_stored(dir, &digest, &mut ch.send).await {
-                        Ok(sent) => sent,
-                        Err(e @ BlobError::Corrupt(_)) => {
-                            // The receiver must not take a clean end for
-                            // good bytes (it would re-hash and refuse them
-                            // anyway).
-                            let _ = ch.send.reset(1u32.into());
-                            return Err(e);
-                        }
-                        Err(e) => return Err(e),
-                    }
-                }
-                None => {
-                    ch.send(&BlobReply::NotFound).await?;
-                    0
-                }
-            };
+            let sent = send_many(dir, ch, &[digest], gate).await?;
             ch.send.finish().map_err(lost)?;
             Answered::Get { digest, job, sent }
         }
@@ -322,8 +293,9 @@ pub async fn answer_gated(
     Ok(answered)
 }
 
-/// Answers a [`BlobRequest::GetMany`]: each blob in order, up to the
-/// first one `gate` refuses. Returns the bytes sent.
+/// Answers a `Get` (one digest) or a [`BlobRequest::GetMany`]: each blob
+/// in order, `Found` and its bytes or `NotFound`, up to the first one
+/// `gate` refuses. Returns the bytes sent.
 async fn send_many(
     dir: &BlobDir,
     ch: &mut Channel,
@@ -345,7 +317,8 @@ async fn send_many(
         match send_stored(dir, digest, &mut ch.send).await {
             Ok(n) => sent += n,
             Err(e @ BlobError::Corrupt(_)) => {
-                // As for one blob: no clean end after bad bytes.
+                // The receiver must not take a clean end for good bytes
+                // (it would re-hash and refuse them anyway).
                 let _ = ch.send.reset(1u32.into());
                 return Err(e);
             }
