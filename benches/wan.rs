@@ -232,15 +232,19 @@ fn goodput(mib: u64, variant: &str) {
                             .unwrap();
                         let d = started.elapsed();
                         let s = session.connection.stats();
+                        let veno = tessera_protocol::congestion::losses(&session.connection)
+                            .map(|(r, c)| format!(" ({r} taken as random, {c} congestive)"))
+                            .unwrap_or_default();
                         session.connection.close(0u32.into(), b"done");
                         (
                             d,
                             format!(
-                                "MTU {}, {} packets, {} lost, {} congestion events",
+                                "MTU {}, {} packets, {} lost, {} congestion events{veno}, RTT {} ms",
                                 s.path.current_mtu,
                                 s.path.sent_packets,
                                 s.path.lost_packets,
-                                s.path.congestion_events
+                                s.path.congestion_events,
+                                s.path.rtt.as_millis(),
                             ),
                         )
                     })

@@ -135,11 +135,13 @@ enum Command {
         /// ones too (pipelined leases are on by default; for comparisons).
         #[arg(long)]
         no_pipelining: bool,
-        /// The congestion controller for what this process sends: `cubic`
-        /// (the default), `newreno`, or `bbr` (far faster on paths that
-        /// drop packets at random, but it resends much more where a slow
-        /// link's queue overflows; see BENCHMARKS.md).
-        #[arg(long, default_value = "cubic", value_parser = tessera_protocol::transport::Congestion::parse)]
+        /// The congestion controller for what this process sends:
+        /// `cubic-veno` (the default: CUBIC that cuts its window less for a
+        /// loss seen with no queue behind it), quinn's `cubic` or `newreno`,
+        /// or `bbr` (fast on paths that drop packets at random, but it
+        /// resends much more where a slow link's queue overflows; see
+        /// BENCHMARKS.md).
+        #[arg(long, default_value = "cubic-veno", value_parser = tessera_protocol::transport::Congestion::parse)]
         congestion: tessera_protocol::transport::Congestion,
         /// How long a finished job's assets and frames are kept before
         /// garbage collection may remove them (e.g. 7d, 12h, 30m, 0s).
@@ -250,11 +252,13 @@ enum Command {
         /// beside the others with `auto`): renders Movie Render Queue jobs.
         #[arg(long)]
         unreal_editor: Option<PathBuf>,
-        /// The congestion controller for what this process sends: `cubic`
-        /// (the default), `newreno`, or `bbr` (far faster on paths that
-        /// drop packets at random, but it resends much more where a slow
-        /// link's queue overflows; see BENCHMARKS.md).
-        #[arg(long, default_value = "cubic", value_parser = tessera_protocol::transport::Congestion::parse)]
+        /// The congestion controller for what this process sends:
+        /// `cubic-veno` (the default: CUBIC that cuts its window less for a
+        /// loss seen with no queue behind it), quinn's `cubic` or `newreno`,
+        /// or `bbr` (fast on paths that drop packets at random, but it
+        /// resends much more where a slow link's queue overflows; see
+        /// BENCHMARKS.md).
+        #[arg(long, default_value = "cubic-veno", value_parser = tessera_protocol::transport::Congestion::parse)]
         congestion: tessera_protocol::transport::Congestion,
     },
     /// Submit a scene: uploads what the farm lacks, then queues the job.

@@ -8,6 +8,7 @@ pub mod blob;
 pub mod build;
 pub mod chunk;
 pub mod codec;
+pub mod congestion;
 pub mod digest;
 pub mod events;
 pub mod float_tile;

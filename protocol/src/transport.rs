@@ -112,22 +112,26 @@ pub struct Tuning {
     pub max_udp_payload: u16,
 }
 
-/// The congestion controllers quinn offers.
+/// The congestion controllers: Tessera's own (the default) and quinn's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Congestion {
+    /// CUBIC that cuts its window less for a loss seen with no queue
+    /// behind it ([`crate::congestion`]).
+    CubicVeno,
     Cubic,
     NewReno,
     Bbr,
 }
 
 impl Congestion {
-    /// `--congestion cubic|newreno|bbr`.
+    /// `--congestion cubic-veno|cubic|newreno|bbr`.
     pub fn parse(s: &str) -> Result<Congestion, String> {
         match s {
+            "cubic-veno" => Ok(Congestion::CubicVeno),
             "cubic" => Ok(Congestion::Cubic),
             "newreno" => Ok(Congestion::NewReno),
             "bbr" => Ok(Congestion::Bbr),
-            _ => Err(format!("`{s}`: expected cubic, newreno or bbr")),
+            _ => Err(format!("`{s}`: expected cubic-veno, cubic, newreno or bbr")),
         }
     }
 }
@@ -144,7 +148,7 @@ pub fn use_congestion(congestion: Congestion) {
 impl Default for Tuning {
     fn default() -> Self {
         Tuning {
-            congestion: Congestion::Cubic,
+            congestion: Congestion::CubicVeno,
             stream_receive_window: 16 * 1024 * 1024,
             receive_window: RECEIVE_WINDOW,
             send_window: 64 * 1024 * 1024,
@@ -258,6 +262,9 @@ fn transport_config(timing: Timing) -> Arc<quinn::TransportConfig> {
     mtu.upper_bound(tuning.max_udp_payload);
     t.mtu_discovery_config(Some(mtu));
     match tuning.congestion {
+        Congestion::CubicVeno => {
+            t.congestion_controller_factory(Arc::new(crate::congestion::CubicVenoConfig));
+        }
         Congestion::Cubic => {}
         Congestion::NewReno => {
             t.congestion_controller_factory(Arc::new(quinn::congestion::NewRenoConfig::default()));
@@ -615,8 +622,13 @@ mod tests {
         assert_eq!(Congestion::parse("bbr"), Ok(Congestion::Bbr));
         assert_eq!(Congestion::parse("cubic"), Ok(Congestion::Cubic));
         assert_eq!(Congestion::parse("newreno"), Ok(Congestion::NewReno));
+        assert_eq!(Congestion::parse("cubic-veno"), Ok(Congestion::CubicVeno));
+        assert_eq!(Tuning::default().congestion, Congestion::CubicVeno);
         let e = Congestion::parse("reno").unwrap_err();
-        assert!(e.contains("expected cubic, newreno or bbr"), "{e}");
+        assert!(
+            e.contains("expected cubic-veno, cubic, newreno or bbr"),
+            "{e}"
+        );
     }
 
     #[test]
