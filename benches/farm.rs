@@ -155,6 +155,8 @@ fn fanout() {
     let id = job["id"].as_u64().unwrap().to_string();
     let started = Instant::now();
     farm.run(&["resume", &id]);
+    // Progress, and the mark a profiler of the fetch waits for.
+    eprintln!("fan-out: job {id} resumed, waiting for its first frame");
     let mut first = None;
     let eighth = loop {
         let status = farm.json(&["status", &id, "--json"]);

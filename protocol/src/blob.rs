@@ -7,8 +7,8 @@
 mod stream;
 
 pub use stream::{
-    answer, answer_gated, get, get_many, get_recipe, put, put_retrying, send_file, serve, Answered,
-    BlobSource, Open, ReadGate,
+    answer, answer_gated, get, get_many, get_many_in_memory, get_recipe, put, put_retrying,
+    send_file, serve, Answered, BlobSource, ManyInMemory, Open, ReadGate,
 };
 
 use std::path::{Path, PathBuf};
@@ -244,6 +244,28 @@ impl BlobDir {
         self.assemble_from(recipe, self)
     }
 
+    /// Moves the file at `path` (on this store's file system) into the
+    /// store as `digest` once it hashes to it (blocking: call it off the
+    /// runtime). On a mismatch the file is left where it is and nothing is
+    /// stored.
+    pub fn adopt(&self, path: &Path, digest: &Digest) -> Result<(), BlobError> {
+        let (actual, len) = Digest::of_reader(std::fs::File::open(path)?)?;
+        if len > MAX_BLOB {
+            return Err(BlobError::TooLarge {
+                digest: *digest,
+                len,
+            });
+        }
+        if actual != *digest {
+            return Err(BlobError::Mismatch {
+                expected: *digest,
+                actual,
+            });
+        }
+        self.commit(path, digest)?;
+        Ok(())
+    }
+
     /// [`BlobDir::assemble`] with the chunks in another store.
     pub fn assemble_from(&self, recipe: &Recipe, chunks: &BlobDir) -> Result<(), BlobError> {
         let file = recipe.digest;
@@ -322,9 +344,10 @@ impl BlobDir {
     }
 
     /// Remembers which chunks make up `recipe.digest` (so garbage collection
-    /// keeps a retained file's chunks for the next edit of it), and which
-    /// file its chunk list makes (so a client naming the list learns it).
-    fn keep_recipe(&self, recipe: &Recipe) -> std::io::Result<()> {
+    /// keeps a retained file's chunks for the next edit of it, and a cache
+    /// knows where in its files each chunk lies), and which file its chunk
+    /// list makes (so a client naming the list learns it).
+    pub fn keep_recipe(&self, recipe: &Recipe) -> std::io::Result<()> {
         let path = self.recipe_path(&recipe.digest);
         std::fs::create_dir_all(path.parent().expect("recipes folder"))?;
         let bytes = crate::codec::encode(recipe).map_err(std::io::Error::other)?;

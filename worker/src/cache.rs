@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use anyhow::{bail, Context};
 use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::build::BuildManifest;
-use tessera_protocol::chunk::{ChunkRef, Recipe, CHUNK_THRESHOLD};
+use tessera_protocol::chunk::{Recipe, CHUNK_THRESHOLD, MAX_CHUNK};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
 use tessera_protocol::messages::{JobInfo, StitchedPasses, MAX_GET_MANY};
 use tessera_protocol::Digest;
@@ -153,17 +153,22 @@ impl<K: Copy + Eq + std::hash::Hash + Ord> Lru<K> {
     }
 }
 
-/// What the cache holds: whole files (what jobs name) and the chunks of
-/// large files (so an edited file fetches only its changed chunks, and a
-/// cut download resumes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-enum Blob {
-    File(Digest),
-    Chunk(Digest),
+/// Where a chunk of a held file lies: a large file's chunks are not stored
+/// apart, so an edited file (or a build sharing bytes with another) takes
+/// the chunks it has in common from the files that hold them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ChunkAt {
+    file: Digest,
+    offset: u64,
+    len: u32,
 }
 
 struct State {
-    lru: Lru<Blob>,
+    lru: Lru<Digest>,
+    /// Every chunk of the held files whose chunk lists are known.
+    chunks: HashMap<Digest, ChunkAt>,
+    /// Files being fetched into `partial/` now.
+    partial: std::collections::HashSet<Digest>,
     /// One preparation per job; concurrent slots of the same job wait for it.
     prepared: HashMap<u64, Arc<OnceCell<PathBuf>>>,
     /// Running tasks per job.
@@ -185,7 +190,10 @@ struct State {
 
 pub struct Cache {
     blobs: BlobDir,
-    chunks: BlobDir,
+    /// Large files being fetched, by digest: chunks are written straight
+    /// into them at their offsets, and a fetch that was cut resumes from
+    /// the chunks already there.
+    partial_root: PathBuf,
     jobs_root: PathBuf,
     builds_root: PathBuf,
     cap: Option<u64>,
@@ -218,7 +226,7 @@ impl Drop for BuildFiles<'_> {
     fn drop(&mut self) {
         let mut state = self.cache.state();
         for d in &self.digests {
-            state.lru.unpin(&Blob::File(*d));
+            state.lru.unpin(d);
         }
         if let Some(n) = state.builds.get_mut(&self.build) {
             *n = n.saturating_sub(1);
@@ -260,8 +268,11 @@ impl Cache {
         let dir = &dir.canonicalize()?;
         let blobs = BlobDir::open(dir.join("blobs"))
             .with_context(|| format!("cannot open the cache in {}", dir.display()))?;
-        let chunks = BlobDir::open(dir.join("chunks"))
-            .with_context(|| format!("cannot open the cache in {}", dir.display()))?;
+        // Chunks stored apart, by an earlier version: files hold them now.
+        let _ = std::fs::remove_dir_all(dir.join("chunks"));
+        let partial_root = dir.join("partial");
+        std::fs::create_dir_all(&partial_root)?;
+        remove_stale_partials(&partial_root);
         let jobs_root = dir.join("jobs");
         // Job folders are rebuilt from blobs; stale ones from an earlier run go.
         let _ = std::fs::remove_dir_all(&jobs_root);
@@ -270,14 +281,17 @@ impl Cache {
         let builds_root = dir.join("builds");
         let _ = std::fs::remove_dir_all(&builds_root);
         let mut lru = Lru::default();
-        let (kept, removed) = rebuild_index(&blobs, &chunks, &mut lru)?;
+        let (kept, removed) = rebuild_index(&blobs, &mut lru)?;
         // Verified just now: stamp what was re-hashed.
         let stamps = (lru.keys())
-            .filter_map(|b| match b {
-                Blob::File(d) => Some((*d, Stamp::of(&blobs.path(d))?)),
-                Blob::Chunk(_) => None,
-            })
+            .filter_map(|d| Some((*d, Stamp::of(&blobs.path(d))?)))
             .collect();
+        let mut chunks = HashMap::new();
+        for d in lru.keys() {
+            if let Some(recipe) = blobs.recipe(d) {
+                index_chunks(&mut chunks, &recipe);
+            }
+        }
         tracing::info!(
             blobs = kept,
             bytes = lru.total(),
@@ -287,13 +301,15 @@ impl Cache {
         );
         let cache = Cache {
             blobs,
-            chunks,
+            partial_root,
             jobs_root,
             builds_root,
             cap,
             fetching: tokio::sync::Mutex::new(()),
             state: Mutex::new(State {
                 lru,
+                chunks,
+                partial: Default::default(),
                 prepared: HashMap::new(),
                 running: HashMap::new(),
                 added: Vec::new(),
@@ -331,11 +347,7 @@ impl Cache {
         let mut state = self.state();
         state.added.clear();
         state.removed.clear();
-        let files = state.lru.keys().filter_map(|k| match k {
-            Blob::File(d) => Some(*d),
-            Blob::Chunk(_) => None,
-        });
-        files.collect()
+        state.lru.keys().copied().collect()
     }
 
     /// Blobs gained and lost since last asked, if any.
@@ -377,8 +389,8 @@ impl Cache {
         let cell = {
             let mut state = self.state();
             for d in &digests {
-                state.lru.pin(Blob::File(*d));
-                state.lru.touch(&Blob::File(*d));
+                state.lru.pin(*d);
+                state.lru.touch(d);
             }
             *state.running.entry(job.job).or_default() += 1;
             state.prepared.entry(job.job).or_default().clone()
@@ -445,9 +457,9 @@ impl Cache {
             origin: None,
             frame: None,
         };
-        let held = self.state().lru.contains(&Blob::File(entry.digest));
+        let held = self.state().lru.contains(&(entry.digest));
         if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
-            self.fetch(conn, job, &entry, false).await?;
+            self.fetch(conn, job, &entry).await?;
         }
         let _ = std::fs::remove_file(to);
         let from = self.blobs.path(&entry.digest);
@@ -490,7 +502,8 @@ impl Cache {
                 None => {
                     tracing::warn!(%digest, "a cached file changed on disk and no longer matches its digest: fetching it again");
                     let _ = self.blobs.remove(&digest);
-                    state.lru.remove(&Blob::File(digest));
+                    state.lru.remove(&digest);
+                    state.chunks.retain(|_, at| at.file != digest);
                     state.stamps.remove(&digest);
                     state.removed.push(digest);
                     state.prepared.clear();
@@ -503,7 +516,7 @@ impl Cache {
     fn release_job(&self, job: u64, digests: &[Digest], dir: &Path, linked: &[String]) {
         let mut state = self.state();
         for d in digests {
-            state.lru.unpin(&Blob::File(*d));
+            state.lru.unpin(d);
         }
         for path in linked {
             let key = (job, path.clone());
@@ -530,7 +543,7 @@ impl Cache {
 
     /// Deletes evicted blobs, and the folders of jobs with no running task
     /// (their hard links would keep the bytes on disk).
-    fn delete(&self, evicted: &[Blob]) {
+    fn delete(&self, evicted: &[Digest]) {
         if evicted.is_empty() {
             return;
         }
@@ -572,21 +585,15 @@ impl Cache {
                 }
             }
         }
-        let mut files = Vec::new();
-        for b in evicted {
-            let _ = match b {
-                Blob::File(d) => {
-                    files.push(*d);
-                    self.blobs.remove(d)
-                }
-                Blob::Chunk(d) => self.chunks.remove(d),
-            };
+        for d in evicted {
+            let _ = self.blobs.remove(d);
         }
         let mut state = self.state();
-        for d in &files {
+        for d in evicted {
             state.stamps.remove(d);
         }
-        state.removed.extend(files);
+        state.chunks.retain(|_, at| !evicted.contains(&at.file));
+        state.removed.extend_from_slice(evicted);
         drop(state);
         tracing::info!(blobs = evicted.len(), "evicted from the cache");
     }
@@ -613,16 +620,14 @@ impl Cache {
     }
 
     /// Fetches one file of a job: a large one as the chunks this cache
-    /// lacks, joined and verified here; others whole.
-    /// `keep_chunks`: keep a large file's chunks once it is joined (a
-    /// job's files, so an edited one fetches only what changed); a build's
-    /// are dropped, so the cache holds its bytes once.
+    /// lacks, written into the file at their offsets (chunks it holds in
+    /// other files copied from them), the whole file verified here; others
+    /// whole.
     async fn fetch(
         &self,
         conn: &quinn::Connection,
         job: u64,
         entry: &ManifestEntry,
-        keep_chunks: bool,
     ) -> anyhow::Result<u64> {
         let what = format!("`{}`", entry.path);
         if entry.size >= CHUNK_THRESHOLD {
@@ -630,129 +635,184 @@ impl Cache {
                 .await
                 .with_context(|| format!("fetching the chunk list of {what}"))?;
             if let Some(recipe) = recipe {
-                return self
-                    .fetch_chunked(conn, job, &what, recipe, keep_chunks)
-                    .await;
+                return self.fetch_chunked(conn, job, &what, recipe).await;
             }
         }
         self.reserve(entry.size, &what)?;
         let got = blob::get(conn, entry.digest, Some(job), &self.blobs).await;
         self.unreserve(entry.size);
         let got = got.with_context(|| format!("fetching {what}"))?;
-        self.insert(Blob::File(entry.digest), got);
+        self.insert(entry.digest, got);
         Ok(got)
     }
 
-    fn insert(&self, blob: Blob, size: u64) {
-        let stamp = match blob {
-            Blob::File(d) => Stamp::of(&self.blobs.path(&d)),
-            Blob::Chunk(_) => None,
-        };
+    fn insert(&self, digest: Digest, size: u64) {
+        let stamp = Stamp::of(&self.blobs.path(&digest));
         let mut state = self.state();
-        state.lru.insert(blob, size);
-        state.lru.touch(&blob);
-        if let Blob::File(d) = blob {
-            state.added.push(d);
-            match stamp {
-                Some(stamp) => state.stamps.insert(d, stamp),
-                None => state.stamps.remove(&d),
-            };
-        }
+        state.lru.insert(digest, size);
+        state.lru.touch(&digest);
+        state.added.push(digest);
+        match stamp {
+            Some(stamp) => state.stamps.insert(digest, stamp),
+            None => state.stamps.remove(&digest),
+        };
     }
 
+    /// Fetches the large file `recipe` describes into `partial/` (see
+    /// [`Cache::place_local_chunks`] and [`Cache::fetch_chunks`]), then
+    /// stores it once its bytes hash to its digest. Returns the bytes
+    /// fetched from the coordinator.
     async fn fetch_chunked(
         &self,
         conn: &quinn::Connection,
         job: u64,
         what: &str,
         recipe: Recipe,
-        keep_chunks: bool,
     ) -> anyhow::Result<u64> {
-        let mut distinct: Vec<ChunkRef> = recipe.chunks.clone();
-        distinct.sort_unstable_by_key(|c| c.digest);
-        distinct.dedup_by_key(|c| c.digest);
-        let lacking: Vec<ChunkRef> = {
-            let mut state = self.state();
-            for c in &distinct {
-                state.lru.pin(Blob::Chunk(c.digest));
-                state.lru.touch(&Blob::Chunk(c.digest));
-            }
-            distinct
-                .iter()
-                .filter(|c| {
-                    !state.lru.contains(&Blob::Chunk(c.digest))
-                        || self.chunks.size(&c.digest) != Some(u64::from(c.len))
-                })
-                .copied()
-                .collect()
+        self.reserve(recipe.size, what)?;
+        // One fetch of a file at a time writes its partial file; another
+        // (a build and a job naming the same bytes) gets a file of its own.
+        let own = self.state().partial.insert(recipe.digest);
+        let partial = if own {
+            self.partial_root.join(recipe.digest.to_hex())
+        } else {
+            let tag: u64 = rand::random();
+            (self.partial_root).join(format!("{}.{tag:016x}", recipe.digest.to_hex()))
         };
-        let unpin = || {
-            let mut state = self.state();
-            for c in &distinct {
-                state.lru.unpin(&Blob::Chunk(c.digest));
-            }
-        };
-        let result = self.fetch_chunks(conn, job, what, &recipe, lacking).await;
-        unpin();
-        if result.is_ok() && !keep_chunks {
-            let dropped: Vec<Digest> = {
-                let mut state = self.state();
-                let unused: Vec<Digest> = (distinct.iter())
-                    .map(|c| c.digest)
-                    .filter(|d| !state.lru.is_pinned(&Blob::Chunk(*d)))
-                    .collect();
-                for d in &unused {
-                    state.lru.remove(&Blob::Chunk(*d));
-                }
-                unused
-            };
-            for d in dropped {
-                let _ = self.chunks.remove(&d);
-            }
+        let result = self.fetch_into(conn, job, what, &recipe, &partial).await;
+        if own {
+            self.state().partial.remove(&recipe.digest);
+        } else {
+            let _ = std::fs::remove_file(&partial);
         }
-        result
+        self.unreserve(recipe.size);
+        let fetched = result?;
+        self.insert(recipe.digest, recipe.size);
+        index_chunks(&mut self.state().chunks, &recipe);
+        Ok(fetched)
     }
 
-    async fn fetch_chunks(
+    async fn fetch_into(
         &self,
         conn: &quinn::Connection,
         job: u64,
         what: &str,
         recipe: &Recipe,
-        lacking: Vec<ChunkRef>,
+        partial: &Path,
+    ) -> anyhow::Result<u64> {
+        // Where each distinct chunk goes (a chunk may repeat in a file).
+        let mut places: HashMap<Digest, (u32, Vec<u64>)> = HashMap::new();
+        let mut offset = 0u64;
+        for c in &recipe.chunks {
+            places
+                .entry(c.digest)
+                .or_insert((c.len, Vec::new()))
+                .1
+                .push(offset);
+            offset += u64::from(c.len);
+        }
+        let mut seen = std::collections::HashSet::new();
+        let order = (recipe.chunks.iter()).filter(|c| seen.insert(c.digest));
+        let sources: Vec<(Digest, Option<PathBuf>, Option<u64>)> = {
+            let state = self.state();
+            order
+                .map(|c| &c.digest)
+                .map(|d| match state.chunks.get(d) {
+                    Some(at) if at.file != recipe.digest => {
+                        (*d, Some(self.blobs.path(&at.file)), Some(at.offset))
+                    }
+                    _ => (*d, None, None),
+                })
+                .collect()
+        };
+        let places = Arc::new(places);
+        let (path, size, p) = (partial.to_path_buf(), recipe.size, places.clone());
+        let (file, lacking) =
+            tokio::task::spawn_blocking(move || place_local_chunks(&path, size, &p, sources))
+                .await?
+                .with_context(|| format!("preparing {what} in the cache"))?;
+        let fetched = self
+            .fetch_chunks(conn, job, lacking, &file, &places)
+            .await
+            .with_context(|| format!("fetching the chunks of {what}"))?;
+        let (blobs, recipe2, path) = (self.blobs.clone(), recipe.clone(), partial.to_path_buf());
+        tokio::task::spawn_blocking(move || -> Result<(), blob::BlobError> {
+            drop(file);
+            match blobs.adopt(&path, &recipe2.digest) {
+                Ok(()) => {}
+                Err(e) => {
+                    // Every chunk checked, yet the whole is wrong: the
+                    // chunk list lied. Nothing of it is worth resuming.
+                    let _ = std::fs::remove_file(&path);
+                    return Err(e);
+                }
+            }
+            blobs.keep_recipe(&recipe2)?;
+            Ok(())
+        })
+        .await?
+        .with_context(|| format!("joining the chunks of {what}"))?;
+        Ok(fetched)
+    }
+
+    /// Fetches `lacking` chunks into `file` at their `places`: batches of
+    /// up to [`MAX_GET_MANY`] chunks a stream, 8 streams at once (up to 32
+    /// MiB in flight, so that a long path is not held to a few chunks per
+    /// round trip), each chunk verified as it arrives and written with the
+    /// others received beside it in one blocking-pool trip. Returns the
+    /// bytes fetched.
+    async fn fetch_chunks(
+        &self,
+        conn: &quinn::Connection,
+        job: u64,
+        lacking: Vec<Digest>,
+        file: &Arc<std::fs::File>,
+        places: &Arc<HashMap<Digest, (u32, Vec<u64>)>>,
     ) -> anyhow::Result<u64> {
         use std::sync::atomic::{AtomicU64, Ordering};
-        let need: u64 = lacking.iter().map(|c| u64::from(c.len)).sum();
-        let with_chunks = format!(
-            "{what} ({} bytes, joined here from {need} bytes of chunks)",
-            recipe.size
-        );
-        self.reserve(need + recipe.size, &with_chunks)?;
         let fetched = AtomicU64::new(0);
-        // Batches of chunks, each asked for on one stream, up to 8 streams
-        // at once: up to 32 MiB in flight, so that a long path is not held
-        // to a few chunks per round trip.
-        let mut batches: Vec<Vec<Digest>> = (lacking.chunks(MAX_GET_MANY))
-            .map(|b| b.iter().map(|c| c.digest).collect())
-            .collect();
+        let mut batches: Vec<Vec<Digest>> =
+            lacking.chunks(MAX_GET_MANY).map(|b| b.to_vec()).collect();
         batches.reverse();
         let queue = Mutex::new(batches);
+        let write = |pending: Vec<(Digest, Vec<u8>)>| {
+            let (file, places) = (file.clone(), places.clone());
+            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+                use std::os::unix::fs::FileExt;
+                for (digest, bytes) in &pending {
+                    for offset in places.get(digest).map_or(&[][..], |p| &p.1[..]) {
+                        file.write_all_at(bytes, *offset)?;
+                    }
+                }
+                Ok(())
+            })
+        };
         let stream = || async {
             loop {
                 let next = queue.lock().expect("fetch queue").pop();
                 let Some(batch) = next else {
                     return anyhow::Ok(());
                 };
-                let got = blob::get_many(conn, &batch, Some(job), &self.chunks, |digest, got| {
-                    // This chunk's reservation becomes its entry.
-                    fetched.fetch_add(got, Ordering::Relaxed);
-                    self.unreserve(got);
-                    self.insert(Blob::Chunk(digest), got);
-                })
+                let got = async {
+                    let mut many =
+                        blob::get_many_in_memory(conn, &batch, Some(job), MAX_CHUNK as u64).await?;
+                    let (mut pending, mut pending_bytes) = (Vec::new(), 0);
+                    while let Some((digest, bytes)) = many.next().await? {
+                        fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
+                        pending_bytes += bytes.len();
+                        pending.push((digest, bytes));
+                        if pending_bytes >= WRITE_BATCH {
+                            write(std::mem::take(&mut pending)).await??;
+                            pending_bytes = 0;
+                        }
+                    }
+                    write(pending).await??;
+                    anyhow::Ok(())
+                }
                 .await;
                 if let Err(e) = got {
                     queue.lock().expect("fetch queue").clear();
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         };
@@ -766,22 +826,13 @@ impl Cache {
             stream(),
             stream()
         );
-        let got = fetched.load(Ordering::Relaxed);
-        let first_error = [
+        [
             results.0, results.1, results.2, results.3, results.4, results.5, results.6, results.7,
         ]
         .into_iter()
-        .find_map(|r| r.err());
-        if let Some(e) = first_error {
-            self.unreserve(need - got + recipe.size);
-            return Err(e.context(format!("fetching the chunks of {what}")));
-        }
-        let (blobs, chunks, r) = (self.blobs.clone(), self.chunks.clone(), recipe.clone());
-        let joined = tokio::task::spawn_blocking(move || blobs.assemble_from(&r, &chunks)).await;
-        self.unreserve(recipe.size);
-        joined?.with_context(|| format!("joining the chunks of {what}"))?;
-        self.insert(Blob::File(recipe.digest), recipe.size);
-        Ok(got)
+        .find_map(|r| r.err())
+        .map_or(Ok(()), Err)?;
+        Ok(fetched.load(Ordering::Relaxed))
     }
 
     /// Fetches those of a job's `entries` the cache lacks (or holds with
@@ -794,9 +845,9 @@ impl Cache {
     ) -> anyhow::Result<u64> {
         let mut fetched = 0;
         for entry in entries {
-            let held = self.state().lru.contains(&Blob::File(entry.digest));
+            let held = self.state().lru.contains(&(entry.digest));
             if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
-                fetched += self.fetch(conn, job, entry, true).await?;
+                fetched += self.fetch(conn, job, entry).await?;
             }
         }
         Ok(fetched)
@@ -844,11 +895,11 @@ impl Cache {
         let mut fetched = 0;
         {
             let mut state = self.state();
-            state.lru.pin(Blob::File(digest));
-            state.lru.touch(&Blob::File(digest));
+            state.lru.pin(digest);
+            state.lru.touch(&(digest));
         }
         let manifest = self.build_manifest(conn, job, digest, &mut fetched).await;
-        self.state().lru.unpin(&Blob::File(digest));
+        self.state().lru.unpin(&(digest));
         let manifest = manifest?;
         let mut digests: Vec<Digest> = manifest.files.iter().map(|f| f.digest).collect();
         digests.push(digest);
@@ -858,8 +909,8 @@ impl Cache {
         {
             let mut state = self.state();
             for d in &digests {
-                state.lru.pin(Blob::File(*d));
-                state.lru.touch(&Blob::File(*d));
+                state.lru.pin(*d);
+                state.lru.touch(d);
             }
             *state.builds.entry(digest).or_default() += 1;
         }
@@ -881,9 +932,9 @@ impl Cache {
             })
             .collect();
         for entry in &entries {
-            let held = self.state().lru.contains(&Blob::File(entry.digest));
+            let held = self.state().lru.contains(&(entry.digest));
             if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
-                fetched += self.fetch(conn, job, entry, false).await?;
+                fetched += self.fetch(conn, job, entry).await?;
             }
         }
         files.fetched = fetched;
@@ -925,7 +976,7 @@ impl Cache {
                 .await
                 .context("fetching the build's manifest")?;
             *fetched += got;
-            self.insert(Blob::File(digest), got);
+            self.insert(digest, got);
             if let Some(cap) = self.cap {
                 let evict = self.state().lru.reserve(0, cap).unwrap_or_default();
                 self.delete(&evict);
@@ -986,56 +1037,135 @@ fn lay_out_build(
 /// Walks the blob folder: every blob is re-hashed; a file whose bytes do not
 /// match its name (or with no digest for a name) is removed. Entries go in
 /// oldest first (by modification time) so LRU order survives a restart.
-fn rebuild_index(
-    blobs: &BlobDir,
-    chunks: &BlobDir,
-    lru: &mut Lru<Blob>,
-) -> anyhow::Result<(usize, usize)> {
+fn rebuild_index(blobs: &BlobDir, lru: &mut Lru<Digest>) -> anyhow::Result<(usize, usize)> {
     let mut found = Vec::new();
     let mut removed = 0;
-    for (dir, key) in [
-        (blobs, Blob::File as fn(Digest) -> Blob),
-        (chunks, Blob::Chunk as fn(Digest) -> Blob),
-    ] {
-        let root = dir.root();
-        let _ = std::fs::remove_dir_all(root.join("tmp"));
-        std::fs::create_dir_all(root.join("tmp"))?;
-        for sub in std::fs::read_dir(root)?.flatten() {
-            // Blobs live in two-letter folders (`tmp`, `recipes` are not).
-            if sub.file_name().len() != 2 || !sub.path().is_dir() {
-                continue;
-            }
-            for f in std::fs::read_dir(sub.path())?.flatten() {
-                let path = f.path();
-                let name = f.file_name().to_string_lossy().into_owned();
-                let ok = match name.parse::<Digest>() {
-                    Ok(d) if dir.path(&d) == path => std::fs::File::open(&path)
-                        .and_then(Digest::of_reader)
-                        .ok()
-                        .filter(|(actual, _)| *actual == d)
-                        .map(|(_, size)| (d, size)),
-                    _ => None,
-                };
-                match ok {
-                    Some((d, size)) => {
-                        let mtime = f.metadata().and_then(|m| m.modified()).ok();
-                        found.push((mtime, key(d), size));
-                    }
-                    None => {
-                        tracing::warn!(path = %path.display(), "cache file does not match its digest; removed");
-                        let _ = std::fs::remove_file(&path);
-                        removed += 1;
-                    }
+    let root = blobs.root();
+    let _ = std::fs::remove_dir_all(root.join("tmp"));
+    std::fs::create_dir_all(root.join("tmp"))?;
+    for sub in std::fs::read_dir(root)?.flatten() {
+        // Blobs live in two-letter folders (`tmp`, `recipes` are not).
+        if sub.file_name().len() != 2 || !sub.path().is_dir() {
+            continue;
+        }
+        for f in std::fs::read_dir(sub.path())?.flatten() {
+            let path = f.path();
+            let name = f.file_name().to_string_lossy().into_owned();
+            let ok = match name.parse::<Digest>() {
+                Ok(d) if blobs.path(&d) == path => std::fs::File::open(&path)
+                    .and_then(Digest::of_reader)
+                    .ok()
+                    .filter(|(actual, _)| *actual == d)
+                    .map(|(_, size)| (d, size)),
+                _ => None,
+            };
+            match ok {
+                Some((d, size)) => {
+                    let mtime = f.metadata().and_then(|m| m.modified()).ok();
+                    found.push((mtime, d, size));
+                }
+                None => {
+                    tracing::warn!(path = %path.display(), "cache file does not match its digest; removed");
+                    let _ = std::fs::remove_file(&path);
+                    removed += 1;
                 }
             }
         }
     }
     found.sort_by_key(|f| f.0);
     let kept = found.len();
-    for (_, b, size) in found {
-        lru.insert(b, size);
+    for (_, d, size) in found {
+        lru.insert(d, size);
     }
     Ok((kept, removed))
+}
+
+/// How long the partial file of a fetch that was cut is kept for the
+/// fetch to resume (across restarts of the worker too).
+const PARTIAL_KEEP: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+
+/// Bytes of received chunks written to a file in one blocking-pool trip.
+const WRITE_BATCH: usize = 1 << 20;
+
+/// Removes partial files no fetch resumed within [`PARTIAL_KEEP`], and
+/// those of fetches that ran beside another of the same file.
+fn remove_stale_partials(root: &Path) {
+    for f in std::fs::read_dir(root).into_iter().flatten().flatten() {
+        let old = (f.metadata().and_then(|m| m.modified()).ok())
+            .and_then(|t| t.elapsed().ok())
+            .is_none_or(|age| age > PARTIAL_KEEP);
+        if old || f.file_name().to_string_lossy().contains('.') {
+            let _ = std::fs::remove_file(f.path());
+        }
+    }
+}
+
+/// Records where each chunk of the held file `recipe` describes lies.
+fn index_chunks(chunks: &mut HashMap<Digest, ChunkAt>, recipe: &Recipe) {
+    let mut offset = 0u64;
+    for c in &recipe.chunks {
+        chunks.entry(c.digest).or_insert(ChunkAt {
+            file: recipe.digest,
+            offset,
+            len: c.len,
+        });
+        offset += u64::from(c.len);
+    }
+}
+
+/// Opens (or creates) the partial file of a fetch at `path`, `size` bytes
+/// long, and places every chunk it can without the network: those already
+/// in it (a fetch that was cut, its bytes re-hashed here) and those of
+/// other held files (`sources`: the file and offset where the chunk index
+/// says each lies, re-hashed too). Returns the file and the chunks still
+/// lacking, in the order given.
+fn place_local_chunks(
+    path: &Path,
+    size: u64,
+    places: &HashMap<Digest, (u32, Vec<u64>)>,
+    sources: Vec<(Digest, Option<PathBuf>, Option<u64>)>,
+) -> std::io::Result<(Arc<std::fs::File>, Vec<Digest>)> {
+    use std::os::unix::fs::FileExt;
+    let resumed = path.exists();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)?;
+    if file.metadata()?.len() != size {
+        file.set_len(size)?;
+    }
+    let mut lacking = Vec::new();
+    let mut opened: HashMap<PathBuf, Option<std::fs::File>> = HashMap::new();
+    let mut buf = Vec::new();
+    for (digest, from, at) in sources {
+        let Some((len, offsets)) = places.get(&digest) else {
+            continue;
+        };
+        buf.resize(*len as usize, 0);
+        // A hole reads as zeros, which match only a chunk of zeros.
+        if resumed && file.read_exact_at(&mut buf, offsets[0]).is_ok() && Digest::of(&buf) == digest
+        {
+            for o in &offsets[1..] {
+                file.write_all_at(&buf, *o)?;
+            }
+            continue;
+        }
+        if let (Some(from), Some(at)) = (from, at) {
+            let src = (opened.entry(from)).or_insert_with_key(|p| std::fs::File::open(p).ok());
+            if let Some(src) = src {
+                if src.read_exact_at(&mut buf, at).is_ok() && Digest::of(&buf) == digest {
+                    for o in offsets {
+                        file.write_all_at(&buf, *o)?;
+                    }
+                    continue;
+                }
+            }
+        }
+        lacking.push(digest);
+    }
+    Ok((Arc::new(file), lacking))
 }
 
 fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::Result<()> {
@@ -1064,8 +1194,8 @@ fn lay_out(blobs: &BlobDir, dir: &Path, manifest: &[ManifestEntry]) -> anyhow::R
 mod tests {
     use super::*;
 
-    fn d(n: u8) -> Blob {
-        Blob::File(Digest::of(&[n]))
+    fn d(n: u8) -> Digest {
+        Digest::of(&[n])
     }
 
     #[test]
@@ -1090,6 +1220,87 @@ mod tests {
         assert_eq!(lru.total(), 400);
     }
 
+    /// (chunk bytes in the recipe's order, which are already in the
+    /// partial file, which a held file has) → the chunks still lacking.
+    #[test]
+    fn a_fetch_takes_chunks_from_its_partial_file_and_held_files_first() {
+        let dir = std::env::temp_dir().join(format!("tessera-partial-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let chunk = |n: u8, len: usize| vec![n; len];
+        let (a, b, c, e) = (chunk(1, 100), chunk(2, 50), chunk(3, 70), chunk(4, 30));
+        // The file to fetch: a b c a e.
+        let order = [&a, &b, &c, &a, &e];
+        let mut places: HashMap<Digest, (u32, Vec<u64>)> = HashMap::new();
+        let mut offset = 0;
+        for bytes in order {
+            (places.entry(Digest::of(bytes)))
+                .or_insert((bytes.len() as u32, Vec::new()))
+                .1
+                .push(offset);
+            offset += bytes.len() as u64;
+        }
+        let size = offset;
+        // A cut fetch left `b` in place; a held file has `c` at 10 and
+        // claims `e` at 0, where it has other bytes.
+        let partial = dir.join("partial");
+        {
+            use std::os::unix::fs::FileExt;
+            let f = std::fs::File::create(&partial).unwrap();
+            f.set_len(size).unwrap();
+            f.write_all_at(&b, 100).unwrap();
+        }
+        let held = dir.join("held");
+        let mut held_bytes = vec![9u8; 10];
+        held_bytes.extend_from_slice(&c);
+        std::fs::write(&held, &held_bytes).unwrap();
+        let sources = vec![
+            (Digest::of(&a), None, None),
+            (Digest::of(&b), None, None),
+            (Digest::of(&c), Some(held.clone()), Some(10)),
+            (Digest::of(&e), Some(held.clone()), Some(0)),
+        ];
+        let (file, lacking) = place_local_chunks(&partial, size, &places, sources).unwrap();
+        assert_eq!(lacking, vec![Digest::of(&a), Digest::of(&e)]);
+        drop(file);
+        let got = std::fs::read(&partial).unwrap();
+        assert_eq!(got.len() as u64, size);
+        assert_eq!(&got[100..150], &b[..], "kept from the cut fetch");
+        assert_eq!(&got[150..220], &c[..], "copied from the held file");
+        assert!(
+            got[..100].iter().all(|x| *x == 0),
+            "still a hole: {:?}",
+            &got[..4]
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn the_chunk_index_says_where_each_chunk_of_a_held_file_lies() {
+        let chunk = |n: u8, len: u32| tessera_protocol::chunk::ChunkRef {
+            digest: Digest::of(&[n]),
+            len,
+        };
+        let file = Digest::of(b"file");
+        let recipe = Recipe {
+            digest: file,
+            size: 60,
+            chunks: vec![chunk(1, 10), chunk(2, 20), chunk(1, 10), chunk(3, 20)],
+        };
+        let mut index = HashMap::new();
+        index_chunks(&mut index, &recipe);
+        let at = |n: u8| {
+            index
+                .get(&Digest::of(&[n]))
+                .map(|a: &ChunkAt| (a.offset, a.len))
+        };
+        assert_eq!(index.len(), 3);
+        assert_eq!(at(1), Some((0, 10)), "the first place of a repeated chunk");
+        assert_eq!(at(2), Some((10, 20)));
+        assert_eq!(at(3), Some((40, 20)));
+        assert!(index.values().all(|a| a.file == file));
+    }
+
     #[test]
     fn restart_rebuilds_the_index_and_drops_corrupt_blobs() {
         let dir = std::env::temp_dir().join(format!("tessera-cache-{}", std::process::id()));
@@ -1100,8 +1311,8 @@ mod tests {
         std::fs::write(blobs.path(&bad), b"sceNe").unwrap();
         std::fs::write(blobs.root().join("tmp").join("half"), b"x").unwrap();
         let cache = Cache::open(&dir, Some(1000)).unwrap();
-        assert!(cache.state().lru.contains(&Blob::File(good)));
-        assert!(!cache.state().lru.contains(&Blob::File(bad)));
+        assert!(cache.state().lru.contains(&(good)));
+        assert!(!cache.state().lru.contains(&(bad)));
         assert!(!blobs.path(&bad).exists(), "a corrupt blob is removed");
         assert_eq!(cache.held_bytes(), 7);
         drop(cache);

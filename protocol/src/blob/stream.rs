@@ -295,7 +295,9 @@ pub async fn answer_gated(
 
 /// Answers a `Get` (one digest) or a [`BlobRequest::GetMany`]: each blob
 /// in order, `Found` and its bytes or `NotFound`, up to the first one
-/// `gate` refuses. Returns the bytes sent.
+/// `gate` refuses. Runs of small blobs (chunks) are read and checked
+/// together, up to [`READ_AHEAD`] bytes in one blocking-pool trip, rather
+/// than a trip (and a thread hand-off) per chunk. Returns the bytes sent.
 async fn send_many(
     dir: &BlobDir,
     ch: &mut Channel,
@@ -303,29 +305,101 @@ async fn send_many(
     gate: &(dyn ReadGate + Sync),
 ) -> Result<u64, BlobError> {
     let mut sent = 0;
-    for digest in digests {
-        if !gate.may_read(digest) {
-            let reason = format!("blob {digest} is not needed by a task this peer holds");
+    let mut rest = digests;
+    while !rest.is_empty() {
+        let allowed = rest.iter().take_while(|d| gate.may_read(d)).count();
+        if allowed == 0 {
+            let reason = format!("blob {} is not needed by a task this peer holds", rest[0]);
             ch.send(&BlobReply::Refused { reason }).await?;
             break;
         }
-        let Some(len) = dir.size(digest) else {
-            ch.send(&BlobReply::NotFound).await?;
-            continue;
-        };
-        ch.send(&BlobReply::Found { len }).await?;
-        match send_stored(dir, digest, &mut ch.send).await {
-            Ok(n) => sent += n,
-            Err(e @ BlobError::Corrupt(_)) => {
-                // The receiver must not take a clean end for good bytes
-                // (it would re-hash and refuse them anyway).
-                let _ = ch.send.reset(1u32.into());
-                return Err(e);
+        let (dir2, run) = (dir.clone(), rest[..allowed].to_vec());
+        let read = tokio::task::spawn_blocking(move || read_run(&dir2, &run))
+            .await
+            .map_err(std::io::Error::other)?;
+        rest = &rest[read.len()..];
+        for got in read {
+            match got? {
+                Stored::Missing => ch.send(&BlobReply::NotFound).await?,
+                Stored::Small(bytes) => {
+                    ch.send(&BlobReply::Found {
+                        len: bytes.len() as u64,
+                    })
+                    .await?;
+                    ch.send
+                        .write_all(&bytes)
+                        .await
+                        .map_err(|e| BlobError::Lost(e.to_string()))?;
+                    sent += bytes.len() as u64;
+                }
+                Stored::Corrupt(digest) => {
+                    tracing::warn!(%digest, "stored blob is corrupt: removed, it will be asked for again");
+                    dir.remove(&digest)?;
+                    // The receiver must not take a clean end for good
+                    // bytes (it would re-hash and refuse them anyway).
+                    let _ = ch.send.reset(1u32.into());
+                    return Err(BlobError::Corrupt(digest));
+                }
+                Stored::Large(digest, len) => {
+                    ch.send(&BlobReply::Found { len }).await?;
+                    match send_stored(dir, &digest, &mut ch.send).await {
+                        Ok(n) => sent += n,
+                        Err(e @ BlobError::Corrupt(_)) => {
+                            let _ = ch.send.reset(1u32.into());
+                            return Err(e);
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
             }
-            Err(e) => return Err(e),
         }
     }
     Ok(sent)
+}
+
+/// Bytes of small blobs [`send_many`] reads in one blocking-pool trip.
+const READ_AHEAD: u64 = 1 << 20;
+
+/// What [`read_run`] found of one stored blob.
+enum Stored {
+    Missing,
+    /// A blob of at most one block, read whole and checked.
+    Small(Vec<u8>),
+    /// Its bytes no longer hash to its digest.
+    Corrupt(Digest),
+    /// Larger than a block: streamed by [`send_stored`].
+    Large(Digest, u64),
+}
+
+/// Reads the stored blobs `run` in order, until [`READ_AHEAD`] bytes or a
+/// blob larger than a block (which ends the run unread); blocking.
+fn read_run(dir: &BlobDir, run: &[Digest]) -> Vec<std::io::Result<Stored>> {
+    let mut out = Vec::new();
+    let mut bytes_read = 0;
+    for digest in run {
+        if bytes_read >= READ_AHEAD {
+            break;
+        }
+        let got = match dir.size(digest) {
+            None => Ok(Stored::Missing),
+            Some(len) if len > BLOCK as u64 => {
+                out.push(Ok(Stored::Large(*digest, len)));
+                break;
+            }
+            Some(_) => match std::fs::read(dir.path(digest)) {
+                Ok(bytes) if Digest::of(&bytes) == *digest => {
+                    bytes_read += bytes.len() as u64;
+                    Ok(Stored::Small(bytes))
+                }
+                Ok(_) => Ok(Stored::Corrupt(*digest)),
+                // Removed since it was listed.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Stored::Missing),
+                Err(e) => Err(e),
+            },
+        };
+        out.push(got);
+    }
+    out
 }
 
 /// A bare blob server: accepts connections on `endpoint` whose `Hello`
@@ -446,6 +520,98 @@ pub async fn get_many(
         }
     }
     Ok(())
+}
+
+/// The blobs of one `GetMany` request, received into memory in the order
+/// asked for (see [`get_many_in_memory`]).
+pub struct ManyInMemory {
+    ch: Channel,
+    digests: std::vec::IntoIter<Digest>,
+    max_len: u64,
+}
+
+/// Asks for `digests` (at most [`MAX_GET_MANY`]) on one stream of `conn`,
+/// to be received into memory with [`ManyInMemory::next`]: for chunks a
+/// caller places itself (a worker writes them straight into the file they
+/// make up), with no file per blob. A blob the sender announces as longer
+/// than `max_len` is refused before a byte of it is read.
+pub async fn get_many_in_memory(
+    conn: &quinn::Connection,
+    digests: &[Digest],
+    job: Option<u64>,
+    max_len: u64,
+) -> Result<ManyInMemory, BlobError> {
+    if digests.len() > MAX_GET_MANY {
+        return Err(BlobError::Lost(format!(
+            "at most {MAX_GET_MANY} blobs a request"
+        )));
+    }
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    let digests = digests.to_vec();
+    let request = BlobRequest::GetMany {
+        digests: digests.clone(),
+        job,
+    };
+    ch.send(&request).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    Ok(ManyInMemory {
+        ch,
+        digests: digests.into_iter(),
+        max_len,
+    })
+}
+
+impl ManyInMemory {
+    /// The next blob asked for and its bytes, verified against its digest;
+    /// None once every one has come. A blob the sender lacks or refuses is
+    /// an error (the ones before it were handed out).
+    pub async fn next(&mut self) -> Result<Option<(Digest, Vec<u8>)>, BlobError> {
+        let Some(digest) = self.digests.next() else {
+            return Ok(None);
+        };
+        let len = match self.ch.recv::<BlobReply>().await? {
+            Some(BlobReply::Found { len }) => len,
+            Some(BlobReply::NotFound) => return Err(BlobError::NotFound(digest)),
+            Some(BlobReply::Refused { reason }) => {
+                return Err(BlobError::Refused { digest, reason })
+            }
+            Some(other) => return Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+            None => {
+                return Err(BlobError::Lost(
+                    "stream closed before the sender answered".into(),
+                ))
+            }
+        };
+        if len > self.max_len {
+            return Err(BlobError::TooLarge { digest, len });
+        }
+        let mut bytes = vec![0u8; len as usize];
+        match self.ch.recv.read_exact(&mut bytes).await {
+            Ok(()) => {}
+            Err(quinn::ReadExactError::FinishedEarly(got)) => {
+                return Err(BlobError::Short {
+                    digest,
+                    expected: len,
+                    got: got as u64,
+                })
+            }
+            Err(quinn::ReadExactError::ReadError(e)) => return Err(BlobError::Lost(e.to_string())),
+        }
+        let actual = Digest::of(&bytes);
+        if actual != digest {
+            return Err(BlobError::Mismatch {
+                expected: digest,
+                actual,
+            });
+        }
+        Ok(Some((digest, bytes)))
+    }
 }
 
 /// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.
