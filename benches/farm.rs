@@ -153,10 +153,39 @@ fn fanout() {
         "--json",
     ]);
     let id = job["id"].as_u64().unwrap().to_string();
+    // The job's events on one connection, so that nothing polls the
+    // coordinator while the workers fetch (a `status` a few times a second
+    // is a process and a QUIC handshake each: CPU the workers need here).
+    let mut events = farm
+        .command(&["events", "--job", &id, "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (finished_tx, finished) = std::sync::mpsc::channel();
+    let stdout = events.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stdout)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let event: serde_json::Value = serde_json::from_str(&line).unwrap_or_default();
+            if event["type"] == "task.finished" && finished_tx.send(()).is_err() {
+                return;
+            }
+        }
+    });
+    // Subscribed before the job starts.
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let started = Instant::now();
     farm.run(&["resume", &id]);
     // Progress, and the mark a profiler of the fetch waits for.
     eprintln!("fan-out: job {id} resumed, waiting for its first frame");
+    finished
+        .recv_timeout(std::time::Duration::from_secs(900))
+        .expect("fan-out never finished a task");
+    // A frame of one tile is done once its task's result is in; the
+    // figure is when `status` says so.
     let mut first = None;
     let eighth = loop {
         let status = farm.json(&["status", &id, "--json"]);
@@ -173,6 +202,8 @@ fn fanout() {
         );
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
+    let _ = events.kill();
+    let _ = events.wait();
     let first = first.unwrap();
     let needs = shared_len + frame_len + std::fs::metadata(&scene).unwrap().len();
     let rate = mbit as f64 * 1e6 / 8.0;

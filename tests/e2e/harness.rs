@@ -247,6 +247,13 @@ impl Farm {
         child.wait().unwrap();
     }
 
+    /// A client command with the client ticket, to spawn.
+    pub fn command(&self, args: &[&str]) -> Command {
+        let mut c = in_netns(self.netns.as_deref());
+        c.args(args).env("TESSERA_TICKET", self.client_ticket());
+        c
+    }
+
     /// Runs a client command with the client ticket.
     pub fn run(&self, args: &[&str]) -> Output {
         in_netns(self.netns.as_deref())

@@ -4,12 +4,12 @@
 //! A coordinator namespace talks to each worker namespace over its own
 //! path: `coordinator ns ─veth─ relay ns ─veth─ worker ns`, every veth at
 //! MTU 1500 with checksum and segmentation offloads off, so that what
-//! crosses it are ordinary Ethernet frames. In the relay namespace a pair
-//! of threads of this process per direction copies every frame between
-//! the two veths through `AF_PACKET` sockets (a user-space bridge for
-//! UDP, TCP, ARP alike): the reader stamps each frame with the time its
+//! crosses it are ordinary Ethernet frames. In the relay namespace a
+//! thread of this process per direction copies every frame between the
+//! two veths through `AF_PACKET` sockets (a user-space bridge for UDP,
+//! TCP, ARP alike): it stamps each frame as it arrives with the time its
 //! last bit would leave a link of the path's rate (tail drop past a queue
-//! of one round trip), the writer hands it on one-way delay later. Loss
+//! of one round trip), and hands it on one-way delay later. Loss
 //! is nftables' `numgen random` dropping each direction's packets on
 //! arrival (in the worker namespace, and in the coordinator namespace per
 //! path). The coordinator is `10.77.0.1`, worker `i` is `10.77.{i+1}.2`.
@@ -40,7 +40,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -470,8 +470,7 @@ fn offloads_off(dev: &str) -> io::Result<()> {
 }
 
 /// An AF_PACKET socket that sees every frame arriving on `dev` (not the
-/// ones it sends), with a short receive timeout so that a reader notices
-/// the stop flag.
+/// ones it sends), with buffers for a burst of them.
 fn packet_socket(dev: &str) -> io::Result<OwnedFd> {
     // Protocol 0: no frames until bound to the one device.
     let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
@@ -513,13 +512,6 @@ fn packet_socket(dev: &str) -> io::Result<OwnedFd> {
     let buffer = (16i32 << 20).to_ne_bytes();
     setopt(libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, &buffer)?;
     setopt(libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, &buffer)?;
-    let timeout = libc::timeval {
-        tv_sec: 0,
-        tv_usec: 100_000,
-    };
-    let timeout: [u8; std::mem::size_of::<libc::timeval>()] =
-        unsafe { std::mem::transmute(timeout) };
-    setopt(libc::SOL_SOCKET, libc::SO_RCVTIMEO, &timeout)?;
     let r = unsafe {
         libc::bind(
             fd.as_raw_fd(),
@@ -572,62 +564,102 @@ fn start_relay(
     let (a, b) = (Arc::new(a), Arc::new(b));
     let mut threads = Vec::new();
     for (from, to, counters) in [(a.clone(), b.clone(), down), (b, a, up)] {
-        let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
-        let mut shaper = Shaper {
+        let shaper = Shaper {
             rate_bps: link.rate_bps,
             delay: link.rtt / 2,
             queue: link.queue,
             link_free: Instant::now(),
         };
-        let (stop, reader_counters) = (stop.clone(), counters.clone());
+        let (stop, counters) = (stop.clone(), counters.clone());
         threads.push(std::thread::spawn(move || {
-            let counters = reader_counters;
-            let mut buf = vec![0u8; 65536];
-            while !stop.load(Ordering::Relaxed) {
-                let n =
-                    unsafe { libc::recv(from.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
-                if n < 0 {
-                    let e = io::Error::last_os_error();
-                    match e.kind() {
-                        io::ErrorKind::WouldBlock | io::ErrorKind::Interrupted => continue,
-                        _ => break,
-                    }
-                }
-                let n = n as usize;
-                if counters.cut.load(Ordering::Relaxed) {
-                    continue;
-                }
-                match shaper.admit(Instant::now(), n) {
-                    Some(at) => {
-                        if tx.send((at, buf[..n].to_vec())).is_err() {
-                            break;
-                        }
-                    }
-                    None => {
-                        counters.queue_drops.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }
-        }));
-        let counters = counters.clone();
-        threads.push(std::thread::spawn(move || {
-            for (at, frame) in rx {
-                let now = Instant::now();
-                if at > now {
-                    std::thread::sleep(at - now);
-                }
-                let n =
-                    unsafe { libc::send(to.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
-                if n < 0 {
-                    counters.send_errors.fetch_add(1, Ordering::Relaxed);
-                } else {
-                    counters.frames.fetch_add(1, Ordering::Relaxed);
-                    counters
-                        .bytes
-                        .fetch_add(frame.len() as u64, Ordering::Relaxed);
-                }
-            }
+            relay(&from, &to, shaper, &counters, &stop)
         }));
     }
     Ok(threads)
+}
+
+/// The longest frame the relay carries: the MTU and an Ethernet header
+/// (with a VLAN tag). A longer one (an offload left on) is counted as a
+/// send error and dropped, as the veth beyond would refuse it.
+const FRAME_MAX: usize = MTU as usize + 18;
+/// Frames due this close together leave in one wake-up.
+const DEPARTURE_SLACK: Duration = Duration::from_micros(50);
+/// Frames read in one go before the queue's departures are looked at.
+const READ_BURST: usize = 64;
+
+/// One direction of a path, on one thread: frames are read from `from` as
+/// they arrive, stamped by the shaper, and written to `to` when due; the
+/// thread sleeps in `ppoll` until the next frame arrives or departs. Frame
+/// buffers are reused.
+fn relay(from: &OwnedFd, to: &OwnedFd, mut shaper: Shaper, counters: &Counters, stop: &AtomicBool) {
+    let mut queue: std::collections::VecDeque<(Instant, Vec<u8>)> = Default::default();
+    let mut spare: Vec<Vec<u8>> = Vec::new();
+    while !stop.load(Ordering::Relaxed) {
+        let wait = match queue.front() {
+            Some((at, _)) => at.saturating_duration_since(Instant::now()),
+            None => Duration::from_millis(100),
+        };
+        if !wait.is_zero() {
+            let mut fds = libc::pollfd {
+                fd: from.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            let ts = libc::timespec {
+                tv_sec: wait.as_secs() as libc::time_t,
+                tv_nsec: wait.subsec_nanos() as libc::c_long,
+            };
+            unsafe { libc::ppoll(&mut fds, 1, &ts, std::ptr::null()) };
+        }
+        for _ in 0..READ_BURST {
+            let mut buf = spare.pop().unwrap_or_default();
+            buf.resize(FRAME_MAX, 0);
+            let n = unsafe {
+                libc::recv(
+                    from.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len(),
+                    libc::MSG_DONTWAIT | libc::MSG_TRUNC,
+                )
+            };
+            if n < 0 {
+                spare.push(buf);
+                break;
+            }
+            let n = n as usize;
+            if n > FRAME_MAX {
+                counters.send_errors.fetch_add(1, Ordering::Relaxed);
+                spare.push(buf);
+                continue;
+            }
+            if counters.cut.load(Ordering::Relaxed) {
+                spare.push(buf);
+                continue;
+            }
+            match shaper.admit(Instant::now(), n) {
+                Some(at) => {
+                    buf.truncate(n);
+                    queue.push_back((at, buf));
+                }
+                None => {
+                    counters.queue_drops.fetch_add(1, Ordering::Relaxed);
+                    spare.push(buf);
+                }
+            }
+        }
+        let due = Instant::now() + DEPARTURE_SLACK;
+        while queue.front().is_some_and(|(at, _)| *at <= due) {
+            let (_, frame) = queue.pop_front().expect("a frame is due");
+            let n = unsafe { libc::send(to.as_raw_fd(), frame.as_ptr().cast(), frame.len(), 0) };
+            if n < 0 {
+                counters.send_errors.fetch_add(1, Ordering::Relaxed);
+            } else {
+                counters.frames.fetch_add(1, Ordering::Relaxed);
+                counters
+                    .bytes
+                    .fetch_add(frame.len() as u64, Ordering::Relaxed);
+            }
+            spare.push(frame);
+        }
+    }
 }

@@ -701,7 +701,7 @@ impl Cache {
         partial: &Path,
     ) -> anyhow::Result<u64> {
         // Where each distinct chunk goes (a chunk may repeat in a file).
-        let mut places: HashMap<Digest, (u32, Vec<u64>)> = HashMap::new();
+        let mut places: Places = HashMap::new();
         let mut offset = 0u64;
         for c in &recipe.chunks {
             places
@@ -767,72 +767,30 @@ impl Cache {
         job: u64,
         lacking: Vec<Digest>,
         file: &Arc<std::fs::File>,
-        places: &Arc<HashMap<Digest, (u32, Vec<u64>)>>,
+        places: &Arc<Places>,
     ) -> anyhow::Result<u64> {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        let fetched = AtomicU64::new(0);
         let mut batches: Vec<Vec<Digest>> =
             lacking.chunks(MAX_GET_MANY).map(|b| b.to_vec()).collect();
         batches.reverse();
-        let queue = Mutex::new(batches);
-        let write = |pending: Vec<(Digest, Vec<u8>)>| {
-            let (file, places) = (file.clone(), places.clone());
-            tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                use std::os::unix::fs::FileExt;
-                for (digest, bytes) in &pending {
-                    for offset in places.get(digest).map_or(&[][..], |p| &p.1[..]) {
-                        file.write_all_at(bytes, *offset)?;
-                    }
-                }
-                Ok(())
-            })
-        };
-        let stream = || async {
-            loop {
-                let next = queue.lock().expect("fetch queue").pop();
-                let Some(batch) = next else {
-                    return anyhow::Ok(());
-                };
-                let got = async {
-                    let mut many =
-                        blob::get_many_in_memory(conn, &batch, Some(job), MAX_CHUNK as u64).await?;
-                    let (mut pending, mut pending_bytes) = (Vec::new(), 0);
-                    while let Some((digest, bytes)) = many.next().await? {
-                        fetched.fetch_add(bytes.len() as u64, Ordering::Relaxed);
-                        pending_bytes += bytes.len();
-                        pending.push((digest, bytes));
-                        if pending_bytes >= WRITE_BATCH {
-                            write(std::mem::take(&mut pending)).await??;
-                            pending_bytes = 0;
-                        }
-                    }
-                    write(pending).await??;
-                    anyhow::Ok(())
-                }
-                .await;
-                if let Err(e) = got {
-                    queue.lock().expect("fetch queue").clear();
-                    return Err(e);
-                }
-            }
-        };
-        let results = tokio::join!(
-            stream(),
-            stream(),
-            stream(),
-            stream(),
-            stream(),
-            stream(),
-            stream(),
-            stream()
-        );
-        [
-            results.0, results.1, results.2, results.3, results.4, results.5, results.6, results.7,
-        ]
-        .into_iter()
-        .find_map(|r| r.err())
-        .map_or(Ok(()), Err)?;
-        Ok(fetched.load(Ordering::Relaxed))
+        let fetch = Arc::new(ChunkFetch {
+            conn: conn.clone(),
+            job,
+            batches: Mutex::new(batches),
+            fetched: Default::default(),
+            file: file.clone(),
+            places: places.clone(),
+        });
+        // Tasks, not one future joining them all: a chunk arriving on one
+        // stream wakes that stream's task alone. Dropping the set (the
+        // fetch was canceled) aborts them.
+        let mut streams = tokio::task::JoinSet::new();
+        for _ in 0..FETCH_STREAMS {
+            streams.spawn(fetch.clone().run());
+        }
+        while let Some(done) = streams.join_next().await {
+            done??;
+        }
+        Ok(fetch.fetched.load(std::sync::atomic::Ordering::Relaxed))
     }
 
     /// Fetches those of a job's `entries` the cache lacks (or holds with
@@ -1087,6 +1045,72 @@ const PARTIAL_KEEP: std::time::Duration = std::time::Duration::from_secs(24 * 36
 /// Bytes of received chunks written to a file in one blocking-pool trip.
 const WRITE_BATCH: usize = 1 << 20;
 
+/// Streams a worker fetches one file's chunks on at once.
+const FETCH_STREAMS: usize = 8;
+
+/// Where each distinct chunk of a file goes: its length and every offset
+/// it is at.
+type Places = HashMap<Digest, (u32, Vec<u64>)>;
+
+/// One file's chunks being fetched on [`FETCH_STREAMS`] streams: each takes
+/// the next batch of up to [`MAX_GET_MANY`] chunks until none is left.
+struct ChunkFetch {
+    conn: quinn::Connection,
+    job: u64,
+    batches: Mutex<Vec<Vec<Digest>>>,
+    fetched: std::sync::atomic::AtomicU64,
+    file: Arc<std::fs::File>,
+    places: Arc<Places>,
+}
+
+impl ChunkFetch {
+    async fn run(self: Arc<Self>) -> anyhow::Result<()> {
+        loop {
+            let next = self.batches.lock().expect("fetch queue").pop();
+            let Some(batch) = next else {
+                return Ok(());
+            };
+            if let Err(e) = self.fetch(&batch).await {
+                self.batches.lock().expect("fetch queue").clear();
+                return Err(e);
+            }
+        }
+    }
+
+    /// One batch on one stream; what arrives is written in runs of
+    /// [`WRITE_BATCH`] bytes.
+    async fn fetch(&self, batch: &[Digest]) -> anyhow::Result<()> {
+        let mut many =
+            blob::get_many_in_memory(&self.conn, batch, Some(self.job), MAX_CHUNK as u64).await?;
+        let (mut pending, mut pending_bytes) = (Vec::new(), 0);
+        while let Some((digest, bytes)) = many.next().await? {
+            (self.fetched).fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            pending_bytes += bytes.len();
+            pending.push((digest, bytes));
+            if pending_bytes >= WRITE_BATCH {
+                self.write(std::mem::take(&mut pending)).await?;
+                pending_bytes = 0;
+            }
+        }
+        self.write(pending).await
+    }
+
+    async fn write(&self, pending: Vec<(Digest, Vec<u8>)>) -> anyhow::Result<()> {
+        let (file, places) = (self.file.clone(), self.places.clone());
+        tokio::task::spawn_blocking(move || -> std::io::Result<()> {
+            use std::os::unix::fs::FileExt;
+            for (digest, bytes) in &pending {
+                for offset in places.get(digest).map_or(&[][..], |p| &p.1[..]) {
+                    file.write_all_at(bytes, *offset)?;
+                }
+            }
+            Ok(())
+        })
+        .await??;
+        Ok(())
+    }
+}
+
 /// Removes partial files no fetch resumed within [`PARTIAL_KEEP`], and
 /// those of fetches that ran beside another of the same file.
 fn remove_stale_partials(root: &Path) {
@@ -1122,7 +1146,7 @@ fn index_chunks(chunks: &mut HashMap<Digest, ChunkAt>, recipe: &Recipe) {
 fn place_local_chunks(
     path: &Path,
     size: u64,
-    places: &HashMap<Digest, (u32, Vec<u64>)>,
+    places: &Places,
     sources: Vec<(Digest, Option<PathBuf>, Option<u64>)>,
 ) -> std::io::Result<(Arc<std::fs::File>, Vec<Digest>)> {
     use std::os::unix::fs::FileExt;
