@@ -256,11 +256,7 @@ impl Farm {
 
     /// Runs a client command with the client ticket.
     pub fn run(&self, args: &[&str]) -> Output {
-        in_netns(self.netns.as_deref())
-            .args(args)
-            .env("TESSERA_TICKET", self.client_ticket())
-            .output()
-            .unwrap()
+        self.command(args).output().unwrap()
     }
 
     /// Runs a client command that must succeed and print one JSON object.
