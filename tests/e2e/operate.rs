@@ -150,5 +150,8 @@ fn a_farm_sending_with_bbr_renders_the_same_frame() {
         .unwrap();
     assert_eq!(bad.status.code(), Some(2));
     let err = String::from_utf8_lossy(&bad.stderr);
-    assert!(err.contains("expected cubic, newreno or bbr"), "{err}");
+    assert!(
+        err.contains("expected cubic-veno, cubic, newreno or bbr"),
+        "{err}"
+    );
 }
