@@ -14,8 +14,9 @@
 //!     with 0.5 % loss each way, and 80 ms with none, both at
 //!     `TESSERA_BENCH_MBIT` Mbit/s (default 1000). Runs alternate: TCP,
 //!     then each QUIC tuning, three times; each figure is the best of its
-//!     three. The tunings are quinn's congestion controllers (Cubic,
-//!     NewReno, BBR), window sizes, acknowledgement frequency and
+//!     three. The tunings are the congestion controllers (the default,
+//!     `cubic-veno`; quinn's Cubic, NewReno, BBR), window sizes,
+//!     acknowledgement frequency and
 //!     segmentation offload (quinn always paces); `TESSERA_BENCH_TUNINGS`
 //!     picks some by name, `TESSERA_BENCH_RTTS=40` or `80` one path.
 //!     Targets: the default
