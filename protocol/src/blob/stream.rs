@@ -472,56 +472,6 @@ pub async fn get_recipe(
     }
 }
 
-/// Downloads `digests` (at most [`MAX_GET_MANY`]) over one stream into
-/// `dir`, each verified, in order; `each` is told every blob received and
-/// its size. A blob the sender lacks or refuses ends it with an error,
-/// after the ones before it were kept.
-pub async fn get_many(
-    conn: &quinn::Connection,
-    digests: &[Digest],
-    job: Option<u64>,
-    dir: &BlobDir,
-    mut each: impl FnMut(Digest, u64),
-) -> Result<(), BlobError> {
-    if digests.len() > MAX_GET_MANY {
-        return Err(BlobError::Lost(format!(
-            "at most {MAX_GET_MANY} blobs a request"
-        )));
-    }
-    let mut ch = Channel::new(
-        conn.open_bi()
-            .await
-            .map_err(|e| BlobError::Lost(e.to_string()))?,
-    );
-    let request = BlobRequest::GetMany {
-        digests: digests.to_vec(),
-        job,
-    };
-    ch.send(&request).await?;
-    ch.send
-        .finish()
-        .map_err(|e| BlobError::Lost(e.to_string()))?;
-    for &digest in digests {
-        match ch.recv::<BlobReply>().await? {
-            Some(BlobReply::Found { len }) => {
-                dir.receive(digest, len, &mut ch.recv).await?;
-                each(digest, len);
-            }
-            Some(BlobReply::NotFound) => return Err(BlobError::NotFound(digest)),
-            Some(BlobReply::Refused { reason }) => {
-                return Err(BlobError::Refused { digest, reason })
-            }
-            Some(other) => return Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
-            None => {
-                return Err(BlobError::Lost(
-                    "stream closed before the sender answered".into(),
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
 /// The blobs of one `GetMany` request, received into memory in the order
 /// asked for (see [`get_many_in_memory`]).
 pub struct ManyInMemory {
