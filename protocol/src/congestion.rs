@@ -70,8 +70,6 @@ pub struct Window {
     k: f64,
     /// The window Reno would have, for the Reno-friendly region (bytes).
     w_est: f64,
-    /// The window at the start of the epoch.
-    epoch_window: f64,
     /// The smallest smoothed RTT seen: with `RttEstimator::min` (a raw
     /// sample, which may include the peer's acknowledgement delay), the
     /// RTT of an empty queue.
@@ -93,7 +91,6 @@ impl Window {
             w_max: 0.0,
             k: 0.0,
             w_est: 0.0,
-            epoch_window: 0.0,
             min_rtt: None,
             srtt: None,
             random_losses: 0,
@@ -153,7 +150,6 @@ impl Window {
                 self.w_max = self.window;
             }
             self.w_est = self.window;
-            self.epoch_window = self.window;
             now
         });
         let t = now.saturating_duration_since(epoch_start).as_secs_f64();

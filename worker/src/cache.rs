@@ -457,7 +457,7 @@ impl Cache {
             origin: None,
             frame: None,
         };
-        let held = self.state().lru.contains(&(entry.digest));
+        let held = self.state().lru.contains(&entry.digest);
         if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
             self.fetch(conn, job, &entry).await?;
         }
@@ -659,7 +659,7 @@ impl Cache {
     }
 
     /// Fetches the large file `recipe` describes into `partial/` (see
-    /// [`Cache::place_local_chunks`] and [`Cache::fetch_chunks`]), then
+    /// [`place_local_chunks`] and [`Cache::fetch_chunks`]), then
     /// stores it once its bytes hash to its digest. Returns the bytes
     /// fetched from the coordinator.
     async fn fetch_chunked(
@@ -702,26 +702,23 @@ impl Cache {
     ) -> anyhow::Result<u64> {
         // Where each distinct chunk goes (a chunk may repeat in a file).
         let mut places: Places = HashMap::new();
-        let mut offset = 0u64;
-        for c in &recipe.chunks {
+        for (offset, c) in recipe.offsets() {
             places
                 .entry(c.digest)
                 .or_insert((c.len, Vec::new()))
                 .1
                 .push(offset);
-            offset += u64::from(c.len);
         }
         let mut seen = std::collections::HashSet::new();
-        let order = (recipe.chunks.iter()).filter(|c| seen.insert(c.digest));
-        let sources: Vec<(Digest, Option<PathBuf>, Option<u64>)> = {
+        let sources: Vec<(Digest, Option<(PathBuf, u64)>)> = {
             let state = self.state();
-            order
-                .map(|c| &c.digest)
-                .map(|d| match state.chunks.get(d) {
-                    Some(at) if at.file != recipe.digest => {
-                        (*d, Some(self.blobs.path(&at.file)), Some(at.offset))
-                    }
-                    _ => (*d, None, None),
+            (recipe.chunks.iter())
+                .filter(|c| seen.insert(c.digest))
+                .map(|c| {
+                    let held = (state.chunks.get(&c.digest))
+                        .filter(|at| at.file != recipe.digest)
+                        .map(|at| (self.blobs.path(&at.file), at.offset));
+                    (c.digest, held)
                 })
                 .collect()
         };
@@ -738,14 +735,11 @@ impl Cache {
         let (blobs, recipe2, path) = (self.blobs.clone(), recipe.clone(), partial.to_path_buf());
         tokio::task::spawn_blocking(move || -> Result<(), blob::BlobError> {
             drop(file);
-            match blobs.adopt(&path, &recipe2.digest) {
-                Ok(()) => {}
-                Err(e) => {
-                    // Every chunk checked, yet the whole is wrong: the
-                    // chunk list lied. Nothing of it is worth resuming.
-                    let _ = std::fs::remove_file(&path);
-                    return Err(e);
-                }
+            if let Err(e) = blobs.adopt(&path, &recipe2.digest) {
+                // Every chunk checked, yet the whole is wrong: the chunk
+                // list lied. Nothing of it is worth resuming.
+                let _ = std::fs::remove_file(&path);
+                return Err(e);
             }
             blobs.keep_recipe(&recipe2)?;
             Ok(())
@@ -803,7 +797,7 @@ impl Cache {
     ) -> anyhow::Result<u64> {
         let mut fetched = 0;
         for entry in entries {
-            let held = self.state().lru.contains(&(entry.digest));
+            let held = self.state().lru.contains(&entry.digest);
             if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
                 fetched += self.fetch(conn, job, entry).await?;
             }
@@ -890,7 +884,7 @@ impl Cache {
             })
             .collect();
         for entry in &entries {
-            let held = self.state().lru.contains(&(entry.digest));
+            let held = self.state().lru.contains(&entry.digest);
             if !held || self.blobs.size(&entry.digest) != Some(entry.size) {
                 fetched += self.fetch(conn, job, entry).await?;
             }
@@ -1126,14 +1120,12 @@ fn remove_stale_partials(root: &Path) {
 
 /// Records where each chunk of the held file `recipe` describes lies.
 fn index_chunks(chunks: &mut HashMap<Digest, ChunkAt>, recipe: &Recipe) {
-    let mut offset = 0u64;
-    for c in &recipe.chunks {
+    for (offset, c) in recipe.offsets() {
         chunks.entry(c.digest).or_insert(ChunkAt {
             file: recipe.digest,
             offset,
             len: c.len,
         });
-        offset += u64::from(c.len);
     }
 }
 
@@ -1147,7 +1139,7 @@ fn place_local_chunks(
     path: &Path,
     size: u64,
     places: &Places,
-    sources: Vec<(Digest, Option<PathBuf>, Option<u64>)>,
+    sources: Vec<(Digest, Option<(PathBuf, u64)>)>,
 ) -> std::io::Result<(Arc<std::fs::File>, Vec<Digest>)> {
     use std::os::unix::fs::FileExt;
     let resumed = path.exists();
@@ -1163,7 +1155,7 @@ fn place_local_chunks(
     let mut lacking = Vec::new();
     let mut opened: HashMap<PathBuf, Option<std::fs::File>> = HashMap::new();
     let mut buf = Vec::new();
-    for (digest, from, at) in sources {
+    for (digest, held) in sources {
         let Some((len, offsets)) = places.get(&digest) else {
             continue;
         };
@@ -1176,7 +1168,7 @@ fn place_local_chunks(
             }
             continue;
         }
-        if let (Some(from), Some(at)) = (from, at) {
+        if let Some((from, at)) = held {
             let src = (opened.entry(from)).or_insert_with_key(|p| std::fs::File::open(p).ok());
             if let Some(src) = src {
                 if src.read_exact_at(&mut buf, at).is_ok() && Digest::of(&buf) == digest {
@@ -1279,10 +1271,10 @@ mod tests {
         held_bytes.extend_from_slice(&c);
         std::fs::write(&held, &held_bytes).unwrap();
         let sources = vec![
-            (Digest::of(&a), None, None),
-            (Digest::of(&b), None, None),
-            (Digest::of(&c), Some(held.clone()), Some(10)),
-            (Digest::of(&e), Some(held.clone()), Some(0)),
+            (Digest::of(&a), None),
+            (Digest::of(&b), None),
+            (Digest::of(&c), Some((held.clone(), 10))),
+            (Digest::of(&e), Some((held.clone(), 0))),
         ];
         let (file, lacking) = place_local_chunks(&partial, size, &places, sources).unwrap();
         assert_eq!(lacking, vec![Digest::of(&a), Digest::of(&e)]);
@@ -1335,8 +1327,8 @@ mod tests {
         std::fs::write(blobs.path(&bad), b"sceNe").unwrap();
         std::fs::write(blobs.root().join("tmp").join("half"), b"x").unwrap();
         let cache = Cache::open(&dir, Some(1000)).unwrap();
-        assert!(cache.state().lru.contains(&(good)));
-        assert!(!cache.state().lru.contains(&(bad)));
+        assert!(cache.state().lru.contains(&good));
+        assert!(!cache.state().lru.contains(&bad));
         assert!(!blobs.path(&bad).exists(), "a corrupt blob is removed");
         assert_eq!(cache.held_bytes(), 7);
         drop(cache);

@@ -28,33 +28,25 @@ pub async fn send_file<W: AsyncWrite + Unpin>(path: &Path, dst: &mut W) -> Resul
     }
 }
 
-/// Copies the stored blob `digest` of `dir` to `dst`, hashing it on the
-/// way. Bytes that no longer hash to the digest (rotted on disk) get the
-/// stream reset instead of its end, and the blob is removed, so the store
-/// reports it missing and the next upload brings it back. Returns the bytes
-/// sent.
+/// A stored blob whose bytes no longer hash to its digest (rotted on
+/// disk) is removed, so the store reports it missing and the next upload
+/// brings it back; the error to end its stream with.
+fn forget_corrupt(dir: &BlobDir, digest: &Digest) -> BlobError {
+    tracing::warn!(%digest, "stored blob is corrupt: removed, it will be asked for again");
+    match dir.remove(digest) {
+        Ok(()) => BlobError::Corrupt(*digest),
+        Err(e) => e.into(),
+    }
+}
+
+/// Streams the stored blob `digest` of `dir` (larger than a block) to
+/// `dst`, hashing it on the way; rotted bytes end it with
+/// [`forget_corrupt`]'s error. Returns the bytes sent.
 async fn send_stored<W: AsyncWrite + Unpin>(
     dir: &BlobDir,
     digest: &Digest,
     dst: &mut W,
 ) -> Result<u64, BlobError> {
-    let corrupt = || -> Result<u64, BlobError> {
-        tracing::warn!(%digest, "stored blob is corrupt: removed, it will be asked for again");
-        dir.remove(digest)?;
-        Err(BlobError::Corrupt(*digest))
-    };
-    if dir.size(digest).is_some_and(|len| len <= BLOCK as u64) {
-        // A chunk: read whole in one blocking-pool trip, checked before
-        // anything is sent.
-        let bytes = tokio::fs::read(dir.path(digest)).await?;
-        if Digest::of(&bytes) != *digest {
-            return corrupt();
-        }
-        dst.write_all(&bytes)
-            .await
-            .map_err(|e| BlobError::Lost(e.to_string()))?;
-        return Ok(bytes.len() as u64);
-    }
     let mut file = tokio::fs::File::open(dir.path(digest)).await?;
     let mut buf = vec![0u8; BLOCK];
     let mut hasher = blake3::Hasher::new();
@@ -71,7 +63,7 @@ async fn send_stored<W: AsyncWrite + Unpin>(
         sent += n as u64;
     }
     if Digest::from(hasher.finalize()) != *digest {
-        return corrupt();
+        return Err(forget_corrupt(dir, digest));
     }
     Ok(sent)
 }
@@ -333,22 +325,21 @@ async fn send_many(
                     sent += bytes.len() as u64;
                 }
                 Stored::Corrupt(digest) => {
-                    tracing::warn!(%digest, "stored blob is corrupt: removed, it will be asked for again");
-                    dir.remove(&digest)?;
                     // The receiver must not take a clean end for good
                     // bytes (it would re-hash and refuse them anyway).
                     let _ = ch.send.reset(1u32.into());
-                    return Err(BlobError::Corrupt(digest));
+                    return Err(forget_corrupt(dir, &digest));
                 }
                 Stored::Large(digest, len) => {
                     ch.send(&BlobReply::Found { len }).await?;
                     match send_stored(dir, &digest, &mut ch.send).await {
                         Ok(n) => sent += n,
-                        Err(e @ BlobError::Corrupt(_)) => {
-                            let _ = ch.send.reset(1u32.into());
+                        Err(e) => {
+                            if matches!(e, BlobError::Corrupt(_)) {
+                                let _ = ch.send.reset(1u32.into());
+                            }
                             return Err(e);
                         }
-                        Err(e) => return Err(e),
                     }
                 }
             }
