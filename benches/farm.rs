@@ -31,6 +31,10 @@
 //!     --frame-files`) to 8 workers behind 100 Mbit/s WAN-bench paths: the
 //!     time to the first finished frame against the bytes that frame needs
 //!     over one link plus one task time (target: within 1.2x; needs root).
+//! (g) idle sessions: the CPU a Blender 4.5 (`bpy`) worker's processes use
+//!     while it has no task, for twice the idle window after a job, with
+//!     sessions kept (`--session-idle 0`, the old behaviour) and ended after
+//!     the window (`--session-idle 10s`), side by side.
 
 #[path = "../tests/e2e/harness.rs"]
 #[allow(dead_code)]
@@ -71,6 +75,121 @@ fn main() {
     if run("fanout") {
         fanout();
     }
+    if run("idle") {
+        idle_sessions();
+    }
+}
+
+/// CPU time (clock ticks) of `pid` and its children, reaped ones included,
+/// and of every live process below it.
+fn tree_ticks(pid: u32) -> u64 {
+    let mut stats = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        let Some(p) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) {
+            let f: Vec<u64> = stat[stat.rfind(')').unwrap() + 1..]
+                .split_whitespace()
+                .map(|x| x.parse().unwrap_or(0))
+                .collect();
+            // ppid; utime, stime, cutime, cstime (fields 4, 14-17).
+            stats.push((p, f[1] as u32, f[11] + f[12] + f[13] + f[14]));
+        }
+    }
+    let mut tree = vec![pid];
+    let mut i = 0;
+    while i < tree.len() {
+        let parent = tree[i];
+        tree.extend(stats.iter().filter(|s| s.1 == parent).map(|s| s.0));
+        i += 1;
+    }
+    (stats.iter())
+        .filter(|s| tree.contains(&s.0))
+        .map(|s| s.2)
+        .sum()
+}
+
+/// Idle sessions: a `bpy` 4.5 worker renders one small job, then has no
+/// task for twice the idle window; the cores its processes keep busy
+/// meanwhile, with sessions kept and with them ended after the window.
+fn idle_sessions() {
+    let bpy = std::env::var("TESSERA_TEST_BPY").unwrap_or_else(|_| {
+        format!(
+            "{}/.cache/tessera-ci/bpy-4.5.4/bin/python",
+            std::env::var("HOME").unwrap_or_default()
+        )
+    });
+    if !std::process::Command::new(&bpy)
+        .args(["-c", "import bpy"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+    {
+        println!("idle sessions: skipped (no bpy at {bpy}; set TESSERA_TEST_BPY)");
+        return;
+    }
+    let window = std::time::Duration::from_secs(10);
+    let tick = 100.0; // clock ticks per second (USER_HZ)
+    let mut rows = Vec::new();
+    for (mode, idle) in [
+        ("kept (--session-idle 0)", "0"),
+        ("ended (--session-idle 10s)", "10s"),
+    ] {
+        let mut farm = Farm::start("bench-idle", &[]);
+        let blend = farm.dir.join("idle.blend");
+        let src = format!(
+            "import bpy\ns = bpy.context.scene\ns.render.engine = 'CYCLES'\ns.cycles.samples = 16\ns.render.resolution_x = 64\ns.render.resolution_y = 48\nbpy.ops.wm.save_as_mainfile(filepath={:?})\n",
+            blend.to_str().unwrap()
+        );
+        let made = std::process::Command::new(&bpy)
+            .args(["-I", "-c", &src])
+            .output()
+            .unwrap();
+        assert!(
+            made.status.success(),
+            "{}",
+            String::from_utf8_lossy(&made.stderr)
+        );
+        farm.add_worker_with(
+            "b1",
+            &[
+                "--engine",
+                "blender",
+                "--blender-python",
+                &bpy,
+                "--session-idle",
+                idle,
+            ],
+        );
+        farm.wait_workers(1);
+        let job = farm.json(&["submit", blend.to_str().unwrap(), "--wait", "--json"]);
+        assert_eq!(job["state"], "done", "{job}");
+        let pid = farm.worker_pid(0);
+        let t0 = Instant::now();
+        let at0 = tree_ticks(pid);
+        std::thread::sleep(window);
+        let (t1, at1) = (Instant::now(), tree_ticks(pid));
+        std::thread::sleep(window);
+        let at2 = tree_ticks(pid);
+        let cores =
+            |ticks: u64, since: Instant| ticks as f64 / tick / since.elapsed().as_secs_f64();
+        let whole = cores(at2 - at0, t0);
+        let after = cores(at2 - at1, t1);
+        let sessions = farm
+            .log_of(0)
+            .matches("ending an idle blender session")
+            .count();
+        rows.push((mode, whole, after, sessions));
+    }
+    println!("idle sessions: a bpy 4.5 worker idle for {} s after one job (2x the 10 s window), CPU of its processes", 2 * window.as_secs());
+    for (mode, whole, after, ended) in &rows {
+        println!("  sessions {mode:28} {whole:6.3} cores busy over 20 s, {after:6.3} in its last 10 s   idle sessions ended: {ended}");
+    }
+    println!(
+        "  ended / kept, over 20 s {:6.3}, in the last 10 s {:6.3}",
+        rows[1].1 / rows[0].1.max(1e-9),
+        rows[1].2 / rows[0].2.max(1e-9)
+    );
 }
 
 fn env_u64(name: &str) -> Option<u64> {
@@ -348,6 +467,7 @@ fn memory() {
                 paused: false,
                 deadline_unix_ms: None,
                 budget: None,
+                task_timeout_ms: None,
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

@@ -249,6 +249,9 @@ pub fn check_on_disk(s: &mut Scan) {
     };
     for d in std::mem::take(&mut s.files) {
         let path = PathBuf::from(&d.path);
+        if crate::share::blender_own(&path) {
+            continue; // the worker's own Blender has it
+        }
         match d.check.as_deref() {
             Some("sequence") => {
                 let members = sequence_members(&path);

@@ -27,6 +27,7 @@ use tessera_scan::{blender_runtime, builtin};
 
 use crate::blend;
 use crate::progress::{human_bytes, Progress};
+use crate::share::{self, Sharing};
 
 /// Reads a ticket given as text, or as `@FILE`.
 pub fn resolve_ticket(value: Option<&str>) -> anyhow::Result<Ticket> {
@@ -64,8 +65,9 @@ impl Client {
         let response = ch.recv::<ClientResponse>().await?.ok_or_else(|| {
             crate::exit::Unreachable("the coordinator closed the connection".into())
         })?;
+        // A refusal keeps its kind: the exit code follows it (`exit.rs`).
         if let ClientResponse::Error(e) = response {
-            bail!("{e}");
+            return Err(anyhow::Error::new(e));
         }
         Ok(response)
     }
@@ -337,6 +339,8 @@ pub struct SubmitOptions {
     pub deadline: Option<std::time::Duration>,
     /// `--budget-usd` and `--on-budget`.
     pub budget: Option<tessera_protocol::job::Budget>,
+    /// `--task-timeout`.
+    pub task_timeout: Option<std::time::Duration>,
     pub name: Option<String>,
     pub priority: i32,
     pub request_id: Option<String>,
@@ -362,6 +366,9 @@ pub struct SubmitOptions {
     pub paused: bool,
     /// `--frame-files`: patterns naming the files of one frame each.
     pub frame_files: Vec<String>,
+    /// `--project-root`, `--asset-root` (with the studio's), `--allow-file`:
+    /// what the scene may upload besides itself (see `share.rs`).
+    pub share: crate::share::ShareOptions,
 }
 
 /// A scene file and everything it references, ready to hash.
@@ -434,6 +441,7 @@ async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Scan>
     if !path.is_file() {
         bail!("scene `{}` does not exist", path.display());
     }
+    let sharing = Sharing::new(path, &opts.share)?;
     match engine {
         Engine::Builtin | Engine::Noop => {
             let scene = builtin::Scene::load(path)?;
@@ -442,19 +450,30 @@ async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Scan>
             let dir = path.parent().unwrap_or(Path::new("."));
             let mut files = vec![SceneFile {
                 job_path: file_name,
-                on_disk: path.clone(),
+                on_disk: real_path(path)?,
                 origin: None,
             }];
+            let mut refused = Vec::new();
             for tex in scene.texture_paths() {
                 let on_disk = dir.join(&tex);
                 if !on_disk.is_file() {
                     bail!("texture `{tex}` named by the scene is missing (looked for {}); nothing was uploaded", on_disk.display());
                 }
-                files.push(SceneFile {
-                    job_path: tex,
-                    on_disk,
-                    origin: None,
-                });
+                match sharing.check(&on_disk) {
+                    Ok(real) => files.push(SceneFile {
+                        job_path: tex,
+                        on_disk: real,
+                        origin: None,
+                    }),
+                    Err(why) => refused.push(share::Refused {
+                        path: on_disk.to_string_lossy().into_owned(),
+                        used_by: format!("texture `{tex}`"),
+                        why,
+                    }),
+                }
+            }
+            if !refused.is_empty() {
+                return Err(sharing.refusal(&refused, "nothing was uploaded"));
             }
             Ok(Scan {
                 engine,
@@ -471,9 +490,9 @@ async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Scan>
                 finish: false,
             })
         }
-        Engine::Blender => scan_blend(client, opts, path, file_name).await,
+        Engine::Blender => scan_blend(client, opts, path, file_name, &sharing).await,
         Engine::Unreal => {
-            let p = crate::uproject::scan(path, opts.frames.as_deref(), &opts.unreal)?;
+            let p = crate::uproject::scan(path, opts.frames.as_deref(), &opts.unreal, &sharing)?;
             Ok(Scan {
                 engine,
                 frames: p.frames,
@@ -497,6 +516,7 @@ async fn scan_blend(
     opts: &SubmitOptions,
     path: &Path,
     file_name: String,
+    sharing: &Sharing,
 ) -> anyhow::Result<Scan> {
     let blend = blend::absolute(path)?;
     let project = blend.parent().context("a .blend file lies in a folder")?;
@@ -520,14 +540,35 @@ async fn scan_blend(
             );
         }
     }
-    let (s, nothing) = match blend::scanner(&blend, saved, opts.blender_python.as_deref())? {
+    let (mut s, nothing) = match blend::scanner(&blend, saved, opts.blender_python.as_deref())? {
         Some(runtime) => (blend::scan(&blend, &runtime)?, "nothing was uploaded"),
-        // The .blend and its libraries went up for their scans.
+        // The .blend and its shared libraries went up for their scans.
         None => (
-            farm_scan(client, &blend, saved).await?,
+            farm_scan(client, &blend, saved, sharing).await?,
             "nothing was submitted",
         ),
     };
+    // Files Blender ships: the worker's own Blender has them.
+    s.files.retain(|f| !share::blender_own(Path::new(&f.path)));
+    // What the artist did not mean to share is refused before anything
+    // else is said or uploaded; what is shared is read from its real path.
+    let mut refused = Vec::new();
+    let mut real_paths = std::collections::HashMap::new();
+    for f in s.files.iter().filter(|f| f.exists) {
+        match sharing.check(Path::new(&f.path)) {
+            Ok(real) => {
+                real_paths.insert(f.path.clone(), real);
+            }
+            Err(why) => refused.push(share::Refused {
+                path: f.path.clone(),
+                used_by: format!("{} used by {}", f.kind, f.user),
+                why,
+            }),
+        }
+    }
+    if !refused.is_empty() {
+        return Err(sharing.refusal(&refused, nothing));
+    }
     let missing: Vec<String> = s
         .files
         .iter()
@@ -624,14 +665,16 @@ async fn scan_blend(
     }
     let mut files = vec![SceneFile {
         job_path: file_name,
-        on_disk: blend.clone(),
+        on_disk: real_path(&blend)?,
         origin: Some(blend.to_string_lossy().into_owned()),
     }];
     for dep in s.files.iter().filter(|f| f.exists) {
-        let on_disk = PathBuf::from(&dep.path);
+        let Some(real) = real_paths.remove(&dep.path) else {
+            continue; // listed twice
+        };
         files.push(SceneFile {
-            job_path: blend::job_path(project, &on_disk)?,
-            on_disk,
+            job_path: blend::job_path(project, Path::new(&dep.path))?,
+            on_disk: real,
             origin: Some(dep.path.clone()),
         });
     }
@@ -672,6 +715,7 @@ async fn farm_scan(
     client: &mut Client,
     blend: &Path,
     saved: tessera_protocol::blender::BlenderVersion,
+    sharing: &Sharing,
 ) -> anyhow::Result<blend::Scan> {
     let (mut main, worker) = match scan_on_farm(client, blend, saved).await {
         Ok(scanned) => scanned,
@@ -687,7 +731,7 @@ async fn farm_scan(
         crate::shown::text(&worker)
     );
     let mut scanned: HashSet<PathBuf> = HashSet::from([blend.to_path_buf()]);
-    let mut level: Vec<PathBuf> = libraries_of(&main, &scanned);
+    let mut level: Vec<PathBuf> = libraries_of(&main, &scanned, sharing);
     for _depth in 0..blend::MAX_LIBRARY_DEPTH {
         if level.is_empty() {
             break;
@@ -708,7 +752,7 @@ async fn farm_scan(
             let (s, _) = scan_on_farm(client, &lib, version)
                 .await
                 .with_context(|| format!("scanning the library `{}` on the farm", lib.display()))?;
-            next.extend(libraries_of(&s, &scanned));
+            next.extend(libraries_of(&s, &scanned, sharing));
             blend::merge(&mut main, s);
         }
         level = next;
@@ -716,12 +760,15 @@ async fn farm_scan(
     Ok(main)
 }
 
-/// The libraries a scan lists that exist here and are not scanned yet.
-fn libraries_of(s: &blend::Scan, scanned: &HashSet<PathBuf>) -> Vec<PathBuf> {
+/// The libraries a scan lists that exist here, are not scanned yet and may
+/// be shared (one that may not is never uploaded for a scan: the submit
+/// refuses it, naming it, once the scans are done).
+fn libraries_of(s: &blend::Scan, scanned: &HashSet<PathBuf>, sharing: &Sharing) -> Vec<PathBuf> {
     (s.files.iter())
         .filter(|f| f.kind == "library" && f.exists)
         .map(|f| PathBuf::from(&f.path))
         .filter(|p| !scanned.contains(p))
+        .filter(|p| !share::blender_own(p) && sharing.check(p).is_ok())
         .collect()
 }
 
@@ -735,7 +782,7 @@ async fn scan_on_farm(
     let path = blend.to_str().context("the .blend's path is not UTF-8")?;
     let mut hashed = hash_files(&[SceneFile {
         job_path: "scan.blend".into(),
-        on_disk: blend.to_path_buf(),
+        on_disk: real_path(blend)?,
         origin: None,
     }])
     .await?;
@@ -790,31 +837,52 @@ fn blend_warnings(s: &blend::Scan, tiled: bool, ranged: bool, finish: bool) -> V
 pub struct Submitted {
     pub status: JobStatus,
     pub warnings: Vec<String>,
+    /// Every file of the job and where on this machine it was read.
+    pub files: Vec<JobFile>,
+}
+
+/// A file of a submitted job: its path in the job folder, where it was
+/// read on this machine (symbolic links resolved), its size and digest.
+pub struct JobFile {
+    pub path: String,
+    pub from: PathBuf,
+    pub size: u64,
+    pub digest: Digest,
 }
 
 /// Scans, hashes, uploads what is missing, and submits. Returns the job's
 /// status; warnings are printed once on stderr and returned.
 pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result<Submitted> {
-    let (spec, warnings) = upload_scene(client, opts).await?;
+    let (spec, warnings, from) = upload_scene(client, opts).await?;
+    let files = (spec.manifest.iter().zip(from))
+        .map(|(e, from)| JobFile {
+            path: e.path.clone(),
+            from,
+            size: e.size,
+            digest: e.digest,
+        })
+        .collect();
     match client.call(&ClientRequest::Submit(spec)).await? {
-        ClientResponse::Submitted(status) => Ok(Submitted { status, warnings }),
+        ClientResponse::Submitted(status) => Ok(Submitted {
+            status,
+            warnings,
+            files,
+        }),
         other => bail!("unexpected reply {other:?}"),
     }
 }
 
 /// Scans, hashes and uploads what is missing: the job spec to submit (by
-/// [`submit`], or by `submit --upload-only` for the HTTP API), and its
-/// warnings (printed once on stderr).
+/// [`submit`], or by `submit --upload-only` for the HTTP API), its
+/// warnings (printed once on stderr), and where each manifest entry's file
+/// was read.
 pub async fn upload_scene(
     client: &mut Client,
     opts: &SubmitOptions,
-) -> anyhow::Result<(JobSpec, Vec<String>)> {
+) -> anyhow::Result<(JobSpec, Vec<String>, Vec<PathBuf>)> {
     let scan = scan(client, opts).await?;
     for w in &scan.warnings {
         eprintln!("warning: {w}");
-    }
-    if scan.samples == 0 {
-        bail!("--samples must be at least 1");
     }
     let name = opts.name.clone().unwrap_or_else(|| {
         opts.scene
@@ -849,6 +917,9 @@ pub async fn upload_scene(
             now.saturating_add(d.as_millis().min(u128::from(u64::MAX / 2)) as u64)
         }),
         budget: opts.budget,
+        task_timeout_ms: opts
+            .task_timeout
+            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.
@@ -874,6 +945,7 @@ pub async fn upload_scene(
             before - files.len()
         );
     }
+    let from: Vec<PathBuf> = files.iter().map(|f| f.on_disk.clone()).collect();
     let hashed = hash_files(&files).await?;
     for h in &hashed {
         if let Some(note) = &h.note {
@@ -886,7 +958,7 @@ pub async fn upload_scene(
     for (entry, frame) in spec.manifest.iter_mut().zip(file_frames) {
         entry.frame = frame;
     }
-    Ok((spec, scan.warnings))
+    Ok((spec, scan.warnings, from))
 }
 
 /// A scene file, hashed.
@@ -916,15 +988,43 @@ pub(crate) async fn hash_files(files: &[SceneFile]) -> anyhow::Result<Vec<Hashed
     .await?
 }
 
+/// The scene file the user named, every link resolved (the file they
+/// named is meant, whatever links lead to it).
+pub(crate) fn real_path(path: &Path) -> anyhow::Result<PathBuf> {
+    std::fs::canonicalize(path).with_context(|| format!("cannot read {}", path.display()))
+}
+
+/// The path the kernel opened `file` by, every link resolved.
+fn opened_path(file: &std::fs::File) -> Option<PathBuf> {
+    use std::os::fd::AsRawFd;
+    std::fs::read_link(format!("/proc/self/fd/{}", file.as_raw_fd())).ok()
+}
+
+fn chunk_threads() -> usize {
+    std::thread::available_parallelism().map_or(2, |n| n.get())
+}
+
 fn hash_file(path: String, on_disk: PathBuf, origin: Option<String>) -> anyhow::Result<Hashed> {
     use std::io::Read;
     let cannot = || format!("cannot read {}", on_disk.display());
     let mut file = std::fs::File::open(&on_disk).with_context(cannot)?;
+    // `on_disk` is the real path its sharing was checked for: the file
+    // opened must be that one, not what a link swapped in since leads to
+    // (its content is hashed here, and an upload that differs from the
+    // hash is refused by the coordinator).
+    let opened = opened_path(&file);
+    if opened.as_deref() != Some(on_disk.as_path()) {
+        bail!(
+            "{} changed while it was read (it now leads to {}); nothing was uploaded",
+            on_disk.display(),
+            opened.map_or("an unknown file".into(), |p| p.display().to_string())
+        );
+    }
     let len = file.metadata().with_context(cannot)?.len();
     let (digest, size, list, note) = if len >= CHUNK_THRESHOLD {
         let mut head = [0u8; 8];
         file.read_exact(&mut head).with_context(cannot)?;
-        let list = chunk::list_file(&on_disk).with_context(cannot)?;
+        let list = chunk::list_at(&file, chunk_threads()).with_context(cannot)?;
         let note = chunk::compression(&head).map(|kind| {
             format!(
                 "`{path}` is {kind}-compressed ({}): chunk-level dedupe cannot find its unchanged parts, so every edit uploads all of it; save it uncompressed (Blender: File > Save As, untick Compress) to upload only what changed",
@@ -1166,4 +1266,41 @@ async fn upload(
         "uploaded"
     );
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file whose sharing was checked, swapped for a link to another
+    /// before it is read (the adversary's race, made certain): refused,
+    /// and the other file's bytes are never hashed.
+    #[test]
+    fn a_checked_file_swapped_for_a_link_before_it_is_read_is_refused() {
+        let dir = std::env::temp_dir().join(format!("tessera-swap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(dir.join("proj")).unwrap();
+        let texture = dir.join("proj/race.png");
+        std::fs::write(&texture, b"benign").unwrap();
+        std::fs::write(dir.join("secret"), b"secret").unwrap();
+        let checked = std::fs::canonicalize(&texture).unwrap();
+        let read = |on_disk: &Path| hash_file("race.png".into(), on_disk.to_path_buf(), None);
+        assert_eq!(read(&checked).unwrap().entry.size, 6);
+        // Swapped for a link to the secret, after the check.
+        std::fs::remove_file(&texture).unwrap();
+        std::os::unix::fs::symlink(dir.join("secret"), &texture).unwrap();
+        let err = read(&checked).err().expect("a swapped file was read");
+        assert!(format!("{err:#}").contains("changed while it was read"));
+        // A folder on the way swapped for a link: refused too.
+        std::fs::remove_file(&texture).unwrap();
+        std::fs::create_dir_all(dir.join("elsewhere")).unwrap();
+        std::fs::write(dir.join("elsewhere/race.png"), b"secret").unwrap();
+        std::fs::rename(dir.join("proj"), dir.join("proj-old")).unwrap();
+        std::os::unix::fs::symlink(dir.join("elsewhere"), dir.join("proj")).unwrap();
+        assert!(
+            read(&checked).is_err(),
+            "a folder swapped for a link was followed"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

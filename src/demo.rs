@@ -171,6 +171,7 @@ pub async fn run(
         verify: 0,
         deadline: None,
         budget: None,
+        task_timeout: None,
         name: Some("demo".into()),
         priority: 0,
         request_id: None,
@@ -185,6 +186,12 @@ pub async fn run(
         after_failure: Default::default(),
         paused: false,
         frame_files: Vec::new(),
+        // The sample project's linked library and texture live in a folder
+        // beside it, a studio's shared assets: named as an asset root.
+        share: crate::share::ShareOptions {
+            asset_roots: vec![(root.join("blender-external"), "the demo".into())],
+            ..Default::default()
+        },
     };
     let started = Instant::now();
     let submitted = client::submit(&mut client, &opts).await?.status;

@@ -3,7 +3,7 @@
 //! from a job that failed, was canceled, or did not finish in time.
 
 use tessera_protocol::codec::CodecError;
-use tessera_protocol::messages::{JobState, JobStatus};
+use tessera_protocol::messages::{ClientError, ErrorKind, JobState, JobStatus};
 use tessera_protocol::transport::TransportError;
 
 /// Success: the command did what it was asked; `wait` and `submit --wait`:
@@ -91,12 +91,29 @@ pub fn is_unreachable(e: &anyhow::Error) -> bool {
     })
 }
 
+/// The exit code for a refusal by the coordinator, by its kind (never by
+/// its words): each is a refused request, [`ERROR`]. `Unavailable` (the
+/// farm cannot now: no worker to scan with) is not [`UNREACHABLE`]: the
+/// coordinator answered.
+pub fn for_refusal(kind: ErrorKind) -> i32 {
+    match kind {
+        ErrorKind::NotFound
+        | ErrorKind::Conflict
+        | ErrorKind::Invalid
+        | ErrorKind::Unauthorized
+        | ErrorKind::Unavailable
+        | ErrorKind::Internal => ERROR,
+    }
+}
+
 /// The exit code for an error that ended a command.
 pub fn for_error(e: &anyhow::Error) -> i32 {
     if e.chain().any(|c| c.downcast_ref::<Usage>().is_some()) {
         USAGE
     } else if is_unreachable(e) {
         UNREACHABLE
+    } else if let Some(refusal) = e.chain().find_map(|c| c.downcast_ref::<ClientError>()) {
+        for_refusal(refusal.kind)
     } else {
         ERROR
     }

@@ -6,6 +6,12 @@
 //! releases nodes. It counts what the providers bill for each node, from
 //! launch to release rounded up to the billing increment, beside what the
 //! jobs' leases were billed, and writes both to its status file.
+//!
+//! It keeps the nodes it holds in a state file, written every tick; started
+//! again after a crash, it adopts them (from that file and each provider's
+//! own listing, by the name prefix) and treats them as its own. Every node
+//! it launches runs its worker with `--exit-after-idle`, so a node whose
+//! fleet never returns stops by itself.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -21,6 +27,7 @@ use tessera_fleet::policy::{
 };
 use tessera_fleet::provider::{LaunchSpec, NodeId, NodeState, Offer, Provider, Secret};
 use tessera_fleet::sim::{run_autoscaled, SimJob, Trace, TraceOffer};
+use tessera_fleet::state::{FleetState, SavedNode};
 use tessera_protocol::messages::{JobState, JobStatus, WorkerState, WorkerStatus};
 
 use crate::client::Client;
@@ -62,6 +69,12 @@ fn providers(
                 if let Some(dir) = &p.work_dir {
                     d.log_dir = Some(base.join(dir));
                 }
+                // The ticket file mounted into containers: next to the
+                // fleet file, owner-only.
+                let safe: String = (name.chars())
+                    .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '_' })
+                    .collect();
+                d.secret_dir = base.join(format!(".tessera-fleet-{safe}"));
                 if let Some(args) = p.options.get("run_args").and_then(|v| v.as_array()) {
                     d.run_args = args
                         .iter()
@@ -167,7 +180,11 @@ struct Rented {
     id: NodeId,
     offer: Offer,
     launched: Instant,
+    /// The same, on the wall clock (kept in the state file).
+    launched_unix_ms: u64,
     state: NodeState,
+    /// Launched by an earlier run of the fleet and adopted by this one.
+    adopted: bool,
 }
 
 /// What every node was billed: (name, USD, GPU-seconds) of released ones.
@@ -207,6 +224,20 @@ pub async fn run(
     let mut offers_at = Instant::now();
     let mut nodes: BTreeMap<String, Rented> = BTreeMap::new();
     let mut bill = Bill::default();
+    let state_path = match &file.state_file {
+        Some(p) => base.join(p),
+        None => config.with_extension("state.json"),
+    };
+    adopt(
+        &file,
+        &state_path,
+        &mut providers,
+        &offers,
+        &mut policy,
+        &mut nodes,
+    );
+    save_state(&file, &state_path, &providers, &nodes);
+    let exit_after_idle = file.node_exit_after_idle_secs();
     // Job costs and render time when the fleet started, to count what it
     // added since.
     let (jobs0, _) = client.status(None).await?;
@@ -215,7 +246,7 @@ pub async fn run(
         .map(|j| (j.id, (j.cost_usd, j.render_ms)))
         .collect();
     eprintln!(
-        "fleet: {} providers, at most {} nodes, idle timeout {} s",
+        "fleet: {} providers, at most {} nodes, idle timeout {} s, nodes leave by themselves after {exit_after_idle} s idle",
         providers.len(),
         file.max_nodes,
         file.idle_timeout_secs
@@ -270,7 +301,9 @@ pub async fn run(
                         image: cfg.image.clone().unwrap_or_else(|| file.image.clone()),
                         worker_ticket: ticket.clone(),
                         env: Vec::new(),
-                        worker_args: file.worker_args.clone(),
+                        worker_args: (file.worker_args.iter().cloned())
+                            .chain(["--exit-after-idle".into(), format!("{exit_after_idle}s")])
+                            .collect(),
                     };
                     match tokio::task::block_in_place(|| p.launch(&offer, &spec)) {
                         Ok(id) => {
@@ -285,9 +318,13 @@ pub async fn run(
                                     id,
                                     offer,
                                     launched: Instant::now(),
+                                    launched_unix_ms: unix_ms(),
                                     state: NodeState::Starting,
+                                    adopted: false,
                                 },
                             );
+                            // Said at once: a crash now must not lose it.
+                            save_state(&file, &state_path, &providers, &nodes);
                         }
                         Err(e) => {
                             eprintln!("fleet: cannot launch {name} on {provider}: {e}");
@@ -326,6 +363,7 @@ pub async fn run(
                 }
             }
         }
+        save_state(&file, &state_path, &providers, &nodes);
         if let Some(path) = status_file {
             let status = fleet_status(&nodes, &bill, &jobs, &base_cost, policy.replaced);
             write_atomically(path, &status.to_string())?;
@@ -345,12 +383,121 @@ pub async fn run(
         bill.released
             .push(json!({"name": name, "reason": "fleet-stopped", "usd": usd}));
     }
+    save_state(&file, &state_path, &providers, &nodes);
     if let Some(path) = status_file {
         let (jobs, _) = client.status(None).await.unwrap_or_default();
         let status = fleet_status(&nodes, &bill, &jobs, &base_cost, policy.replaced);
         write_atomically(path, &status.to_string())?;
     }
     Ok(0)
+}
+
+/// Takes over the nodes an earlier run of this fleet left (killed, or its
+/// machine died): those its state file names and those each provider lists
+/// under the name prefix. Each becomes the policy's and this run's like a
+/// node it launched (released when idle); one that is gone is released
+/// (a stopped container removed) and forgotten.
+fn adopt(
+    file: &FleetFile,
+    path: &Path,
+    providers: &mut [(ProviderConfig, Box<dyn Provider>)],
+    offers: &[Rentable],
+    policy: &mut Autoscaler,
+    nodes: &mut BTreeMap<String, Rented>,
+) {
+    let saved = FleetState::load(path).unwrap_or_else(|e| {
+        eprintln!("fleet: ignoring the state file: {e}");
+        FleetState::default()
+    });
+    let now_unix = unix_ms();
+    for (i, (cfg, p)) in providers.iter_mut().enumerate() {
+        let name = cfg.name();
+        let mut found: BTreeMap<String, (NodeId, Option<SavedNode>)> = (saved.nodes.iter())
+            .filter(|n| n.provider == name && n.name.starts_with(&file.name_prefix))
+            .map(|n| (n.name.clone(), (NodeId(n.node.clone()), Some(n.clone()))))
+            .collect();
+        match tokio::task::block_in_place(|| p.list(&file.name_prefix)) {
+            Ok(Some(listed)) => {
+                for id in listed {
+                    let key = id.0.clone();
+                    found.entry(key).or_insert((id, None));
+                }
+            }
+            Ok(None) => {}
+            Err(e) => eprintln!("fleet: {name}: cannot list its nodes: {e}"),
+        }
+        for (node_name, (id, saved)) in found {
+            let state = match tokio::task::block_in_place(|| p.adopt(&id)) {
+                Ok(s) => s,
+                Err(e) => {
+                    eprintln!("fleet: {node_name}: cannot adopt it: {e}");
+                    continue;
+                }
+            };
+            if state == NodeState::Gone {
+                let _ = tokio::task::block_in_place(|| p.release(&id));
+                eprintln!("fleet: {node_name} (left by an earlier run) is gone; released");
+                continue;
+            }
+            let offer = saved.as_ref().map(|s| s.offer.clone()).or_else(|| {
+                (offers.iter())
+                    .find(|r| r.provider == name)
+                    .map(|r| r.offer.clone())
+            });
+            let Some(offer) = offer else {
+                eprintln!("fleet: {node_name}: no offer of {name} to bill it at; releasing it");
+                let _ = tokio::task::block_in_place(|| p.release(&id));
+                continue;
+            };
+            let saved_known = saved.is_some();
+            let launched_unix_ms = saved.map_or(now_unix, |s| s.launched_unix_ms.min(now_unix));
+            let age = Duration::from_millis(now_unix - launched_unix_ms);
+            eprintln!(
+                "fleet: adopted {node_name} on {name} ({state:?}, launched {:.1} s ago by an earlier run{})",
+                age.as_secs_f64(),
+                if saved_known { "" } else { "; not in the state file" }
+            );
+            policy.adopt(&node_name, &name, offer.clone(), 0);
+            nodes.insert(
+                node_name,
+                Rented {
+                    provider: i,
+                    id,
+                    offer,
+                    launched: Instant::now().checked_sub(age).unwrap_or_else(Instant::now),
+                    launched_unix_ms,
+                    state,
+                    adopted: true,
+                },
+            );
+        }
+    }
+}
+
+/// Writes the nodes held now to the state file; a failure is reported, and
+/// the provider's listing is then what a restart relies on.
+fn save_state(
+    file: &FleetFile,
+    path: &Path,
+    providers: &[(ProviderConfig, Box<dyn Provider>)],
+    nodes: &BTreeMap<String, Rented>,
+) {
+    let state = FleetState {
+        name_prefix: file.name_prefix.clone(),
+        nodes: (nodes.iter())
+            .map(|(name, n)| SavedNode {
+                name: name.clone(),
+                provider: providers[n.provider].0.name(),
+                node: n.id.0.clone(),
+                offer: n.offer.clone(),
+                launched_unix_ms: n.launched_unix_ms,
+            })
+            .collect(),
+    };
+    let r = tokio::task::block_in_place(|| state.save(path));
+    if let Err(e) = r {
+        eprintln!("fleet: cannot write the state file: {e}");
+    }
 }
 
 /// The live worker on the fleet's node `name`: named after it (the fleet
@@ -383,6 +530,7 @@ fn fleet_status(
                 "name": name, "node": n.id.0, "gpu": n.offer.gpu,
                 "usd_per_hour": n.offer.usd_per_hour,
                 "state": format!("{:?}", n.state).to_lowercase(),
+                "adopted": n.adopted,
                 "secs": secs, "usd": u,
             })
         })

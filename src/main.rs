@@ -13,6 +13,7 @@ mod monitor;
 mod openjd;
 mod progress;
 mod report;
+mod share;
 mod shown;
 mod unpack;
 mod uproject;
@@ -151,6 +152,11 @@ enum Command {
         /// ones that rotted on disk, in MB/s (0: no scrub).
         #[arg(long, default_value_t = 16.0)]
         scrub_mb_per_sec: f64,
+        /// End any task that runs longer than this (e.g. 2h) in jobs
+        /// submitted without their own --task-timeout; the attempt fails
+        /// with that reason and is retried like any failure.
+        #[arg(long, value_parser = parse_duration)]
+        task_timeout: Option<std::time::Duration>,
         /// Serve the HTTP/JSON API and /metrics over TLS (the coordinator's
         /// certificate; the client ticket's secret as bearer). Alone: on
         /// TCP at the --listen port, so the client ticket names it; or at
@@ -233,10 +239,25 @@ enum Command {
         /// the official Blender as a module) to offer; repeat for several.
         #[arg(long)]
         blender_python: Vec<PathBuf>,
-        /// On SIGTERM, seconds running tasks may take to finish before their
-        /// leases are handed back (0: hand them back at once).
-        #[arg(long, default_value_t = 0.0)]
-        drain_grace: f64,
+        /// Seconds running tasks may take to finish before their leases are
+        /// handed back once the worker drains. On SIGTERM the default is 0
+        /// (hand them back at once); asked by `tessera drain`, running tasks
+        /// finish however long they take unless this is given.
+        #[arg(long, value_parser = parse_seconds)]
+        drain_grace: Option<std::time::Duration>,
+        /// A Blender renderer that prints nothing and uses (almost) no CPU
+        /// for this long, as a hung one does, is ended and its task fails as
+        /// stalled. A render that works keeps its process busy and is left
+        /// alone however long it is silent (Cycles prints its progress
+        /// rarely in the background); one that spins without output is
+        /// ended by the job's --task-timeout.
+        #[arg(long, default_value = "10m", value_parser = parse_duration)]
+        stall_window: std::time::Duration,
+        /// A renderer session with no task for this long is ended (it holds
+        /// memory, and an idle `bpy` session keeps a core busy); the next
+        /// task starts a fresh one. 0: keep sessions until the worker stops.
+        #[arg(long, default_value = "2m", value_parser = parse_duration)]
+        session_idle: std::time::Duration,
         /// Start Blender afresh for every task instead of keeping a session.
         #[arg(long, hide = true)]
         blender_cold: bool,
@@ -260,6 +281,12 @@ enum Command {
         /// BENCHMARKS.md).
         #[arg(long, default_value = "cubic-veno", value_parser = tessera_protocol::transport::Congestion::parse)]
         congestion: tessera_protocol::transport::Congestion,
+        /// Leave after this long (e.g. 10m) holding no task and assigned
+        /// none, whether connected to a coordinator with no work or unable
+        /// to reach one: a node whose fleet is gone stops by itself. `tessera
+        /// fleet` sets it on every node it launches.
+        #[arg(long, value_parser = parse_duration)]
+        exit_after_idle: Option<std::time::Duration>,
     },
     /// Submit a scene: uploads what the farm lacks, then queues the job.
     Submit {
@@ -283,7 +310,7 @@ enum Command {
         /// each worker's first result) again on a worker of another identity
         /// and compare them bit-exactly; a worker caught returning wrong
         /// pixels is quarantined and its results are rendered again.
-        #[arg(long, default_value = "0", value_parser = clap::value_parser!(u32).range(0..=100))]
+        #[arg(long, default_value = "0")]
         verify: u32,
         /// When the job should be done, from now (e.g. 2h, 90m): `tessera
         /// fleet` rents enough nodes to meet it.
@@ -297,6 +324,11 @@ enum Command {
         /// its running tasks).
         #[arg(long, default_value = "stop-dispatch", value_parser = tessera_protocol::job::OnBudget::parse)]
         on_budget: tessera_protocol::job::OnBudget,
+        /// End any task that runs longer than this (e.g. 2h, 90m) and fail
+        /// that attempt with the reason; it is retried like any failure
+        /// (default: the coordinator's --task-timeout, else no limit).
+        #[arg(long, value_parser = parse_duration)]
+        task_timeout: Option<std::time::Duration>,
         /// With --wait: download the frames here, each as soon as it is
         /// stitched.
         #[arg(long)]
@@ -357,6 +389,8 @@ enum Command {
         /// Submit even when files the scene uses are missing.
         #[arg(long)]
         allow_missing: bool,
+        #[command(flatten)]
+        share: Box<ShareArgs>,
         /// Force an engine instead of choosing by file type.
         #[arg(long, hide = true)]
         engine: Option<Engine>,
@@ -525,6 +559,27 @@ enum Command {
     },
 }
 
+/// What a submit may upload besides the scene (see `share.rs`).
+#[derive(clap::Args)]
+struct ShareArgs {
+    /// The project's folder: files the scene uses under it are
+    /// uploaded (default: the scene's own folder).
+    #[arg(long, value_name = "DIR")]
+    project_root: Option<PathBuf>,
+    /// A folder of shared assets whose files the scene may use and
+    /// upload (repeat for several; also `TESSERA_ASSET_ROOTS`, a
+    /// `:`-separated list, and `asset_roots` in the client config
+    /// file). A file the scene uses outside the project and the asset
+    /// roots is refused, naming it.
+    #[arg(long = "asset-root", value_name = "DIR")]
+    asset_roots: Vec<PathBuf>,
+    /// Upload this one file the scene uses though it lies outside the
+    /// project and the asset roots, or in a hidden folder of a home
+    /// directory or another user's home (repeat for several).
+    #[arg(long = "allow-file", value_name = "PATH")]
+    allow_files: Vec<PathBuf>,
+}
+
 /// `submit X.uproject`: what Movie Render Queue renders, and how it splits.
 #[derive(clap::Args)]
 struct UnrealArgs {
@@ -629,12 +684,40 @@ enum CoordinatorAdmin {
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    // Every control character a log line holds is written as an escape: a
+    // worker's or a job's name (chosen by a rented machine or a client)
+    // must not forge log lines or reach a terminal as an escape sequence.
+    // So no colours either.
     tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
+        .with_writer(|| EscapingWriter(std::io::stderr()))
+        .with_ansi(false)
         .with_target(false)
         .init();
+}
+
+/// Writes each log record with its control characters escaped, its final
+/// newline kept (the formatter writes one record per call).
+struct EscapingWriter<W>(W);
+
+impl<W: std::io::Write> std::io::Write for EscapingWriter<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let (body, newline) = match buf.split_last() {
+            Some((b'\n', body)) => (body, true),
+            _ => (buf, false),
+        };
+        let text = String::from_utf8_lossy(body);
+        let mut line = tessera_protocol::text::escape_controls(&text).into_owned();
+        if newline {
+            line.push('\n');
+        }
+        self.0.write_all(line.as_bytes())?;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 fn main() {
@@ -645,6 +728,23 @@ fn main() {
     );
     // The monitor owns the terminal: log lines would scribble over it.
     let monitor = matches!(cli.command, Command::Monitor { .. });
+    // A client command whose output is piped into `head` ends quietly (exit
+    // 141, as other Unix tools do) when the pipe closes, instead of
+    // panicking in println!. Not for processes that write to their
+    // children's pipes (coordinator, worker, demo, fleet), where a closed
+    // pipe is an error to handle.
+    let owns_children = server
+        || matches!(
+            cli.command,
+            Command::Demo { .. } | Command::Fleet { .. } | Command::Monitor { .. }
+        );
+    if !owns_children {
+        // SAFETY: restoring a signal's default disposition at start, before
+        // any thread exists.
+        unsafe {
+            libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        }
+    }
     init_logging(match (server, monitor) {
         (true, _) => "info",
         (_, true) => "off",
@@ -729,6 +829,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             congestion,
             retention,
             scrub_mb_per_sec,
+            task_timeout,
             http,
             webhook,
             webhook_secret_file,
@@ -746,6 +847,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             config.pipelining = !no_pipelining;
             tessera_protocol::transport::use_congestion(congestion);
             config.retention = retention;
+            config.task_timeout = task_timeout.filter(|t| !t.is_zero());
             config.http = match http.as_deref() {
                 None => None,
                 Some("ticket") => Some(HttpListen::SamePort),
@@ -813,10 +915,13 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             build_python,
             blender_cold,
             drain_grace,
+            stall_window,
+            session_idle,
             noop_ms,
             interruptible,
             unreal_editor,
             congestion,
+            exit_after_idle,
         } => {
             tessera_protocol::transport::use_congestion(congestion);
             // Required by clap unless a subcommand is given.
@@ -859,6 +964,25 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     (name, dir)
                 }
             };
+            // Absolute from here on: renderers are marked with it (a
+            // sweep compares it) and their HOME is under it.
+            std::fs::create_dir_all(&cache_dir).with_context(|| {
+                format!("cannot create the cache folder {}", cache_dir.display())
+            })?;
+            let cache_dir = std::fs::canonicalize(&cache_dir)
+                .with_context(|| format!("cannot use the cache folder {}", cache_dir.display()))?;
+            // Before any Blender starts (the probes below): end what an
+            // earlier run on this cache folder left running, and keep pid
+            // files of what this one starts.
+            tessera_worker::child::set_cache_dir(&cache_dir)
+                .with_context(|| format!("cannot use the cache folder {}", cache_dir.display()))?;
+            let swept = tessera_worker::child::sweep(&cache_dir);
+            if swept > 0 {
+                tracing::warn!(
+                    swept,
+                    "ended renderers an earlier run of this worker left running"
+                );
+            }
             let unreal = unreal_editor.map(|editor| {
                 Arc::new(engine::unreal::Unreal::new(
                     editor, &cache_dir, cache_max, slots,
@@ -899,9 +1023,12 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 engines,
                 slots,
                 price_per_hour,
-                drain_grace: std::time::Duration::from_secs_f64(drain_grace.max(0.0)),
+                drain_grace,
                 interruptible,
                 builds,
+                stall_window,
+                session_idle: (!session_idle.is_zero()).then_some(session_idle),
+                exit_after_idle: exit_after_idle.filter(|d| !d.is_zero()),
             };
             tessera_worker::run::run(config, stop_rx).await?;
             Ok(0)
@@ -916,6 +1043,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             deadline,
             budget_usd,
             on_budget,
+            task_timeout,
             output,
             overwrite,
             partial,
@@ -932,6 +1060,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             frame_files,
             job_params,
             allow_missing,
+            share,
             engine,
             blender,
             blender_python,
@@ -962,6 +1091,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                     usd,
                     on_reached: on_budget,
                 }),
+                task_timeout,
                 name,
                 priority,
                 request_id,
@@ -987,6 +1117,14 @@ async fn run(command: Command) -> anyhow::Result<i32> {
                 after_failure,
                 paused,
                 frame_files,
+                share: share::ShareOptions {
+                    project_root: share.project_root,
+                    asset_roots: (share.asset_roots.into_iter())
+                        .map(|r| (r, "--asset-root".to_string()))
+                        .collect(),
+                    allow_files: share.allow_files,
+                }
+                .with_studio_roots()?,
             };
             if openjd::is_template(&opts.scene) {
                 let template = openjd::load(&opts.scene, &job_params)?;
@@ -1015,13 +1153,17 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             }
             let mut client = Client::connect(&ticket).await?;
             if upload_only {
-                let (spec, _warnings) = client::upload_scene(&mut client, &opts).await?;
+                let (spec, _warnings, _from) = client::upload_scene(&mut client, &opts).await?;
                 println!("{}", serde_json::to_string(&spec)?);
                 return Ok(0);
             }
-            let client::Submitted { status, warnings } = client::submit(&mut client, &opts).await?;
+            let client::Submitted {
+                status,
+                warnings,
+                files,
+            } = client::submit(&mut client, &opts).await?;
             if !wait {
-                report::print_submitted(&status, &warnings, json);
+                report::print_submitted(&status, &warnings, &files, json);
                 return Ok(0);
             }
             if !json {
@@ -1286,7 +1428,9 @@ async fn submit_template(
         });
         step_opts.request_id = (opts.request_id.as_ref()).map(|r| format!("{r}/{}", step.name));
         step_opts.after = after;
-        let client::Submitted { status, warnings } = client::submit(client, &step_opts)
+        let client::Submitted {
+            status, warnings, ..
+        } = client::submit(client, &step_opts)
             .await
             .with_context(|| format!("step {} of the template", step.name))?;
         if json {
@@ -1450,6 +1594,9 @@ fn parse_utc(t: &str) -> Option<u64> {
 /// A duration such as `7d`, `12h`, `30m` or `45s`.
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
+    if t == "0" {
+        return Ok(std::time::Duration::ZERO);
+    }
     let unit = match t.chars().last() {
         Some('d') => 86_400.0,
         Some('h') => 3_600.0,
@@ -1463,7 +1610,18 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     if n.is_nan() || n < 0.0 || n.is_infinite() {
         return Err(format!("`{text}`: the duration must be 0 or more"));
     }
-    Ok(std::time::Duration::from_secs_f64(n * unit))
+    std::time::Duration::try_from_secs_f64(n * unit)
+        .map_err(|_| format!("`{text}` is too long a duration"))
+}
+
+/// Seconds (`90`, `2.5`) or a duration with its unit (`90s`, `5m`).
+fn parse_seconds(text: &str) -> Result<std::time::Duration, String> {
+    match text.trim().parse::<f64>() {
+        Ok(n) if n.is_finite() && n >= 0.0 => std::time::Duration::try_from_secs_f64(n)
+            .map_err(|_| format!("`{text}` is too long a duration")),
+        Ok(_) => Err(format!("`{text}`: give 0 or more seconds")),
+        Err(_) => parse_duration(text),
+    }
 }
 
 /// A size such as `50G`, `800M`, `64K` (powers of 1024) or plain bytes.

@@ -139,11 +139,27 @@ pub fn print_logs(job: u64, logs: &[tessera_protocol::messages::TaskLog], json: 
     }
 }
 
-/// A submit's answer; with `--json` its warnings are a list under `warnings`.
-pub fn print_submitted(s: &JobStatus, warnings: &[String], json: bool) {
+/// A submit's answer; with `--json` its warnings are a list under
+/// `warnings`, and the job's files under `uploads`: each one's path in the
+/// job (`path`), where it was read here (`from`), `size` and `digest`.
+pub fn print_submitted(
+    s: &JobStatus,
+    warnings: &[String],
+    files: &[crate::client::JobFile],
+    json: bool,
+) {
     if json {
         let mut v = job_json(s);
         v["warnings"] = json!(warnings);
+        v["uploads"] = json!(files
+            .iter()
+            .map(|f| json!({
+                "path": f.path,
+                "from": f.from.to_string_lossy(),
+                "size": f.size,
+                "digest": f.digest.to_hex(),
+            }))
+            .collect::<Vec<_>>());
         println!("{v}");
     } else {
         println!("job {} submitted: {}", s.id, summary_line(s));

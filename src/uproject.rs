@@ -12,6 +12,7 @@ use tessera_protocol::job::{parse_frames, OutputFormat};
 use tessera_protocol::unreal::{content_path, Shot, UnrealJob};
 
 use crate::client::SceneFile;
+use crate::share::Sharing;
 
 /// Top-level folders of a project that travel.
 const UPLOADED: [&str; 3] = ["Content", "Config", "Plugins"];
@@ -65,7 +66,12 @@ pub fn parse_shots(s: &str) -> Result<Vec<Shot>, String> {
 
 /// Reads the job from the options and the project folder; refuses a job
 /// whose sequence, map or config is not in `Content/`, naming the asset.
-pub fn scan(uproject: &Path, frames: Option<&str>, o: &UnrealOptions) -> anyhow::Result<Project> {
+pub fn scan(
+    uproject: &Path,
+    frames: Option<&str>,
+    o: &UnrealOptions,
+    sharing: &Sharing,
+) -> anyhow::Result<Project> {
     let need = |v: &Option<String>, flag: &str| {
         v.clone()
             .with_context(|| format!("an Unreal project needs {flag}; nothing was uploaded"))
@@ -128,11 +134,34 @@ pub fn scan(uproject: &Path, frames: Option<&str>, o: &UnrealOptions) -> anyhow:
         .to_string();
     let mut files = vec![SceneFile {
         job_path: name,
-        on_disk: uproject.to_path_buf(),
+        on_disk: crate::client::real_path(uproject)?,
         origin: None,
     }];
+    // A top-level folder that is a symbolic link is followed only where it
+    // leads to a shared place (see `share.rs`); deeper links stay behind.
+    let mut refused = Vec::new();
     for top in UPLOADED {
-        walk(&dir.join(top), top, &mut files)?;
+        let path = dir.join(top);
+        let linked = std::fs::symlink_metadata(&path).is_ok_and(|m| m.file_type().is_symlink());
+        if !linked {
+            walk(&path, top, sharing, &mut files, &mut refused)?;
+            continue;
+        }
+        match sharing.check(&path) {
+            Ok(real) if real.is_dir() => walk(&real, top, sharing, &mut files, &mut refused)?,
+            Ok(_) => {}
+            Err(why) => refused.push(crate::share::Refused {
+                path: path.to_string_lossy().into_owned(),
+                used_by: format!(
+                    "a symbolic link to {}",
+                    std::fs::read_link(&path).map_or("?".into(), |t| t.display().to_string())
+                ),
+                why,
+            }),
+        }
+    }
+    if !refused.is_empty() {
+        return Err(sharing.refusal(&refused, "nothing was uploaded"));
     }
     Ok(Project {
         frames,
@@ -145,8 +174,15 @@ pub fn scan(uproject: &Path, frames: Option<&str>, o: &UnrealOptions) -> anyhow:
 
 /// Adds every regular file under `dir` (job path `rel/...`), skipping the
 /// folders Unreal makes again and anything that is not a plain file or
-/// folder (symbolic links stay behind).
-fn walk(dir: &Path, rel: &str, out: &mut Vec<SceneFile>) -> anyhow::Result<()> {
+/// folder (symbolic links stay behind); a file `sharing` refuses (in a
+/// home's hidden folder, say) goes to `refused`.
+fn walk(
+    dir: &Path,
+    rel: &str,
+    sharing: &Sharing,
+    out: &mut Vec<SceneFile>,
+    refused: &mut Vec<crate::share::Refused>,
+) -> anyhow::Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
     };
@@ -170,16 +206,23 @@ fn walk(dir: &Path, rel: &str, out: &mut Vec<SceneFile>) -> anyhow::Result<()> {
             .with_context(|| format!("cannot read {}", path.display()))?;
         if meta.is_dir() {
             if !NEVER.contains(&name.as_str()) {
-                walk(&path, &job_path, out)?;
+                walk(&path, &job_path, sharing, out, refused)?;
             }
         } else if meta.is_file() {
             tessera_protocol::job::sanitize_manifest_path(&job_path)
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
-            out.push(SceneFile {
-                job_path,
-                on_disk: path,
-                origin: None,
-            });
+            match sharing.check(&path) {
+                Ok(real) => out.push(SceneFile {
+                    job_path,
+                    on_disk: real,
+                    origin: None,
+                }),
+                Err(why) => refused.push(crate::share::Refused {
+                    path: path.to_string_lossy().into_owned(),
+                    used_by: format!("the project's {job_path}"),
+                    why,
+                }),
+            }
         }
     }
     Ok(())
@@ -218,7 +261,8 @@ mod tests {
             shots: Some("sh010=1-4,sh020=5-8".into()),
             ..Default::default()
         };
-        let p = scan(&dir.join("Film.uproject"), None, &o).unwrap();
+        let sharing = Sharing::new(&dir.join("Film.uproject"), &Default::default()).unwrap();
+        let p = scan(&dir.join("Film.uproject"), None, &o, &sharing).unwrap();
         let paths: Vec<&str> = p.files.iter().map(|f| f.job_path.as_str()).collect();
         assert_eq!(
             paths,
@@ -233,7 +277,7 @@ mod tests {
         );
         assert_eq!(p.frames, (1..=8).collect::<Vec<_>>());
         o.level_sequence = Some("/Game/Seq/Missing".into());
-        let err = scan(&dir.join("Film.uproject"), None, &o)
+        let err = scan(&dir.join("Film.uproject"), None, &o, &sharing)
             .err()
             .unwrap()
             .to_string();
@@ -244,7 +288,7 @@ mod tests {
         assert!(err.contains("Content/Seq/Missing.uasset"), "{err}");
         o.level_sequence = Some("/Game/Seq/Main".into());
         o.mrq_config = Some("/Game/Cine/Nope".into());
-        let err = scan(&dir.join("Film.uproject"), None, &o)
+        let err = scan(&dir.join("Film.uproject"), None, &o, &sharing)
             .err()
             .unwrap()
             .to_string();
@@ -253,5 +297,72 @@ mod tests {
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// `Plugins -> /somewhere/else`: refused and named, nothing of it
+    /// listed; followed once its target is an asset root. A link deeper
+    /// down stays behind either way.
+    #[test]
+    fn a_top_level_folder_linked_out_of_the_project_is_refused() {
+        let root =
+            std::env::temp_dir().join(format!("tessera-uproject-link-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        let dir = root.join("Film");
+        let elsewhere = root.join("elsewhere");
+        for f in [
+            "Film/Film.uproject",
+            "Film/Content/Seq/Main.uasset",
+            "Film/Content/Maps/Main.umap",
+            "Film/Content/Cine/Config.uasset",
+            "elsewhere/Fx/Fx.uplugin",
+            "elsewhere/Fx/Content/Fx.uasset",
+        ] {
+            let p = root.join(f);
+            std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+            std::fs::write(&p, f).unwrap();
+        }
+        std::os::unix::fs::symlink(&elsewhere, dir.join("Plugins")).unwrap();
+        std::os::unix::fs::symlink(elsewhere.join("Fx"), dir.join("Content/Fx")).unwrap();
+        let o = UnrealOptions {
+            level_sequence: Some("/Game/Seq/Main".into()),
+            map: Some("/Game/Maps/Main".into()),
+            mrq_config: Some("/Game/Cine/Config".into()),
+            shots: Some("sh010=1-4".into()),
+            ..Default::default()
+        };
+        let project = dir.join("Film.uproject");
+        let sharing = Sharing::new(&project, &Default::default()).unwrap();
+        let err = scan(&project, None, &o, &sharing)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains(&format!(
+                "{} (a symbolic link to {}",
+                dir.join("Plugins").display(),
+                elsewhere.display()
+            )),
+            "{err}"
+        );
+        assert!(err.contains("nothing was uploaded"), "{err}");
+        let opts = crate::share::ShareOptions {
+            asset_roots: vec![(elsewhere.clone(), "--asset-root".into())],
+            ..Default::default()
+        };
+        let sharing = Sharing::new(&project, &opts).unwrap();
+        let p = scan(&project, None, &o, &sharing).unwrap();
+        let paths: Vec<&str> = p.files.iter().map(|f| f.job_path.as_str()).collect();
+        assert_eq!(
+            paths,
+            [
+                "Film.uproject",
+                "Content/Cine/Config.uasset",
+                "Content/Maps/Main.umap",
+                "Content/Seq/Main.uasset",
+                "Plugins/Fx/Content/Fx.uasset",
+                "Plugins/Fx/Fx.uplugin"
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&root);
     }
 }

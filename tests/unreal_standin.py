@@ -15,12 +15,12 @@ the Unreal adapter relies on, as Epic documents it:
   https://dev.epicgames.com/documentation/en-us/unreal-engine/command-line-arguments-in-unreal-engine;
   -graphicsadapter sets r.GraphicsAdapter,
   https://dev.epicgames.com/documentation/unreal-engine/API/Plugins/DisplayClusterConfiguration/UDisplayClusterConfigurationClus-_1/GraphicsAdapter).
-- Its machine's GPUs are STANDIN_GPU (comma-separated names; default one
+- Its machine's GPUs are TESSERA_TEST_STANDIN_GPU (comma-separated names; default one
   GPU, gpu0); -graphicsadapter=N renders on the Nth (a missing one is an
   error, as Unreal falls back to none), otherwise on the first.
-- With STANDIN_SEEN naming a folder, it records there what it saw (its
+- With TESSERA_TEST_STANDIN_SEEN naming a folder, it records there what it saw (its
   adapter, the GPU it rendered on, CUDA_VISIBLE_DEVICES, its frames) as one
-  JSON file per process; with STANDIN_SEEN_TOGETHER=K it then waits (at most
+  JSON file per process; with TESSERA_TEST_STANDIN_SEEN_TOGETHER=K it then waits (at most
   20 s) until K processes have recorded, so a test sees them run at once.
 - Without an executor class it renders the whole level sequence, shot after
   shot, into PROJECT/Saved/MovieRenders (MRQ's default output folder): the
@@ -55,7 +55,7 @@ Markers make it fail the way Unreal does (the adapter reads the log lines):
   `Content/StandIn/ShaderCompileCrash` it exits mid-compile;
 - `Content/StandIn/Hang`: prints nothing more for a minute;
 - `Content/StandIn/DeviceLost` naming a GPU: on a machine whose
-  STANDIN_GPU is that name, VK_ERROR_DEVICE_LOST after the first frame.
+  TESSERA_TEST_STANDIN_GPU is that name, VK_ERROR_DEVICE_LOST after the first frame.
 """
 
 import json
@@ -270,7 +270,7 @@ def main():
     lost_file = os.path.join(marker, "DeviceLost")
     if os.path.isfile(lost_file):
         lost_on = open(lost_file).read().strip()
-    gpus = os.environ.get("STANDIN_GPU", "gpu0").split(",")
+    gpus = os.environ.get("TESSERA_TEST_STANDIN_GPU", "gpu0").split(",")
     adapter = values.get("-graphicsadapter")
     if adapter is not None:
         if not adapter.isdigit() or int(adapter) >= len(gpus):
@@ -287,16 +287,17 @@ def main():
         first, last = task["start_frame"], task["end_frame"]
         out_dir = task["output_directory"]
     os.makedirs(out_dir, exist_ok=True)
-    seen = os.environ.get("STANDIN_SEEN")
+    seen = os.environ.get("TESSERA_TEST_STANDIN_SEEN")
     if seen:
         os.makedirs(seen, exist_ok=True)
         record = {"adapter": adapter, "gpu": gpu, "frames": [first, last],
-                  "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                  "CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                  "environ": dict(os.environ)}
         tmp = os.path.join(seen, "%d.tmp" % os.getpid())
         with open(tmp, "w") as f:
             json.dump(record, f)
         os.rename(tmp, os.path.join(seen, "%d.json" % os.getpid()))
-        together = int(os.environ.get("STANDIN_SEEN_TOGETHER", "0"))
+        together = int(os.environ.get("TESSERA_TEST_STANDIN_SEEN_TOGETHER", "0"))
         deadline = time.time() + 20
         while time.time() < deadline and len([n for n in os.listdir(seen) if n.endswith(".json")]) < together:
             log("LogMovieRenderPipeline: Display: waiting for the other slots")

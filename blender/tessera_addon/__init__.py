@@ -117,8 +117,15 @@ def cli_has_option(prefs, option):
     return option in _HELP[binary]
 
 
-def submit_args(settings, blend, budget_supported):
-    """The `tessera submit` command line for the panel's settings."""
+def asset_roots(prefs):
+    """The preferences' asset roots: folders separated by `;`."""
+    return [r.strip() for r in (prefs.asset_roots or "").split(";") if r.strip()]
+
+
+def submit_args(settings, blend, budget_supported, roots=()):
+    """The `tessera submit` command line for the panel's settings; `roots`
+    are the studio's asset roots (files the scene uses there are uploaded;
+    `tessera submit` refuses one outside them and the file's folder)."""
     args = ["submit", blend, "--json",
             "--tiles", f"{settings.tiles_cols}x{settings.tiles_rows}",
             "--sample-ranges", str(settings.sample_ranges),
@@ -128,6 +135,8 @@ def submit_args(settings, blend, budget_supported):
         args += ["--frames", frames]
     if budget_supported and settings.budget_usd > 0:
         args += ["--budget-usd", f"{settings.budget_usd:.2f}"]
+    for root in roots:
+        args += ["--asset-root", root]
     return args
 
 
@@ -162,10 +171,19 @@ class TesseraPreferences(bpy.types.AddonPreferences):
         subtype="FILE_PATH",
         default="tessera",
     )
+    asset_roots: bpy.props.StringProperty(
+        name="Asset roots",
+        description=(
+            "Folders of shared assets (textures, libraries) outside the .blend's folder that "
+            "scenes may use, separated by ';'. Submit refuses any other file outside the "
+            ".blend's folder, naming it (TESSERA_ASSET_ROOTS and the client config count too)"
+        ),
+    )
 
     def draw(self, context):
         self.layout.prop(self, "ticket")
         self.layout.prop(self, "tessera_path")
+        self.layout.prop(self, "asset_roots")
 
 
 class TesseraSettings(bpy.types.PropertyGroup):
@@ -209,7 +227,10 @@ class TESSERA_OT_submit(bpy.types.Operator):
                 raise TesseraError("save the file first: the farm renders the saved .blend")
             bpy.ops.wm.save_mainfile()
             budget = settings.budget_usd > 0 and cli_has_option(prefs, "--budget-usd")
-            status = run_tessera(prefs, submit_args(settings, bpy.data.filepath, budget))
+            roots = asset_roots(prefs)
+            if roots and not cli_has_option(prefs, "--asset-root"):
+                raise TesseraError("this tessera program has no --asset-root: update it")
+            status = run_tessera(prefs, submit_args(settings, bpy.data.filepath, budget, roots))
         except TesseraError as e:
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}

@@ -40,6 +40,8 @@ pub struct Config {
     pub http: Option<HttpListen>,
     /// POST job events to this receiver (see `crate::webhook`).
     pub webhook: Option<Webhook>,
+    /// The time limit of a task whose job sets none (`--task-timeout`).
+    pub task_timeout: Option<Duration>,
 }
 
 /// Where the HTTP API listens.
@@ -82,6 +84,7 @@ impl Config {
             max_attempts: 3,
             retry_backoff_ms: 1000,
             straggler_percent: 300,
+            task_timeout: None,
             cache_affinity: true,
             pipelining: true,
             retention: Duration::from_secs(7 * 24 * 3600),

@@ -251,6 +251,18 @@ const HOLDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS job_holds (
     released INTEGER NOT NULL
 );";
 
+/// What the finished jobs of one state add up to (see
+/// [`Db::finished_totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FinishedTotals {
+    pub jobs: u64,
+    pub tasks_done: u64,
+    pub bytes_uploaded: u64,
+    pub bytes_deduplicated: u64,
+    pub bytes_to_workers: u64,
+    pub cost_usd: f64,
+}
+
 fn state_name(s: JobState) -> &'static str {
     s.name()
 }
@@ -407,9 +419,15 @@ impl Db {
     /// Copies the WAL into the main database file and empties it, so the
     /// main file alone holds every commit up to now (a lost or deleted WAL
     /// then loses only what was committed since).
+    /// An empty WAL is left alone: at rest the coordinator writes nothing
+    /// (truncating even an empty file updates its times).
     pub fn checkpoint(&self) -> Result<(), DbError> {
-        self.conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        let frames: i64 =
+            (self.conn).query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))?;
+        if frames > 0 {
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        }
         Ok(())
     }
 
@@ -611,6 +629,34 @@ impl Db {
         ))?;
         let rows = stmt.query_map([], job_row)?;
         rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Totals over every finished job, per final state, summed by SQLite:
+    /// no job is read into memory (for `/metrics`).
+    pub fn finished_totals(&self) -> Result<Vec<(JobState, FinishedTotals)>, DbError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT state, COUNT(*), SUM(COALESCE(tasks_done, 0)), SUM(bytes_uploaded),
+                    SUM(bytes_deduplicated), SUM(COALESCE(bytes_to_workers, 0)), SUM(cost_usd)
+             FROM jobs WHERE state IN ('done', 'failed', 'canceled') GROUP BY state",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let n = |i: usize| {
+                r.get::<_, Option<i64>>(i)
+                    .map(|v| v.unwrap_or(0).max(0) as u64)
+            };
+            Ok((
+                parse_state(&r.get::<_, String>(0)?),
+                FinishedTotals {
+                    jobs: n(1)?,
+                    tasks_done: n(2)?,
+                    bytes_uploaded: n(3)?,
+                    bytes_deduplicated: n(4)?,
+                    bytes_to_workers: n(5)?,
+                    cost_usd: r.get::<_, Option<f64>>(6)?.unwrap_or(0.0),
+                },
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
     }
 
     /// Finished jobs, newest first, at most `limit`.
@@ -1057,6 +1103,7 @@ mod tests {
             paused: false,
             deadline_unix_ms: None,
             budget: None,
+            task_timeout_ms: None,
         }
     }
 

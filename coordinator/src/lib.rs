@@ -5,7 +5,8 @@
 //! `farm` and `scheduler` decide (no I/O, time passed in); `server` wires
 //! the rest: `conn` (one task per connection), `dispatch`, `commit`,
 //! `stitcher`, `gc`, `identity` (enrolled workers, revocation, ticket
-//! rotation), `upkeep` (scrub, checkpoints), `submit`, `data_dir`.
+//! rotation), `upkeep` (scrub, checkpoints), `submit`, `data_dir`. `service` is what
+//! clients may ask, under both APIs (QUIC `conn::client`, HTTP `http`).
 
 pub mod backup;
 mod builds;
@@ -26,6 +27,8 @@ pub(crate) mod query;
 pub(crate) mod retry;
 pub mod scheduler;
 pub mod server;
+pub(crate) mod service;
+pub(crate) mod shared;
 pub mod stitch;
 mod stitcher;
 pub mod submit;

@@ -7,47 +7,61 @@
 
 use std::sync::Arc;
 
-use anyhow::{bail, Context};
-use tessera_protocol::messages::{JobState, JobStatus};
+use anyhow::Context;
+use tessera_protocol::messages::{ClientError, JobState, JobStatus};
 use tessera_protocol::store::BlobStore;
 
 use crate::server::{restored_job, Shared};
+use crate::service::internal;
 
-/// Requeues failed job `id`; its status afterwards.
-pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> anyhow::Result<JobStatus> {
+/// Requeues failed job `id`; its status afterwards. Refused: `NotFound`
+/// (no such job), `Conflict` (not failed, or its files are gone);
+/// `Internal` when the database fails.
+pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> Result<JobStatus, ClientError> {
     // Held as a submit holds it: garbage collection sees the job as
     // retained, or ran before and its files are checked below.
     let _gc = crate::server::relock(&shared.gc);
     let restored = {
         let mut db = shared.db();
-        let stored = db
-            .job(id)?
-            .with_context(|| format!("no job {id} on this coordinator"))?;
+        let Some(stored) = db.job(id).map_err(internal)? else {
+            return Err(ClientError::not_found(format!(
+                "no job {id} on this coordinator"
+            )));
+        };
         match stored.state {
             JobState::Failed => {}
-            JobState::Canceled | JobState::Done => bail!(
-                "job {id} is {}: only a failed job can be retried (submit it again instead)",
-                stored.state.name()
-            ),
-            _ => bail!(
-                "job {id} is still {}; nothing to retry",
-                stored.state.name()
-            ),
+            JobState::Canceled | JobState::Done => {
+                return Err(ClientError::conflict(format!(
+                    "job {id} is {}: only a failed job can be retried (submit it again instead)",
+                    stored.state.name()
+                )))
+            }
+            _ => {
+                return Err(ClientError::conflict(format!(
+                    "job {id} is still {}; nothing to retry",
+                    stored.state.name()
+                )))
+            }
         }
         if let Some(m) =
             (stored.spec.manifest.iter()).find(|m| shared.store.has(&m.digest).is_none())
         {
-            bail!(
+            return Err(ClientError::conflict(format!(
                 "job {id}'s file `{}` was removed by garbage collection (the job finished more than --retention ago); submit it again",
                 m.path
-            );
+            )));
         }
-        if !db.reopen_failed_job(id)? {
-            bail!("job {id} is no longer failed");
+        if !db.reopen_failed_job(id).map_err(internal)? {
+            return Err(ClientError::conflict(format!(
+                "job {id} is no longer failed"
+            )));
         }
-        let mut stored = db.job(id)?.context("job vanished")?;
-        stored.error = None;
-        restored_job(&db, stored)?
+        let reopened = || -> anyhow::Result<_> {
+            let mut stored = db.job(id)?.context("job vanished")?;
+            stored.error = None;
+            restored_job(&db, stored)
+        };
+        reopened().map_err(internal)?
     };
     let status = shared.update(|core, now| {
         core.restore_job(restored, now);
@@ -55,5 +69,5 @@ pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> anyhow::Result<JobStatus> 
     });
     shared.wake.notify_one();
     tracing::info!(job = id, "failed job retried");
-    status.context("the retried job vanished")
+    status.context("the retried job vanished").map_err(internal)
 }

@@ -3,312 +3,31 @@
 //! collection and the QUIC accept loop, and stops every one of them on
 //! shutdown.
 //!
-//! The farm core lives in [`Shared`] under a std mutex that is never held
-//! across an `.await`; [`Shared::act`] runs the core and carries out the
-//! effects it returns. Connections hold a channel to their worker, not a
-//! socket.
+//! The handle every task shares, [`Shared`], lives in `shared.rs` (a leaf
+//! module: it calls nothing of the modules that use it); it is re-exported
+//! here for the modules that name it by this path.
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use tessera_protocol::blob::BlobDir;
-use tessera_protocol::messages::{
-    CoordMsg, FarmEvent, JobStatus, Snapshot, StitchedPasses, WorkerInfo,
-};
+use tessera_protocol::messages::StitchedPasses;
 use tessera_protocol::store::Verified;
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Identity, Timing};
-use tokio::sync::{broadcast, mpsc, Notify};
 use tokio::task::JoinSet;
 
 use crate::commit::{self, CommitMsg};
 pub use crate::config::{Config, HttpListen, Webhook};
 use crate::db::{Db, StoredJob};
-use crate::farm::{Effect, FarmConfig, FarmCore, Now, RestoredJob};
+use crate::farm::{FarmConfig, FarmCore, RestoredJob};
 use crate::identity::{self, Identities};
-use crate::scheduler::{self, WorkerId};
+use crate::scheduler;
+pub(crate) use crate::shared::{relock, unix_ms, Notice, Shared};
 use crate::stitcher::StitchMsg;
 use crate::{conn, data_dir, dispatch, gc, stitcher, upkeep};
-
-/// The core and the channels its effects go to, under one lock.
-pub(crate) struct Locked {
-    pub core: FarmCore,
-    /// Each connected worker's control-stream writer.
-    pub outbox: HashMap<WorkerId, mpsc::UnboundedSender<CoordMsg>>,
-}
-
-/// Everything the coordinator's tasks share.
-pub(crate) struct Shared {
-    state: Mutex<Locked>,
-    db: Mutex<Db>,
-    /// The asset store: every blob it is given or reads is hashed.
-    pub store: Verified<BlobDir>,
-    pub wake: Notify,
-    start: Instant,
-    pub config: Config,
-    /// The tickets' secrets and the enrolled workers' connections.
-    pub identities: Identities,
-    /// The address and certificate fingerprint tickets name.
-    pub advertised: SocketAddr,
-    pub fingerprint: String,
-    commits: mpsc::UnboundedSender<CommitMsg>,
-    stitches: mpsc::UnboundedSender<StitchMsg>,
-    events: broadcast::Sender<(u64, FarmEvent)>,
-    /// Held by garbage collection and by each submit: a job's blobs are
-    /// either seen as referenced by a collection or submitted after it.
-    pub gc: Mutex<()>,
-    /// What workers may fetch of the recorded Blender builds.
-    pub build_digests: conn::fetch::BuildDigests,
-    /// Farm scans handed to workers and not yet answered.
-    pub scans: crate::conn::scan::Scans,
-    /// What `/metrics` counts since the start.
-    pub metrics: crate::http::metrics::Counters,
-}
-
-/// Locks `mutex`, recovering it if a thread panicked while holding it: a
-/// panic in one connection's handler ends that connection (tokio catches
-/// it), and the farm goes on with the state as the handler left it rather
-/// than failing every later request on a poisoned lock.
-pub(crate) fn relock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().unwrap_or_else(|poisoned| {
-        tracing::error!("a task panicked while holding a lock; carrying on");
-        mutex.clear_poison();
-        poisoned.into_inner()
-    })
-}
-
-/// Milliseconds since the Unix epoch, from the wall clock.
-pub(crate) fn unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
-
-impl Shared {
-    /// The time now: the only place the coordinator's core time comes from.
-    pub fn now(&self) -> Now {
-        Now {
-            ms: self.start.elapsed().as_millis() as u64,
-            unix_ms: unix_ms(),
-        }
-    }
-
-    pub fn events(&self) -> broadcast::Receiver<(u64, FarmEvent)> {
-        self.events.subscribe()
-    }
-
-    pub fn db(&self) -> std::sync::MutexGuard<'_, Db> {
-        relock(&self.db)
-    }
-
-    fn locked(&self) -> std::sync::MutexGuard<'_, Locked> {
-        relock(&self.state)
-    }
-
-    /// Reads the core (no effects).
-    pub fn read<R>(&self, f: impl FnOnce(&FarmCore, Now) -> R) -> R {
-        let now = self.now();
-        f(&self.locked().core, now)
-    }
-
-    /// A worker joined: the core names it, and its control-stream writer is
-    /// registered before the core's first message to it goes out.
-    pub fn join_worker(
-        self: &Arc<Self>,
-        tx: mpsc::UnboundedSender<CoordMsg>,
-        name: &str,
-        identity: &str,
-        info: WorkerInfo,
-    ) -> WorkerId {
-        let (id, recorded) = self.locked_act(|locked, now| {
-            let id = locked.core.worker_joined(name, identity, info, now);
-            locked.outbox.insert(id, tx);
-            id
-        });
-        log_failure(recorded);
-        id
-    }
-
-    /// Runs `f` on the core and carries out the effects it left (see
-    /// [`Shared::locked_act`]), logging a failure to record a job state.
-    pub fn update<R>(self: &Arc<Self>, f: impl FnOnce(&mut FarmCore, Now) -> R) -> R {
-        let (value, recorded) = self.act(f);
-        log_failure(recorded);
-        value
-    }
-
-    /// Runs `f` on the core and carries out the effects it left; returns
-    /// `f`'s value and the first failure to record a job state.
-    pub fn act<R>(
-        self: &Arc<Self>,
-        f: impl FnOnce(&mut FarmCore, Now) -> R,
-    ) -> (R, anyhow::Result<()>) {
-        self.locked_act(|locked, now| f(&mut locked.core, now))
-    }
-
-    /// Runs `f` under the lock, then carries out the core's effects:
-    /// messages and events at once under the lock (so their order is the
-    /// core's), the rest (stitches, database records) after it.
-    fn locked_act<R>(
-        self: &Arc<Self>,
-        f: impl FnOnce(&mut Locked, Now) -> R,
-    ) -> (R, anyhow::Result<()>) {
-        let now = self.now();
-        let (value, later) = {
-            let mut locked = self.locked();
-            let value = f(&mut locked, now);
-            let mut later = Vec::new();
-            for effect in locked.core.take_effects() {
-                match effect {
-                    Effect::Send { worker, msg } => {
-                        if let Some(tx) = locked.outbox.get(&worker) {
-                            let _ = tx.send(msg);
-                        }
-                    }
-                    // Nobody listening is fine; a slow listener lags, never
-                    // blocks.
-                    Effect::Event { unix_ms, event } => {
-                        if let FarmEvent::TaskFailed { .. } = event {
-                            (self.metrics.task_failures)
-                                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        let _ = self.events.send((unix_ms, event));
-                    }
-                    Effect::Commit(result) => {
-                        let _ = self.commits.send(CommitMsg::Result(result));
-                    }
-                    // Through the commit thread, in order with the results.
-                    Effect::Leased { task, identity } => {
-                        let _ = self.commits.send(CommitMsg::Lease(task, identity));
-                    }
-                    Effect::Withdraw { job, tasks, frames } => {
-                        let _ = self
-                            .commits
-                            .send(CommitMsg::Withdraw { job, tasks, frames });
-                    }
-                    Effect::Wake => self.wake.notify_one(),
-                    other => later.push(other),
-                }
-            }
-            (value, later)
-        };
-        (value, self.carry_out(later))
-    }
-
-    /// A job's status: from the core while it is active, from the database
-    /// once it is finished. `None` when there is no such job.
-    pub fn job_status(&self, id: u64) -> anyhow::Result<Option<JobStatus>> {
-        if let Some(status) = self.read(|core, now| core.job_status(id, now)) {
-            return Ok(Some(status));
-        }
-        let db = self.db();
-        let Some(job) = db.job(id)? else {
-            return Ok(None);
-        };
-        let mut status = job.status();
-        status.verification = db.verification(id)?;
-        Ok(Some(status))
-    }
-
-    /// Every active job, workers and farm figures, with at most
-    /// `finished` finished jobs (newest) read from the database.
-    pub fn snapshot(&self, finished: u32) -> anyhow::Result<Snapshot> {
-        let mut snapshot = self.read(|core, now| core.snapshot(now));
-        let done = self.db().finished_jobs(finished)?;
-        snapshot.jobs.extend(done.iter().map(StoredJob::status));
-        snapshot.jobs.sort_by_key(|j| j.id);
-        snapshot.jobs.dedup_by_key(|j| j.id);
-        Ok(snapshot)
-    }
-
-    /// Counts frame bytes an HTTP client downloaded.
-    pub fn http_bytes_out(&self, bytes: u64) {
-        (self.metrics.http_bytes_out).fetch_add(bytes, std::sync::atomic::Ordering::Relaxed);
-    }
-
-    /// Sends `msg` to worker `id`; false when it is not connected.
-    pub fn send_to_worker(&self, id: WorkerId, msg: CoordMsg) -> bool {
-        (self.locked().outbox.get(&id)).is_some_and(|tx| tx.send(msg).is_ok())
-    }
-
-    /// Forgets a worker's writer once it has left.
-    pub fn forget_outbox(&self, id: WorkerId) {
-        self.locked().outbox.remove(&id);
-    }
-
-    fn carry_out(self: &Arc<Self>, effects: Vec<Effect>) -> anyhow::Result<()> {
-        let mut first_error = Ok(());
-        for effect in effects {
-            match effect {
-                Effect::Stitch { job, frame_pos } => {
-                    let _ = self.stitches.send(StitchMsg::Frame { job, frame_pos });
-                }
-                Effect::Record {
-                    job,
-                    state,
-                    unix_ms,
-                    error,
-                    cost_usd,
-                    counts,
-                    verification,
-                } => {
-                    let mut db = self.db();
-                    let recorded = db
-                        .finish_job(job, state, unix_ms, error.as_deref(), cost_usd, counts)
-                        .and_then(|()| match &verification {
-                            Some(v) => db.set_verification(job, v),
-                            None => Ok(()),
-                        })
-                        .with_context(|| format!("cannot record job {job} as {}", state.name()));
-                    drop(db);
-                    if let Err(e) = recorded {
-                        if first_error.is_ok() {
-                            first_error = Err(e);
-                        }
-                    }
-                }
-                Effect::Holds {
-                    job,
-                    paused,
-                    released,
-                } => {
-                    let recorded = (self.db().set_holds(job, paused, released))
-                        .with_context(|| format!("cannot record the pause of job {job}"));
-                    if let Err(e) = recorded {
-                        if first_error.is_ok() {
-                            first_error = Err(e);
-                        }
-                    }
-                }
-                Effect::Quarantine {
-                    identity,
-                    name,
-                    reason,
-                    unix_ms,
-                } => {
-                    let recorded = (self.db().quarantine(&identity, &name, &reason, unix_ms))
-                        .with_context(|| format!("cannot record the quarantine of {name}"));
-                    if let Err(e) = recorded {
-                        if first_error.is_ok() {
-                            first_error = Err(e);
-                        }
-                    }
-                }
-                _ => unreachable!("sent under the lock"),
-            }
-        }
-        first_error
-    }
-}
-
-fn log_failure(recorded: anyhow::Result<()>) {
-    if let Err(e) = recorded {
-        tracing::error!("{e:#}");
-    }
-}
 
 /// A coordinator that is up and listening.
 pub struct Coordinator {
@@ -363,29 +82,16 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         heartbeat_ms: config.heartbeat_ms,
         lease_ms: config.lease_ms,
     });
-    let (commit_tx, commit_rx) = mpsc::unbounded_channel();
-    let (stitch_tx, stitch_rx) = mpsc::unbounded_channel();
-    let shared = Arc::new(Shared {
-        state: Mutex::new(Locked {
-            core,
-            outbox: HashMap::new(),
-        }),
-        db: Mutex::new(db),
+    let (shared, commit_rx, stitch_rx) = Shared::new(
+        core,
+        db,
         store,
-        wake: Notify::new(),
-        start: Instant::now(),
-        config: config.clone(),
-        identities: Identities::new(&worker_ticket, &client_ticket),
+        config.clone(),
+        Identities::new(&worker_ticket, &client_ticket),
         advertised,
-        fingerprint: identity.fingerprint(),
-        commits: commit_tx,
-        stitches: stitch_tx,
-        events: broadcast::channel(4096).0,
-        gc: Mutex::new(()),
-        build_digests: Default::default(),
-        scans: Default::default(),
-        metrics: Default::default(),
-    });
+        identity.fingerprint(),
+    );
+    let shared = Arc::new(shared);
     restore(&shared)?;
     let builds = shared.db().builds()?;
     shared.update(|core, _| core.set_builds(builds));
@@ -449,21 +155,39 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     })
 }
 
+/// How long a coordinator asked to stop (SIGTERM) may take to end.
+pub const SHUTDOWN_WITHIN: Duration = Duration::from_millis(1500);
+
 impl Coordinator {
     /// Runs until `shutdown` resolves, then closes every connection, stops
-    /// every task it started and lets the commit thread finish what it was
-    /// given.
+    /// every task it started and gives the commit and stitch threads what
+    /// is left of [`SHUTDOWN_WITHIN`] to finish what they were given. Each
+    /// step is bounded, so a busy coordinator still ends in time: a result
+    /// is acknowledged only once committed, so nothing acknowledged is
+    /// lost, and a frame not yet stitched is stitched at the next start.
     pub async fn run_until(mut self, shutdown: impl std::future::Future<Output = ()>) {
         shutdown.await;
+        let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
         self.endpoint
             .close(0u32.into(), b"coordinator shutting down");
-        let _ = tokio::time::timeout(Duration::from_secs(2), self.endpoint.wait_idle()).await;
+        let step = |share: u32| {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            left / share
+        };
+        let _ = tokio::time::timeout(step(4), self.endpoint.wait_idle()).await;
         // Dropping the accept loop's set of connections aborts them too.
-        self.tasks.shutdown().await;
+        let _ = tokio::time::timeout(step(3), self.tasks.shutdown()).await;
         let _ = self.shared.commits.send(CommitMsg::Stop);
         let _ = self.shared.stitches.send(StitchMsg::Stop);
         let (committer, stitcher) = (self.committer, self.stitcher);
-        let _ = tokio::task::spawn_blocking(move || (committer.join(), stitcher.join())).await;
+        let joined = tokio::task::spawn_blocking(move || (committer.join(), stitcher.join()));
+        if tokio::time::timeout(step(1), joined).await.is_err() {
+            tracing::warn!(
+                "shutting down with the commit or stitch thread still at work: results not yet \
+                 committed were not acknowledged (their workers send them again), frames not \
+                 yet stitched are stitched at the next start"
+            );
+        }
     }
 }
 

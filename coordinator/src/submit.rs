@@ -9,43 +9,58 @@ use anyhow::{bail, Context};
 use tessera_protocol::job::{
     sanitize_manifest_path, Engine, JobSpec, OutputFormat, SAMPLE_RANGES_AUTO,
 };
-use tessera_protocol::messages::JobStatus;
+use tessera_protocol::messages::{ClientError, JobStatus};
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::text;
 use tessera_protocol::Digest;
 
 use crate::server::{unix_ms, Shared};
+use crate::service::internal;
 
 /// Sample ranges per tile that `--sample-ranges auto` asks for when some
 /// worker is interruptible.
 pub const CHECKPOINT_RANGES: u32 = 4;
 
 /// Validates and records a job; it is durable before the client hears of it.
+/// Refused: `Invalid` (the spec, its files, an unknown `--after` job),
+/// `Conflict` (a request id used for another submit, an `--after` job that
+/// failed); `Internal` when the database or the store fails.
 pub(crate) fn submit(
     shared: &Arc<Shared>,
     spec: JobSpec,
     uploaded: u64,
-) -> anyhow::Result<JobStatus> {
+) -> Result<JobStatus, ClientError> {
     let mut spec = spec;
+    if spec.task_timeout_ms.is_none() {
+        // The farm's default, written into the job (a retried submit with
+        // the same request id gets the same one).
+        spec.task_timeout_ms =
+            (shared.config.task_timeout).map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX));
+    }
     text::truncate_in_place(&mut spec.name, text::MAX_NAME);
     spec.after.sort_unstable();
     spec.after.dedup();
     if let Some(rid) = &spec.request_id {
         let stored = {
             let db = shared.db();
-            match db.job_by_request(rid)? {
-                Some(id) => Some((id, db.job(id)?.context("job vanished")?.spec)),
-                None => None,
-            }
+            let stored = || -> anyhow::Result<_> {
+                Ok(match db.job_by_request(rid)? {
+                    Some(id) => Some((id, db.job(id)?.context("job vanished")?.spec)),
+                    None => None,
+                })
+            };
+            stored().map_err(internal)?
         };
         if let Some((id, stored)) = stored {
             if !same_request(&stored, &spec) {
-                bail!(
+                return Err(ClientError::conflict(format!(
                     "request id `{}` was already used for job {id}, which differs from this submit (another scene, file or option); a retry must repeat the same submit, and a different job needs a new --request-id",
                     text::truncate(rid, text::MAX_NAME)
-                );
+                )));
             }
-            return shared.job_status(id)?.context("job vanished");
+            return (shared.job_status(id))
+                .and_then(|s| s.context("job vanished"))
+                .map_err(internal);
         }
     }
     let after = after_states(shared, &spec)?;
@@ -53,7 +68,7 @@ pub(crate) fn submit(
         let interruptible = shared.read(|core, now| core.has_interruptible_worker(now));
         spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
     }
-    validate(&spec, |d| shared.store.has(d))?;
+    validate(&spec, |d| shared.store.has(d)).map_err(|e| ClientError::invalid(format!("{e:#}")))?;
     // Uploads are stored unsynced; the job's files are durable before the
     // job is.
     let files: Vec<Digest> = spec.manifest.iter().map(|m| m.digest).collect();
@@ -61,11 +76,12 @@ pub(crate) fn submit(
         .store
         .inner()
         .sync_remembered(&files)
-        .context("cannot make the job's files durable")?;
+        .context("cannot make the job's files durable")
+        .map_err(internal)?;
     let total: u64 = spec.manifest.iter().map(|m| m.size).sum();
     let dedup = total.saturating_sub(uploaded);
     let submitted = unix_ms();
-    let id = shared.db().insert_job(&spec, submitted, uploaded, dedup)?;
+    let id = (shared.db().insert_job(&spec, submitted, uploaded, dedup)).map_err(internal)?;
     let status = shared.update(|core, now| {
         let status = core.submit(id, spec, submitted, uploaded, dedup, now);
         core.link_after(id, &after, now);
@@ -73,7 +89,7 @@ pub(crate) fn submit(
     });
     tracing::info!(job = id, name = %status.name, tasks = status.tasks_total, "job submitted");
     // A job that ran after one that failed in the meantime failed at once.
-    Ok(shared.job_status(id)?.unwrap_or(status))
+    Ok(shared.job_status(id).map_err(internal)?.unwrap_or(status))
 }
 
 /// The states of the jobs `--after` names, as the database has them; an
@@ -82,22 +98,22 @@ pub(crate) fn submit(
 fn after_states(
     shared: &Shared,
     spec: &JobSpec,
-) -> anyhow::Result<Vec<(u64, tessera_protocol::messages::JobState)>> {
+) -> Result<Vec<(u64, tessera_protocol::messages::JobState)>, ClientError> {
     use tessera_protocol::job::AfterFailure;
     use tessera_protocol::messages::JobState;
     let db = shared.db();
     let mut states = Vec::with_capacity(spec.after.len());
     for &dep in &spec.after {
-        let Some(state) = db.job_state(dep)? else {
-            bail!("--after {dep}: there is no job {dep} on this coordinator (a job runs only after jobs submitted before it; see `tessera status`)");
+        let Some(state) = db.job_state(dep).map_err(internal)? else {
+            return Err(ClientError::invalid(format!("--after {dep}: there is no job {dep} on this coordinator (a job runs only after jobs submitted before it; see `tessera status`)")));
         };
         if matches!(state, JobState::Failed | JobState::Canceled)
             && spec.after_failure == AfterFailure::Fail
         {
-            bail!(
+            return Err(ClientError::conflict(format!(
                 "--after {dep}: job {dep} {} already, so this job would fail at once; retry job {dep} first, or submit with --after-failure hold to keep this one waiting",
                 if state == JobState::Failed { "failed" } else { "was canceled" }
-            );
+            )));
         }
         states.push((dep, state));
     }

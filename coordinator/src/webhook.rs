@@ -27,10 +27,8 @@ use tessera_protocol::messages::{FarmEvent, JobState, JobStatus};
 use tokio::sync::broadcast;
 
 use crate::config::Webhook;
-use crate::server::{unix_ms, Shared};
+use crate::server::{unix_ms, Notice, Shared};
 
-/// How often blocked jobs are looked for and due retries are made.
-const TICK: Duration = Duration::from_millis(250);
 /// How long one delivery may take, connecting included.
 const DELIVERY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -94,9 +92,22 @@ fn create_tables(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
     )
 }
 
-/// Queues an event once per key; true when it was new.
+/// Queues an event once per key; true when it was new. A key already
+/// queued costs a read, never a write (an ignored insert into an
+/// `AUTOINCREMENT` table still writes).
 fn enqueue(shared: &Shared, key: &str, body: &Value) -> anyhow::Result<bool> {
     let db = shared.db();
+    let known = (db.conn())
+        .query_row(
+            "SELECT 1 FROM webhook_outbox WHERE key = ?1",
+            params![key],
+            |_| Ok(()),
+        )
+        .optional()?
+        .is_some();
+    if known {
+        return Ok(false);
+    }
     let n = db.conn().execute(
         "INSERT OR IGNORE INTO webhook_outbox (key, body, created_ms) VALUES (?1, ?2, ?3)",
         params![key, body.to_string(), unix_ms() as i64],
@@ -131,14 +142,12 @@ fn job_body(kind: &str, state: JobState, status: Option<&JobStatus>, job: u64) -
 }
 
 fn job_finished(shared: &Shared, job: u64, state: JobState) -> anyhow::Result<()> {
-    let status = shared.job_status(job)?;
-    // A job `--on-budget cancel` ended is over before a poll sees it.
-    if let Some(s) = status.as_ref().filter(|s| budget_reached(s)) {
-        enqueue_budget_reached(shared, s)?;
-    }
+    // (A budget reached is told by the farm core, with the status of that
+    // moment: see `noticed`.)
     if !matches!(state, JobState::Done | JobState::Failed) {
         return Ok(());
     }
+    let status = shared.job_status(job)?;
     let kind = job_event_type(state);
     enqueue(
         shared,
@@ -185,8 +194,31 @@ fn enqueue_budget_reached(shared: &Shared, job: &JobStatus) -> anyhow::Result<()
     Ok(())
 }
 
+/// Queues the `blocked` or `budget_reached` event the farm core told of.
+fn noticed(shared: &Shared, notice: Notice) -> anyhow::Result<()> {
+    match notice {
+        // Its status as it was when the budget was reached: a job the
+        // budget canceled is gone from the core before it is recorded.
+        Notice::BudgetReached(status) => enqueue_budget_reached(shared, &status),
+        Notice::Blocked(job) => {
+            let Some(status) = shared.job_status(job)? else {
+                return Ok(());
+            };
+            if status.blocked.is_some() && !status.state.is_final() {
+                enqueue(
+                    shared,
+                    &format!("job.blocked:{job}"),
+                    &job_body("job.blocked", status.state, Some(&status), job),
+                )?;
+            }
+            Ok(())
+        }
+    }
+}
+
 /// Queues the `blocked` and `budget_reached` events the farm's jobs call
-/// for now (each once per job: the outbox is keyed by it).
+/// for now (each once per job: the outbox is keyed by it). A scan over
+/// every job: only at start, and after missing notices.
 fn blocked(shared: &Shared) -> anyhow::Result<()> {
     let jobs: Vec<JobStatus> = shared.read(|core, now| core.snapshot(now).jobs);
     for j in jobs.iter().filter(|j| budget_reached(j)) {
@@ -203,6 +235,17 @@ fn blocked(shared: &Shared) -> anyhow::Result<()> {
         )?;
     }
     Ok(())
+}
+
+/// When the next undelivered event is due (unix ms), if any.
+fn next_due(shared: &Shared) -> anyhow::Result<Option<u64>> {
+    let db = shared.db();
+    let due: Option<i64> = db.conn().query_row(
+        "SELECT MIN(next_ms) FROM webhook_outbox WHERE delivered_ms IS NULL",
+        [],
+        |r| r.get(0),
+    )?;
+    Ok(due.map(|d| d.max(0) as u64))
 }
 
 /// The oldest undelivered event: id, body, attempts, when it is due.
@@ -271,9 +314,17 @@ async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
                 r.get::<_, i64>(0)
             })? as u64
     };
+    let mut notices = shared.notices();
     catch_up(shared, since_ms)?;
-    let mut tick = tokio::time::interval(TICK);
+    // Jobs blocked before this task listened; from here on the farm core
+    // tells of each newly blocked job.
+    blocked(shared)?;
+    // Nothing is looked at on a timer: the loop wakes for an event, a
+    // notice, or when the next delivery (or retry) is due.
     loop {
+        deliver_due(shared, hook, &target).await?;
+        let due = next_due(shared)?;
+        let wait = due.map(|at| Duration::from_millis(at.saturating_sub(unix_ms())));
         tokio::select! {
             event = events.recv() => match event {
                 Ok((_, FarmEvent::JobChanged { job, state })) => job_finished(shared, job, state)?,
@@ -281,11 +332,20 @@ async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
                 Err(broadcast::error::RecvError::Lagged(_)) => catch_up(shared, since_ms)?,
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
-            _ = tick.tick() => {
-                blocked(shared)?;
-                deliver_due(shared, hook, &target).await?;
-            }
+            notice = notices.recv() => match notice {
+                Ok(notice) => noticed(shared, notice)?,
+                Err(broadcast::error::RecvError::Lagged(_)) => blocked(shared)?,
+                Err(broadcast::error::RecvError::Closed) => return Ok(()),
+            },
+            () = sleep_or_never(wait) => {}
         }
+    }
+}
+
+async fn sleep_or_never(wait: Option<Duration>) {
+    match wait {
+        Some(wait) => tokio::time::sleep(wait).await,
+        None => std::future::pending().await,
     }
 }
 

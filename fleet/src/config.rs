@@ -70,9 +70,18 @@ pub struct FleetFile {
     /// A job without a deadline is planned to finish within this.
     #[serde(default = "default_horizon")]
     pub default_horizon_secs: u64,
-    /// Node names start with this (also their workers' names).
+    /// Node names start with this (also their workers' names). A fleet
+    /// started again adopts the provider's nodes with this prefix.
     #[serde(default = "default_prefix")]
     pub name_prefix: String,
+    /// Every node's worker leaves by itself after this long with no task
+    /// held or assigned (`tessera worker --exit-after-idle`), so that nodes
+    /// outlive a dead fleet by at most this. Default: 600 s, or the idle
+    /// timeout + 60 s when that is longer; it must exceed the idle timeout.
+    pub node_exit_after_idle_secs: Option<u64>,
+    /// Where the fleet keeps the nodes it holds, to adopt them when it
+    /// starts again (default: beside the fleet file, `NAME.state.json`).
+    pub state_file: Option<PathBuf>,
     #[serde(default, rename = "provider")]
     pub providers: Vec<ProviderConfig>,
 }
@@ -180,6 +189,14 @@ impl FleetFile {
         {
             return Err("fleet file: name_prefix must be 1-40 letters, digits or '-'".into());
         }
+        if let Some(secs) = self.node_exit_after_idle_secs {
+            if secs <= self.idle_timeout_secs {
+                return Err(format!(
+                    "fleet file: node_exit_after_idle_secs ({secs}) must exceed idle_timeout_secs ({}): a node's worker would leave before the fleet releases it",
+                    self.idle_timeout_secs
+                ));
+            }
+        }
         let mut names = std::collections::HashSet::new();
         for p in &self.providers {
             if !KINDS.contains(&p.kind.as_str()) {
@@ -206,6 +223,12 @@ impl FleetFile {
             }
         }
         Ok(())
+    }
+
+    /// How long a node's worker waits idle before it leaves by itself.
+    pub fn node_exit_after_idle_secs(&self) -> u64 {
+        (self.node_exit_after_idle_secs)
+            .unwrap_or_else(|| 600.max(self.idle_timeout_secs.saturating_add(60)))
     }
 
     /// The policy's settings from the file.
@@ -274,6 +297,7 @@ mod tests {
         .unwrap();
         assert_eq!(f.idle_timeout_secs, 120);
         assert_eq!(f.policy().idle_timeout_ms, 120_000);
+        assert_eq!(f.node_exit_after_idle_secs(), 600, "default: 10 min");
         assert!(f.policy().interruptible);
         std::env::set_var("T15A_TEST_TICKET", "tessera-worker-secret\n");
         let s = f.worker_ticket.read(Path::new("/")).unwrap();
@@ -294,6 +318,23 @@ mod tests {
         assert!(!vast.wants(&offer("RTX_4090", 16, 0.5, false), false));
         assert!(!vast.wants(&offer("RTX_4090", 24, 0.7, false), false));
         assert!(!vast.wants(&offer("A100", 80, 0.5, false), false));
+    }
+
+    /// A node's own idle bound outlasts the fleet's idle timeout: a live
+    /// fleet releases an idle node before its worker would leave.
+    #[test]
+    fn a_nodes_idle_bound_exceeds_the_fleets_idle_timeout() {
+        let file = |extra: &str| {
+            FleetFile::parse(&format!(
+                "worker_ticket = {{ env = \"X\" }}\n{extra}\n[[provider]]\nkind = \"local\""
+            ))
+        };
+        let long = file("idle_timeout_secs = 1200").unwrap();
+        assert_eq!(long.node_exit_after_idle_secs(), 1260);
+        let set = file("idle_timeout_secs = 3\nnode_exit_after_idle_secs = 15").unwrap();
+        assert_eq!(set.node_exit_after_idle_secs(), 15);
+        let err = file("idle_timeout_secs = 30\nnode_exit_after_idle_secs = 30").unwrap_err();
+        assert!(err.contains("must exceed idle_timeout_secs"), "{err}");
     }
 
     #[test]

@@ -1,15 +1,29 @@
 //! The `docker` provider: each node is a container of the worker image on
 //! this machine's Docker Engine, driven with the `docker` CLI. The ticket
-//! reaches the container as `-e TESSERA_WORKER_TICKET` with no value, which
-//! makes the CLI copy it from its own environment: it is never an argument
-//! (`ps` and `docker inspect`'s `Args` never show it). A container that is
+//! reaches the container as a file mounted read-only
+//! (`/run/tessera/worker.ticket`, given as `--ticket @FILE`), written in a
+//! folder only this user may enter on this machine: never an
+//! argument or a variable (`ps` and `docker inspect` show its path, never
+//! the ticket). The container gets no variable of the fleet's but those the
+//! fleet file sets for nodes (`env`). A container that is
 //! paused reads as `Paused` (a Vast.ai instance outbid), one that exited or
 //! was removed as `Gone`.
+//!
+//! Containers run with no restart policy (`--restart no`): when the worker
+//! leaves by itself (`--exit-after-idle`) the container stops and holds no
+//! CPU or GPU; it is kept (not `--rm`) so that its log can be saved when the
+//! fleet releases it, and a fleet started again after a crash finds it with
+//! `docker ps -a` by its label and name prefix.
 
 use std::process::{Command, Output, Stdio};
 
 use crate::local::worker_args;
-use crate::provider::{Billing, LaunchSpec, NodeId, NodeState, Offer, Provider, ProviderError};
+use crate::provider::{
+    write_ticket_file, Billing, LaunchSpec, NodeId, NodeState, Offer, Provider, ProviderError,
+};
+
+/// Where the ticket file is mounted in a container.
+pub const TICKET_IN_CONTAINER: &str = "/run/tessera/worker.ticket";
 
 pub struct DockerProvider {
     name: String,
@@ -21,6 +35,9 @@ pub struct DockerProvider {
     pub stop_timeout_secs: u32,
     /// Where a released container's log is kept (`NAME.log`).
     pub log_dir: Option<std::path::PathBuf>,
+    /// Where the ticket file mounted into containers is written (an
+    /// owner-only folder on this machine).
+    pub secret_dir: std::path::PathBuf,
 }
 
 impl DockerProvider {
@@ -41,6 +58,7 @@ impl DockerProvider {
             run_args: Vec::new(),
             stop_timeout_secs: 30,
             log_dir: None,
+            secret_dir: std::env::temp_dir().join(format!("tessera-fleet-{name}")),
         }
     }
 }
@@ -79,6 +97,11 @@ impl Provider for DockerProvider {
 
     fn launch(&mut self, offer: &Offer, spec: &LaunchSpec) -> Result<NodeId, ProviderError> {
         let stop = self.stop_timeout_secs.to_string();
+        let ticket = self.secret_dir.join("worker.ticket");
+        // The image's worker runs as a user of its own: the file is readable
+        // by all, its folder here by this user only.
+        write_ticket_file(&ticket, &spec.worker_ticket, 0o444)?;
+        let mount = format!("{}:{TICKET_IN_CONTAINER}:ro", ticket.display());
         let mut args: Vec<String> = [
             "run",
             "--detach",
@@ -90,8 +113,10 @@ impl Provider for DockerProvider {
             "tessera.fleet=1",
             "--stop-timeout",
             &stop,
-            "-e",
-            "TESSERA_WORKER_TICKET",
+            "--restart",
+            "no",
+            "--volume",
+            &mount,
         ]
         .iter()
         .map(|s| s.to_string())
@@ -103,10 +128,10 @@ impl Provider for DockerProvider {
         args.push(spec.image.clone());
         // The image's entrypoint is `tessera`.
         args.extend(worker_args(spec, offer));
+        args.extend(["--ticket".to_string(), format!("@{TICKET_IN_CONTAINER}")]);
         let out = Command::new("docker")
             .args(&args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env("TESSERA_WORKER_TICKET", spec.worker_ticket.expose())
             .stdin(Stdio::null())
             .output()
             .map_err(|e| ProviderError::Other(format!("cannot run docker: {e}")))?;
@@ -139,10 +164,32 @@ impl Provider for DockerProvider {
             }
         }
         let out = docker(&["rm", "--force", &node.0])?;
+        // `docker rm` of a container already gone says so on stderr.
         let gone = String::from_utf8_lossy(&out.stderr).contains("No such container");
         if !out.status.success() && !gone {
             return Err(failure("rm", &out));
         }
         Ok(())
+    }
+
+    fn list(&mut self, prefix: &str) -> Result<Option<Vec<NodeId>>, ProviderError> {
+        let out = docker(&[
+            "ps",
+            "--all",
+            "--filter",
+            "label=tessera.fleet=1",
+            "--format",
+            "{{.Names}}",
+        ])?;
+        if !out.status.success() {
+            return Err(failure("ps", &out));
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        Ok(Some(
+            (text.lines().map(str::trim))
+                .filter(|n| n.starts_with(prefix))
+                .map(|n| NodeId(n.to_string()))
+                .collect(),
+        ))
     }
 }

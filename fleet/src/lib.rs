@@ -24,3 +24,4 @@ pub mod preempt;
 pub mod provider;
 pub mod providers;
 pub mod sim;
+pub mod state;

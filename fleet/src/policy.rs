@@ -218,6 +218,33 @@ impl Autoscaler {
         }
     }
 
+    /// Takes over a node an earlier run of the fleet launched (found in its
+    /// state file or the provider's listing after a crash): it is the
+    /// policy's like any other, released when idle, and no new node is given
+    /// its name.
+    pub fn adopt(&mut self, name: &str, provider: &str, offer: Offer, launched: Millis) {
+        if let Some(n) = name
+            .strip_prefix(self.name_prefix.as_str())
+            .and_then(|n| n.parse::<u64>().ok())
+        {
+            self.next_name = self.next_name.max(n.saturating_add(1));
+        }
+        self.nodes.insert(
+            name.to_string(),
+            Node {
+                provider: provider.to_string(),
+                offer,
+                launched,
+                joined: None,
+                idle_since: None,
+                paused_since: None,
+                drain_at: None,
+                drained: false,
+                released: false,
+            },
+        );
+    }
+
     /// A task of `job` took `ms` on a `gpu`.
     pub fn observe_task(&mut self, job: u64, gpu: &str, ms: f64) {
         let e = self.task_times.entry((job, gpu.to_string())).or_default();
@@ -671,6 +698,55 @@ mod tests {
             },
             "n",
         )
+    }
+
+    /// Nodes an earlier run left are the policy's: kept while busy,
+    /// released when idle, and their names never given to a new node.
+    #[test]
+    fn adopted_nodes_are_released_when_idle_and_their_names_not_reused() {
+        let mut p = policy();
+        p.adopt("n7", "p", offer("a", 1.0, 1).offer, 0);
+        p.adopt("n3", "p", offer("a", 1.0, 1).offer, 0);
+        let busy = Observation {
+            jobs: vec![job(0, 1, None)],
+            nodes: vec![node("n7", NodeState::Running, true, true)],
+            offers: vec![],
+        };
+        // n3 is not seen any more: gone, released as vanished.
+        let actions = p.tick(0, &busy);
+        assert_eq!(
+            actions,
+            vec![Action::Release {
+                name: "n3".into(),
+                reason: Release::Vanished
+            }]
+        );
+        let idle = Observation {
+            jobs: vec![],
+            nodes: vec![node("n7", NodeState::Running, true, false)],
+            offers: vec![],
+        };
+        assert!(p.tick(1_000, &idle).is_empty(), "idle timeout not reached");
+        let actions = p.tick(121_000, &idle);
+        assert_eq!(
+            actions,
+            vec![Action::Release {
+                name: "n7".into(),
+                reason: Release::Idle
+            }]
+        );
+        let demand = Observation {
+            jobs: vec![job(10, 0, Some(60_000))],
+            nodes: vec![],
+            offers: vec![offer("a", 1.0, 1)],
+        };
+        let names: Vec<String> = (p.tick(122_000, &demand).into_iter())
+            .filter_map(|a| match a {
+                Action::Launch { name, .. } => Some(name),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(names.first().map(String::as_str), Some("n8"), "{names:?}");
     }
 
     #[test]

@@ -32,7 +32,7 @@ impl fmt::Debug for Secret {
 }
 
 /// How a provider rounds the time it bills.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Billing {
     /// Billed per this many seconds (1 for per-second, 60 for Lambda's minute).
     Increment(u32),
@@ -47,7 +47,7 @@ impl Billing {
 }
 
 /// Something a provider would rent now.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Offer {
     /// The provider's own id for the offer (an ask id, an instance type, a
     /// GPU type id), passed back to `launch`.
@@ -149,4 +149,105 @@ pub trait Provider: Send {
     /// Stops billing for the node: destroys or terminates it. Releasing a
     /// node already gone is not an error.
     fn release(&mut self, node: &NodeId) -> Result<(), ProviderError>;
+
+    /// The nodes this provider holds whose names start with `prefix` (the
+    /// fleet's own), as its own listing says, for a fleet that starts again
+    /// after a crash. `None`: this adapter cannot list; the fleet then
+    /// knows its nodes from its state file only.
+    fn list(&mut self, prefix: &str) -> Result<Option<Vec<NodeId>>, ProviderError> {
+        let _ = prefix;
+        Ok(None)
+    }
+
+    /// Takes `node`, launched by an earlier run of the fleet, as this
+    /// adapter's own, so that `state` and `release` reach it. Returns its
+    /// state (`Gone` when it no longer exists).
+    fn adopt(&mut self, node: &NodeId) -> Result<NodeState, ProviderError> {
+        self.state(node)
+    }
+}
+
+/// Variables of the fleet's own environment a node started on this machine
+/// (`local`) inherits, by exact name or (ending in `*`) by prefix: the search
+/// path, home, locale, time zone, temporary folder, logging, the display
+/// and GPU device selection, the Blender to use, and the test hooks.
+/// Everything else of the fleet's (a provider's key, the client ticket) is
+/// dropped; the worker ticket goes in a file ([`write_ticket_file`]).
+pub const NODE_ENV: &[&str] = &[
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "LC_*",
+    "TZ",
+    "TMPDIR",
+    "RUST_LOG",
+    "RUST_BACKTRACE",
+    "LD_LIBRARY_PATH",
+    "DISPLAY",
+    "WAYLAND_DISPLAY",
+    "XDG_RUNTIME_DIR",
+    "EGL_PLATFORM",
+    "CUDA_*",
+    "NVIDIA_*",
+    "HIP_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+    "ONEAPI_DEVICE_SELECTOR",
+    "OCIO",
+    "TESSERA_BLENDER",
+    "TESSERA_BLENDER_PYTHON",
+    "TESSERA_FAILPOINT",
+    "TESSERA_TEST_*",
+];
+
+/// Whether a node started on this machine inherits the fleet's variable
+/// `name`.
+pub fn node_env_allowed(name: &str) -> bool {
+    NODE_ENV.iter().any(|a| match a.strip_suffix('*') {
+        Some(prefix) => name.starts_with(prefix),
+        None => name == *a,
+    })
+}
+
+/// Writes the worker ticket to `path` with permissions `mode`, in a folder
+/// only its owner may enter (created so), for a worker's `--ticket @FILE`.
+/// A file mounted into a container whose worker runs as another user needs
+/// to be readable by all (`0o444`): the folder keeps others on this machine
+/// out.
+pub fn write_ticket_file(
+    path: &std::path::Path,
+    ticket: &Secret,
+    mode: u32,
+) -> Result<(), ProviderError> {
+    use std::io::Write;
+    use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
+    let fail = |e: std::io::Error| {
+        ProviderError::Other(format!(
+            "cannot write the ticket file {}: {e}",
+            path.display()
+        ))
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(fail)?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).map_err(fail)?;
+    }
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(fail)?;
+    f.write_all(ticket.expose().as_bytes()).map_err(fail)?;
+    f.set_permissions(std::fs::Permissions::from_mode(mode))
+        .map_err(fail)?;
+    std::fs::rename(&tmp, path).map_err(fail)
 }

@@ -93,6 +93,27 @@ pub mod limits {
     pub const MAX_RESOLUTION: u32 = 65536;
     /// Tasks in one job (frames × tiles × sample ranges).
     pub const MAX_TASKS: u64 = 10_000_000;
+    /// A task's time limit (`--task-timeout`), in milliseconds: at least a
+    /// second, at most 30 days.
+    pub const MIN_TASK_TIMEOUT_MS: u64 = 1_000;
+    pub const MAX_TASK_TIMEOUT_MS: u64 = 30 * 86_400_000;
+    /// Percent of tasks rendered twice to check them (`--verify`).
+    pub const MAX_VERIFY_PERCENT: u32 = 100;
+
+    /// Too many frames, in the words both the CLI and the API use.
+    pub fn too_many_frames(count: u64) -> String {
+        format!("the job has {count} frames; the limit is {MAX_FRAMES}")
+    }
+
+    /// A tile grid's bounds, in the words both the CLI and the API use.
+    pub fn check_tiles(cols: u32, rows: u32) -> Result<(), String> {
+        if cols == 0 || rows == 0 || cols > MAX_TILES_PER_SIDE || rows > MAX_TILES_PER_SIDE {
+            return Err(format!(
+                "tile grid {cols}x{rows} is out of range: tiles per side must be between 1 and {MAX_TILES_PER_SIDE}"
+            ));
+        }
+        Ok(())
+    }
 }
 
 impl TileGrid {
@@ -140,10 +161,7 @@ impl FromStr for TileGrid {
         let (c, r) = s.split_once(['x', 'X']).ok_or_else(err)?;
         let cols: u32 = c.trim().parse().map_err(|_| err())?;
         let rows: u32 = r.trim().parse().map_err(|_| err())?;
-        let max = limits::MAX_TILES_PER_SIDE;
-        if cols == 0 || rows == 0 || cols > max || rows > max {
-            return Err(format!("`{s}`: tiles per side must be between 1 and {max}"));
-        }
+        limits::check_tiles(cols, rows)?;
         Ok(TileGrid { cols, rows })
     }
 }
@@ -170,23 +188,18 @@ pub fn parse_frames(s: &str) -> Result<Vec<u32>, String> {
             if b < a {
                 return Err(format!("frame range `{part}` ends before it starts"));
             }
-            if b - a >= limits::MAX_FRAMES as u32
-                || frames.len() + (b - a) as usize >= limits::MAX_FRAMES
-            {
-                return Err(format!(
-                    "frame range `{part}` is too long: a job has at most {} frames",
-                    limits::MAX_FRAMES
-                ));
+            // Counted before any is listed, in u64: no range allocates
+            // past the limit.
+            let count = frames.len() as u64 + u64::from(b - a) + 1;
+            if count > limits::MAX_FRAMES as u64 {
+                return Err(limits::too_many_frames(count));
             }
             frames.extend(a..=b);
         } else {
             frames.push(part.parse().map_err(|_| bad())?);
         }
         if frames.len() > limits::MAX_FRAMES {
-            return Err(format!(
-                "`{s}` names more than {} frames",
-                limits::MAX_FRAMES
-            ));
+            return Err(limits::too_many_frames(frames.len() as u64));
         }
     }
     frames.sort_unstable();
@@ -335,6 +348,11 @@ pub struct JobSpec {
     /// when its cost reaches it.
     #[serde(default)]
     pub budget: Option<Budget>,
+    /// `submit --task-timeout`: a task running longer than this is ended
+    /// and fails with that reason (retried like any failure). Filled with
+    /// the coordinator's `--task-timeout` default when not given.
+    #[serde(default)]
+    pub task_timeout_ms: Option<u64>,
 }
 
 /// The most jobs one job may run after (`--after`).
@@ -454,14 +472,22 @@ impl JobSpec {
                 return Err("a job's budget must be a positive number of USD".into());
             }
         }
+        if let Some(t) = self.task_timeout_ms {
+            if !(MIN_TASK_TIMEOUT_MS..=MAX_TASK_TIMEOUT_MS).contains(&t) {
+                return Err(format!(
+                    "a task timeout of {t} ms is out of range (1 s to 30 days)"
+                ));
+            }
+        }
         if self.frames.is_empty() {
             return Err("the job has no frames".into());
         }
         if self.frames.len() > MAX_FRAMES {
-            return Err(format!(
-                "the job has {} frames; the limit is {MAX_FRAMES}",
-                self.frames.len()
-            ));
+            return Err(too_many_frames(self.frames.len() as u64));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(self.frames.len());
+        if let Some(twice) = self.frames.iter().find(|f| !seen.insert(**f)) {
+            return Err(format!("frame {twice} is listed twice"));
         }
         let (w, h) = self.resolution;
         if w == 0 || h == 0 || w > MAX_RESOLUTION || h > MAX_RESOLUTION {
@@ -470,12 +496,7 @@ impl JobSpec {
             ));
         }
         let TileGrid { cols, rows } = self.tiles;
-        if cols == 0 || rows == 0 || cols > MAX_TILES_PER_SIDE || rows > MAX_TILES_PER_SIDE {
-            return Err(format!(
-                "tile grid {} is out of range: tiles per side must be between 1 and {MAX_TILES_PER_SIDE}",
-                self.tiles
-            ));
-        }
+        check_tiles(cols, rows)?;
         if cols > w || rows > h {
             return Err(format!(
                 "tile grid {} does not fit a {w}x{h} frame",
@@ -486,6 +507,12 @@ impl JobSpec {
             return Err(format!(
                 "{} samples is out of range: the sample count must be between 1 and {MAX_SAMPLES}",
                 self.samples
+            ));
+        }
+        if self.verify_percent > MAX_VERIFY_PERCENT {
+            return Err(format!(
+                "--verify {} is out of range: between 0 and {MAX_VERIFY_PERCENT} percent of the tasks",
+                self.verify_percent
             ));
         }
         if self.sample_ranges > MAX_SAMPLE_RANGES {
@@ -667,6 +694,7 @@ mod tests {
             paused: false,
             deadline_unix_ms: None,
             budget: None,
+            task_timeout_ms: None,
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {
@@ -691,12 +719,19 @@ mod tests {
                 .contains("frames; the limit")
         );
         assert!(refused(&|s| s.resolution = (0, 90)).contains("out of range"));
-        assert!(parse_frames("0-4294967295")
-            .unwrap_err()
-            .contains("at most 1000000 frames"));
-        assert!(parse_frames("1-600000,700000-1300000")
-            .unwrap_err()
-            .contains("at most"));
+        assert_eq!(
+            refused(&|s| s.frames = vec![1, 2, 1]),
+            "frame 1 is listed twice"
+        );
+        assert_eq!(
+            parse_frames("0-4294967295").unwrap_err(),
+            "the job has 4294967296 frames; the limit is 1000000"
+        );
+        assert_eq!(
+            parse_frames("1-600000,700000-1300000").unwrap_err(),
+            "the job has 1200001 frames; the limit is 1000000"
+        );
+        assert_eq!(parse_frames("1-1000000").unwrap().len(), 1_000_000);
     }
 
     #[test]

@@ -46,8 +46,11 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 /// worth at once, the others queued in the order assigned; 12: job filters,
 /// job details, retry and request-id conflicts for clients; 13: a job
 /// may wait for others (`after`) or be submitted paused; 14: a manifest
-/// file may belong to one frame, fetched only for that frame's tasks).
-pub const PROTOCOL_VERSION: u32 = 14;
+/// file may belong to one frame, fetched only for that frame's tasks; 15:
+/// a job's task time limit; 16: a joining worker says it is draining, and
+/// a recorded failure is acknowledged; 17: a client's error carries its
+/// [`ErrorKind`]).
+pub const PROTOCOL_VERSION: u32 = 17;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -99,6 +102,9 @@ pub struct WorkerInfo {
     /// stored with `blender add` ([`BuildInfo::offer`]), fetching one the
     /// first time a job needs it.
     pub fetches_builds: bool,
+    /// Asked to drain over an earlier connection: it takes no new work and
+    /// leaves once what it holds is done.
+    pub draining: bool,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -172,6 +178,9 @@ pub struct JobInfo {
     /// scene's passes only (no compositor, no denoising, the denoising
     /// data kept), as an uncompressed multilayer OpenEXR.
     pub finish: bool,
+    /// A task running longer fails with that reason (`submit
+    /// --task-timeout`, or the coordinator's default).
+    pub task_timeout_ms: Option<u64>,
 }
 
 /// What a finishing task composites: its frame's stitched passes, a
@@ -235,7 +244,9 @@ pub enum CoordMsg {
     Cancel(TaskRef),
     /// Finish the running tasks, take no more, and leave.
     Drain,
-    /// Reply to `Done`/`Failed`: the result is durable (`accepted`) or refused.
+    /// Reply to `Done`/`Failed`: the result is durable, or the failure
+    /// recorded (`accepted`), or refused. Either way the worker forgets the
+    /// task.
     Ack {
         task: TaskRef,
         accepted: bool,
@@ -801,7 +812,9 @@ pub enum ClientResponse {
         client: String,
     },
     Done,
-    Error(String),
+    /// The request was refused or failed: the kind says which (clients act
+    /// on it, never on the words), the message says what to do.
+    Error(ClientError),
     BuildAdded(BuildInfo),
     Builds(Vec<BuildInfo>),
     /// `more`: either list goes on past this page.
@@ -832,6 +845,111 @@ pub enum ClientResponse {
         jobs: Vec<JobStatus>,
         next: Option<u64>,
     },
+}
+
+/// What kind of failure a client's request met. Both APIs carry it: QUIC in
+/// [`ClientResponse::Error`], HTTP as the status code (404, 409, 400, 401,
+/// 503, 500) and the error body's `kind`. Clients (the CLI's exit codes,
+/// the Python client's exceptions) follow the kind, never the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ErrorKind {
+    /// No such job, worker, frame or build.
+    NotFound,
+    /// The job (or worker) is in a state that forbids the request: cancel
+    /// of a finished job, retry of one that did not fail, a request id
+    /// reused for another submit.
+    Conflict,
+    /// The request itself is wrong: a spec out of bounds, a file not
+    /// uploaded, a hostile path.
+    Invalid,
+    /// A missing or wrong secret.
+    Unauthorized,
+    /// The farm cannot do it now, but may later: no worker to ask, one
+    /// that left or did not answer in time. Asking again may succeed.
+    Unavailable,
+    /// The coordinator failed (its database, its store): not the client's
+    /// doing.
+    Internal,
+}
+
+impl ErrorKind {
+    /// Every kind, in the order of the README's table.
+    pub const ALL: [ErrorKind; 6] = [
+        ErrorKind::NotFound,
+        ErrorKind::Conflict,
+        ErrorKind::Invalid,
+        ErrorKind::Unauthorized,
+        ErrorKind::Unavailable,
+        ErrorKind::Internal,
+    ];
+
+    /// The kind as the HTTP API's error body names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::Invalid => "invalid",
+            ErrorKind::Unauthorized => "unauthorized",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status code the API answers this kind with.
+    pub fn http_status(self) -> u16 {
+        match self {
+            ErrorKind::NotFound => 404,
+            ErrorKind::Conflict => 409,
+            ErrorKind::Invalid => 400,
+            ErrorKind::Unauthorized => 401,
+            ErrorKind::Unavailable => 503,
+            ErrorKind::Internal => 500,
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A refused or failed client request: its [`ErrorKind`] and a one-line
+/// message saying what to do.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{message}")]
+pub struct ClientError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl ClientError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> ClientError {
+        ClientError {
+            kind,
+            message: message.into(),
+        }
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ClientError {
+        ClientError::new(ErrorKind::NotFound, message)
+    }
+
+    pub fn conflict(message: impl Into<String>) -> ClientError {
+        ClientError::new(ErrorKind::Conflict, message)
+    }
+
+    pub fn invalid(message: impl Into<String>) -> ClientError {
+        ClientError::new(ErrorKind::Invalid, message)
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> ClientError {
+        ClientError::new(ErrorKind::Unavailable, message)
+    }
+
+    pub fn internal(message: impl Into<String>) -> ClientError {
+        ClientError::new(ErrorKind::Internal, message)
+    }
 }
 
 /// The longest prefix of `items` that makes one page (at least one item):
@@ -951,5 +1069,38 @@ mod page_tests {
         let huge = vec![vec![0u8; PAGE_BYTES + 1]; 2];
         let (page, more) = take_page(huge.iter());
         assert_eq!((page.len(), more), (1, true));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every error kind travels on the wire with its message, and maps to
+    /// its own HTTP status and name.
+    #[test]
+    fn an_error_carries_its_kind_on_the_wire() {
+        let mut statuses = std::collections::HashSet::new();
+        let mut names = std::collections::HashSet::new();
+        for kind in ErrorKind::ALL {
+            let sent = ClientResponse::Error(ClientError::new(kind, format!("{kind} here")));
+            let bytes = crate::codec::encode(&sent).unwrap();
+            let got: ClientResponse = crate::codec::decode_frame(&bytes).unwrap();
+            match got {
+                ClientResponse::Error(e) => {
+                    assert_eq!(
+                        (e.kind, e.message.as_str()),
+                        (kind, &*format!("{kind} here"))
+                    )
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(statuses.insert(kind.http_status()), "{kind}");
+            assert!(names.insert(kind.name()), "{kind}");
+        }
+        assert_eq!(
+            ErrorKind::ALL.map(ErrorKind::http_status),
+            [404, 409, 400, 401, 503, 500]
+        );
     }
 }

@@ -83,3 +83,41 @@ mod tests {
             .any(char::is_control));
     }
 }
+
+/// A duration as people write it on the command line: `2h`, `1h30m`, `5s`,
+/// `250ms`.
+pub fn short_duration(d: std::time::Duration) -> String {
+    let ms = d.as_millis();
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let s = d.as_secs();
+    let (h, m, s) = (s / 3600, s / 60 % 60, s % 60);
+    let mut out = String::new();
+    for (n, unit) in [(h, "h"), (m, "m"), (s, "s")] {
+        if n > 0 {
+            out += &format!("{n}{unit}");
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod duration_tests {
+    use super::short_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_read_as_written() {
+        for (secs, text) in [
+            (7200, "2h"),
+            (5400, "1h30m"),
+            (5, "5s"),
+            (3661, "1h1m1s"),
+            (600, "10m"),
+        ] {
+            assert_eq!(short_duration(Duration::from_secs(secs)), text);
+        }
+        assert_eq!(short_duration(Duration::from_millis(250)), "250ms");
+    }
+}

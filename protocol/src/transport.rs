@@ -362,11 +362,8 @@ pub fn server_endpoint(
         "tessera 2026 coordinator connection id key",
         &identity.key_der,
     );
-    let cid_key = u64::from_le_bytes(cid_key[..8].try_into().expect("8 bytes"));
     let mut endpoint_config = quinn::EndpointConfig::new(Arc::new(reset_key));
-    endpoint_config.cid_generator(move || {
-        Box::new(quinn_proto::HashedConnectionIdGenerator::from_key(cid_key))
-    });
+    endpoint_config.cid_generator(move || Box::new(CidGenerator { key: cid_key }));
     endpoint_config
         .max_udp_payload_size(tuning().max_udp_payload)
         .expect("a payload size within QUIC's bounds");
@@ -377,6 +374,64 @@ pub fn server_endpoint(
         Arc::new(quinn::TokioRuntime),
     )
     .map_err(cannot_listen)
+}
+
+/// The coordinator's connection ids: [`CID_NONCE`] random bytes and
+/// [`CID_SIGNATURE`] bytes of their keyed hash. The key is derived from the
+/// coordinator's private key, so that after a restart the endpoint still
+/// recognises the ids it issued (and answers their packets with a stateless
+/// reset, see `ResetKey`); the random part is long enough that an id is
+/// never issued twice in practice. quinn checks a new connection's ids
+/// against the live ones, but not the id it puts in a Retry: with quinn's
+/// `HashedConnectionIdGenerator` (3 random bytes), a Retry's id matched a
+/// live connection's about once in 2,000 Retries with ~1,000 connections
+/// open (the flood bench), and the client's next Initial went to that
+/// connection and was dropped, for seconds at a time.
+struct CidGenerator {
+    key: [u8; 32],
+}
+
+const CID_NONCE: usize = 7;
+const CID_SIGNATURE: usize = 5;
+
+impl CidGenerator {
+    fn signature(&self, nonce: &[u8]) -> [u8; CID_SIGNATURE] {
+        let hash = blake3::keyed_hash(&self.key, nonce);
+        hash.as_bytes()[..CID_SIGNATURE]
+            .try_into()
+            .expect("a prefix of the hash")
+    }
+}
+
+impl quinn_proto::ConnectionIdGenerator for CidGenerator {
+    fn generate_cid(&mut self) -> quinn::ConnectionId {
+        use rand::RngCore;
+        let mut cid = [0u8; CID_NONCE + CID_SIGNATURE];
+        rand::rng().fill_bytes(&mut cid[..CID_NONCE]);
+        let signature = self.signature(&cid[..CID_NONCE]);
+        cid[CID_NONCE..].copy_from_slice(&signature);
+        quinn::ConnectionId::new(&cid)
+    }
+
+    fn validate(&self, cid: &quinn::ConnectionId) -> Result<(), quinn_proto::InvalidCid> {
+        if cid.len() != CID_NONCE + CID_SIGNATURE {
+            return Err(quinn_proto::InvalidCid);
+        }
+        let (nonce, signature) = cid.split_at(CID_NONCE);
+        if self.signature(nonce) == signature {
+            Ok(())
+        } else {
+            Err(quinn_proto::InvalidCid)
+        }
+    }
+
+    fn cid_len(&self) -> usize {
+        CID_NONCE + CID_SIGNATURE
+    }
+
+    fn cid_lifetime(&self) -> Option<Duration> {
+        None
+    }
 }
 
 /// The key of the coordinator's stateless resets, derived from its private
@@ -629,6 +684,21 @@ mod tests {
             e.contains("expected cubic-veno, cubic, newreno or bbr"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn connection_ids_are_recognised_by_the_same_key_only() {
+        use quinn_proto::ConnectionIdGenerator;
+        let mut ours = CidGenerator { key: [7; 32] };
+        let theirs = CidGenerator { key: [8; 32] };
+        let ids: std::collections::HashSet<_> = (0..1000).map(|_| ours.generate_cid()).collect();
+        assert_eq!(ids.len(), 1000, "no id twice");
+        for id in &ids {
+            assert_eq!(id.len(), ours.cid_len());
+            assert!(ours.validate(id).is_ok());
+            assert!(theirs.validate(id).is_err());
+        }
+        assert!(ours.validate(&quinn::ConnectionId::new(&[0; 8])).is_err());
     }
 
     #[test]

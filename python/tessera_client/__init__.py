@@ -28,6 +28,7 @@ from ._blake3 import blake3_hex
 
 __all__ = [
     "Client", "Ticket", "TesseraError", "Unauthorized", "NotFound", "Conflict",
+    "Invalid", "Unavailable", "Internal", "ERRORS",
     "Timeout", "JobFailed", "EventStream", "blake3_hex", "FINAL_STATES",
 ]
 
@@ -39,25 +40,66 @@ VERIFY_MAX = 8 << 20
 
 
 class TesseraError(Exception):
-    """The farm refused a request: ``status`` is the HTTP status, ``message``
-    the coordinator's reason."""
+    """The farm refused a request: ``status`` is the HTTP status, ``kind``
+    the error body's kind (``"not_found"``, ``"conflict"`` …, ``None`` when
+    it has none), ``message`` the coordinator's reason. Catch a subclass to
+    act on a kind; never match the message's words."""
 
-    def __init__(self, status, message):
+    def __init__(self, status, message, kind=None):
         super().__init__("%s (HTTP %d)" % (message, status))
         self.status = status
         self.message = message
+        self.kind = kind
 
 
 class Unauthorized(TesseraError):
-    """A missing or wrong bearer secret (HTTP 401)."""
+    """A missing or wrong bearer secret (HTTP 401, kind ``unauthorized``)."""
 
 
 class NotFound(TesseraError):
-    """No such job, worker or frame (HTTP 404)."""
+    """No such job, worker or frame (HTTP 404, kind ``not_found``)."""
 
 
 class Conflict(TesseraError):
-    """The job is in a state that forbids the request (HTTP 409)."""
+    """The job is in a state that forbids the request: cancel or pause of
+    a finished job, retry of one that did not fail, a request id reused for
+    another submit (HTTP 409, kind ``conflict``)."""
+
+
+class Invalid(TesseraError):
+    """The request is wrong: a spec out of bounds, a file not uploaded, a
+    malformed query or body (HTTP 400, kind ``invalid``)."""
+
+
+class Unavailable(TesseraError):
+    """The farm cannot do it now; asking again later may work (HTTP 503,
+    kind ``unavailable``)."""
+
+
+class Internal(TesseraError):
+    """The coordinator failed (its database, its store): not the caller's
+    doing (HTTP 500, kind ``internal``)."""
+
+
+#: The exception for each error kind the API names, and for each status.
+ERRORS = {
+    "not_found": NotFound, "conflict": Conflict, "invalid": Invalid,
+    "unauthorized": Unauthorized, "unavailable": Unavailable, "internal": Internal,
+}
+_BY_STATUS = {404: NotFound, 409: Conflict, 400: Invalid, 401: Unauthorized,
+              503: Unavailable, 500: Internal}
+
+
+def _error(status, raw):
+    """The exception for an error answer: by the body's ``kind``, else by
+    the status (a proxy's answer has no kind)."""
+    try:
+        body = json.loads(raw)
+        message, kind = body["error"], body.get("kind")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        message, kind = raw.decode("utf-8", "replace"), None
+    cls = ERRORS.get(kind) or _BY_STATUS.get(status, TesseraError)
+    return cls(status, message, kind)
 
 
 class Timeout(Exception):
@@ -251,12 +293,7 @@ class Client:
         if response.status >= 400:
             raw = response.read()
             conn.close()
-            try:
-                message = json.loads(raw)["error"]
-            except (ValueError, KeyError, TypeError):
-                message = raw.decode("utf-8", "replace")
-            kind = {401: Unauthorized, 404: NotFound, 409: Conflict}.get(response.status, TesseraError)
-            raise kind(response.status, message)
+            raise _error(response.status, raw)
         return conn, response
 
     def _json(self, method, path, body=None, query=None):
@@ -272,7 +309,10 @@ class Client:
         try:
             conn, response = self._open(method, path, body=body, query=query, secret=secret)
         except TesseraError as e:
-            return e.status, {}, json.dumps({"error": e.message}).encode()
+            body = {"error": e.message}
+            if e.kind is not None:
+                body["kind"] = e.kind
+            return e.status, {}, json.dumps(body).encode()
         try:
             return response.status, dict(response.getheaders()), response.read()
         finally:
@@ -318,8 +358,12 @@ class Client:
         cmd += _flags(options) + [os.fspath(scene)]
         run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         if run.returncode != 0:
-            raise TesseraError(400, run.stderr.decode("utf-8", "replace").strip()
-                               or "tessera submit --upload-only failed")
+            message = (run.stderr.decode("utf-8", "replace").strip()
+                       or "tessera submit --upload-only failed")
+            # By the binary's exit code (README): 6 is an unreachable farm.
+            if run.returncode == 6:
+                raise Unavailable(503, message, "unavailable")
+            raise Invalid(400, message, "invalid")
         return json.loads(run.stdout)
 
     def submit(self, scene, **options):
@@ -330,16 +374,24 @@ class Client:
         ``blender=">=4.2"``, ``blender_python=…``, ``frame_names="frame"``,
         ``frame_files=["cache/fluid_data_####.vdb"]``, Unreal's ``level_sequence=…`` and the rest; an option ``tessera``
         learns later works too (its flag is ``--`` and the name with dashes).
-        Returns the job's status."""
+        Files the scene uses outside its folder are uploaded only under
+        ``asset_root=["/studio/assets"]`` (or ``TESSERA_ASSET_ROOTS``),
+        ``project_root=…`` or ``allow_file=[…]``; any other is refused
+        (:class:`TesseraError`, naming each). Returns the job's status."""
         return self.submit_spec(self.upload(scene, **options))
 
     def cancel(self, job):
+        """Cancels a queued or running job; returns its status. A finished
+        job (done, failed or canceled) raises :class:`Conflict`."""
         return self._json("POST", "/v1/jobs/%d/cancel" % job)
 
     def pause(self, job):
+        """Pauses a queued or running job (:class:`Conflict` once it is
+        finished); returns its status."""
         return self._json("POST", "/v1/jobs/%d/pause" % job)
 
     def resume(self, job):
+        """Resumes a paused job (:class:`Conflict` once it is finished)."""
         return self._json("POST", "/v1/jobs/%d/resume" % job)
 
     def retry(self, job):

@@ -118,7 +118,7 @@ class Auth(FarmTest):
                                  ("GET", "/v1/events")):
                 status, headers, body = self.farm.request(method, path, secret=secret)
                 self.assertEqual(status, 401, (secret, path, body))
-                self.assertIn("bearer", json.loads(body)["error"])
+                self.assertEqual(json.loads(body)["kind"], "unauthorized")
         wrong = Client(self.farm.ticket.line.replace("secret=", "secret=0"))
         with self.assertRaises(tessera_client.Unauthorized):
             wrong.status()
@@ -160,6 +160,10 @@ class Document(FarmTest):
                 status, headers, body = self.farm.request(method.upper(), concrete,
                                                           body=bodies.get((path, method)))
                 self.assertIn(str(status), op["responses"], (method, concrete, status, body))
+                if status >= 400:
+                    # An error's kind is its status's (the document's enum).
+                    kinds = {404: "not_found", 409: "conflict", 400: "invalid", 401: "unauthorized"}
+                    self.assertEqual(json.loads(body).get("kind"), kinds.get(status), (method, concrete, body))
                 content = op["responses"][str(status)].get("content", {})
                 if "application/json" in content:
                     self.valid(content["application/json"]["schema"], json.loads(body))
@@ -200,11 +204,45 @@ class Jobs(FarmTest):
     def test_a_refused_submit_says_why(self):
         spec = self.farm.upload(SCENE, frames="1", samples=4)
         spec["manifest"][0]["digest"] = "ab" * 32
-        with self.assertRaises(tessera_client.TesseraError) as e:
+        with self.assertRaises(tessera_client.Invalid) as e:
             self.farm.submit_spec(spec)
-        self.assertEqual(e.exception.status, 400)
-        with self.assertRaises(tessera_client.NotFound):
+        self.assertEqual((e.exception.status, e.exception.kind), (400, "invalid"))
+        with self.assertRaises(tessera_client.NotFound) as e:
             self.farm.job(999999)
+        self.assertEqual((e.exception.status, e.exception.kind), (404, "not_found"))
+        # A request id names one submit: another spec under it is a conflict.
+        spec = self.farm.upload(SCENE, frames="1", samples=4, request_id="py-conflict")
+        self.farm.submit_spec(spec)
+        spec["samples"] = 2
+        with self.assertRaises(tessera_client.Conflict) as e:
+            self.farm.submit_spec(spec)
+        self.assertEqual((e.exception.status, e.exception.kind), (409, "conflict"))
+
+    def test_a_finished_job_is_not_canceled_paused_or_resumed(self):
+        for call in (self.farm.cancel, self.farm.pause, self.farm.resume):
+            with self.assertRaises(tessera_client.Conflict) as e:
+                call(self.done["id"])
+            self.assertEqual((e.exception.status, e.exception.kind), (409, "conflict"))
+            self.assertIsInstance(e.exception, tessera_client.TesseraError)
+        self.assertEqual(self.farm.job(self.done["id"])["state"], "done")
+        with self.assertRaises(tessera_client.NotFound):
+            self.farm.cancel(999999)
+
+    def test_each_kind_raises_its_own_exception(self):
+        # By the body's kind, else (a proxy's answer) by the status.
+        from tessera_client import _error
+        for kind, status, cls in (("not_found", 404, tessera_client.NotFound),
+                                  ("conflict", 409, tessera_client.Conflict),
+                                  ("invalid", 400, tessera_client.Invalid),
+                                  ("unauthorized", 401, tessera_client.Unauthorized),
+                                  ("unavailable", 503, tessera_client.Unavailable),
+                                  ("internal", 500, tessera_client.Internal)):
+            self.assertIs(tessera_client.ERRORS[kind], cls)
+            e = _error(status, json.dumps({"error": "why", "kind": kind}).encode())
+            self.assertEqual((type(e), e.status, e.kind, e.message), (cls, status, kind, "why"))
+            e = _error(status, b"<html>a proxy</html>")
+            self.assertEqual((type(e), e.kind), (cls, None))
+        self.assertIs(type(_error(413, b'{"error": "big"}')), tessera_client.TesseraError)
 
     def test_pause_wait_timeout_resume_cancel(self):
         job = self.farm.submit(SCENE, frames="1-6", samples=512, name="py-long")
@@ -231,16 +269,16 @@ class Jobs(FarmTest):
         later = self.done["submitted_unix_ms"] + 1
         self.assertNotIn(done_id, [j["id"] for j in self.farm.jobs(since=later)])
         self.assertIn(done_id, [j["id"] for j in self.farm.jobs(state=["done", "failed"], since=later - 1)])
-        with self.assertRaises(tessera_client.TesseraError) as e:
+        with self.assertRaises(tessera_client.Invalid) as e:
             self.farm.jobs(state="finished")
         self.assertEqual(e.exception.status, 400)
 
     def test_detail_and_retry(self):
         detail = self.valid(self.schema_of("/v1/jobs/{job}/detail", "get"), self.farm.detail(self.done["id"]))
         self.assertEqual(detail["status"]["id"], self.done["id"])
-        with self.assertRaises(tessera_client.TesseraError) as e:
+        with self.assertRaises(tessera_client.Conflict) as e:
             self.farm.retry(self.done["id"])  # not failed
-        self.assertIn(e.exception.status, (400, 409))
+        self.assertEqual(e.exception.status, 409)
         with self.assertRaises(tessera_client.NotFound):
             self.farm.retry(999999)
 

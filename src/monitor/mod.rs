@@ -301,7 +301,7 @@ async fn follow_feed(ticket: Ticket, mut feed: Option<Feed>, tx: Tx) {
                 Ok(Ok(Some(ClientResponse::Event { unix_ms, event }))) => {
                     Msg::Event { unix_ms, event }
                 }
-                Ok(Ok(Some(ClientResponse::Error(e)))) => break e,
+                Ok(Ok(Some(ClientResponse::Error(e)))) => break e.message,
                 Ok(Ok(Some(_))) => continue,
             };
             if tx.send(msg).is_err() {
@@ -324,7 +324,7 @@ async fn follow_feed(ticket: Ticket, mut feed: Option<Feed>, tx: Tx) {
 fn connection_broken(e: &anyhow::Error) -> bool {
     e.chain()
         .any(|c| c.is::<CodecError>() || c.is::<tokio::time::error::Elapsed>())
-        || e.to_string().contains("closed the connection")
+        || crate::exit::is_unreachable(e)
 }
 
 /// Carries out commands one at a time on a connection of its own, so that

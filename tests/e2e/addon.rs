@@ -27,6 +27,7 @@ addon_utils.enable("tessera_addon", default_set=True)
 prefs = bpy.context.preferences.addons["tessera_addon"].preferences
 prefs.ticket = TICKET
 prefs.tessera_path = TESSERA
+prefs.asset_roots = EXTERNAL  # the project's absolute-path texture lies there
 scene = bpy.context.scene
 scene.render.filepath = "//renders/shot_####"
 t = scene.tessera
@@ -53,11 +54,12 @@ fn script(farm: &Farm, result: &Path) -> String {
     let ticket = std::fs::read_to_string(farm.data.join("client.ticket")).unwrap();
     let addon = Path::new(env!("CARGO_MANIFEST_DIR")).join("blender");
     format!(
-        "ADDON_DIR = {:?}\nTICKET = {:?}\nTESSERA = {:?}\nRESULT = {:?}\n{DRIVE}",
+        "ADDON_DIR = {:?}\nTICKET = {:?}\nTESSERA = {:?}\nRESULT = {:?}\nEXTERNAL = {:?}\n{DRIVE}",
         addon.to_str().unwrap(),
         ticket.trim(),
         env!("CARGO_BIN_EXE_tessera"),
-        result.to_str().unwrap()
+        result.to_str().unwrap(),
+        farm.dir.join("external").to_str().unwrap()
     )
 }
 

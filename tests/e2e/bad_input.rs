@@ -4,7 +4,7 @@ use std::process::Output;
 
 use tessera_protocol::blob::{self, BlobError, BlobSource};
 use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
-use tessera_protocol::messages::{ClientRequest, ClientResponse};
+use tessera_protocol::messages::{ClientRequest, ClientResponse, ErrorKind};
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Timing};
 use tessera_protocol::Digest;
@@ -213,10 +213,14 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                 paused: false,
                 deadline_unix_ms: None,
                 budget: None,
+                task_timeout_ms: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {
-                ClientResponse::Error(e) => assert!(e.contains(needle), "{path:?}: {e}"),
+                ClientResponse::Error(e) => {
+                    assert_eq!(e.kind, ErrorKind::Invalid, "{path:?}: {e}");
+                    assert!(e.message.contains(needle), "{path:?}: {e}")
+                }
                 other => panic!("{path:?} was accepted: {other:?}"),
             }
         }

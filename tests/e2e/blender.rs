@@ -51,7 +51,11 @@ pub(crate) fn in_bpy(py: &Path, blend: Option<&Path>, src: &str) -> Command {
 
 /// Runs Python `src` in the tests' Blender, with `blend` opened first
 /// (scripts off) and `args` after `--`.
-fn blender_script<S: AsRef<OsStr>>(blend: Option<&Path>, src: &str, args: &[S]) -> Command {
+pub(crate) fn blender_script<S: AsRef<OsStr>>(
+    blend: Option<&Path>,
+    src: &str,
+    args: &[S],
+) -> Command {
     match bpy_python() {
         Some(py) => {
             let mut cmd = in_bpy(&py, blend, src);
@@ -74,7 +78,7 @@ fn blender_script<S: AsRef<OsStr>>(blend: Option<&Path>, src: &str, args: &[S]) 
 }
 
 /// `--engine blender`, and the tests' Blender when it is the module.
-fn blender_worker() -> Vec<String> {
+pub(crate) fn blender_worker() -> Vec<String> {
     let mut args = vec!["--engine".to_string(), "blender".to_string()];
     if let Some(py) = bpy_python() {
         args.push("--blender-python".into());
@@ -569,4 +573,292 @@ fn a_worker_whose_blender_always_crashes_is_blocklisted_and_the_job_completes_on
             "{log}"
         );
     }
+}
+
+/// Python for [`blender_script`]: saves `OUT` (the first argument after
+/// `--`) with one file image per `NAME=PATH` argument (kept by a fake
+/// user), and, for `lib=PATH`, the cube's material linked from that
+/// library instead. `lib-src` saves a library holding material `Prop`.
+pub(crate) const MAKE_REFERENCING: &str = r#"
+import sys
+argv = sys.argv[sys.argv.index("--") + 1:]
+out, refs = argv[0], argv[1:]
+for r in refs:
+    name, path = r.split("=", 1)
+    if name == "lib-src":
+        continue
+    if name == "lib":
+        with bpy.data.libraries.load(path, link=True) as (src, dst):
+            dst.materials = ["Prop"]
+        bpy.data.objects["Cube"].data.materials.append(dst.materials[0])
+        continue
+    img = bpy.data.images.new(name, 4, 4)
+    img.source = "FILE"
+    img.filepath = path
+    img.use_fake_user = True
+if refs == ["lib-src="]:
+    bpy.data.materials.new("Prop").use_fake_user = True
+bpy.ops.wm.save_as_mainfile(filepath=out)
+"#;
+
+fn make_referencing(out: &Path, refs: &[String]) {
+    std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+    let mut args = vec![out.to_str().unwrap().to_string()];
+    args.extend(refs.iter().cloned());
+    run_ok(&mut blender_script(None, MAKE_REFERENCING, &args));
+}
+
+/// The issue's hostile `.blend`: images at a key in a fake home's `.ssh`,
+/// at `/etc/hostname` and at a texture outside the project, and a library
+/// outside it. Submit refuses, naming each with its datablock; asset roots
+/// share the texture and the library but never the key (not even the home
+/// as an asset root); `--allow-file` shares one file. Nothing refused
+/// reaches the coordinator's store, checked there; a scene that uses only
+/// shared files is submitted and `--json` says what was read from where.
+#[test]
+#[ignore = "needs blender"]
+fn submit_refuses_files_outside_the_project_and_asset_roots_and_stores_none_of_them() {
+    use crate::sharing::{assert_refused, store_holds, submit, uploads};
+    if !enabled() {
+        return;
+    }
+    let farm = Farm::start("blender-sharing", &[]);
+    let root = farm.dir.join("artist");
+    let home = root.join("home");
+    let key = home.join(".ssh/id_rsa");
+    let textures = root.join("textures");
+    let wood = textures.join("wood.png");
+    let libs = root.join("libs");
+    let lib = libs.join("props.blend");
+    let proj = root.join("proj");
+    let inside = proj.join("tex/in.png");
+    let hostname = Path::new("/etc/hostname");
+    let (secret, wood_bytes, inside_bytes) = (
+        crate::harness::noise(4096, 11),
+        crate::harness::noise(4096, 12),
+        crate::harness::noise(4096, 13),
+    );
+    for (p, b) in [
+        (&key, &secret),
+        (&wood, &wood_bytes),
+        (&inside, &inside_bytes),
+    ] {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b).unwrap();
+    }
+    let r = |name: &str, p: &Path| format!("{name}={}", p.display());
+    make_referencing(&lib, &["lib-src=".to_string()]);
+    let hostile = proj.join("hostile.blend");
+    make_referencing(
+        &hostile,
+        &[
+            r("key", &key),
+            r("host", hostname),
+            r("wood", &wood),
+            "inside=//tex/in.png".to_string(),
+            r("lib", &lib),
+        ],
+    );
+    let clean = proj.join("clean.blend");
+    make_referencing(
+        &clean,
+        &[r("wood", &wood), "inside=//tex/in.png".to_string()],
+    );
+    let lib_bytes = std::fs::read(&lib).unwrap();
+    let hostname_bytes = std::fs::read(hostname).unwrap();
+    let nothing_refused_stored = || {
+        assert!(!store_holds(&farm, &secret), "the key reached the store");
+        assert!(
+            !store_holds(&farm, &hostname_bytes),
+            "/etc/hostname reached the store"
+        );
+        assert!(
+            !store_holds(&farm, &lib_bytes),
+            "the library reached the store"
+        );
+    };
+    let home_env = [("HOME", home.as_path())];
+    let h = hostile.to_str().unwrap();
+    let (t, l, hm) = (
+        textures.to_str().unwrap(),
+        libs.to_str().unwrap(),
+        home.to_str().unwrap(),
+    );
+    let hidden = "hidden folder of a home directory";
+
+    // No asset root: all four named, with their datablocks.
+    let (ok, _, err) = submit(&farm, &[h, "--json"], &home_env);
+    assert!(!ok);
+    assert_refused(
+        &err,
+        &[
+            (
+                &key,
+                &format!(
+                    "image used by Image 'key'; in {}, a {hidden}",
+                    home.join(".ssh").display()
+                ),
+            ),
+            (hostname, "image used by Image 'host'"),
+            (&wood, "image used by Image 'wood'"),
+            (&lib, "library used by Library 'props.blend'"),
+        ],
+        &[&inside],
+    );
+    // The texture's and the library's folders as asset roots: the key and
+    // /etc/hostname still refused.
+    let (ok, _, err) = submit(&farm, &[h, "--asset-root", t, "--asset-root", l], &home_env);
+    assert!(!ok);
+    assert_refused(
+        &err,
+        &[(&key, hidden), (hostname, "Image 'host'")],
+        &[&wood, &lib, &inside],
+    );
+    // The home itself as an asset root (from the environment): its hidden
+    // folders are still refused; --allow-file shares /etc/hostname alone.
+    let (ok, _, err) = submit(
+        &farm,
+        &[
+            h,
+            "--asset-root",
+            t,
+            "--asset-root",
+            l,
+            "--allow-file",
+            "/etc/hostname",
+        ],
+        &[
+            ("HOME", home.as_path()),
+            ("TESSERA_ASSET_ROOTS", Path::new(hm)),
+        ],
+    );
+    assert!(!ok);
+    assert_refused(&err, &[(&key, hidden)], &[&wood, &lib, hostname]);
+    nothing_refused_stored();
+    assert!(
+        !store_holds(&farm, &wood_bytes),
+        "the texture was never allowed yet"
+    );
+    let statuses = farm.json(&["status", "--json"]);
+    assert_eq!(
+        statuses["jobs"].as_array().map(Vec::len),
+        Some(0),
+        "{statuses}"
+    );
+
+    // A scene that uses the project's texture and the outside one: refused
+    // until the texture's folder is an asset root, then submitted, and
+    // `--json` lists what was read from where.
+    let c = clean.to_str().unwrap();
+    let (ok, _, err) = submit(&farm, &[c], &home_env);
+    assert!(!ok);
+    assert_refused(&err, &[(&wood, "Image 'wood'")], &[&inside]);
+    let (ok, out, err) = submit(&farm, &[c, "--asset-root", t, "--json"], &home_env);
+    assert!(ok, "{err}");
+    let job: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let abs = format!("_abs{}", wood.display());
+    assert_eq!(
+        uploads(&job),
+        [
+            (abs, wood.clone()),
+            ("clean.blend".to_string(), clean.clone()),
+            ("tex/in.png".to_string(), inside.clone()),
+        ]
+    );
+    assert!(store_holds(&farm, &wood_bytes) && store_holds(&farm, &inside_bytes));
+    nothing_refused_stored();
+}
+
+/// A scene whose world shows the image at `image` (absolute), Cycles, 32x24.
+const MAKE_WORLD_IMAGE: &str = r#"
+import sys
+argv = sys.argv[sys.argv.index("--") + 1:]
+out, path = argv[0], argv[1]
+s = bpy.context.scene
+s.render.engine = "CYCLES"
+s.cycles.device = "CPU"
+s.cycles.samples = 4
+s.cycles.use_denoising = False
+s.render.resolution_x, s.render.resolution_y = 32, 24
+s.render.resolution_percentage = 100
+s.frame_start = s.frame_end = 1
+for o in list(bpy.data.objects):
+    if o.type != "CAMERA":
+        bpy.data.objects.remove(o)
+img = bpy.data.images.new("worker_only", 4, 4)
+img.source = "FILE"
+img.filepath = path
+w = s.world
+w.use_nodes = True
+env = w.node_tree.nodes.new("ShaderNodeTexEnvironment")
+env.image = img
+w.node_tree.links.new(env.outputs["Color"], w.node_tree.nodes["Background"].inputs["Color"])
+bpy.ops.wm.save_as_mainfile(filepath=out)
+"#;
+
+/// A reference the job does not carry (missing where it was submitted,
+/// `--allow-missing`) to a file that exists on the worker: the worker's
+/// file is never read into the frame; it renders as missing (Blender's
+/// pink), as it would have where it was submitted.
+#[test]
+#[ignore = "needs blender"]
+fn a_reference_the_job_does_not_carry_never_reads_the_workers_own_file() {
+    if !enabled() {
+        return;
+    }
+    let mut farm = Farm::start("blender-unshared", &[]);
+    let image = farm.dir.join("worker-disk/worker_only.png");
+    let blend = farm.dir.join("proj/probe.blend");
+    std::fs::create_dir_all(blend.parent().unwrap()).unwrap();
+    run_ok(&mut blender_script(
+        None,
+        MAKE_WORLD_IMAGE,
+        &[blend.to_str().unwrap(), image.to_str().unwrap()],
+    ));
+    let args = blender_worker();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    farm.add_worker_with("w1", &args);
+    farm.wait_workers(1);
+    let job = farm.json(&[
+        "submit",
+        blend.to_str().unwrap(),
+        "--allow-missing",
+        "--paused",
+        "--json",
+    ])["id"]
+        .as_u64()
+        .unwrap();
+    // Now the file exists on the worker's disk: pure green.
+    std::fs::create_dir_all(image.parent().unwrap()).unwrap();
+    {
+        let file = std::fs::File::create(&image).unwrap();
+        let mut enc = png::Encoder::new(std::io::BufWriter::new(file), 4, 4);
+        enc.set_color(png::ColorType::Rgb);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc.write_header().unwrap();
+        w.write_image_data(&[0, 255, 0].repeat(16)).unwrap();
+    }
+    let out = farm.run(&["resume", &job.to_string()]);
+    assert!(out.status.success());
+    let dir = farm.dir.join("out");
+    farm.wait_done(job, &dir);
+    let frame = std::fs::read_dir(&dir)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let (_, _, color, depth, raw) = png_raw(&frame);
+    assert_eq!(depth, png::BitDepth::Eight, "{color:?}");
+    let channels = match color {
+        png::ColorType::Rgba => 4,
+        png::ColorType::Rgb => 3,
+        other => panic!("{other:?}"),
+    };
+    let (r, g, b) = (raw[0], raw[1], raw[2]);
+    eprintln!("corner pixel rgb ({r}, {g}, {b}), {channels} channels");
+    assert!(
+        g < r && g < b,
+        "the worker's own file was rendered into the frame: ({r}, {g}, {b})"
+    );
 }

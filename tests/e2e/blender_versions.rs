@@ -284,6 +284,7 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
             .env("TESSERA_TICKET", farm.client_ticket())
             .env("TESSERA_BLENDER", &wrapper)
             .env_remove("TESSERA_BLENDER_PYTHON")
+            .env("TESSERA_ASSET_ROOTS", farm.dir.join("v45/external"))
             .output()
             .unwrap()
     };
@@ -358,4 +359,208 @@ fn a_45_file_is_scanned_on_a_45_worker_when_the_clients_blender_is_34() {
     let calls = std::fs::read_to_string(&calls).unwrap();
     assert!(!calls.is_empty(), "the client never consulted its Blender");
     assert!(!calls.contains(".blend"), "a 3.4 opened a .blend: {calls}");
+}
+
+/// `submit` of a `.blend` saved by `py`, as this machine does it: scanned
+/// by the bpy (`Some(py)`), or by the farm (`None`: the client's Blender is
+/// Debian's 3.4, which cannot read a 4.5 file), with `env` added; the job
+/// is held (`--paused`), so no worker renders it.
+fn submit_45(
+    farm: &Farm,
+    blend: &Path,
+    py: Option<&Path>,
+    args: &[&str],
+    env: &[(&str, &Path)],
+) -> std::process::Output {
+    let mut cmd = farm.command(&[&["submit", blend.to_str().unwrap(), "--paused"], args].concat());
+    match py {
+        Some(py) => cmd.env("TESSERA_BLENDER_PYTHON", py),
+        None => cmd.env_remove("TESSERA_BLENDER_PYTHON"),
+    };
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.output().unwrap()
+}
+
+/// A default factory-startup 4.5 scene references Blender's own brush
+/// bundle (`4.5/datafiles/assets/brushes/essentials_brushes-gp_draw.blend`)
+/// by a path relative to the file: it uploads only its `.blend`, with no
+/// warning, scanned here or by the farm, and also once the file is moved
+/// (the path then points nowhere): the worker's Blender has its own.
+#[test]
+#[ignore = "needs blender and bpy 4.5"]
+fn a_default_45_scene_uploads_only_itself_and_warns_of_nothing_also_once_moved() {
+    let Some(py) = bpy45() else {
+        return;
+    };
+    let mut farm = Farm::start("blender-default-45", &[]);
+    let saved = farm.dir.join("a/default.blend");
+    std::fs::create_dir_all(saved.parent().unwrap()).unwrap();
+    run_ok(&mut in_bpy(
+        &py,
+        None,
+        &format!(
+            "bpy.ops.wm.read_factory_settings(use_empty=False)\nbpy.ops.wm.save_as_mainfile(filepath={:?})\n",
+            saved.to_str().unwrap()
+        ),
+    ));
+    let bytes = std::fs::read(&saved).unwrap();
+    assert!(
+        memchr::memmem::find(
+            &bytes,
+            b"datafiles/assets/brushes/essentials_brushes-gp_draw.blend"
+        )
+        .is_some(),
+        "the default scene no longer references Blender's brush bundle: this test shows nothing"
+    );
+    let moved = farm.dir.join("b/c/d/moved.blend");
+    std::fs::create_dir_all(moved.parent().unwrap()).unwrap();
+    std::fs::copy(&saved, &moved).unwrap();
+    farm.add_worker_with(
+        "bpy45",
+        &[
+            "--engine",
+            "blender",
+            "--blender-python",
+            py.to_str().unwrap(),
+        ],
+    );
+    farm.wait_workers(1);
+    for blend in [&saved, &moved] {
+        for scanner in [Some(py.as_path()), None] {
+            let out = submit_45(&farm, blend, scanner, &["--json"], &[]);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "{}: {err}", blend.display());
+            assert!(!err.contains("warning"), "{}: {err}", blend.display());
+            if scanner.is_none() {
+                assert!(err.contains("worker bpy45 scanned it"), "{err}");
+            }
+            let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(job["warnings"], serde_json::json!([]), "{job}");
+            let name = blend.file_name().unwrap().to_str().unwrap().to_string();
+            assert_eq!(
+                crate::sharing::uploads(&job),
+                [(name, blend.to_path_buf())],
+                "{job}"
+            );
+        }
+    }
+    // The store holds the two .blend files (the same bytes) and nothing
+    // of Blender's.
+    let bundle = py
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("lib/python3.11/site-packages/bpy/4.5/datafiles/assets/brushes/essentials_brushes-gp_draw.blend");
+    let bundle = std::fs::read(&bundle).unwrap();
+    assert!(!crate::sharing::store_holds(&farm, &bundle));
+}
+
+/// The hostile `.blend` of `blender::submit_refuses_files_outside_…`,
+/// saved by 4.5 and scanned by the farm (this machine's Blender is 3.4):
+/// the same refusals, and a library that is not shared is not even
+/// uploaded for its own scan.
+#[test]
+#[ignore = "needs blender and bpy 4.5"]
+fn a_farm_scan_refuses_what_a_local_scan_refuses_and_uploads_no_unshared_library() {
+    use crate::sharing::{assert_refused, store_holds};
+    let Some(py) = bpy45() else {
+        return;
+    };
+    let mut farm = Farm::start("blender-farm-sharing", &[]);
+    let root = farm.dir.join("artist");
+    let home = root.join("home");
+    let key = home.join(".ssh/id_rsa");
+    let textures = root.join("textures");
+    let wood = textures.join("wood.png");
+    let libs = root.join("libs");
+    let lib = libs.join("props.blend");
+    let hostile = root.join("proj/hostile.blend");
+    let hostname = Path::new("/etc/hostname");
+    let (secret, wood_bytes) = (
+        crate::harness::noise(4096, 21),
+        crate::harness::noise(4096, 22),
+    );
+    for (p, b) in [(&key, &secret), (&wood, &wood_bytes)] {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b).unwrap();
+    }
+    let make = |out: &Path, refs: &[String]| {
+        std::fs::create_dir_all(out.parent().unwrap()).unwrap();
+        run_ok(
+            in_bpy(&py, None, crate::blender::MAKE_REFERENCING)
+                .arg("--")
+                .arg(out)
+                .args(refs),
+        );
+    };
+    let r = |name: &str, p: &Path| format!("{name}={}", p.display());
+    make(&lib, &["lib-src=".to_string()]);
+    make(
+        &hostile,
+        &[
+            r("key", &key),
+            r("host", hostname),
+            r("wood", &wood),
+            r("lib", &lib),
+        ],
+    );
+    let lib_bytes = std::fs::read(&lib).unwrap();
+    farm.add_worker_with(
+        "bpy45",
+        &[
+            "--engine",
+            "blender",
+            "--blender-python",
+            py.to_str().unwrap(),
+        ],
+    );
+    farm.wait_workers(1);
+    let env = [("HOME", home.as_path())];
+    let out = submit_45(&farm, &hostile, None, &[], &env);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(err.contains("worker bpy45 scanned it"), "{err}");
+    assert_refused(
+        &err,
+        &[
+            (&key, "hidden folder of a home directory"),
+            (hostname, "image used by Image 'host'"),
+            (&wood, "image used by Image 'wood'"),
+            (&lib, "library used by Library 'props.blend'"),
+        ],
+        &[],
+    );
+    assert!(
+        !store_holds(&farm, &lib_bytes),
+        "an unshared library went up for its scan"
+    );
+    // Its folder shared, the library goes up for its scan; the key and
+    // /etc/hostname are still refused.
+    let (t, l) = (textures.to_str().unwrap(), libs.to_str().unwrap());
+    let out = submit_45(
+        &farm,
+        &hostile,
+        None,
+        &["--asset-root", t, "--asset-root", l],
+        &env,
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert_refused(
+        &err,
+        &[(&key, "hidden folder"), (hostname, "Image 'host'")],
+        &[&wood, &lib],
+    );
+    assert!(store_holds(&farm, &lib_bytes));
+    for refused in [&secret, &std::fs::read(hostname).unwrap(), &wood_bytes] {
+        assert!(
+            !store_holds(&farm, refused),
+            "a refused file reached the store"
+        );
+    }
+    let all = farm.json(&["status", "--json"]);
+    assert_eq!(all["jobs"].as_array().map(Vec::len), Some(0), "{all}");
 }

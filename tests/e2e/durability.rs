@@ -221,3 +221,90 @@ fn a_task_whose_workers_keep_dying_fails_its_job_with_that_reason() {
         assert!(!farm.wait_worker_exit(i, Duration::from_secs(60)).success());
     }
 }
+
+/// SIGTERM while the coordinator is busy — results streaming in from two
+/// workers, a hundred jobs no worker can take, a garbage collection and
+/// clients polling `status` — ends it within its bound; started again,
+/// every result a worker was told was accepted is there (none is rendered
+/// again) and the job completes with the right frames.
+#[test]
+fn sigterm_under_load_ends_the_coordinator_in_time_and_keeps_every_acknowledged_result() {
+    let mut farm = Farm::start("sigterm-load", &[]);
+    farm.add_worker("w1");
+    farm.add_worker("w2");
+    farm.wait_workers(2);
+    let scene = scenes().join("demo.scene.json");
+    let scene = scene.to_str().unwrap();
+    for _ in 0..100 {
+        farm.json(&[
+            "submit", scene, "--engine", "noop", "--frames", "1", "--json",
+        ]);
+    }
+    let job = farm.json(&[
+        "submit", scene, "--frames", "1-4", "--tiles", "8x8", "--json",
+    ])["id"]
+        .as_u64()
+        .unwrap();
+    farm.wait_for(job, "results to stream in", |s| {
+        s["tasks_done"].as_u64() >= Some(20)
+    });
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let (took, acked) = std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let _ = farm.run(&["status", "--json"]);
+                }
+            });
+        }
+        scope.spawn(|| {
+            let _ = farm.run(&["gc", "--json"]);
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let pid = farm.coordinator_pid();
+        let acked_before = farm.accepted();
+        // SAFETY: a signal to the coordinator this test started.
+        unsafe { libc::kill(pid as i32, libc::SIGTERM) };
+        let asked = Instant::now();
+        // Ended: a zombie until the harness reaps it below.
+        let ended = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+            Err(_) => true,
+            Ok(s) => s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'),
+        };
+        while !ended() {
+            assert!(asked.elapsed() < Duration::from_secs(30), "still running");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let took = asked.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        // Acknowledged up to the exit: the workers' logs, read now.
+        let acked = farm.accepted();
+        assert!(acked.len() >= acked_before.len());
+        (took, acked)
+    });
+    let status = farm.wait_coordinator_exit(Duration::from_secs(5));
+    assert!(status.success(), "the coordinator exited with {status}");
+    println!(
+        "SIGTERM under load: the coordinator ended {} ms after it, {} results acknowledged",
+        took.as_millis(),
+        acked.iter().filter(|(j, _)| *j == job).count()
+    );
+    assert!(
+        took < Duration::from_secs(5),
+        "the coordinator took {took:?} to end after SIGTERM"
+    );
+    farm.start_coordinator();
+    assert_renders_right_frames(&farm, job);
+    // No acknowledged result was lost: none of those tasks rendered again.
+    let renders = farm.renders();
+    for task in acked.iter().filter(|(j, _)| *j == job) {
+        let n = renders.iter().filter(|r| *r == task).count();
+        assert_eq!(n, 1, "task {task:?} acknowledged, then rendered {n} times");
+    }
+}
+
+fn assert_renders_right_frames(farm: &Farm, job: u64) {
+    let out = farm.dir.join("out");
+    farm.wait_done(job, &out);
+    assert_frames_match_reference(&out, &scenes().join("demo.scene.json"), &[1, 2, 3, 4]);
+}

@@ -42,6 +42,9 @@ impl Fleet {
             .arg("--status-file")
             .arg(&status)
             .env("TESSERA_TICKET", farm.client_ticket())
+            // A provider's key in the fleet's environment: it must reach
+            // no node.
+            .env("VAST_API_KEY", "provider-key-secret")
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -72,6 +75,13 @@ impl Fleet {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// Kills the fleet with SIGKILL, as a crash or a dead machine would:
+    /// it releases nothing.
+    fn kill(mut self) {
+        signal(self.child.id() as i32, "-KILL");
+        let _ = self.child.wait();
     }
 
     /// Stops the fleet as a user would (SIGTERM): it releases its nodes.
@@ -207,6 +217,7 @@ fn a_local_fleet_starts_nodes_for_a_submit_replaces_a_killed_one_and_stops_them_
     let first = nodes(&s)[0].clone();
     wait_until("a fleet node mid-render", || rendering(&farm, &first));
     let pid = worker_pid(&first).expect("the node's worker process");
+    assert_node_gets_no_secret(&farm, pid as u32);
     // The worker the fleet (started by this test) started.
     signal(pid, "-KILL");
     let s = fleet.wait("replace the killed node", |s| {
@@ -443,13 +454,25 @@ fn docker_fleet_plays_pause_stop_kill_and_partition_on_worker_containers() {
     let s = fleet.wait("rent two containers", |s| nodes(s).len() == 2);
     let (a, b) = (nodes(&s)[0].clone(), nodes(&s)[1].clone());
     let _ = &b;
-    // The ticket is in the container's environment, never its arguments.
-    let args = docker(&["inspect", "--format", "{{json .Args}}", &a]);
+    // The ticket is in a file mounted read-only, never in the container's
+    // arguments or environment; nothing of the fleet's environment (a
+    // provider's key, the client ticket) is either.
     let ticket = std::fs::read_to_string(farm.data.join("worker.ticket")).unwrap();
-    assert!(
-        !args.contains(ticket.trim()),
-        "ticket on the command line: {args}"
-    );
+    let secret = ticket.trim().rsplit("secret=").next().unwrap().to_string();
+    let inspect = docker(&["inspect", &a]);
+    for leak in [
+        secret.as_str(),
+        "provider-key-secret",
+        farm.client_ticket().trim(),
+    ] {
+        assert!(
+            !inspect.contains(leak),
+            "docker inspect shows a secret: {inspect}"
+        );
+    }
+    let env = docker(&["inspect", "--format", "{{json .Config.Env}}", &a]);
+    assert!(!env.contains("TICKET"), "a ticket variable: {env}");
+    assert!(!env.contains("VAST_API_KEY"), "the fleet's key: {env}");
 
     // 1. Outbid (Vast.ai): paused without notice, disk kept. Its lease
     // expires and its task renders elsewhere; the fleet counts it gone and
@@ -528,4 +551,229 @@ fn docker_fleet_plays_pause_stop_kill_and_partition_on_worker_containers() {
     }
     assert_accepted_once(&logs, done["tasks_total"].as_u64().unwrap());
     fleet.stop();
+}
+
+/// Ends what a failed crash test may leave (workers of `prefix` outside any
+/// fleet): their own bound would end them too, later.
+struct Leftovers {
+    prefix: &'static str,
+    docker: bool,
+}
+
+impl Drop for Leftovers {
+    fn drop(&mut self) {
+        if self.docker {
+            let names = Command::new("docker")
+                .args(["ps", "--all", "--format", "{{.Names}}"])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).to_string())
+                .unwrap_or_default();
+            for n in names.lines().filter(|n| n.starts_with(self.prefix)) {
+                let _ = Command::new("docker").args(["rm", "--force", n]).output();
+            }
+            return;
+        }
+        for i in 1..=16 {
+            if let Some(pid) = worker_pid(&format!("{}{i}", self.prefix)) {
+                let _ = Command::new("kill")
+                    .args(["-KILL", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+}
+
+/// The fleet file of the crash tests: two nodes, released after 3 s idle,
+/// their workers leaving by themselves after 15 s idle.
+fn crash_fleet_file(prefix: &str, provider: &str) -> String {
+    format!(
+        r#"
+        worker_ticket = {{ file = "data/worker.ticket" }}
+        max_nodes = 2
+        idle_timeout_secs = 3
+        node_exit_after_idle_secs = 15
+        name_prefix = "{prefix}"
+        worker_args = ["--engine", "builtin", "--slots", "1"]
+        {provider}
+        "#
+    )
+}
+
+/// `kill -9` of `tessera fleet run` with two nodes rendering: the nodes go
+/// on; the fleet started again lists both as its own (adopted) and
+/// releases them when idle. Then, with no fleet started again, the nodes'
+/// workers leave by themselves once idle for the bound. `alive` says
+/// whether a node's worker runs, as the test sees it from outside.
+fn crash_and_adopt(farm: &Farm, toml: &str, alive: &dyn Fn(&str) -> bool) -> Vec<String> {
+    // Each step says how long it took, and a job that never finishes fails
+    // its step with the farm's status rather than the whole test's clock.
+    let began = Instant::now();
+    let step = |what: &str| eprintln!("{:6.1} s  {what}", began.elapsed().as_secs_f64());
+    let wait_done = |job: u64, out: &str| {
+        let out = farm.dir.join(out);
+        let args = ["wait", &job.to_string(), "--json", "--timeout", "120s"];
+        let mut args = args.to_vec();
+        args.extend(["--output", out.to_str().unwrap()]);
+        let done = farm.run(&args);
+        assert!(
+            done.status.success(),
+            "job {job} not done: {}; status {}; workers {}",
+            String::from_utf8_lossy(&done.stderr),
+            farm.status(job),
+            farm.json(&["status", "--json"])["workers"]
+        );
+    };
+    let fleet = Fleet::start(farm, toml);
+    let job = submit(farm, "1-4", "2x2", "256");
+    let s = fleet.wait("rent two nodes", |s| nodes(s).len() == 2);
+    let first = nodes(&s);
+    step("rented two nodes");
+    wait_until("both nodes mid-render", || {
+        first.iter().all(|n| rendering(farm, n))
+    });
+    step("both render; killing the fleet");
+    fleet.kill();
+    for n in &first {
+        assert!(alive(n), "{n} died with its fleet");
+    }
+    let again = Fleet::start(farm, toml);
+    let s = again.wait("adopt both nodes", |s| {
+        let adopted: Vec<String> = (s["nodes"].as_array().into_iter().flatten())
+            .filter(|n| n["adopted"] == true)
+            .map(|n| n["name"].as_str().unwrap().to_string())
+            .collect();
+        adopted == first
+    });
+    step(&format!("adopted after the crash: {}", s["nodes"]));
+    wait_done(job, "out1");
+    step("the job is done");
+    let s = again.wait("release the adopted nodes when idle", |s| {
+        nodes(s).is_empty()
+    });
+    let idle = released(&s, "idle");
+    for n in &first {
+        assert!(idle.contains(n), "{n} not released as idle: {s}");
+        wait_until("the released node to stop", || !alive(n));
+    }
+    step("released both when idle");
+
+    // No fleet comes back: the nodes stop by themselves.
+    let job = submit(farm, "1-4", "2x2", "256");
+    let s = again.wait("rent two new nodes", |s| nodes(s).len() == 2);
+    let second = nodes(&s);
+    step("rented two new nodes");
+    assert!(
+        second.iter().all(|n| !first.contains(n)),
+        "names reused: {s}"
+    );
+    wait_until("both new nodes mid-render", || {
+        second.iter().all(|n| rendering(farm, n))
+    });
+    step("both render; killing the fleet");
+    again.kill();
+    let killed = Instant::now();
+    for n in &second {
+        assert!(alive(n), "{n} died with its fleet");
+    }
+    wait_done(job, "out2");
+    let done = killed.elapsed();
+    for n in &second {
+        wait_until("the orphaned node's worker to leave by itself", || {
+            !alive(n)
+        });
+    }
+    eprintln!(
+        "fleet killed; job done {:.1} s later; orphaned workers gone {:.1} s after the kill (bound 15 s idle)",
+        done.as_secs_f64(),
+        killed.elapsed().as_secs_f64()
+    );
+    second
+}
+
+#[test]
+fn a_fleet_killed_with_sigkill_adopts_its_local_nodes_and_orphans_leave_by_themselves() {
+    let farm = Farm::start("t25-fleet-crash-local", &[]);
+    let _left = Leftovers {
+        prefix: "t25-local-",
+        docker: false,
+    };
+    let provider = r#"
+        [[provider]]
+        kind = "local"
+        usd_per_hour = 0.36
+        work_dir = "fleet-workers"
+        "#;
+    let toml = crash_fleet_file("t25-local-", provider);
+    crash_and_adopt(&farm, &toml, &|n| worker_pid(n).is_some());
+}
+
+#[test]
+#[ignore = "needs Docker, root and debootstrap"]
+fn a_fleet_killed_with_sigkill_adopts_its_containers_and_orphans_leave_by_themselves() {
+    require(Need::Docker);
+    let image = build_image();
+    let gateway = bridge_gateway();
+    let farm = Farm::start_in("t25-fleet-crash-docker", &[], None, &gateway);
+    let _left = Leftovers {
+        prefix: "t25-dock-",
+        docker: true,
+    };
+    let provider = format!(
+        r#"
+        image = "{image}"
+        [[provider]]
+        kind = "docker"
+        usd_per_hour = 0.5
+        work_dir = "container-logs"
+        options = {{ stop_timeout_secs = 10 }}
+        "#
+    );
+    let toml = crash_fleet_file("t25-dock-", &provider);
+    let running = |n: &str| {
+        let out = Command::new("docker")
+            .args(["inspect", "--format", "{{.State.Running}}", n])
+            .output()
+            .unwrap();
+        out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "true"
+    };
+    let orphans = crash_and_adopt(&farm, &toml, &running);
+    for n in &orphans {
+        // Stopped by its own worker's clean exit, not killed.
+        assert_eq!(
+            docker(&["inspect", "--format", "{{.State.ExitCode}}", n]),
+            "0"
+        );
+    }
+}
+
+/// A local node's worker (pid `pid`): its ticket comes in a file named on
+/// its command line, and its environment holds only the allow-listed part
+/// of the fleet's: no worker ticket, no client ticket, no provider key.
+fn assert_node_gets_no_secret(farm: &Farm, pid: u32) {
+    let ticket = std::fs::read_to_string(farm.data.join("worker.ticket")).unwrap();
+    let secret = ticket.trim().rsplit("secret=").next().unwrap().to_string();
+    let client = farm.client_ticket();
+    let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+    for var in environ.split(|b| *b == 0).filter(|v| !v.is_empty()) {
+        let var = String::from_utf8_lossy(var);
+        let (name, value) = var.split_once('=').unwrap_or((&var, ""));
+        assert!(
+            tessera_fleet::provider::node_env_allowed(name),
+            "{name} reached a fleet node"
+        );
+        assert!(!value.contains(&secret), "{name} carries the worker ticket");
+        assert!(
+            !value.contains(client.trim()),
+            "{name} carries the client ticket"
+        );
+        assert!(
+            !value.contains("provider-key-secret"),
+            "{name} carries a key"
+        );
+    }
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+    assert!(
+        !String::from_utf8_lossy(&cmdline).contains(&secret),
+        "the ticket is on the node's command line"
+    );
 }

@@ -247,10 +247,17 @@ impl Farm {
         child.wait().unwrap();
     }
 
-    /// A client command with the client ticket, to spawn.
+    /// A client command with the client ticket, to spawn. The test
+    /// studio's asset library is shared: the scene generator's
+    /// `--external` folders (`DIR/external`, `DIR/v45/external`,
+    /// `DIR/v34/external`), as a studio names its library in
+    /// `TESSERA_ASSET_ROOTS`; a missing one is left out.
     pub fn command(&self, args: &[&str]) -> Command {
         let mut c = in_netns(self.netns.as_deref());
-        c.args(args).env("TESSERA_TICKET", self.client_ticket());
+        let roots = ["external", "v45/external", "v34/external"].map(|r| self.dir.join(r));
+        c.args(args)
+            .env("TESSERA_TICKET", self.client_ticket())
+            .env("TESSERA_ASSET_ROOTS", std::env::join_paths(roots).unwrap());
         c
     }
 

@@ -308,7 +308,7 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
     rt.block_on(async {
         use tessera_protocol::blob::{self, BlobSource};
         use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
-        use tessera_protocol::messages::{ClientRequest, ClientResponse};
+        use tessera_protocol::messages::{ClientRequest, ClientResponse, ErrorKind};
         use tessera_protocol::Digest;
         let mut s = transport::connect(&ticket, "hostile", transport::Timing::default())
             .await
@@ -353,6 +353,7 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 paused: false,
                 deadline_unix_ms: None,
                 budget: None,
+                task_timeout_ms: None,
             };
         let cases = [
             (
@@ -401,7 +402,10 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
             );
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {
-                ClientResponse::Error(e) => assert!(e.contains(needle), "{what}: {e}"),
+                ClientResponse::Error(e) => {
+                    assert_eq!(e.kind, ErrorKind::Invalid, "{what}: {e}");
+                    assert!(e.message.contains(needle), "{what}: {e}")
+                }
                 other => panic!("{what} was accepted: {other:?}"),
             }
         }
@@ -545,4 +549,34 @@ fn wait_output_never_deletes_or_replaces_what_it_did_not_make() {
             .all(|n| n == ".tessera-download" || n == "frame_0001.png"),
         "staging left behind: {left:?}"
     );
+}
+
+/// A worker's name and a job's name are chosen by a rented machine and a
+/// client: with newlines and escapes in them they forge no log line and
+/// send no escape sequence into the coordinator's log.
+#[test]
+fn names_with_newlines_and_escapes_forge_no_log_line() {
+    let mut farm = Farm::start("log-forge", &[]);
+    let forged = "2026-12-03T08:42:00.000000Z  INFO job done job=1 (forged)";
+    farm.add_worker(&format!("evil\n{forged}\u{1b}[2J"));
+    farm.wait_workers(1);
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--name",
+        &format!("shot\n{forged}\u{1b}[2J"),
+        "--json",
+    ])["id"]
+        .as_u64()
+        .unwrap();
+    farm.wait_done(job, &farm.dir.join("out"));
+    let log = farm.coordinator_log();
+    assert!(log.contains("(forged)"), "the names were not logged at all");
+    assert!(!log.contains('\u{1b}'), "an escape reached the log");
+    for line in log.lines() {
+        assert!(!line.starts_with(forged), "a forged line: {line}");
+    }
 }

@@ -24,6 +24,7 @@ pub mod rogue {
             cached: Vec::new(),
             blenders: Vec::new(),
             fetches_builds: false,
+            draining: false,
         }
     }
 
@@ -254,7 +255,7 @@ fn huge_names_and_errors_do_not_break_status_or_cancel() {
         for args in [
             &["status"][..],
             &["status", "--json"],
-            &["cancel", &job.to_string()],
+            &["status", &job.to_string(), "--json"],
         ] {
             let out = farm.run(args);
             assert!(
@@ -263,6 +264,13 @@ fn huge_names_and_errors_do_not_break_status_or_cancel() {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        // Canceling the failed job is refused (a conflict: exit 1) in one
+        // line, its long error not repeated.
+        let out = farm.run(&["cancel", &job.to_string()]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.len() < 4096, "{stderr}");
         let out = farm.run(&["wait", &job.to_string(), "--json"]);
         let waited: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         assert_eq!(waited["state"], "failed");

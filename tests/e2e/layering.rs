@@ -15,6 +15,7 @@ fn the_client_modules_import_nothing_from_the_worker_crate() {
         root.join("unpack.rs"),
         root.join("shown.rs"),
         root.join("uproject.rs"),
+        root.join("share.rs"),
     ];
     for entry in std::fs::read_dir(root.join("monitor")).unwrap() {
         let path = entry.unwrap().path();

@@ -3,23 +3,28 @@
 //! live in the modules below and share the harness.
 
 mod addon;
+mod address_validation;
 mod after;
 mod assets;
 mod bad_input;
 mod blender;
 mod blender_builds;
+mod blender_control;
 mod blender_versions;
+mod bounds;
 mod durability;
 mod faithful;
 mod faults;
 mod finishing;
 mod fleet;
 mod fleet_preempt;
+mod flood;
 mod formats;
 mod harness;
 mod hostile;
 mod hostile_worker;
 mod http_api;
+mod http_limits;
 mod identity;
 mod layering;
 mod migration;
@@ -30,6 +35,7 @@ mod partition;
 mod passes;
 mod requires;
 mod scripting;
+mod sharing;
 mod tiles;
 mod trust;
 mod unreal;

@@ -155,3 +155,53 @@ fn a_farm_sending_with_bbr_renders_the_same_frame() {
         "{err}"
     );
 }
+
+/// `tessera status | head -1` and the like: a command whose reader goes
+/// away ends quietly (exit 0, or killed by SIGPIPE as `141` in a shell),
+/// never with a panic and a backtrace.
+#[test]
+fn client_commands_end_quietly_when_their_reader_closes_the_pipe() {
+    use std::io::BufRead;
+    use std::os::unix::process::ExitStatusExt;
+    let mut farm = Farm::start("closed-pipe", &[]);
+    farm.add_worker("w1");
+    farm.wait_workers(1);
+    let job = farm.submit_demo_frame("2x2");
+    let id = job.to_string();
+    let commands: [&[&str]; 4] = [
+        &["status"],
+        &["status", "--json"],
+        &["wait", &id],
+        &["events", "--json"],
+    ];
+    for args in commands {
+        let mut child = farm
+            .command(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        if args[0] == "events" {
+            // Something to print: the stream shows only what happens now.
+            farm.submit_demo_frame("1x1");
+        }
+        // Read one line, then close the pipe, as `head -1` does.
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        if args[0] == "events" {
+            // More events after the reader left: the next write meets a
+            // closed pipe.
+            farm.submit_demo_frame("1x1");
+        }
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() || out.status.signal() == Some(libc::SIGPIPE),
+            "tessera {args:?}: {:?} {stderr}",
+            out.status
+        );
+        assert!(!stderr.contains("panicked"), "tessera {args:?}: {stderr}");
+    }
+}

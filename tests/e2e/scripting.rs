@@ -44,7 +44,7 @@ fn json_of(out: &Output) -> Value {
 /// A copy of `textured.scene.json` whose wood texture is not a PNG: the
 /// client finds the file (it only checks that it exists), every render of
 /// it fails on the worker, and the job fails after its retries.
-fn broken_scene(dir: &Path) -> PathBuf {
+pub(crate) fn broken_scene(dir: &Path) -> PathBuf {
     let src = scenes();
     let dest = dir.join("broken");
     std::fs::create_dir_all(dest.join("textures")).unwrap();
@@ -109,6 +109,24 @@ fn every_exit_code_means_what_the_readme_says() {
     assert!(farm.run(&["cancel", &queued.to_string()]).status.success());
     let out = farm.run(&["wait", &queued.to_string()]);
     assert_eq!(code(&out), CANCELED, "{}", stderr(&out));
+
+    // 1: a refusal of every kind the CLI meets, one line each: canceling
+    // or pausing a finished job (a conflict), an unknown job (not found).
+    for args in [
+        &["cancel", &queued.to_string()][..],
+        &["pause", &queued.to_string()],
+        &["cancel", "999"],
+        &["status", "999"],
+        &["logs", "999"],
+        &["retry", "999"],
+        &["retry", &queued.to_string()],
+    ] {
+        let out = farm.run(args);
+        assert_eq!(code(&out), ERROR, "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out).trim().lines().count(), 1, "{args:?}");
+    }
+    let v = farm.json(&["status", &queued.to_string(), "--json"]);
+    assert_eq!(v["state"], "canceled", "refusals changed nothing: {v}");
 
     // 1: a reused request id with another submit is refused, naming the
     // job; the same submit again gets the same job.

@@ -257,6 +257,7 @@ fn status_of_many_jobs_is_read_page_by_page() {
                 paused: false,
                 deadline_unix_ms: None,
                 budget: None,
+                task_timeout_ms: None,
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap() {

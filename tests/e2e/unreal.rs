@@ -221,9 +221,12 @@ fn each_slot_of_an_unreal_worker_renders_on_its_own_gpu() {
             "2",
         ],
         &[
-            ("STANDIN_GPU", "gpu0,gpu1"),
-            ("STANDIN_SEEN", seen.to_str().unwrap()),
-            ("STANDIN_SEEN_TOGETHER", "2"),
+            ("TESSERA_TEST_STANDIN_GPU", "gpu0,gpu1"),
+            ("TESSERA_TEST_STANDIN_SEEN", seen.to_str().unwrap()),
+            ("TESSERA_TEST_STANDIN_SEEN_TOGETHER", "2"),
+            // Secrets of the worker's own: never in a renderer's environment.
+            ("TESSERA_TICKET", "client-ticket-secret"),
+            ("VAST_API_KEY", "provider-key-secret"),
         ],
     );
     farm.wait_workers(1);
@@ -251,6 +254,30 @@ fn each_slot_of_an_unreal_worker_renders_on_its_own_gpu() {
         assert_eq!(r["gpu"], format!("gpu{adapter}"), "{r}");
         assert_eq!(r["CUDA_VISIBLE_DEVICES"], adapter, "{r}");
         gpus.push(r["gpu"].as_str().unwrap());
+        // The stand-in's environment is the worker's allow-list and what
+        // the engine set for it, nothing else.
+        for (name, value) in r["environ"].as_object().unwrap() {
+            // What a shell or pyenv shim between the worker and the
+            // stand-in's Python adds on its own way through.
+            let launcher = ["PWD", "SHLVL", "_", "OLDPWD"].contains(&name.as_str())
+                || name.starts_with("PYENV_")
+                || name.starts_with("_PYENV_");
+            if launcher {
+                continue;
+            }
+            let set_for_it = [
+                "HOME",
+                "TESSERA_MRQ_TASK",
+                "UE-LocalDataCachePath",
+                "TESSERA_RENDERER_OF",
+                "TESSERA_RENDERER_WORKER",
+            ];
+            assert!(
+                tessera_worker::child::allowed(name) || set_for_it.contains(&name.as_str()),
+                "{name} reached the renderer: {r}"
+            );
+            assert!(!value.as_str().unwrap().contains("secret"), "{name}: {r}");
+        }
     }
     gpus.sort();
     gpus.dedup();
@@ -472,7 +499,7 @@ fn unreal_errors_reach_status_readably_and_a_lost_gpu_is_retried_on_another_work
     unreal_worker(
         &mut farm,
         "ue-badgpu",
-        &[("STANDIN_GPU", "badgpu"), silence],
+        &[("TESSERA_TEST_STANDIN_GPU", "badgpu"), silence],
     );
     unreal_worker(&mut farm, "ue-good", &[silence]);
     farm.wait_workers(2);

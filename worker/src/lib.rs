@@ -4,9 +4,12 @@
 
 pub mod builds;
 pub mod cache;
+pub mod child;
 pub mod engine;
 pub mod identity;
+pub mod idle_exit;
 pub mod run;
+mod slots;
 mod stamp;
 pub mod tasks;
 pub mod telemetry;

@@ -6,7 +6,6 @@
 //! only connects, reconnects and moves messages.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,11 +18,13 @@ use tessera_protocol::messages::{
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::transport::{self, Timing, TransportError};
 use tessera_protocol::Digest;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
 
 use crate::cache::Cache;
-use crate::engine::Engine;
+use crate::engine::{Control, Engine, Failure};
 use crate::identity;
+use crate::idle_exit::IdleExit;
+use crate::slots::{Slots, Turn};
 use crate::tasks::{Outcome, Report, Stop, TaskTable};
 use crate::telemetry::Sampler;
 
@@ -39,14 +40,54 @@ pub struct Config {
     pub engines: Vec<Arc<dyn Engine>>,
     pub slots: u32,
     pub price_per_hour: f64,
-    /// On shutdown, how long running tasks may take to finish before their
-    /// leases are handed back.
-    pub drain_grace: Duration,
+    /// How long running tasks may take to finish before their leases are
+    /// handed back, once the worker drains: on shutdown (SIGTERM) none
+    /// unless set; asked by `tessera drain`, until they are done unless set.
+    pub drain_grace: Option<Duration>,
     /// A spot or interruptible instance (reported to the coordinator).
     pub interruptible: bool,
     /// `--blender auto`: also render with the builds stored on the
     /// coordinator, fetched when a job first needs one.
     pub builds: Option<Arc<crate::builds::AutoBuilds>>,
+    /// A renderer that prints nothing for this long is stopped as stalled
+    /// and its task fails (`--stall-window`).
+    pub stall_window: Duration,
+    /// Renderer sessions with no task for this long are ended
+    /// (`--session-idle`; `None`: kept until the worker stops).
+    pub session_idle: Option<Duration>,
+    /// `--exit-after-idle`: leave after this long with no task held or
+    /// assigned, connected or not ([`crate::idle_exit`]).
+    pub exit_after_idle: Option<Duration>,
+}
+
+/// Ends renderer sessions that have been idle for `idle`, checking a few
+/// times per window, until dropped.
+fn end_idle_sessions(engines: Vec<Arc<dyn Engine>>, idle: Duration) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(
+            (idle / 4).clamp(Duration::from_millis(250), Duration::from_secs(15)),
+        );
+        loop {
+            tick.tick().await;
+            let engines = engines.clone();
+            // Ending a session waits for its process: not on this thread.
+            let _ = tokio::task::spawn_blocking(move || {
+                for e in &engines {
+                    e.end_idle_sessions(idle);
+                }
+            })
+            .await;
+        }
+    })
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Runs until `shutdown` turns true. Returns an error only for problems
@@ -59,7 +100,9 @@ pub struct Config {
 /// coordinator restart or a dropped link costs no finished work.
 pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let cache = Arc::new(Cache::open(&config.cache_dir, config.cache_max)?);
-    let slots = Arc::new(Semaphore::new(config.slots.max(1) as usize));
+    let _idle = (config.session_idle)
+        .map(|idle| AbortOnDrop(end_idle_sessions(config.engines.clone(), idle)));
+    let slots = Slots::new(config.slots.max(1) as usize);
     let config = Arc::new(config);
     let (finished_tx, finished_rx) = mpsc::unbounded_channel();
     let mut held = Held {
@@ -68,6 +111,8 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
         finished_rx,
         link: Arc::new(Mutex::new(None)),
         slots,
+        idle: IdleExit::new(config.exit_after_idle),
+        draining: false,
     };
     let mut backoff = Duration::from_millis(200);
     loop {
@@ -102,7 +147,25 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
             }
         }
         backoff = (backoff * 2).min(Duration::from_secs(5));
+        if idle_exit_now(&mut held) {
+            return Ok(());
+        }
     }
+}
+
+/// Whether the worker has been idle past `--exit-after-idle` (holding no
+/// task, none assigned): then it says so and leaves.
+fn idle_exit_now(held: &mut Held) -> bool {
+    let holding = !held.table.is_empty();
+    if !held.idle.expired(holding) {
+        return false;
+    }
+    let secs = held.idle.bound().unwrap_or_default().as_secs_f64();
+    tracing::info!(
+        idle_secs = secs,
+        "no task held or assigned for --exit-after-idle: leaving"
+    );
+    true
 }
 
 /// How a session ended without an error.
@@ -123,23 +186,29 @@ struct Held {
     /// The current connection's outgoing messages, for progress reports
     /// from renders that started over an earlier one.
     link: Link,
-    /// One permit per render slot: a task assigned beyond the slots
-    /// (pipelined leases) fetches its files, then waits here for its turn,
-    /// in the order tasks were assigned (the semaphore is fair).
-    slots: Arc<Semaphore>,
+    /// The render slots: a task assigned beyond them (pipelined leases)
+    /// fetches its files, then waits for its turn, in the order tasks were
+    /// assigned.
+    slots: Arc<Slots>,
+    /// When the worker last held or was assigned a task.
+    idle: IdleExit,
+    /// Asked to drain (`tessera drain`): kept across connections, so a
+    /// worker that reconnects mid-drain says so again and is given nothing.
+    draining: bool,
 }
 
 type Link = Arc<Mutex<Option<mpsc::UnboundedSender<WorkerMsg>>>>;
 
-/// A running render: its task, and the flag that stops the engine early.
+/// A running render: its task, and its control, whose cancel kills the
+/// renderer at once.
 struct Render {
     handle: tokio::task::AbortHandle,
-    canceled: Arc<AtomicBool>,
+    ctl: Arc<Control>,
 }
 
 impl Stop for Render {
     fn stop(&self) {
-        self.canceled.store(true, Ordering::Relaxed);
+        self.ctl.cancel();
         self.handle.abort();
     }
 }
@@ -209,10 +278,15 @@ async fn session(
         send_report(&conn, &tx, report);
     }
     let heartbeat = tokio::spawn(heartbeat(tx.clone(), heartbeat_ms));
-    let mut draining = false;
-    // Set on shutdown: leave when drained or at this instant, whichever is first.
+    // Asked to drain over an earlier connection: it said so when it
+    // joined, and gets no new work.
+    let mut draining = held.draining;
+    // Set once draining with a grace (always on shutdown): leave when
+    // drained or at this instant, whichever is first.
     let mut leave_by: Option<Instant> = None;
+    let mut shutting_down = false;
     let mut drain_check = tokio::time::interval(Duration::from_millis(100));
+    let mut idle_check = tokio::time::interval(Duration::from_millis(500));
     // SIGUSR1 moves the connection to a fresh UDP socket (QUIC connection
     // migration), as a NAT that remapped this node would; the migration
     // test sends it mid-task.
@@ -234,11 +308,16 @@ async fn session(
                 }
                 continue;
             }
-            _ = shutdown.wait_for(|&s| s), if leave_by.is_none() => {
-                tracing::info!(running = held.table.rendering(), grace_ms = config.drain_grace.as_millis() as u64, "shutting down: handing back leases");
+            _ = shutdown.wait_for(|&s| s), if !shutting_down => {
+                let grace = config.drain_grace.unwrap_or_default();
+                tracing::info!(running = held.table.rendering(), grace_ms = grace.as_millis() as u64, "shutting down: handing back leases");
                 let _ = tx.send(WorkerMsg::Draining);
                 draining = true;
-                leave_by = Some(Instant::now() + config.drain_grace);
+                shutting_down = true;
+                // A grace too long for the clock: no leave-by instant.
+                if let Some(by) = Instant::now().checked_add(grace) {
+                    leave_by = Some(leave_by.map_or(by, |t| t.min(by)));
+                }
                 continue;
             }
             _ = drain_check.tick(), if draining => {
@@ -252,12 +331,21 @@ async fn session(
                 }
                 continue;
             }
+            _ = idle_check.tick(), if held.idle.bound().is_some() => {
+                if idle_exit_now(held) {
+                    break Ok(SessionEnd::Drained);
+                }
+                continue;
+            }
         };
         let msg = match next {
             Ok(Some(msg)) => msg,
             Ok(None) => break Ok(SessionEnd::Closed),
             Err(e) => break Err(anyhow::Error::from(e)),
         };
+        if matches!(msg, CoordMsg::Assign(_)) {
+            held.idle.work();
+        }
         let env = TaskEnv {
             config: config.clone(),
             cache: cache.clone(),
@@ -266,8 +354,12 @@ async fn session(
             finished: held.finished_tx.clone(),
             slots: held.slots.clone(),
         };
-        if on_message(held, env, &tx, msg) {
+        if on_message(held, env, &tx, msg) && !draining {
             draining = true;
+            held.draining = true;
+            leave_by = config
+                .drain_grace
+                .and_then(|g| Instant::now().checked_add(g));
         }
     };
     heartbeat.abort();
@@ -312,6 +404,7 @@ async fn join(
             .flat_map(|e| e.blender_offers())
             .collect(),
         fetches_builds: config.builds.is_some(),
+        draining: held.draining,
     }))?;
     let mut first = codec::read_frame::<CoordMsg, _>(recv).await?;
     if let Some(CoordMsg::Enrolled { credential }) = &first {
@@ -412,11 +505,13 @@ fn on_message(
                 }
             };
             let t = task.task;
-            let canceled = Arc::new(AtomicBool::new(false));
-            let handle = tokio::spawn(run_task(env, job, task, canceled.clone()));
+            let ctl = Arc::new(Control::default());
+            // Its place in the slots' order is taken now, at assignment.
+            let turn = env.slots.turn();
+            let handle = tokio::spawn(run_task(env, job, task, ctl.clone(), turn));
             let render = Render {
                 handle: handle.abort_handle(),
-                canceled,
+                ctl,
             };
             held.table.started(t, render);
         }
@@ -435,8 +530,16 @@ fn on_message(
             accepted,
             reason,
         } => {
+            let failure = held.table.reported_failure(task);
             held.table.ack(task);
-            if accepted {
+            if failure {
+                tracing::info!(
+                    job = task.job,
+                    task = task.index,
+                    epoch = task.epoch,
+                    "failure recorded"
+                );
+            } else if accepted {
                 tracing::info!(
                     job = task.job,
                     task = task.index,
@@ -498,20 +601,20 @@ struct TaskEnv {
     conn: quinn::Connection,
     link: Link,
     finished: mpsc::UnboundedSender<(TaskRef, Outcome)>,
-    slots: Arc<Semaphore>,
+    slots: Arc<Slots>,
 }
 
-async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc<AtomicBool>) {
+async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, ctl: Arc<Control>, turn: Turn) {
     let TaskEnv {
         config,
         cache,
         conn,
         link,
         finished,
-        slots,
+        slots: _,
     } = env;
     let t = task.task;
-    let outcome = match render(&config, &cache, &conn, link, &job, &task, canceled, &slots).await {
+    let outcome = match render(&config, &cache, &conn, link, &job, &task, ctl, turn).await {
         Ok(report) => Outcome::Report(report),
         Err(e) if matches!(e, RenderError::Fetch(_)) && conn.close_reason().is_some() => {
             tracing::warn!(
@@ -544,6 +647,98 @@ async fn run_task(env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec, canceled: Arc
     let _ = finished.send((t, outcome));
 }
 
+/// Waits for a render on the blocking pool, stopping it (through `ctl`)
+/// once it runs past `limit`, or once its renderer has stalled for `stall`:
+/// printed nothing and used almost no CPU time (a hung or deadlocked
+/// renderer; one that spins without output is ended by `limit`). The task
+/// then fails with that reason and the renderer's log.
+async fn watch(
+    mut render: tokio::task::JoinHandle<anyhow::Result<Vec<u8>>>,
+    ctl: &Control,
+    limit: Option<Duration>,
+    stall: Duration,
+) -> anyhow::Result<Vec<u8>> {
+    let started = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_millis(200));
+    let mut stopped: Option<String> = None;
+    let mut busy = BusyWatch::default();
+    let result = loop {
+        tokio::select! {
+            result = &mut render => break result.context("the render thread panicked").and_then(|r| r),
+            _ = tick.tick(), if stopped.is_none() => {
+                let short = tessera_protocol::text::short_duration;
+                if busy.working(ctl.group()) {
+                    ctl.seen_busy();
+                }
+                if let Some(limit) = limit.filter(|l| started.elapsed() >= *l) {
+                    stopped = Some(format!("task ran past its {} limit", short(limit)));
+                } else if ctl.quiet_for().is_some_and(|q| q >= stall) {
+                    stopped = Some(format!(
+                        "the renderer printed nothing and used no CPU for {}: stopped as stalled",
+                        short(stall)
+                    ));
+                }
+                if let Some(why) = &stopped {
+                    tracing::warn!("{why}");
+                    ctl.cancel();
+                }
+            }
+        }
+    };
+    match (stopped, result) {
+        (Some(message), Err(e)) => {
+            let log = (e.downcast_ref::<Failure>()).map_or_else(String::new, |f| f.log.clone());
+            Err(Failure {
+                message,
+                log,
+                unsupported: false,
+            }
+            .into())
+        }
+        // It finished in the moment it was stopped: the output is whole.
+        (_, result) => result,
+    }
+}
+
+/// Whether a renderer works, from the CPU time of its process group's
+/// leader: at least a tenth of a core over each second it is sampled.
+#[derive(Default)]
+struct BusyWatch {
+    /// (group, CPU ms, when) of the last sample.
+    last: Option<(i32, u64, Instant)>,
+}
+
+impl BusyWatch {
+    const EVERY: Duration = Duration::from_secs(1);
+
+    /// Samples `group` (0: none) when a second has passed since the last
+    /// sample; true when it used a tenth of a core or more since.
+    fn working(&mut self, group: i32) -> bool {
+        if group <= 0 {
+            self.last = None;
+            return false;
+        }
+        match self.last {
+            Some((g, _, at)) if g == group && at.elapsed() < Self::EVERY => false,
+            last => {
+                // One small /proc file a second, served from the kernel's
+                // memory: no disk, nothing to wait on.
+                let Some(cpu) = crate::child::cpu_ms(group) else {
+                    self.last = None;
+                    return false;
+                };
+                let now = Instant::now();
+                self.last = Some((group, cpu, now));
+                last.filter(|(g, _, _)| *g == group)
+                    .is_some_and(|(_, before, at)| {
+                        let wall = now.duration_since(at).as_millis() as u64;
+                        cpu.saturating_sub(before).saturating_mul(10) >= wall
+                    })
+            }
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 enum RenderError {
     #[error("{0:#}")]
@@ -560,8 +755,8 @@ async fn render(
     link: Link,
     job: &Arc<JobInfo>,
     task: &TaskSpec,
-    canceled: Arc<AtomicBool>,
-    slots: &Semaphore,
+    ctl: Arc<Control>,
+    turn: Turn,
 ) -> Result<Report, RenderError> {
     let engine = config
         .engines
@@ -603,12 +798,10 @@ async fn render(
             let _ = tx.send(WorkerMsg::Cached { added, removed });
         }
     }
-    // Its files are here; it renders once a slot is free (a task queued
-    // behind the slots waits here, and is aborted here when canceled).
-    let _slot = slots
-        .acquire()
-        .await
-        .expect("the slot semaphore is never closed");
+    // Its files are here; it renders once a slot is free and every task
+    // assigned before it has one (a task queued behind the slots waits
+    // here, and is aborted here when canceled).
+    let _slot = turn.slot().await;
     tracing::info!(
         job = task.task.job,
         task = task.task.index,
@@ -635,26 +828,27 @@ async fn render(
             }
         }
     };
-    // The engine stops early once the task is canceled: the blocking thread
-    // is not left rendering what nobody wants while the slot takes new work.
+    // A canceled task's renderer is killed (the blocking thread is not
+    // left rendering what nobody wants while the slot takes new work); one
+    // past the job's time limit, or silent for the stall window, likewise.
+    let limit = job.task_timeout_ms.map(Duration::from_millis);
+    let watched = ctl.clone();
     let output = match task.finish {
-        None => tokio::task::spawn_blocking(move || {
-            engine.render(&job2, &dir, &task2, &progress, &canceled)
-        })
-        .await
-        .context("the render thread panicked")
-        .and_then(|r| r),
+        None => {
+            let render = tokio::task::spawn_blocking(move || {
+                engine.render(&job2, &dir, &task2, &progress, &ctl)
+            });
+            watch(render, &watched, limit, config.stall_window).await
+        }
         Some(passes) => {
             // A finishing task: the frame's stitched passes, from the
             // coordinator like a job file, beside the job folder.
             let at = dir.with_extension(format!("passes-{}-{}.exr", t.index, t.epoch));
             (cache.fetch_passes(conn, t.job, passes, &at).await).map_err(RenderError::Fetch)?;
             let at2 = at.clone();
-            let finished =
-                tokio::task::spawn_blocking(move || engine.finish(&job2, &dir, &task2, &at2))
-                    .await
-                    .context("the render thread panicked")
-                    .and_then(|r| r);
+            let finish =
+                tokio::task::spawn_blocking(move || engine.finish(&job2, &dir, &task2, &at2, &ctl));
+            let finished = watch(finish, &watched, limit, config.stall_window).await;
             let _ = std::fs::remove_file(&at);
             finished
         }

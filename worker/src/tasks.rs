@@ -173,6 +173,14 @@ impl<H: Stop> TaskTable<H> {
         }
     }
 
+    /// Whether the report held for `t` (under its epoch) says it failed.
+    pub fn reported_failure(&self, t: TaskRef) -> bool {
+        self.tasks.get(&key(t)).is_some_and(|h| {
+            h.epoch == t.epoch
+                && matches!(&h.state, State::Finished(r) if matches!(r.msg, WorkerMsg::Failed { .. }))
+        })
+    }
+
     /// The coordinator answered a report (accepted or refused): the task is
     /// no longer held, if it was under this epoch.
     pub fn ack(&mut self, t: TaskRef) -> bool {
@@ -238,6 +246,7 @@ mod tests {
             blender: None,
             unreal: None,
             finish: false,
+            task_timeout_ms: None,
         }
     }
 

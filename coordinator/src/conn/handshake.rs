@@ -13,6 +13,7 @@ use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
 use tessera_protocol::text::{self, MAX_NAME};
 use tessera_protocol::transport::{self, Channel};
 
+use super::gate::Pass;
 use crate::identity::Admission;
 use crate::server::Shared;
 
@@ -30,15 +31,19 @@ pub(super) struct Admitted {
 }
 
 /// Admits a peer, or `None` when it was refused (it has been told why) or
-/// did not finish in time (its connection is closed).
+/// did not finish in time (its connection is closed). A refused peer's
+/// `pass` is marked failed before it is told (its address must prove
+/// itself at once, even to a client that reconnects the moment it reads
+/// the refusal).
 pub(super) async fn handshake(
     shared: &Shared,
     incoming: quinn::Incoming,
+    pass: &mut Option<Pass>,
 ) -> anyhow::Result<Option<Admitted>> {
     let conn = tokio::time::timeout(HELLO_DEADLINE, incoming)
         .await
         .context("no QUIC handshake within the hello deadline")??;
-    match tokio::time::timeout(HELLO_DEADLINE, admit(shared, &conn)).await {
+    match tokio::time::timeout(HELLO_DEADLINE, admit(shared, &conn, pass)).await {
         Ok(Ok(admitted)) => Ok(admitted),
         Ok(Err(e)) => {
             conn.close(1u32.into(), b"bad hello");
@@ -52,7 +57,11 @@ pub(super) async fn handshake(
     }
 }
 
-async fn admit(shared: &Shared, conn: &quinn::Connection) -> anyhow::Result<Option<Admitted>> {
+async fn admit(
+    shared: &Shared,
+    conn: &quinn::Connection,
+    pass: &mut Option<Pass>,
+) -> anyhow::Result<Option<Admitted>> {
     let mut control = Channel::new(conn.accept_bi().await?);
     let hello: Hello = control
         .recv_within(MAX_HELLO_FRAME)
@@ -66,6 +75,9 @@ async fn admit(shared: &Shared, conn: &quinn::Connection) -> anyhow::Result<Opti
         Ok(admission) => admission,
         Err(reason) => {
             tracing::warn!(peer = %conn.remote_address(), "refused: {reason}");
+            if let Some(pass) = pass.take() {
+                pass.failed(std::time::Instant::now());
+            }
             control.send(&Welcome::Refused { reason }).await?;
             let _ = control.send.finish();
             let _ = tokio::time::timeout(Duration::from_secs(2), control.send.stopped()).await;

@@ -14,29 +14,58 @@ mod worker;
 
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
+use std::time::Instant;
 
 use tessera_protocol::messages::{CoordMsg, Role};
 use tokio::task::JoinSet;
 
 use crate::identity::{self, Admission};
 use crate::server::Shared;
-use gate::{Gate, Pass};
+use gate::{Entry, Gate, Pass};
 use handshake::Admitted;
+
+/// The environment variable that turns address validation off (any value),
+/// for the benchmark's side-by-side run of the old behaviour only.
+pub const NO_ADDRESS_VALIDATION: &str = "TESSERA_BENCH_NO_ADDRESS_VALIDATION";
 
 /// Accepts connections until its task is aborted; aborting it aborts every
 /// connection it started.
 pub(crate) async fn accept(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
     let mut connections = JoinSet::new();
-    let gate = Arc::new(Gate::default());
+    let gate = Arc::new(if std::env::var_os(NO_ADDRESS_VALIDATION).is_some() {
+        tracing::warn!("{NO_ADDRESS_VALIDATION} is set: no address is validated with QUIC Retry");
+        Gate::without_validation()
+    } else {
+        Gate::default()
+    });
+    let mut pressure = Pressure::default();
     loop {
         tokio::select! {
             incoming = endpoint.accept() => {
                 let Some(incoming) = incoming else { break };
-                let Some(pass) = gate.enter(incoming.remote_address().ip()) else {
-                    tracing::debug!(peer = %incoming.remote_address(), "refused: too many unauthenticated connections");
-                    incoming.refuse();
-                    continue;
+                let peer = incoming.remote_address();
+                let validated = incoming.remote_address_validated();
+                let pass = match gate.enter(peer.ip(), validated, Instant::now()) {
+                    Entry::Pass(pass) => pass,
+                    Entry::Retry(why) => {
+                        pressure.retried(&gate);
+                        tracing::debug!(%peer, "address validation: Retry sent ({why})");
+                        // A peer that has not proved its address may always
+                        // be sent a Retry (quinn guarantees it); refuse
+                        // should that ever change.
+                        if let Err(e) = incoming.retry() {
+                            e.into_incoming().refuse();
+                        }
+                        continue;
+                    }
+                    Entry::Refuse => {
+                        tracing::debug!(%peer, "refused: too many unauthenticated connections");
+                        incoming.refuse();
+                        continue;
+                    }
                 };
+                pressure.check(&gate);
+                tracing::debug!(%peer, validated, "pre-auth place taken");
                 let shared = shared.clone();
                 connections.spawn(async move {
                     if let Err(e) = serve_connection(shared, incoming, pass).await {
@@ -51,13 +80,52 @@ pub(crate) async fn accept(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
     connections.shutdown().await;
 }
 
+/// Tells the operator when the pre-auth places come under pressure and
+/// when the pressure is over, with the Retries sent meanwhile.
+#[derive(Default)]
+struct Pressure {
+    on: bool,
+    retries: u64,
+}
+
+impl Pressure {
+    fn retried(&mut self, gate: &Gate) {
+        self.retries += 1;
+        self.check(gate);
+    }
+
+    fn check(&mut self, gate: &Gate) {
+        let on = gate.under_pressure();
+        if on && !self.on {
+            tracing::info!(
+                held = gate.held(),
+                max = gate::MAX_UNAUTHENTICATED,
+                "pre-auth places under pressure: new peers must prove their address (QUIC Retry)"
+            );
+        } else if !on && self.on {
+            tracing::info!(
+                retries = self.retries,
+                "pre-auth pressure over; Retries sent so far"
+            );
+        }
+        self.on = on;
+    }
+}
+
 async fn serve_connection(
     shared: Arc<Shared>,
     incoming: quinn::Incoming,
     pass: Pass,
 ) -> anyhow::Result<()> {
-    let admitted = handshake::handshake(&shared, incoming).await;
-    drop(pass);
+    let mut pass = Some(pass);
+    let admitted = handshake::handshake(&shared, incoming, &mut pass).await;
+    // A peer that did not get through must prove its address next time
+    // (a refused one was marked before it was told).
+    match (&admitted, pass) {
+        (Ok(Some(_)), pass) => drop(pass),
+        (Ok(None) | Err(_), Some(pass)) => pass.failed(Instant::now()),
+        (_, None) => {}
+    }
     let Some(Admitted {
         conn,
         admission,

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tessera_protocol::blender::BlenderVersion;
-use tessera_protocol::messages::{ClientResponse, CoordMsg, MAX_SCAN_JSON};
+use tessera_protocol::messages::{ClientError, CoordMsg, MAX_SCAN_JSON};
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::text::{self, MAX_ERROR};
 use tessera_protocol::Digest;
@@ -78,25 +78,27 @@ impl Scans {
 
 /// Answers a client's `Scan` request: hands it to a worker that can read
 /// the file and waits for its answer.
-pub(super) async fn scan(
+pub(crate) async fn scan(
     shared: &Arc<Shared>,
     blend: Digest,
     path: String,
     version: BlenderVersion,
-) -> ClientResponse {
+) -> Result<(String, String), ClientError> {
     if path.len() > MAX_SCAN_PATH {
-        return ClientResponse::Error(format!(
+        return Err(ClientError::invalid(format!(
             "a scan's path may be at most {MAX_SCAN_PATH} bytes"
-        ));
+        )));
     }
     if shared.store.has(&blend).is_none() {
-        return ClientResponse::Error(format!("blob {blend} was not uploaded"));
+        return Err(ClientError::invalid(format!(
+            "blob {blend} was not uploaded"
+        )));
     }
     let Some((worker, name)) = shared.read(|core, _| core.scanner_for(version)) else {
-        return ClientResponse::Error(format!(
+        return Err(ClientError::unavailable(format!(
             "no worker on the farm offers Blender {} or newer to scan it",
             version.short()
-        ));
+        )));
     };
     let id = shared.scans.next.fetch_add(1, Ordering::Relaxed);
     let (tx, rx) = oneshot::channel();
@@ -116,19 +118,25 @@ pub(super) async fn scan(
     };
     if !shared.send_to_worker(worker, msg) {
         shared.scans.pending().remove(&id);
-        return ClientResponse::Error(format!("worker {name} left before it could scan"));
+        return Err(ClientError::unavailable(format!(
+            "worker {name} left before it could scan"
+        )));
     }
     tracing::info!(worker, %name, %blend, "farm scan handed to a worker");
     let answer = tokio::time::timeout(SCAN_TIMEOUT, rx).await;
     shared.scans.pending().remove(&id);
     match answer {
-        Ok(Ok(Ok(json))) => ClientResponse::Scanned { worker: name, json },
-        Ok(Ok(Err(e))) => ClientResponse::Error(format!("worker {name} could not scan it: {e}")),
-        Ok(Err(_)) => ClientResponse::Error(format!("worker {name} left before it answered")),
-        Err(_) => ClientResponse::Error(format!(
+        Ok(Ok(Ok(json))) => Ok((name, json)),
+        Ok(Ok(Err(e))) => Err(ClientError::invalid(format!(
+            "worker {name} could not scan it: {e}"
+        ))),
+        Ok(Err(_)) => Err(ClientError::unavailable(format!(
+            "worker {name} left before it answered"
+        ))),
+        Err(_) => Err(ClientError::unavailable(format!(
             "worker {name} did not answer within {} s",
             SCAN_TIMEOUT.as_secs()
-        )),
+        ))),
     }
 }
 

@@ -49,6 +49,8 @@ impl FarmCore {
         outcome: Result<Vec<bool>, String>,
         now: Now,
     ) {
+        // A result may leave a checked job waiting for another identity.
+        self.check_blocked_soon();
         let mut failed_jobs = Vec::new();
         for (i, c) in batch.iter().enumerate() {
             let (accepted, reason) = match &outcome {
@@ -279,6 +281,7 @@ impl FarmCore {
     /// Asks a worker to finish what it runs and leave; false when no such
     /// worker is connected.
     pub fn drain(&mut self, worker: WorkerId) -> bool {
+        self.check_blocked_soon();
         self.sched.drain_worker(worker);
         let Some(w) = self.workers.get_mut(&worker) else {
             return false;

@@ -93,6 +93,12 @@ impl LostLeases {
         *n
     }
 
+    /// Losses of `task` in a row so far.
+    #[cfg(test)]
+    pub fn in_a_row(&self, task: TaskKey) -> u32 {
+        self.in_a_row.get(&task).copied().unwrap_or(0)
+    }
+
     /// The task produced a result or a reported failure.
     pub fn reset(&mut self, task: TaskKey) {
         self.in_a_row.remove(&task);

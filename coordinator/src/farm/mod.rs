@@ -96,6 +96,13 @@ pub enum Effect {
     },
     /// Something changed that may let the dispatcher hand out work.
     Wake,
+    /// A live job is blocked, first time this run (the reason is in its
+    /// status): for the `job.blocked` webhook.
+    Blocked { job: u64 },
+    /// A job's cost reached its budget: for the `job.budget_reached`
+    /// webhook, with the job's status at that moment (a job canceled by it
+    /// is gone from the core before its record is written).
+    BudgetReached { status: Box<JobStatus> },
     /// A lease was handed to this enrolled identity: recorded, so that
     /// after a restart only that identity may adopt it.
     Leased { task: TaskRef, identity: String },
@@ -206,6 +213,13 @@ pub struct FarmCore {
     effects: Vec<Effect>,
     /// Leases that expired since the start (for `/metrics`).
     pub lease_expiries: u64,
+    /// Something changed that may block or unblock a job (a worker came,
+    /// went or drains, a job was submitted, a budget reached …): the next
+    /// dispatch looks for newly blocked jobs. Nothing looks otherwise.
+    blocked_check: bool,
+    /// Live jobs whose being blocked was told ([`Effect::Blocked`]): once
+    /// per job.
+    blocked_told: HashSet<u64>,
 }
 
 /// How many finished jobs' final states the core remembers (see
@@ -262,6 +276,8 @@ impl FarmCore {
             settling: false,
             effects: Vec::new(),
             lease_expiries: 0,
+            blocked_check: false,
+            blocked_told: HashSet::new(),
         }
     }
 
@@ -419,6 +435,7 @@ impl FarmCore {
         self.add_to_scheduler(id, &job, pending, now);
         let status = job.status(id, 0, self.blocked(id, job.spec.engine));
         self.jobs.insert(id, job);
+        self.blocked_check = true;
         self.apply_holds(id, now);
         self.effects.push(Effect::Wake);
         status
@@ -434,10 +451,12 @@ impl FarmCore {
     /// Expires overdue leases and fills free slots. Returns when it must be
     /// called again at the latest, if anything is pending.
     pub fn dispatch(&mut self, now: Now) -> Option<Millis> {
-        let expired = self.sched.expire(now.ms);
-        self.lease_expiries += expired.len() as u64;
-        for lost in &expired {
-            if let Some(w) = self.workers.get(&lost.worker) {
+        let noted = self.sched.expire_noting_queued(now.ms);
+        self.lease_expiries += noted.len() as u64;
+        for (lost, queued) in &noted {
+            // A lease queued behind busy slots never started: not lost with
+            // its worker; nor one of a worker that said it drains.
+            if let Some(w) = (self.workers.get(&lost.worker)).filter(|w| !w.draining && !queued) {
                 self.lost.ended_with_worker(&w.identity, lost.task, now.ms);
             }
             let name = (self.workers.get(&lost.worker)).map_or("(gone)", |w| w.name.as_str());
@@ -449,6 +468,7 @@ impl FarmCore {
                 "lease expired; task requeued"
             );
         }
+        let expired: Vec<_> = noted.into_iter().map(|(a, _)| a).collect();
         self.send_cancels(&expired, now);
         self.enforce_budgets(now);
         let hold = now.ms < self.rejoin_until;
@@ -471,6 +491,7 @@ impl FarmCore {
         for task in self.lost.due(now.ms) {
             self.lease_lost(task, now);
         }
+        self.tell_blocked();
         let next = (self.sched.next_deadline().into_iter())
             .chain(self.lost.next_deadline())
             .min();
@@ -478,6 +499,33 @@ impl FarmCore {
             next.into_iter().chain([self.rejoin_until]).min()
         } else {
             next
+        }
+    }
+
+    /// Something changed that may block a job: the next dispatch looks.
+    pub(crate) fn check_blocked_soon(&mut self) {
+        if !self.blocked_check {
+            self.blocked_check = true;
+            self.effects.push(Effect::Wake);
+        }
+    }
+
+    /// Tells ([`Effect::Blocked`]) of each live job blocked now that was not
+    /// told of before, when something changed since the last look: work
+    /// per change, never per tick.
+    fn tell_blocked(&mut self) {
+        if !std::mem::take(&mut self.blocked_check) {
+            return;
+        }
+        self.blocked_told.retain(|job| self.jobs.contains_key(job));
+        let newly: Vec<u64> = (self.jobs.iter())
+            .filter(|(id, j)| j.final_state.is_none() && !self.blocked_told.contains(id))
+            .filter(|(&id, j)| self.blocked(id, j.spec.engine).is_some())
+            .map(|(&id, _)| id)
+            .collect();
+        for job in newly {
+            self.blocked_told.insert(job);
+            self.effects.push(Effect::Blocked { job });
         }
     }
 
@@ -493,6 +541,12 @@ impl FarmCore {
             .filter(|(_, b, cost)| *cost >= b.usd)
             .collect();
         for (id, budget, cost) in reached {
+            if let Some(status) = self.job_status(id, now) {
+                self.effects.push(Effect::BudgetReached {
+                    status: Box::new(status),
+                });
+            }
+            self.blocked_check = true;
             let why = format!(
                 "its budget of ${:.2} is reached (${cost:.2} spent)",
                 budget.usd
@@ -587,6 +641,7 @@ impl FarmCore {
                 blender: spec.blender,
                 unreal: spec.unreal.clone(),
                 finish: spec.finish,
+                task_timeout_ms: spec.task_timeout_ms,
             });
             self.effects.push(Effect::Send {
                 worker: a.worker,
@@ -631,9 +686,56 @@ impl FarmCore {
         if let Some(reason) = self.check_blocked(job) {
             return Some(reason);
         }
-        offering.iter().all(|&w| self.sched.is_blocklisted(job, w)).then(|| {
-            let last = self.sched.last_error(job).map_or(String::new(), |e| format!("; last error: {e}"));
-            format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it{last}")
-        })
+        if offering.iter().all(|&w| self.sched.is_blocklisted(job, w)) {
+            let last = self
+                .sched
+                .last_error(job)
+                .map_or(String::new(), |e| format!("; last error: {e}"));
+            return Some(format!("every connected worker offering the {engine} engine failed this job too often and is blocklisted for it{last}"));
+        }
+        self.only_ineligible(job, engine, &offering)
+    }
+
+    /// Why a job with tasks waiting gets none rendered when every worker
+    /// that offers its engine is draining, quarantined or blocklisted for
+    /// it (naming them, a few of each), if so.
+    fn only_ineligible(&self, job: u64, engine: Engine, offering: &[WorkerId]) -> Option<String> {
+        if self.sched.job_progress(job).is_none_or(|p| p.queued == 0) {
+            return None;
+        }
+        let (mut draining, mut quarantined, mut blocklisted) = (vec![], vec![], vec![]);
+        for &id in offering {
+            let w = &self.workers[&id];
+            if self.quarantined.contains_key(&w.identity) {
+                quarantined.push(w.name.as_str());
+            } else if w.draining {
+                draining.push(w.name.as_str());
+            } else if self.sched.is_blocklisted(job, id) {
+                blocklisted.push(w.name.as_str());
+            } else {
+                return None;
+            }
+        }
+        let named = |what: &str, names: &mut Vec<&str>| {
+            names.sort_unstable();
+            let more = names.len().saturating_sub(3);
+            let mut list = names.iter().take(3).copied().collect::<Vec<_>>().join(", ");
+            if more > 0 {
+                list += &format!(" and {more} more");
+            }
+            (!names.is_empty()).then(|| format!("{what} ({list})"))
+        };
+        let why: Vec<String> = [
+            named("draining", &mut draining),
+            named("quarantined", &mut quarantined),
+            named("blocklisted for this job", &mut blocklisted),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        Some(format!(
+            "every connected worker offering the {engine} engine is {}: none takes new work for this job",
+            why.join(" or ")
+        ))
     }
 }

@@ -72,6 +72,7 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
         paused: false,
         deadline_unix_ms: None,
         budget: None,
+        task_timeout_ms: None,
     }
 }
 
@@ -86,6 +87,7 @@ fn worker_info(slots: u32, engine: Engine, holding: Vec<TaskRef>) -> WorkerInfo 
         cached: Vec::new(),
         blenders: Vec::new(),
         fetches_builds: false,
+        draining: false,
     }
 }
 
@@ -107,6 +109,9 @@ struct Farm {
     withdrawn: Vec<(u64, Vec<u32>)>,
     /// Recorded holds: (job, paused, released).
     holds: Vec<(u64, bool, bool)>,
+    /// Jobs told blocked, and whose budget was reached.
+    blocked: Vec<u64>,
+    budgets: Vec<u64>,
 }
 
 impl Farm {
@@ -125,6 +130,8 @@ impl Farm {
             quarantined: Vec::new(),
             withdrawn: Vec::new(),
             holds: Vec::new(),
+            blocked: Vec::new(),
+            budgets: Vec::new(),
         }
     }
 
@@ -159,6 +166,8 @@ impl Farm {
                     self.finals.insert(job, counts);
                 }
                 Effect::Wake => self.wakes += 1,
+                Effect::Blocked { job } => self.blocked.push(job),
+                Effect::BudgetReached { status } => self.budgets.push(status.id),
                 Effect::Leased { .. } => {}
                 Effect::Quarantine { identity, .. } => self.quarantined.push(identity),
                 Effect::Withdraw { job, tasks, .. } => self.withdrawn.push((job, tasks)),
@@ -744,7 +753,9 @@ fn simulate(seed: u64) -> Seen {
                         }
                     }
                     CoordMsg::Ack { task, accepted, .. } => {
-                        accepted_acks += usize::from(accepted);
+                        // Failures are acknowledged too: count results only.
+                        let result = m.finished.get(&(task.job, task.index)) == Some(&task);
+                        accepted_acks += usize::from(accepted && result);
                         seen.refused += usize::from(!accepted);
                         m.finished.remove(&(task.job, task.index));
                     }
@@ -1382,6 +1393,77 @@ fn a_queued_task_is_stolen_by_an_idle_worker_and_canceled_on_the_busy_one() {
     assert_eq!(db.len(), 3);
 }
 
+/// `tessera drain`: the worker is told, hands back what is queued behind its
+/// slot, finishes what it renders and is never leased again, not a later
+/// job's task nor a pipelined one. A job only draining, quarantined or
+/// blocklisted workers could render says so, naming them; a worker that
+/// can take it clears that.
+#[test]
+fn a_drained_worker_gets_no_new_lease_and_a_job_only_it_could_render_says_blocked() {
+    let mut farm = pipelined_farm();
+    let first = farm.submit(spec("a", 3, 1));
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert_eq!(
+        kinds(&farm.read(w1)),
+        ["joined", "job 1", "assign 1/0", "assign 1/1"]
+    );
+    assert!(farm.core.drain(w1));
+    farm.collect();
+    assert_eq!(kinds(&farm.read(w1)), ["drain", "cancel 1/1"]);
+    let later = farm.submit(spec("b", 2, 1));
+    farm.dispatch();
+    assert!(farm.read(w1).is_empty(), "a draining worker was leased");
+    let blocked = |farm: &Farm, job| farm.core.job_status(job, farm.now()).unwrap().blocked;
+    for job in [first, later] {
+        let why = blocked(&farm, job).expect("says why it waits");
+        assert!(why.contains("draining (w1)"), "{why}");
+    }
+    // Its render ends: still nothing new for it.
+    farm.at(100);
+    let lease = held_lease(&farm, w1, 0);
+    farm.done(w1, lease);
+    let mut db = BTreeSet::new();
+    farm.commit_all(&mut db);
+    farm.dispatch();
+    let msgs = kinds(&farm.read(w1));
+    assert_eq!(msgs, ["ack 1/0 true"], "a drained worker was leased");
+    // Its connection drops and it joins again, saying it drains: still
+    // nothing for it.
+    farm.leave(w1);
+    let mut info = worker_info(1, Engine::Builtin, vec![]);
+    info.draining = true;
+    let w1 = farm.join("w1", info);
+    farm.dispatch();
+    assert_eq!(
+        kinds(&farm.read(w1)),
+        ["joined"],
+        "a rejoined drainer was leased"
+    );
+    // A quarantined worker is named as such.
+    let q = farm.join("q", worker_info(1, Engine::Builtin, vec![]));
+    let now = farm.now();
+    farm.core.quarantine("q", "q", "altered pixels".into(), now);
+    farm.collect();
+    farm.dispatch();
+    assert!(
+        !kinds(&farm.read(q)).iter().any(|k| k.starts_with("assign")),
+        "a quarantined worker was leased"
+    );
+    let why = blocked(&farm, later).unwrap();
+    assert!(
+        why.contains("draining (w1)") && why.contains("quarantined (q)"),
+        "{why}"
+    );
+    // A worker that can take the work clears it.
+    let w2 = farm.join("w2", worker_info(1, Engine::Builtin, vec![]));
+    assert_eq!(blocked(&farm, later), None);
+    farm.dispatch();
+    assert!(kinds(&farm.read(w2))
+        .iter()
+        .any(|k| k.starts_with("assign")));
+}
+
 /// A worker shutting down hands back the tasks queued behind its slots at
 /// once (it is told to drop them); it finishes the one it renders.
 #[test]
@@ -1397,6 +1479,98 @@ fn a_draining_worker_hands_back_the_tasks_queued_behind_its_slots() {
     farm.dispatch();
     assert_eq!(kinds(&farm.read(w2)), ["joined", "job 1", "assign 1/1"]);
     assert_eq!(farm.core.sched.running_on(w1).len(), 1);
+}
+
+/// Only a lease its worker was rendering counts as lost with it: a task
+/// queued behind a busy slot never started, and a worker that said it
+/// drains (SIGTERM, `tessera drain --drain-grace`) handed its work back on
+/// purpose. Three workers that die rendering a task fail its job; three
+/// that drain and leave, and the queued task each dying one held, do not.
+#[test]
+fn only_a_lease_its_worker_was_rendering_counts_as_lost_with_it() {
+    let key = |index| scheduler::TaskKey { job: 1, index };
+    // Drained and gone, three times: nothing counts, the job goes on.
+    let mut farm = pipelined_farm();
+    let job = farm.submit(spec("a", 2, 1));
+    for round in 0..3u64 {
+        let w = farm.join(
+            &format!("drainer{round}"),
+            worker_info(1, Engine::Builtin, vec![]),
+        );
+        farm.dispatch();
+        assert_eq!(farm.assigned(w).len(), 2);
+        farm.msg(w, WorkerMsg::Draining);
+        farm.leave(w);
+        farm.at((round + 1) * (GONE_AFTER_MS + 1));
+        farm.dispatch();
+    }
+    for index in [0, 1] {
+        assert_eq!(farm.core.lost.in_a_row(key(index)), 0);
+    }
+    assert_ne!(farm.state(job), JobState::Failed);
+
+    // Died three times: the rendered task counts each time, the queued one
+    // never, and the third death fails the job with that reason.
+    let mut farm = pipelined_farm();
+    let job = farm.submit(spec("a", 2, 1));
+    for round in 0..3u64 {
+        let w = farm.join(
+            &format!("dying{round}"),
+            worker_info(1, Engine::Builtin, vec![]),
+        );
+        farm.dispatch();
+        assert_eq!(farm.assigned(w).len(), 2);
+        let (rendering, queued): (Vec<_>, Vec<_>) = (farm.core.sched.running_on(w).into_iter())
+            .map(|(t, _)| t)
+            .partition(|t| !farm.core.sched.is_queued(w, *t));
+        assert_eq!((rendering.len(), queued.len()), (1, 1));
+        farm.leave(w);
+        farm.at((round + 1) * (GONE_AFTER_MS + 1));
+        farm.dispatch();
+        assert_eq!(
+            farm.core.lost.in_a_row(queued[0]),
+            0,
+            "a queued lease counted"
+        );
+        if round < 2 {
+            assert_eq!(farm.core.lost.in_a_row(rendering[0]), round as u32 + 1);
+        }
+    }
+    let (failed, state, error) = farm.records.last().cloned().expect("the job is recorded");
+    assert_eq!((failed, state), (job, JobState::Failed));
+    let error = error.unwrap_or_default();
+    assert!(error.contains("3 workers in a row died"), "{error}");
+}
+
+/// A job is told blocked (for its webhook) once, when a change blocks it,
+/// and nothing is told while nothing changes.
+#[test]
+fn a_blocked_job_is_told_once_when_a_change_blocks_it() {
+    let mut farm = pipelined_farm();
+    let first = farm.submit(spec("a", 2, 1));
+    farm.dispatch();
+    assert_eq!(farm.blocked, [first], "no worker: blocked");
+    for _ in 0..3 {
+        farm.dispatch();
+    }
+    assert_eq!(farm.blocked, [first], "told again with nothing changed");
+    // A worker takes it; drained, the job is blocked again: still told once.
+    let w1 = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert!(farm.core.drain(w1));
+    farm.collect();
+    farm.dispatch();
+    assert_eq!(farm.blocked, [first]);
+    // A job submitted now, which only the draining worker could take.
+    let second = farm.submit(spec("b", 1, 1));
+    farm.dispatch();
+    assert_eq!(farm.blocked, [first, second]);
+    // A job whose engine no worker offers, with a worker there.
+    let mut unreal = spec("c", 1, 1);
+    unreal.engine = Engine::Noop;
+    let third = farm.submit(unreal);
+    farm.dispatch();
+    assert_eq!(farm.blocked, [first, second, third]);
 }
 
 /// `spec` run after `after`, doing `on_failure` when one of them fails.

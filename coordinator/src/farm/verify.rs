@@ -298,6 +298,7 @@ impl FarmCore {
     /// more work for any of its connections, their leases ended, and its
     /// results in every job being checked rendered again.
     pub(crate) fn quarantine(&mut self, identity: &str, name: &str, reason: String, now: Now) {
+        self.check_blocked_soon();
         if self.quarantined.contains_key(identity) {
             return;
         }

@@ -25,6 +25,7 @@ impl FarmCore {
         info: WorkerInfo,
         now: Now,
     ) -> WorkerId {
+        self.check_blocked_soon();
         let id = self.next_worker;
         self.next_worker += 1;
         let engines = info.engines.iter().map(|e| e.name().to_string()).collect();
@@ -39,6 +40,7 @@ impl FarmCore {
         self.sched.worker_holds(id, &info.cached, &[]);
         self.sched.set_worker_blenders(id, self.offers_of(&info));
         let fetches_builds = info.fetches_builds;
+        let draining = info.draining;
         let holding = info.holding.clone();
         // Its process restarted if it no longer holds what it rendered.
         let held: Vec<TaskKey> = holding.iter().map(|&t| key(t)).collect();
@@ -87,6 +89,14 @@ impl FarmCore {
             }
         } else {
             self.adopt_held_tasks(id, &holding, now);
+            if draining {
+                // Asked to drain before it reconnected: it finishes what
+                // it adopted and gets nothing new.
+                self.sched.drain_worker(id);
+                if let Some(w) = self.workers.get_mut(&id) {
+                    w.draining = true;
+                }
+            }
         }
         for task in lost {
             self.lease_lost(task, now);
@@ -195,17 +205,27 @@ impl FarmCore {
     /// A worker's connection ended: its leases go back to the queue.
     /// Returns how many tasks were requeued.
     pub fn worker_left(&mut self, id: WorkerId, now: Now) -> usize {
+        self.check_blocked_soon();
         let held = self.sched.running_on(id);
         if let Some(w) = self.workers.get(&id) {
-            for (task, epoch) in held {
+            for &(task, epoch) in &held {
                 self.released.insert(task, (epoch, w.identity.clone()));
             }
         }
+        // Only a lease it was rendering may have been lost with it: not one
+        // queued behind its slots (never started), nor any of a worker that
+        // said it drains (it handed its work back on purpose).
+        let started: Vec<TaskKey> = (held.iter())
+            .filter(|(task, _)| !self.sched.is_queued(id, *task))
+            .map(|(task, _)| *task)
+            .collect();
         let requeued = self.sched.remove_worker(id, now.ms);
-        let identity = self.workers.get(&id).map(|w| w.identity.clone());
+        let identity = (self.workers.get(&id))
+            .filter(|w| !w.draining)
+            .map(|w| w.identity.clone());
         for &task in &requeued {
             self.lease_ended(task, id, false, now);
-            if let Some(identity) = &identity {
+            if let Some(identity) = identity.as_ref().filter(|_| started.contains(&task)) {
                 self.lost.ended_with_worker(identity, task, now.ms);
             }
         }
@@ -310,6 +330,7 @@ impl FarmCore {
                 self.sched.worker_holds(id, &added, &removed);
             }
             WorkerMsg::Draining => {
+                self.check_blocked_soon();
                 self.sched.drain_worker(id);
                 self.cancel_handed_back("the worker drains");
                 if let Some(w) = self.workers.get_mut(&id) {
@@ -570,11 +591,22 @@ impl FarmCore {
             .fail(id, key(task), Epoch(task.epoch), error.clone(), now.ms);
         match outcome {
             Ok(outcome) => {
+                // Recorded: the worker may forget the task (a worker that
+                // kept it would never finish draining).
+                self.send(
+                    id,
+                    CoordMsg::Ack {
+                        task,
+                        accepted: true,
+                        reason: None,
+                    },
+                );
                 self.lost.reset(key(task));
                 if unsupported {
                     self.sched.blocklist(task.job, id);
                 }
                 if unsupported || outcome.blocklisted {
+                    self.check_blocked_soon();
                     // Tasks of this job queued behind its slots go to
                     // other workers rather than fail here too.
                     self.sched.hand_back_queued(id, Some(task.job));

@@ -79,10 +79,20 @@ impl Out {
 
 /// The whole page.
 pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
-    let snapshot = shared.snapshot(u32::MAX)?;
+    // The live jobs from the core; the finished ones as totals SQLite adds
+    // up, never read one by one (a scrape costs no memory per job).
+    let snapshot = shared.read(|core, now| core.snapshot(now));
+    let finished = shared.db().finished_totals()?;
+    let total = |f: fn(&crate::db::FinishedTotals) -> u64| -> u64 {
+        finished.iter().map(|(_, t)| f(t)).sum()
+    };
     let lease_expiries = shared.read(|core, _| core.lease_expiries);
     let mut o = Out(String::new());
-    let jobs = &snapshot.jobs;
+    // Jobs the core holds are live; one that just finished may still be
+    // there before its record is written: counted once, as live.
+    let jobs: Vec<_> = (snapshot.jobs.iter())
+        .filter(|j| !j.state.is_final())
+        .collect();
 
     o.family(
         "tessera_jobs",
@@ -96,10 +106,18 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         JobState::Failed,
         JobState::Canceled,
     ] {
-        let n = jobs.iter().filter(|j| j.state == state).count();
-        o.sample("tessera_jobs", &format!("state=\"{}\"", state.name()), n);
+        let live = jobs.iter().filter(|j| j.state == state).count() as u64;
+        let done = (finished.iter())
+            .filter(|(s, _)| *s == state)
+            .map(|(_, t)| t.jobs)
+            .sum::<u64>();
+        o.sample(
+            "tessera_jobs",
+            &format!("state=\"{}\"", state.name()),
+            live + done,
+        );
     }
-    let active = || jobs.iter().filter(|j| !j.state.is_final());
+    let active = || jobs.iter();
     let queued: u64 = active()
         .map(|j| u64::from(j.tasks_total.saturating_sub(j.tasks_done + j.tasks_running)))
         .sum();
@@ -116,7 +134,8 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         "Tasks running now.",
         running,
     );
-    let done: u64 = jobs.iter().map(|j| u64::from(j.tasks_done)).sum();
+    let done: u64 =
+        jobs.iter().map(|j| u64::from(j.tasks_done)).sum::<u64>() + total(|t| t.tasks_done);
     o.one(
         "tessera_tasks_done_total",
         "counter",
@@ -157,25 +176,26 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         o.sample("tessera_dispatch_latency_seconds_sum", "", h.sum);
         o.sample("tessera_dispatch_latency_seconds_count", "", h.count);
     }
-    let sum =
-        |f: fn(&tessera_protocol::messages::JobStatus) -> u64| -> u64 { jobs.iter().map(f).sum() };
+    let sum = |f: fn(&tessera_protocol::messages::JobStatus) -> u64| -> u64 {
+        jobs.iter().map(|j| f(j)).sum()
+    };
     o.one(
         "tessera_bytes_uploaded_total",
         "counter",
         "Bytes clients uploaded for retained jobs (bytes in).",
-        sum(|j| j.bytes_uploaded),
+        sum(|j| j.bytes_uploaded) + total(|t| t.bytes_uploaded),
     );
     o.one(
         "tessera_bytes_deduplicated_total",
         "counter",
         "Bytes of retained jobs' files the store already held.",
-        sum(|j| j.bytes_deduplicated),
+        sum(|j| j.bytes_deduplicated) + total(|t| t.bytes_deduplicated),
     );
     o.one(
         "tessera_bytes_to_workers_total",
         "counter",
         "Asset bytes sent to workers for retained jobs since the coordinator started (bytes out).",
-        sum(|j| j.bytes_to_workers),
+        sum(|j| j.bytes_to_workers) + total(|t| t.bytes_to_workers),
     );
     o.one(
         "tessera_http_bytes_out_total",
@@ -187,7 +207,8 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         "tessera_cost_usd_total",
         "counter",
         "Cost of every retained job's leases, USD.",
-        jobs.iter().map(|j| j.cost_usd).sum::<f64>(),
+        jobs.iter().map(|j| j.cost_usd).sum::<f64>()
+            + finished.iter().map(|(_, t)| t.cost_usd).sum::<f64>(),
     );
     o.one(
         "tessera_burn_usd_per_hour",

@@ -4,10 +4,13 @@
 //! client ticket's secret as `Authorization: Bearer SECRET`, compared in
 //! constant time; a wrong or missing one is answered 401.
 //!
-//! The handlers are a thin translation: a route and its JSON become a
-//! [`ClientRequest`], answered by the same [`handle`] a QUIC client session
-//! uses, and its [`ClientResponse`] becomes JSON (an `Error` becomes
-//! 400, 404 or 409 with `{"error": …}`). Bodies are the protocol's own
+//! The handlers are a thin translation: a route and its JSON become a call
+//! of [`crate::service`], the same operations a QUIC client session asks
+//! for, and the answer becomes JSON; a refusal becomes its
+//! [`ErrorKind`]'s status (404, 409, 400, 401, 503, 500) with `{"error":
+//! …, "kind": …}`, never a status picked by the message's words (the
+//! HTTP layer's own 400, 401 and 404 carry their kind too; 405 and 413
+//! have none). Bodies are the protocol's own
 //! serde shapes (a job spec, a job status), so a field added to the
 //! protocol flows through. Blob uploads stay on QUIC (`tessera submit
 //! --upload-only` uploads and prints the spec to post); stitched frames
@@ -19,9 +22,9 @@
 #![allow(clippy::result_large_err)]
 
 pub mod metrics;
+pub mod places;
 
 use std::convert::Infallible;
-use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -30,22 +33,23 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use serde_json::json;
 use tessera_protocol::events::{event_job, event_json};
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::{ClientRequest, ClientResponse, JobFilter, JobState, JobStatus};
+use tessera_protocol::messages::{ClientError, ErrorKind, JobFilter, JobState, JobStatus};
 use tessera_protocol::store::BlobStore;
 use tessera_protocol::Digest;
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc, Semaphore};
+use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 
-use crate::conn::client::handle;
 use crate::server::Shared;
+use crate::service::{self, Answer};
+use places::{Place, Places};
 
 /// The OpenAPI 3 document of this API, served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../../api/openapi.json");
@@ -76,10 +80,11 @@ pub const ROUTES: &[(&str, &str)] = &[
 
 /// The most bytes a request body may take (a job spec with a large manifest).
 const MAX_BODY: usize = 64 << 20;
-/// Connections served at once; more wait in the kernel's backlog.
-const MAX_CONNECTIONS: usize = 256;
+/// How long a request body may take to arrive, once its headers have.
+const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a connection may take to finish its TLS handshake, and to send
-/// a request's headers.
+/// a request's headers; also how long a kept-alive connection may sit idle
+/// between requests.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// An event stream with nothing to say sends an empty line this often, so
 /// a client that went away is noticed.
@@ -88,39 +93,49 @@ const KEEPALIVE: Duration = Duration::from_secs(10);
 type Body = BoxBody<Bytes, Infallible>;
 
 /// Serves the API on `listener` until its task is aborted (which aborts
-/// every connection it started).
+/// every connection it started). Every connection is accepted at once and
+/// takes a place (see [`places`]): idle sockets never keep a newcomer out.
 pub(crate) async fn serve(
     shared: Arc<Shared>,
     listener: TcpListener,
     tls: Arc<rustls::ServerConfig>,
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
-    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let places = Places::new(places::LIMITS);
     let mut connections = JoinSet::new();
     loop {
-        let Ok(permit) = slots.clone().acquire_owned().await else {
-            return;
-        };
         tokio::select! {
             accepted = listener.accept() => {
-                let Ok((tcp, _peer)) = accepted else { continue };
+                let Ok((tcp, peer)) = accepted else { continue };
+                let place = Arc::new(places.admit(peer.ip()));
                 let (shared, acceptor) = (shared.clone(), acceptor.clone());
                 connections.spawn(async move {
-                    let _permit = permit;
-                    let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await else {
-                        return;
+                    let serve = async {
+                        let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await else {
+                            return;
+                        };
+                        place.handshaken();
+                        let service = {
+                            let place = place.clone();
+                            hyper::service::service_fn(move |req| {
+                                let (shared, place) = (shared.clone(), place.clone());
+                                async move { Ok::<_, Infallible>(respond(&shared, &place, req).await) }
+                            })
+                        };
+                        let served = hyper::server::conn::http1::Builder::new()
+                            .timer(TokioTimer::new())
+                            .header_read_timeout(HANDSHAKE_TIMEOUT)
+                            .serve_connection(TokioIo::new(tls), service)
+                            .await;
+                        if let Err(e) = served {
+                            tracing::debug!("http connection ended: {e}");
+                        }
                     };
-                    let service = hyper::service::service_fn(move |req| {
-                        let shared = shared.clone();
-                        async move { Ok::<_, Infallible>(respond(&shared, req).await) }
-                    });
-                    let served = hyper::server::conn::http1::Builder::new()
-                        .timer(TokioTimer::new())
-                        .header_read_timeout(HANDSHAKE_TIMEOUT)
-                        .serve_connection(TokioIo::new(tls), service)
-                        .await;
-                    if let Err(e) = served {
-                        tracing::debug!("http connection ended: {e}");
+                    tokio::select! {
+                        () = serve => {}
+                        () = place.evicted() => {
+                            tracing::debug!(%peer, "http connection closed to make room: it had made no authenticated request");
+                        }
                     }
                 });
             }
@@ -155,50 +170,39 @@ fn ok_json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
     }
 }
 
+/// An error answer: `{"error": message, "kind": …}`, the kind being the
+/// [`ErrorKind`] whose status this is (none for 405 and 413, which are the
+/// HTTP layer's own).
 fn error(status: StatusCode, message: &str) -> Response<Body> {
-    ok_json(status, &json!({ "error": message }))
-}
-
-/// The status an `Error` reply maps to: a missing job, worker or frame is
-/// 404, a job in the wrong state 409, anything else (a refused submit) 400.
-fn error_status(message: &str) -> StatusCode {
-    if message.starts_with("no job ")
-        || message.starts_with("no worker ")
-        || message.contains("does not render frame")
-    {
-        StatusCode::NOT_FOUND
-    } else if message.contains("is not queued or running") {
-        StatusCode::CONFLICT
-    } else {
-        StatusCode::BAD_REQUEST
+    let kind = (ErrorKind::ALL.into_iter()).find(|k| k.http_status() == status.as_u16());
+    match kind {
+        Some(kind) => ok_json(status, &json!({ "error": message, "kind": kind.name() })),
+        None => ok_json(status, &json!({ "error": message })),
     }
 }
 
-/// Whether the request carries the client ticket's secret.
-fn authorized(shared: &Shared, req: &Request<Incoming>) -> bool {
-    let Some(value) = req.headers().get(AUTHORIZATION) else {
-        return false;
-    };
-    let Some(secret) = value.to_str().ok().and_then(|v| v.strip_prefix("Bearer ")) else {
-        return false;
-    };
-    shared.identities.client_secret_is(secret.trim())
+/// The bearer secret the request carries, if any.
+fn bearer(req: &Request<Incoming>) -> Option<&str> {
+    let value = req.headers().get(AUTHORIZATION)?;
+    value
+        .to_str()
+        .ok()
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
 }
 
-async fn respond(shared: &Arc<Shared>, req: Request<Incoming>) -> Response<Body> {
+async fn respond(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) -> Response<Body> {
     let path = req.uri().path().to_string();
     if req.method() == Method::GET && path == "/v1/openapi.json" {
         return full(StatusCode::OK, "application/json", OPENAPI);
     }
-    if !authorized(shared, &req) {
-        let mut r = error(
-            StatusCode::UNAUTHORIZED,
-            "missing or wrong bearer secret: send `Authorization: Bearer SECRET`, SECRET being the client ticket's secret= part",
-        );
+    if let Err(e) = service::authorize(shared, bearer(&req)) {
+        let mut r = refused(&e);
         r.headers_mut()
             .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
         return r;
     }
+    place.authenticated();
     match route(shared, req).await {
         Ok(r) => r,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
@@ -244,16 +248,50 @@ fn percent_decode(s: &str) -> String {
 async fn body_json<T: serde::de::DeserializeOwned>(
     req: Request<Incoming>,
 ) -> Result<T, Response<Body>> {
-    let body = Limited::new(req.into_body(), MAX_BODY)
-        .collect()
-        .await
-        .map_err(|e| {
-            error(
+    // A declared size over the bound is refused before any of the body is
+    // read; a body that grows past it while read, likewise.
+    let declared = (req.headers().get(CONTENT_LENGTH))
+        .map(|v| v.to_str().ok().and_then(|v| v.trim().parse::<u64>().ok()));
+    let too_large = || {
+        error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &format!("the body is over the {} MiB limit", MAX_BODY >> 20),
+        )
+    };
+    match declared {
+        Some(None) => {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                "Content-Length is not a number",
+            ))
+        }
+        Some(Some(n)) if n > MAX_BODY as u64 => return Err(too_large()),
+        _ => {}
+    }
+    // A body that trickles in holds its connection no longer than this.
+    let read = tokio::time::timeout(
+        BODY_TIMEOUT,
+        Limited::new(req.into_body(), MAX_BODY).collect(),
+    );
+    let body = match read.await {
+        Err(_) => {
+            return Err(error(
+                StatusCode::REQUEST_TIMEOUT,
+                &format!(
+                    "the body did not arrive within {} s",
+                    BODY_TIMEOUT.as_secs()
+                ),
+            ))
+        }
+        Ok(Ok(body)) => body.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => return Err(too_large()),
+        Ok(Err(e)) => {
+            return Err(error(
                 StatusCode::BAD_REQUEST,
                 &format!("cannot read the body: {e}"),
-            )
-        })?
-        .to_bytes();
+            ))
+        }
+    };
     serde_json::from_slice(&body).map_err(|e| {
         error(
             StatusCode::BAD_REQUEST,
@@ -262,16 +300,18 @@ async fn body_json<T: serde::de::DeserializeOwned>(
     })
 }
 
-/// Carries out one request the QUIC way.
-async fn ask(shared: &Arc<Shared>, request: ClientRequest) -> anyhow::Result<ClientResponse> {
-    // HTTP uploads nothing: a job's uploaded bytes are counted on the QUIC
-    // connection that uploaded them.
-    handle(shared, request, &AtomicU64::new(0)).await
-}
-
 fn parse_id<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, Response<Body>> {
     s.parse()
         .map_err(|_| error(StatusCode::NOT_FOUND, &format!("`{s}` is not a {what} id")))
+}
+
+/// A query parameter that should be a number: 400 (a path's id that is
+/// not one names nothing: 404).
+fn not_a_number(key: &str, value: &str) -> Response<Body> {
+    error(
+        StatusCode::BAD_REQUEST,
+        &format!("`{key}={value}`: expected a number"),
+    )
 }
 
 /// The jobs `GET /v1/status` and `GET /v1/jobs` list: the protocol's
@@ -317,30 +357,19 @@ fn filter(pairs: &[(String, String)]) -> Result<JobFilter, Response<Body>> {
     Ok(f)
 }
 
-/// A reply as JSON: `Error` mapped to its status, anything else by `f`.
-fn reply(
-    response: ClientResponse,
-    f: impl FnOnce(ClientResponse) -> Option<Response<Body>>,
-) -> Response<Body> {
-    match response {
-        ClientResponse::Error(e) => error(error_status(&e), &e),
-        other => f(other).unwrap_or_else(|| {
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "the coordinator gave an unexpected reply",
-            )
-        }),
+/// A service answer as a response: the value as JSON with `status`, or
+/// the error as its kind's status.
+fn reply<T: Serialize>(status: StatusCode, answer: Answer<T>) -> Response<Body> {
+    match answer {
+        Ok(value) => ok_json(status, &value),
+        Err(e) => refused(&e),
     }
 }
 
-async fn job_status(shared: &Arc<Shared>, job: u64) -> anyhow::Result<Response<Body>> {
-    Ok(reply(
-        ask(shared, ClientRequest::Status(Some(job))).await?,
-        |r| match r {
-            ClientResponse::Status { jobs, .. } => jobs.first().map(|j| ok_json(StatusCode::OK, j)),
-            _ => None,
-        },
-    ))
+/// A refusal: the status code of its kind, `{"error": …, "kind": …}`.
+fn refused(e: &ClientError) -> Response<Body> {
+    let status = StatusCode::from_u16(e.kind.http_status()).expect("a valid status code");
+    error(status, &e.message)
 }
 
 async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<Response<Body>> {
@@ -355,6 +384,7 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
             }
         };
     }
+    let ok = StatusCode::OK;
     Ok(match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
             let text = metrics::render(shared)?;
@@ -373,23 +403,22 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
             let mut jobs: Vec<JobStatus> = Vec::new();
             let mut after = 0;
             loop {
-                let filter = f.clone();
-                match ask(shared, ClientRequest::JobsPage { filter, after }).await? {
-                    ClientResponse::JobsPage { jobs: page, next } => {
+                match service::jobs_page(shared, &f, after) {
+                    Ok((page, next)) => {
                         jobs.extend(page);
                         match next {
                             Some(n) => after = n,
                             None => break,
                         }
                     }
-                    other => return Ok(reply(other, |_| None)),
+                    Err(e) => return Ok(refused(&e)),
                 }
             }
             if jobs_only {
-                ok_json(StatusCode::OK, &jobs)
+                ok_json(ok, &jobs)
             } else {
-                let workers = shared.read(|core, now| core.worker_statuses(now));
-                ok_json(StatusCode::OK, &json!({"jobs": jobs, "workers": workers}))
+                let workers = service::workers(shared);
+                ok_json(ok, &json!({"jobs": jobs, "workers": workers}))
             }
         }
         (&Method::POST, ["v1", "jobs"]) => {
@@ -397,73 +426,36 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                 Ok(s) => s,
                 Err(r) => return Ok(r),
             };
-            reply(
-                ask(shared, ClientRequest::Submit(spec)).await?,
-                |r| match r {
-                    ClientResponse::Submitted(status) => {
-                        Some(ok_json(StatusCode::CREATED, &status))
-                    }
-                    _ => None,
-                },
-            )
+            // HTTP uploads nothing: a job's uploaded bytes are counted on
+            // the QUIC connection that uploaded them.
+            reply(StatusCode::CREATED, service::submit(shared, spec, 0).await)
         }
-        (&Method::GET, ["v1", "jobs", job]) => job_status(shared, id!(job, "job")).await?,
+        (&Method::GET, ["v1", "jobs", job]) => reply(ok, service::job(shared, id!(job, "job"))),
         (&Method::POST, ["v1", "jobs", job, "cancel"]) => {
-            let job = id!(job, "job");
-            reply(
-                ask(shared, ClientRequest::Cancel(job)).await?,
-                |r| match r {
-                    ClientResponse::Canceled(status) => Some(ok_json(StatusCode::OK, &status)),
-                    _ => None,
-                },
-            )
+            reply(ok, service::cancel(shared, id!(job, "job")))
         }
         (&Method::POST, ["v1", "jobs", job, "retry"]) => {
-            let job = id!(job, "job");
-            reply(ask(shared, ClientRequest::Retry(job)).await?, |r| match r {
-                ClientResponse::Retried(status) => Some(ok_json(StatusCode::OK, &status)),
-                _ => None,
-            })
+            reply(ok, service::retry(shared, id!(job, "job")).await)
         }
         (&Method::GET, ["v1", "jobs", job, "detail"]) => {
-            let job = id!(job, "job");
-            reply(
-                ask(shared, ClientRequest::JobDetail(job)).await?,
-                |r| match r {
-                    ClientResponse::JobDetail(detail) => Some(ok_json(StatusCode::OK, &detail)),
-                    _ => None,
-                },
-            )
+            reply(ok, service::detail(shared, id!(job, "job")))
         }
         (&Method::POST, ["v1", "jobs", job, action @ ("pause" | "resume")]) => {
             let job = id!(job, "job");
             let paused = *action == "pause";
-            match ask(shared, ClientRequest::Pause { job, paused }).await? {
-                ClientResponse::Done => job_status(shared, job).await?,
-                other => reply(other, |_| None),
-            }
+            reply(
+                ok,
+                service::pause(shared, job, paused).and_then(|()| service::job(shared, job)),
+            )
         }
         (&Method::GET, ["v1", "jobs", job, "frames"]) => {
-            let job = id!(job, "job");
-            reply(
-                ask(shared, ClientRequest::Frames(job)).await?,
-                |r| match r {
-                    ClientResponse::Frames(frames) => Some(ok_json(StatusCode::OK, &frames)),
-                    _ => None,
-                },
-            )
+            reply(ok, service::frames(shared, id!(job, "job")))
         }
         (&Method::GET, ["v1", "jobs", job, "frames", frame]) => {
             let (job, frame): (u64, u32) = (id!(job, "job"), id!(frame, "frame"));
-            let found = match ask(shared, ClientRequest::Frames(job)).await? {
-                ClientResponse::Frames(frames) => frames.into_iter().find(|f| f.frame == frame),
-                other => return Ok(reply(other, |_| None)),
-            };
-            let Some(found) = found else {
-                return Ok(error(
-                    StatusCode::NOT_FOUND,
-                    &format!("frame {frame} of job {job} is not stitched (yet)"),
-                ));
+            let found = match service::frame(shared, job, frame) {
+                Ok(found) => found,
+                Err(e) => return Ok(refused(&e)),
             };
             let shared2 = shared.clone();
             let bytes = tokio::task::spawn_blocking(move || shared2.store.get(&found.digest))
@@ -489,20 +481,17 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
         }
         (&Method::GET, ["v1", "jobs", job, "frames", frame, "tiles"]) => {
             let (job, frame) = (id!(job, "job"), id!(frame, "frame"));
-            reply(
-                ask(shared, ClientRequest::Tiles { job, frame }).await?,
-                |r| match r {
-                    ClientResponse::Tiles(tiles) => Some(ok_json(StatusCode::OK, &tiles)),
-                    _ => None,
-                },
-            )
+            reply(ok, service::tiles(shared, job, frame))
         }
         (&Method::GET, ["v1", "jobs", job, "logs"]) => {
             let job = id!(job, "job");
             let mut task = None;
             for (k, v) in query(&req) {
                 match k.as_str() {
-                    "task" => task = Some(id!(&v, "task")),
+                    "task" => match v.parse() {
+                        Ok(t) => task = Some(t),
+                        Err(_) => return Ok(not_a_number(&k, &v)),
+                    },
                     _ => {
                         return Ok(error(
                             StatusCode::BAD_REQUEST,
@@ -511,29 +500,15 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                     }
                 }
             }
-            reply(
-                ask(shared, ClientRequest::Logs { job, task }).await?,
-                |r| match r {
-                    ClientResponse::Logs(logs) => Some(ok_json(StatusCode::OK, &logs)),
-                    _ => None,
-                },
-            )
+            reply(ok, service::logs(shared, job, task))
         }
-        (&Method::GET, ["v1", "workers"]) => {
-            let workers = shared.read(|core, now| core.worker_statuses(now));
-            ok_json(StatusCode::OK, &workers)
-        }
+        (&Method::GET, ["v1", "workers"]) => ok_json(ok, &service::workers(shared)),
         (&Method::POST, ["v1", "workers", worker, "drain"]) => {
             let worker = id!(worker, "worker");
             reply(
-                ask(shared, ClientRequest::Drain { worker }).await?,
-                |r| match r {
-                    ClientResponse::Done => Some(ok_json(
-                        StatusCode::OK,
-                        &json!({"worker": worker, "draining": true}),
-                    )),
-                    _ => None,
-                },
+                ok,
+                service::drain(shared, worker)
+                    .map(|()| json!({"worker": worker, "draining": true})),
             )
         }
         (&Method::POST, ["v1", "blobs", "missing"]) => {
@@ -545,21 +520,19 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                 Ok(a) => a,
                 Err(r) => return Ok(r),
             };
-            reply(
-                ask(shared, ClientRequest::MissingBlobs(asked.digests)).await?,
-                |r| match r {
-                    ClientResponse::Missing(missing) => {
-                        Some(ok_json(StatusCode::OK, &json!({ "missing": missing })))
-                    }
-                    _ => None,
-                },
-            )
+            let missing: Vec<Digest> = (asked.digests.into_iter())
+                .filter(|d| !shared.store.touch(d))
+                .collect();
+            ok_json(ok, &json!({ "missing": missing }))
         }
         (&Method::GET, ["v1", "events"]) => {
             let mut job = None;
             for (k, v) in query(&req) {
                 match k.as_str() {
-                    "job" => job = Some(id!(&v, "job")),
+                    "job" => match v.parse() {
+                        Ok(j) => job = Some(j),
+                        Err(_) => return Ok(not_a_number(&k, &v)),
+                    },
                     _ => {
                         return Ok(error(
                             StatusCode::BAD_REQUEST,
@@ -609,7 +582,7 @@ impl hyper::body::Body for ChannelBody {
 /// object a line, after an empty line. A reader that falls behind gets
 /// `{"type":"lagged","missed":N}` in place of the events it missed.
 fn events(shared: &Arc<Shared>, job: Option<u64>) -> Response<Body> {
-    let mut rx = shared.events();
+    let mut rx = service::events(shared);
     let (tx, body) = mpsc::channel::<Bytes>(64);
     // An empty line at once: the headers go out with it, so a client knows
     // it is subscribed before it submits anything.

@@ -1089,6 +1089,14 @@ impl Scheduler {
     /// Ends every lease whose deadline is at or before `now` and requeues its
     /// task at the front of its job; returns the expired leases.
     pub fn expire(&mut self, now: Millis) -> Vec<Assignment> {
+        (self.expire_noting_queued(now).into_iter())
+            .map(|(a, _)| a)
+            .collect()
+    }
+
+    /// [`Scheduler::expire`], each lease with whether it was still queued
+    /// behind its worker's slots (never started rendering).
+    pub fn expire_noting_queued(&mut self, now: Millis) -> Vec<(Assignment, bool)> {
         self.tick(now);
         let mut expired = Vec::new();
         let mut requeue = Vec::new();
@@ -1112,11 +1120,15 @@ impl Scheduler {
             if let Some(known) = self.workers.get_mut(&lease.worker) {
                 known.last_seen = known.last_seen.min(now.saturating_sub(lease_ms));
             }
-            expired.push(Assignment {
-                worker: lease.worker,
-                task,
-                epoch: lease.epoch,
-            });
+            let queued = lease.queued;
+            expired.push((
+                Assignment {
+                    worker: lease.worker,
+                    task,
+                    epoch: lease.epoch,
+                },
+                queued,
+            ));
         }
         self.requeue_front(requeue);
         expired

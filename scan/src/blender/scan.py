@@ -43,6 +43,25 @@ def _fail(code, msg):
 
 
 _SEQ_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
+# A file Blender ships: under an installation's X.Y/datafiles (brushes,
+# fonts, the asset bundles a default 4.x scene references by a path that
+# breaks when the file moves). Never listed, never warned about: the
+# worker's own Blender has it. The user's own Blender folder
+# (~/.config/blender/X.Y) is not an installation, and a file that exists is
+# Blender's only in an installation (its X.Y folder holds `scripts`): a
+# project's own assets/4.5/datafiles is the artist's. A farm scan leaves
+# the call to the client, which has the artist's files. The client applies
+# the same rule (share::blender_own).
+_BLENDER_OWN_RE = re.compile(r"(^|/)\d{1,3}\.\d{1,3}/datafiles(/|$)")
+
+
+def blender_own(path):
+    m = _BLENDER_OWN_RE.search(path)
+    if m is None or "/.config/" in path[:m.start() + 1] or REMOTE is not None:
+        return False
+    release = path[:m.end()].rstrip("/")
+    release = release[: len(release) - len("datafiles")].rstrip("/")
+    return not os.path.exists(path) or os.path.isdir(os.path.join(release, "scripts"))
 _UDIM_TOKENS = ("<UDIM>", "<UVTILE>")
 # The artist's path of the file in remote mode, else None.
 REMOTE = None
@@ -78,7 +97,7 @@ class Scan:
     def add(self, path, kind, user, check="file"):
         p = os.path.normpath(path)
         self.covered.add(p)
-        if p in self.files:
+        if p in self.files or blender_own(p):
             return
         entry = {"path": p, "kind": kind, "user": user, "exists": False}
         if REMOTE is None:
@@ -218,7 +237,7 @@ class Scan:
                 if any(t in p for t in _UDIM_TOKENS):
                     continue
                 n = self.resolve(p, None)
-                if n not in self.covered and n not in self.files:
+                if n not in self.covered and n not in self.files and not blender_own(n):
                     self.add(n, "other", "unknown (found by bpy.utils.blend_paths)", "optional")
             return
         try:
@@ -230,7 +249,7 @@ class Scan:
             if any(t in p for t in _UDIM_TOKENS):
                 continue
             n = os.path.normpath(p)
-            if n in self.covered or n in self.files:
+            if n in self.covered or n in self.files or blender_own(n):
                 continue
             if os.path.isfile(n):
                 self.add(n, "other", "unknown (found by bpy.utils.blend_paths)")
@@ -361,7 +380,8 @@ def settings(scan):
     if not scene.camera:
         scan.warnings.append("the scene has no camera")
     for lib in bpy.data.libraries if REMOTE is None else []:  # remote: the client checks
-        if lib.packed_file is None and not os.path.isfile(Scan.resolve(lib.filepath, lib)):
+        path = Scan.resolve(lib.filepath, lib)
+        if lib.packed_file is None and not os.path.isfile(path) and not blender_own(path):
             scan.warnings.append("library %s is missing: data it links in (and its own "
                                  "libraries) cannot be scanned" % Scan.resolve(lib.filepath, lib))
     return out

@@ -15,9 +15,10 @@
 use std::collections::VecDeque;
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
-use std::process::{Child, ChildStdin, ChildStdout, Stdio};
+use std::process::{ChildStdin, ChildStdout, Stdio};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use serde::{Deserialize, Serialize};
@@ -25,7 +26,8 @@ use tessera_protocol::job::{Engine as EngineKind, OutputFormat};
 use tessera_protocol::messages::{JobInfo, TaskSpec};
 
 use super::blender_runtime::{file_version, Installed};
-use super::Engine;
+use super::{clock_ms, Control, Engine, Heard, CANCELED};
+use crate::child::{self, Owned};
 use tessera_protocol::blender::{BlenderNeeds, BlenderOffer, VersionReq};
 
 /// The session script, passed with `--python-expr`.
@@ -210,6 +212,9 @@ enum SessionError {
     /// The scene needs a feature this worker's Blender lacks: every task of
     /// the job would fail the same way here.
     Unsupported(String),
+    /// The task was canceled: its session was killed (never used again,
+    /// and the task never rendered again).
+    Canceled,
 }
 
 /// The last lines Blender printed, for error reports.
@@ -258,10 +263,12 @@ struct Session {
     job: u64,
     /// Which of the engine's Blenders runs it.
     install: usize,
-    child: Child,
+    child: Owned,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
     log: Log,
+    /// When Blender last printed a line, on stdout or stderr.
+    heard: Heard,
     stderr_reader: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -299,30 +306,58 @@ impl Session {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
         cmd.envs(blender.device.slot_env(slot));
-        let mut child = cmd
-            .spawn()
+        let mut child = child::spawn(cmd)
             .with_context(|| format!("cannot start {}", runtime.path().display()))?;
         let log: Log = Arc::default();
-        let stderr = child.stderr.take().expect("piped");
-        let err_log = log.clone();
+        let heard: Heard = Arc::new(clock_ms().into());
+        let stderr = child.child.stderr.take().expect("piped");
+        let (err_log, err_heard) = (log.clone(), heard.clone());
         let stderr_reader = std::thread::spawn(move || {
             for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                err_heard.store(clock_ms(), Ordering::Relaxed);
                 remember(&err_log, &line);
             }
         });
-        tracing::info!(job = job.job, slot, "blender session started");
+        tracing::info!(
+            job = job.job,
+            slot,
+            pid = child.group(),
+            "blender session started"
+        );
         Ok(Session {
             job: job.job,
             install,
-            stdin: child.stdin.take().expect("piped"),
-            stdout: BufReader::new(child.stdout.take().expect("piped")),
+            stdin: child.child.stdin.take().expect("piped"),
+            stdout: BufReader::new(child.child.stdout.take().expect("piped")),
             child,
             log,
+            heard,
             stderr_reader: Some(stderr_reader),
         })
     }
 
+    /// Sends `command` and reads Blender's answer, with the session's
+    /// process group named in `ctl` meanwhile: a cancel kills it, and the
+    /// session then answers [`SessionError::Canceled`].
     fn render(
+        &mut self,
+        command: &impl Serialize,
+        progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
+        ctl: &Control,
+    ) -> Result<Rendered, SessionError> {
+        if !ctl.running_in(self.child.group(), Some(self.heard.clone())) {
+            return Err(SessionError::Canceled);
+        }
+        self.heard.store(clock_ms(), Ordering::Relaxed);
+        let result = self.exchange(command, progress);
+        ctl.done_running();
+        match result {
+            Err(SessionError::Died(_)) if ctl.is_canceled() => Err(SessionError::Canceled),
+            result => result,
+        }
+    }
+
+    fn exchange(
         &mut self,
         command: &impl Serialize,
         progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
@@ -350,7 +385,7 @@ impl Session {
             buf.clear();
             match self.stdout.read_line(&mut buf) {
                 Ok(0) | Err(_) => return Err(died(self, "exited while rendering")),
-                Ok(_) => {}
+                Ok(_) => self.heard.store(clock_ms(), Ordering::Relaxed),
             }
             let text = buf.trim_end();
             if let Some(json) = text.strip_prefix(REPLY) {
@@ -389,7 +424,7 @@ impl Session {
                     std::thread::sleep(std::time::Duration::from_millis(20))
                 }
                 _ => {
-                    let _ = self.child.kill();
+                    self.child.kill();
                     break self.child.wait().ok();
                 }
             }
@@ -418,6 +453,8 @@ pub fn parse_progress(line: &str) -> Option<(u32, u32)> {
 struct Slot {
     busy: bool,
     session: Option<Session>,
+    /// Since when the slot has had no task.
+    idle_since: Instant,
 }
 
 pub struct Blender {
@@ -452,6 +489,7 @@ impl Blender {
             .map(|_| Slot {
                 busy: false,
                 session: None,
+                idle_since: Instant::now(),
             })
             .collect();
         Blender {
@@ -522,6 +560,25 @@ impl Blender {
             .expect("job builds lock")
             .insert(job, index);
         Ok(())
+    }
+
+    /// Ends the sessions of slots that have had no task for `idle`.
+    fn end_idle(&self, idle: Duration) {
+        let ended: Vec<Session> = {
+            let mut slots = self.slots.lock().expect("slots lock");
+            (slots.iter_mut())
+                .filter(|s| !s.busy && s.idle_since.elapsed() >= idle)
+                .filter_map(|s| s.session.take())
+                .collect()
+        };
+        for session in ended {
+            tracing::info!(
+                job = session.job,
+                idle_s = idle.as_secs(),
+                "ending an idle blender session"
+            );
+            session.quit();
+        }
     }
 
     /// Ends the sessions of the slots that render with a stored build, so
@@ -615,9 +672,11 @@ impl Blender {
         let mut slots = self.slots.lock().expect("slots lock");
         slots[i].busy = false;
         slots[i].session = session;
+        slots[i].idle_since = Instant::now();
         self.slot_freed.notify_one();
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn render_in_slot(
         &self,
         slot: usize,
@@ -626,7 +685,11 @@ impl Blender {
         job_dir: &Path,
         command: &impl Serialize,
         progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
+        ctl: &Control,
     ) -> anyhow::Result<Rendered> {
+        if ctl.is_canceled() {
+            anyhow::bail!(CANCELED);
+        }
         let install = self.install_for(job, job_dir)?;
         if session
             .as_ref()
@@ -637,8 +700,26 @@ impl Blender {
         if session.is_none() {
             *session = Some(Session::start(self, install, slot, job, job_dir)?);
         }
-        match session.as_mut().expect("started").render(command, progress) {
+        match session
+            .as_mut()
+            .expect("started")
+            .render(command, progress, ctl)
+        {
             Ok(rendered) => Ok(rendered),
+            Err(SessionError::Canceled) => {
+                // Killed: never used again, and the task never rendered
+                // again, whatever its process did before it died.
+                tracing::info!(
+                    job = job.job,
+                    slot,
+                    "blender session ended: its task was stopped (canceled, past its time limit, or stalled)"
+                );
+                Err(failure(
+                    session.take().expect("started"),
+                    CANCELED.into(),
+                    false,
+                ))
+            }
             Err(e @ (SessionError::Failed(_) | SessionError::Unsupported(_))) => {
                 // Never render in a session that reported an error: the
                 // next task (a retry, maybe) gets a fresh process.
@@ -650,7 +731,10 @@ impl Blender {
                 let unsupported = matches!(e, SessionError::Unsupported(_));
                 let (SessionError::Failed(e)
                 | SessionError::Unsupported(e)
-                | SessionError::Died(e)) = e;
+                | SessionError::Died(e)) = e
+                else {
+                    unreachable!("matched above")
+                };
                 Err(failure(session.take().expect("started"), e, unsupported))
             }
             Err(SessionError::Died(e)) => {
@@ -661,11 +745,12 @@ impl Blender {
                 );
                 *session = None;
                 let mut fresh = Session::start(self, install, slot, job, job_dir)?;
-                match fresh.render(command, progress) {
+                match fresh.render(command, progress, ctl) {
                     Ok(rendered) => {
                         fresh.quit();
                         Ok(rendered)
                     }
+                    Err(SessionError::Canceled) => Err(failure(fresh, CANCELED.into(), false)),
                     Err(SessionError::Unsupported(e)) => Err(failure(fresh, e, true)),
                     Err(SessionError::Failed(e) | SessionError::Died(e)) => {
                         Err(failure(fresh, e, false))
@@ -679,6 +764,10 @@ impl Blender {
 impl Engine for Blender {
     fn kind(&self) -> EngineKind {
         EngineKind::Blender
+    }
+
+    fn end_idle_sessions(&self, idle: Duration) {
+        self.end_idle(idle);
     }
 
     fn blender_offers(&self) -> Vec<BlenderOffer> {
@@ -711,15 +800,14 @@ impl Engine for Blender {
                 })?
         };
         let out = blend.with_extension("scan.json");
-        let output = runtime
-            .command(
-                Some(blend),
-                tessera_scan::blender::SCAN_PY,
-                &[out.as_os_str(), "--remote".as_ref(), artist_path.as_ref()],
-                0,
-            )
-            .stdin(Stdio::null())
-            .output()
+        let mut cmd = runtime.command(
+            Some(blend),
+            tessera_scan::blender::SCAN_PY,
+            &[out.as_os_str(), "--remote".as_ref(), artist_path.as_ref()],
+            0,
+        );
+        cmd.stdin(Stdio::null());
+        let output = child::output(cmd)
             .with_context(|| format!("cannot run {}", runtime.path().display()))?;
         let json = std::fs::read(&out);
         let _ = std::fs::remove_file(&out);
@@ -746,9 +834,11 @@ impl Engine for Blender {
         job_dir: &Path,
         task: &TaskSpec,
         progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
-        // A Blender render runs to the end of its tile; the worker drops
-        // the result of a canceled one.
-        _canceled: &std::sync::atomic::AtomicBool,
+        // A cancel kills the session's process group (Blender has no way
+        // to stop a render mid-sample that leaves the session usable):
+        // the slot is free within milliseconds, and the next task starts a
+        // fresh session.
+        ctl: &Control,
     ) -> anyhow::Result<Vec<u8>> {
         // Float tiles where they are merged or stitched in float: sample
         // ranges, and tiles of an EXR frame. A whole frame is Blender's own
@@ -777,7 +867,7 @@ impl Engine for Blender {
             passes,
         };
         let (slot, mut session) = self.checkout()?;
-        let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, progress);
+        let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, progress, ctl);
         if !self.persistent {
             if let Some(s) = session.take() {
                 s.quit();
@@ -802,6 +892,7 @@ impl Engine for Blender {
         job_dir: &Path,
         task: &TaskSpec,
         passes: &Path,
+        ctl: &Control,
     ) -> anyhow::Result<Vec<u8>> {
         let out =
             job_dir.with_extension(format!("out-{}-{}.img", task.task.index, task.task.epoch));
@@ -812,7 +903,15 @@ impl Engine for Blender {
             out: &out,
         };
         let (slot, mut session) = self.checkout()?;
-        let result = self.render_in_slot(slot, &mut session, job, job_dir, &command, &|_, _, _| {});
+        let result = self.render_in_slot(
+            slot,
+            &mut session,
+            job,
+            job_dir,
+            &command,
+            &|_, _, _| {},
+            ctl,
+        );
         // The finishing step rebuilt the scene's compositor: that session
         // renders nothing more.
         if let Some(s) = session.take() {
@@ -1267,6 +1366,7 @@ mod runtime_tests {
             blender: None,
             unreal: None,
             finish: false,
+            task_timeout_ms: None,
         };
         let tile = TileRect {
             x: 0,
@@ -1288,7 +1388,7 @@ mod runtime_tests {
             finish: None,
         };
         let err = engine
-            .render(&job, &dir, &task, &|_, _, _| {}, &Default::default())
+            .render(&job, &dir, &task, &|_, _, _| {}, &super::Control::default())
             .unwrap_err();
         assert_eq!(
             err.to_string(),

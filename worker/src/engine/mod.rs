@@ -10,8 +10,9 @@ pub mod unreal;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use tessera_protocol::job::Engine as EngineKind;
@@ -27,6 +28,88 @@ pub const FAILPOINT_ALTER_PIXELS: &str = "alter-pixels";
 
 /// The error of a render stopped because its task was canceled.
 pub const CANCELED: &str = "canceled by the coordinator";
+
+/// Milliseconds since the first call in this process: the clock renderers'
+/// last output is kept on.
+pub fn clock_ms() -> u64 {
+    static START: std::sync::OnceLock<Instant> = std::sync::OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// A renderer's last sign of life on [`clock_ms`]: updated by whatever reads
+/// its output, read by the worker's stall watch.
+pub type Heard = Arc<AtomicU64>;
+
+/// What the worker asks of a running render, and what the render tells it:
+/// whether it is canceled, the process group rendering it (killed at once
+/// by a cancel, so that no renderer goes on for a task nobody wants), and
+/// when that renderer last printed anything.
+#[derive(Default)]
+pub struct Control {
+    canceled: AtomicBool,
+    /// The process group now rendering the task (0: none), and its clock.
+    running: Mutex<(i32, Option<Heard>)>,
+}
+
+impl Control {
+    /// Cancels the task: its engine stops early, and the process group
+    /// rendering it, if any, is killed now.
+    pub fn cancel(&self) {
+        let running = self.running.lock().expect("control lock");
+        self.canceled.store(true, Ordering::Relaxed);
+        crate::child::kill_group(running.0);
+    }
+
+    pub fn is_canceled(&self) -> bool {
+        self.canceled.load(Ordering::Relaxed)
+    }
+
+    /// The flag, for engines that poll it in their own loops.
+    pub fn flag(&self) -> &AtomicBool {
+        &self.canceled
+    }
+
+    /// The task now renders in process group `group`, whose output `heard`
+    /// follows: a cancel kills it. False (and the group killed) when the
+    /// task was canceled already.
+    pub fn running_in(&self, group: i32, heard: Option<Heard>) -> bool {
+        let mut running = self.running.lock().expect("control lock");
+        if self.is_canceled() {
+            crate::child::kill_group(group);
+            return false;
+        }
+        *running = (group, heard);
+        true
+    }
+
+    /// The process group is no longer the task's (before it is reaped).
+    pub fn done_running(&self) {
+        *self.running.lock().expect("control lock") = (0, None);
+    }
+
+    /// The process group rendering the task now (0: none).
+    pub fn group(&self) -> i32 {
+        self.running.lock().expect("control lock").0
+    }
+
+    /// The renderer was seen working (its CPU time grows): for the stall
+    /// watch, as good as a line of output. Cycles in the background prints
+    /// its progress rarely (Blender 3.4: the first sample and the last).
+    pub fn seen_busy(&self) {
+        if let Some(heard) = &self.running.lock().expect("control lock").1 {
+            heard.store(clock_ms(), Ordering::Relaxed);
+        }
+    }
+
+    /// How long the renderer has printed nothing; `None` when no process
+    /// with a watched output renders the task now (an in-process engine, or
+    /// one that watches itself).
+    pub fn quiet_for(&self) -> Option<Duration> {
+        let running = self.running.lock().expect("control lock");
+        let heard = running.1.as_ref()?.load(Ordering::Relaxed);
+        Some(Duration::from_millis(clock_ms().saturating_sub(heard)))
+    }
+}
 
 /// A failed render: one line for people, and the renderer's own output
 /// around it, which the worker sends along for `tessera logs`.
@@ -54,16 +137,23 @@ pub trait Engine: Send + Sync {
     /// Renders `task` of `job`, whose files are laid out under `job_dir`.
     /// `progress(done, total, stage)` reports samples as the engine learns
     /// them, and what it does before it renders any (`stage`, short text).
-    /// `canceled` turns true when the coordinator no longer wants the task;
-    /// an engine that can stop early returns an error soon after.
+    /// `ctl` is canceled when the coordinator no longer wants the task (or
+    /// it ran past its time): an engine polls it, or names the process
+    /// group it renders in (`Control::running_in`), which the cancel
+    /// kills; either way it returns an error soon after, and never renders
+    /// the task again.
     fn render(
         &self,
         job: &JobInfo,
         job_dir: &Path,
         task: &TaskSpec,
         progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
-        canceled: &AtomicBool,
+        ctl: &Control,
     ) -> anyhow::Result<Vec<u8>>;
+
+    /// Ends renderer sessions that have had no task for `idle` (a renderer
+    /// kept warm between tasks holds memory, and may spin a core).
+    fn end_idle_sessions(&self, _idle: Duration) {}
 
     /// A finishing task: runs the scene's whole-frame effects (compositor,
     /// denoising) on the frame's stitched `passes` and returns the frame in
@@ -74,6 +164,7 @@ pub trait Engine: Send + Sync {
         _job_dir: &Path,
         _task: &TaskSpec,
         _passes: &Path,
+        _ctl: &Control,
     ) -> anyhow::Result<Vec<u8>> {
         anyhow::bail!("the {} engine has no finishing step", job.engine)
     }
@@ -139,8 +230,9 @@ impl Engine for Builtin {
         job_dir: &Path,
         task: &TaskSpec,
         _progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
-        canceled: &AtomicBool,
+        ctl: &Control,
     ) -> anyhow::Result<Vec<u8>> {
+        let canceled = ctl.flag();
         if std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_ABORT_IN_RENDER) {
             // A render that takes its worker down (a crash, the OOM killer).
             std::process::abort();
@@ -220,8 +312,9 @@ impl Engine for Noop {
         _job_dir: &Path,
         task: &TaskSpec,
         _progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
-        canceled: &AtomicBool,
+        ctl: &Control,
     ) -> anyhow::Result<Vec<u8>> {
+        let canceled = ctl.flag();
         let until = std::time::Instant::now() + self.per_task;
         while let Some(left) = until.checked_duration_since(std::time::Instant::now()) {
             anyhow::ensure!(!canceled.load(Ordering::Relaxed), CANCELED);

@@ -22,7 +22,7 @@
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
@@ -30,7 +30,7 @@ use tessera_protocol::job::Engine as EngineKind;
 use tessera_protocol::messages::{JobInfo, TaskSpec};
 use tessera_protocol::unreal::{asset_name, Bundle, BundleFrame};
 
-use super::{Engine, Failure, CANCELED};
+use super::{Control, Engine, Failure, CANCELED};
 
 /// Epic's page on command-line rendering with Movie Render Queue.
 pub const DOC_MRQ_COMMAND_LINE: &str = "https://dev.epicgames.com/documentation/en-us/unreal-engine/using-command-line-rendering-with-move-render-queue-in-unreal-engine";
@@ -368,7 +368,7 @@ impl Engine for Unreal {
         job_dir: &Path,
         task: &TaskSpec,
         progress: &(dyn Fn(u32, u32, Option<&str>) + Sync),
-        canceled: &AtomicBool,
+        ctl: &Control,
     ) -> anyhow::Result<Vec<u8>> {
         let unreal = job
             .unreal
@@ -412,24 +412,29 @@ impl Engine for Unreal {
         let slot = self.take_slot();
         let (adapter, pin) = self.slot_pinning(slot.index);
         let args = mrq_arguments(&project, unreal, job.resolution, adapter);
-        let mut child = Command::new(&self.editor)
-            .args(args.iter().map(|a| &a.value))
+        let mut cmd = Command::new(&self.editor);
+        cmd.args(args.iter().map(|a| &a.value))
             .envs(pin)
             .current_dir(job_dir)
             .env(TASK_ENV, &task_file)
             .env(DDC_ENV, &ddc)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
+            .stderr(Stdio::piped());
+        let mut owned = crate::child::spawn(cmd)
             .with_context(|| format!("cannot start Unreal ({})", self.editor.display()))?;
+        // A cancel kills Unreal's whole process group at once (its shader
+        // compile workers with it); this loop watches its silence itself.
+        ctl.running_in(owned.group(), None);
         let (tx, rx) = std::sync::mpsc::channel::<String>();
         let readers: Vec<_> = [
-            child
+            owned
+                .child
                 .stdout
                 .take()
                 .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
-            child
+            owned
+                .child
                 .stderr
                 .take()
                 .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
@@ -480,7 +485,7 @@ impl Engine for Unreal {
                 Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
                 Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
             }
-            if canceled.load(Ordering::Relaxed) {
+            if ctl.is_canceled() {
                 stopped = Some(CANCELED.into());
             } else if heard.elapsed() > silence {
                 stopped = Some(format!(
@@ -489,11 +494,12 @@ impl Engine for Unreal {
                 ));
             }
             if stopped.is_some() {
-                let _ = child.kill();
+                owned.kill();
                 break;
             }
         }
-        let status = child.wait()?;
+        ctl.done_running();
+        let status = owned.wait()?;
         for r in readers {
             let _ = r.join();
         }

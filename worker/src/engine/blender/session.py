@@ -47,6 +47,8 @@
 # Test hook: with TESSERA_TEST_FAIL_FIRST_RENDER=/abs/marker in the environment, the
 # first render anywhere (marker absent) fails, and that session refuses every later
 # render, so a worker that kept a failed session could never finish its job.
+# Test hook: with TESSERA_TEST_STALL_RENDER=1 a render command hangs without printing
+# anything (a stalled renderer, for the worker's stall window).
 #
 # Self-contained (stdlib + bpy): embedded in the worker binary.
 
@@ -63,6 +65,9 @@ import bpy
 
 PREFIX = "@@TESSERA@@ "
 _SEQ_RE = re.compile(r"^(.*?)(\d+)(\D*)$")
+# A file Blender ships, by its path: what follows an installation's
+# X.Y/datafiles/ (see Remapper.unshared).
+_DATAFILES_RE = re.compile(r"(?:^|/)\d{1,3}\.\d{1,3}/datafiles/(.+)$")
 _UDIM_TOKENS = ("<UDIM>", "<UVTILE>")
 
 
@@ -199,10 +204,34 @@ class Remapper:
 
     # -- one file ----------------------------------------------------------------
 
-    def _set(self, owner, attr, new, what):
+    def unshared(self, path, is_dir=False):
+        """Where a reference the job does not carry points here: the file
+        Blender ships, when it names one (this Blender's own copy), else a
+        place in the job folder that does not exist, so that it renders as
+        missing, as it did where it was submitted. Never a file of this
+        machine's own: a submitted scene must not read the worker's disk."""
+        m = _DATAFILES_RE.search(path.replace("\\", "/"))
+        if m:
+            try:
+                own = os.path.normpath(bpy.utils.system_resource("DATAFILES"))
+            except Exception:
+                own = None
+            if own:
+                mine = os.path.normpath(os.path.join(own, m.group(1)))
+                if mine.startswith(own + os.sep) and os.path.exists(mine):
+                    return mine
+        base = os.path.basename(path.replace("\\", "/").rstrip("/")) or "missing"
+        gone = os.path.join(self.job_dir, "_not_shared", base)
+        return gone + os.sep if is_dir else gone
+
+    def _set(self, owner, attr, new, what, is_dir=False):
         if new is None:
-            self.warnings.append("%s: %s not in the job" % (what, getattr(owner, attr)))
-            return
+            old = getattr(owner, attr)
+            new = self.unshared(old, is_dir)
+            if not new.startswith(self.job_dir + os.sep):
+                self.warnings.append("%s: %s is Blender's own, read from this worker's Blender" % (what, old))
+            else:
+                self.warnings.append("%s: %s not in the job (rendered as missing)" % (what, old))
         if getattr(owner, attr) != new:
             setattr(owner, attr, new)
             self.remapped += 1
@@ -250,7 +279,8 @@ class Remapper:
                 what = "Strip '%s'" % s.name
                 if s.type == "IMAGE" and len(s.elements):
                     hit = self.lookup(os.path.join(s.directory, s.elements[0].filename), a_dir, j_dir)
-                    self._set(s, "directory", os.path.dirname(hit) + os.sep if hit else None, what)
+                    self._set(s, "directory", os.path.dirname(hit) + os.sep if hit else None, what,
+                              is_dir=True)
                 elif s.type == "MOVIE":
                     self._set(s, "filepath", self.lookup(s.filepath, a_dir, j_dir), what)
 
@@ -282,7 +312,8 @@ class Remapper:
                 continue
             art = self.artist_of(lib.filepath, a_dir, j_dir)
             if art is None:
-                self.warnings.append("Library '%s': %s not in the job" % (lib.name, lib.filepath))
+                # Blender's own (a brush library), or rendered as missing.
+                self._set(lib, "filepath", None, "Library '%s'" % lib.name)
                 continue
             if art not in self.lib_out:
                 self.lib_out[art] = os.path.join(
@@ -466,7 +497,9 @@ def write_float_tile(out, w, h, samples, rgba):
 
 _GPU_PROBE = """import bpy
 s = bpy.context.scene
-s.render.engine = 'BLENDER_EEVEE'
+names = {e.identifier for e in s.render.bl_rna.properties['engine'].enum_items}
+# Blender 4.2 to 4.5 call it Eevee Next; earlier and later ones, Eevee.
+s.render.engine = 'BLENDER_EEVEE_NEXT' if 'BLENDER_EEVEE_NEXT' in names else 'BLENDER_EEVEE'
 s.render.resolution_x = s.render.resolution_y = 4
 s.eevee.taa_render_samples = 1
 for o in list(bpy.data.objects):
@@ -487,6 +520,17 @@ def _blender_command(script):
     return [sys.executable, "-I", "-B", "-c", "import bpy\n" + script]
 
 
+def _die_with_parent():
+    """In a child, before exec: SIGKILL it when this session dies (the
+    worker kills the session's process group on a cancel, and the kernel
+    this child if the session dies any other way)."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(1, 9)  # PR_SET_PDEATHSIG, SIGKILL
+    except Exception:
+        pass
+
+
 def gpu_context_error():
     """None when Blender can get an OpenGL context here, else a one-line reason.
     Without one, Blender 3.4 aborts the whole process (SIGABRT in libepoxy) the
@@ -499,7 +543,7 @@ def gpu_context_error():
             p = subprocess.run(
                 _blender_command(_GPU_PROBE),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                timeout=300)
+                timeout=300, preexec_fn=_die_with_parent)
             out = p.stdout.decode("utf-8", "replace")
             if p.returncode == 0 and "TESSERA_GPU_OK" in out:
                 _gpu_probe_result = ""
@@ -980,6 +1024,9 @@ class Session:
         self.poisoned = False
 
     def render(self, cmd):
+        if os.environ.get("TESSERA_TEST_STALL_RENDER") == "1":
+            while True:
+                time.sleep(3600)
         scene = bpy.context.scene
         r = scene.render
         frame = cmd.get("frame")
