@@ -203,6 +203,33 @@ impl Client {
         }
     }
 
+    /// The frames of a job stitched after the cursor `after` (0 first),
+    /// and the cursor to ask with next: only what is new is read.
+    pub async fn new_frames(
+        &mut self,
+        job: u64,
+        mut after: u64,
+    ) -> anyhow::Result<(Vec<FrameOutput>, u64)> {
+        let mut frames = Vec::new();
+        loop {
+            match self.call(&ClientRequest::NewFrames { job, after }).await? {
+                ClientResponse::NewFrames {
+                    frames: f,
+                    next,
+                    more,
+                } => {
+                    let advanced = next > after;
+                    frames.extend(f);
+                    after = after.max(next);
+                    if !more || !advanced {
+                        return Ok((frames, after));
+                    }
+                }
+                other => bail!("unexpected reply {other:?}"),
+            }
+        }
+    }
+
     pub async fn job(&mut self, job: u64) -> anyhow::Result<JobStatus> {
         self.status(Some(job))
             .await?

@@ -66,6 +66,8 @@ struct Followed {
     status: Option<JobStatus>,
     /// Frames done when the frame list was last read.
     frames_seen: Option<u32>,
+    /// Where the next read of new frames starts (see `Client::new_frames`).
+    cursor: u64,
     writer: Option<FrameWriter>,
 }
 
@@ -87,6 +89,7 @@ pub async fn wait(
             id,
             status: None,
             frames_seen: None,
+            cursor: 0,
             writer: None,
         })
         .collect();
@@ -200,10 +203,18 @@ async fn poll(
         };
         let changed = f.frames_seen != Some(done) || status.state.is_final();
         if let (Some(w), true, true) = (&mut f.writer, fetch, changed) {
-            // The list is read only when it grew (or at the end), and each
-            // frame is fetched once.
-            let frames = client.frames(f.id).await?;
-            w.write(client, &frames).await?;
+            // Read only when it grew, and then only the frames stitched
+            // since the last read; each frame is fetched once. At the end
+            // the whole list, once: whatever a cursor could miss (a
+            // database restored from a backup renumbers) is written then.
+            if status.state.is_final() {
+                let frames = client.frames(f.id).await?;
+                w.write(client, &frames).await?;
+            } else {
+                let (frames, next) = client.new_frames(f.id, f.cursor).await?;
+                w.write(client, &frames).await?;
+                f.cursor = next;
+            }
             f.frames_seen = Some(done);
         }
         f.status = Some(status);

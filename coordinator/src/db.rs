@@ -211,6 +211,15 @@ const PASSES_TABLE: &str = "CREATE TABLE IF NOT EXISTS passes (
     PRIMARY KEY (job, frame)
 );";
 
+/// A job's frames in the order they were stitched: an index on `job` holds
+/// `(job, rowid)`, so "the frames of job J after rowid R" is one range seek
+/// whatever the job's size (`wait` reads only what is new). A frame
+/// stitched again (`INSERT OR REPLACE`) gets a new rowid: it is new again.
+/// Created whenever missing, so it needs no schema version of its own.
+const FRAMES_BY_SEQ: &str = "CREATE INDEX IF NOT EXISTS frames_by_seq ON frames (job);";
+const FRAMES_SINCE: &str = "SELECT rowid, frame, digest, size FROM frames INDEXED BY frames_by_seq
+     WHERE job = ?1 AND rowid > ?2 ORDER BY rowid LIMIT ?3";
+
 /// Version 3: Blender builds shipped through the farm (`blender add`).
 const BUILDS_TABLE: &str = "CREATE TABLE IF NOT EXISTS blender_builds (
     digest TEXT PRIMARY KEY,
@@ -413,6 +422,7 @@ impl Db {
         conn.execute_batch(PASSES_TABLE)?;
         conn.execute_batch(TRUST_TABLES)?;
         conn.execute_batch(HOLDS_TABLE)?;
+        conn.execute_batch(FRAMES_BY_SEQ)?;
         Ok(Db { conn })
     }
 
@@ -1059,6 +1069,32 @@ impl Db {
         Ok(rows.collect::<Result<_, _>>()?)
     }
 
+    /// At most `limit` of a job's frames stitched after the cursor `after`
+    /// (0 first), in the order they were stitched, each with its cursor.
+    /// Reads only those rows: the work is O(what is new), not O(the job).
+    pub fn frames_since(
+        &self,
+        job: u64,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<(u64, StoredFrame)>, DbError> {
+        let mut stmt = self.conn.prepare_cached(FRAMES_SINCE)?;
+        let rows = stmt.query_map(
+            params![job as i64, after.min(i64::MAX as u64) as i64, limit],
+            |r| {
+                Ok((
+                    r.get::<_, i64>(0)? as u64,
+                    StoredFrame {
+                        frame: r.get(1)?,
+                        digest: digest_col(r, 2)?,
+                        size: r.get::<_, i64>(3)? as u64,
+                    },
+                ))
+            },
+        )?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
     pub fn frames(&self, job: u64) -> Result<Vec<StoredFrame>, DbError> {
         let mut stmt = self
             .conn
@@ -1078,6 +1114,67 @@ impl Db {
 mod tests {
     use super::*;
     use tessera_protocol::job::{Engine, OutputFormat, TileGrid};
+
+    /// The virtual machine steps SQLite takes to read the frames of `job`
+    /// after `after`: what a `wait` poll costs the database.
+    fn steps_since(db: &Db, job: u64, after: u64) -> (usize, i32) {
+        let mut stmt = db.conn.prepare(FRAMES_SINCE).unwrap();
+        let n = (stmt.query_map(params![job as i64, after as i64, 1000], |_| Ok(())))
+            .unwrap()
+            .count();
+        (n, stmt.get_status(rusqlite::StatementStatus::VmStep))
+    }
+
+    #[test]
+    fn new_frames_cost_what_is_new_not_what_the_job_holds() {
+        let dir = std::env::temp_dir().join(format!("tessera-db-since-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut db = Db::open(&dir.join("state.sqlite")).unwrap();
+        let frame = |frame: u32| StoredFrame {
+            frame,
+            digest: tessera_protocol::Digest::of(&frame.to_le_bytes()),
+            size: 1,
+        };
+        // Job 1 has 10,000 frames, job 2 has 10; each job's frames are
+        // stitched out of order, interleaved with the other's.
+        for f in (1..=10_000u32).rev() {
+            db.insert_frame(1, &frame(f)).unwrap();
+            if f % 1000 == 0 {
+                db.insert_frame(2, &frame(f / 1000)).unwrap();
+            }
+        }
+        let all = db.frames_since(1, 0, 20_000).unwrap();
+        assert_eq!(all.len(), 10_000);
+        let order: Vec<u32> = all.iter().map(|(_, f)| f.frame).collect();
+        assert_eq!(order[..3], [10_000, 9_999, 9_998], "in the order stitched");
+        let (end_big, end_small) = (all.last().unwrap().0, db.frames_since(2, 0, 99).unwrap());
+        assert_eq!(end_small.len(), 10);
+
+        // Three new frames of each, one of them stitched again.
+        for (job, f) in [(1, 10_001), (1, 5), (2, 11), (2, 3), (1, 10_002), (2, 12)] {
+            db.insert_frame(job, &frame(f)).unwrap();
+        }
+        let new_big = db.frames_since(1, end_big, 99).unwrap();
+        let frames: Vec<u32> = new_big.iter().map(|(_, f)| f.frame).collect();
+        assert_eq!(
+            frames,
+            [10_001, 5, 10_002],
+            "only what is new, restitched included"
+        );
+        assert!(db.frames_since(1, new_big[2].0, 99).unwrap().is_empty());
+
+        // The same work on a job of 10,000 frames as on one of 10.
+        let (n_big, steps_big) = steps_since(&db, 1, end_big);
+        let (n_small, steps_small) = steps_since(&db, 2, end_small.last().unwrap().0);
+        assert_eq!((n_big, n_small), (3, 3));
+        println!("steps: {steps_big} on 10,000 frames, {steps_small} on 10");
+        assert!(
+            steps_big <= steps_small + 10 && steps_big < 200,
+            "{steps_big} steps on 10,000 frames, {steps_small} on 10"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     fn spec(request_id: Option<&str>) -> JobSpec {
         JobSpec {

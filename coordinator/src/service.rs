@@ -17,12 +17,14 @@
 use std::collections::HashSet;
 use std::sync::Arc;
 
+use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{
     take_page, ClientError, ErrorKind, FarmEvent, FrameOutput, JobDetail, JobFilter, JobState,
     JobStatus, TaskLog, TileState, TileStatus, WorkerStatus, PAGE_ITEMS,
 };
 use tokio::sync::broadcast;
 
+use crate::db::StoredFrame;
 use crate::server::Shared;
 
 /// A service answer: the value, or why not.
@@ -196,22 +198,28 @@ pub(crate) fn logs_page(
     Ok((page.into_iter().map(|(_, l)| l).collect(), next))
 }
 
-/// A job's stitched frames so far.
-pub(crate) fn frames(shared: &Shared, id: u64) -> Answer<Vec<FrameOutput>> {
-    // The database holds every job's spec, running or finished.
-    let spec = shared.db().job(id).map_err(internal)?.map(|j| j.spec);
-    let Some(spec) = spec else {
-        return Err(no_job(id));
-    };
+/// A job's spec: from the core while the job is active (no database read,
+/// whatever its size), from the database once it is finished.
+fn spec_of(shared: &Shared, id: u64) -> Answer<Arc<JobSpec>> {
+    if let Some(spec) = shared.read(|core, _| core.spec(id)) {
+        return Ok(spec);
+    }
+    let stored = shared.db().job(id).map_err(internal)?;
+    stored.map(|j| Arc::new(j.spec)).ok_or_else(|| no_job(id))
+}
+
+/// Stored frames as clients see them: named as the job names its files.
+fn frame_outputs(
+    spec: &JobSpec,
+    frames: impl IntoIterator<Item = StoredFrame>,
+) -> Vec<FrameOutput> {
     let (format, template) = (spec.output, spec.output_name.as_deref());
     // Unreal frames are named as Movie Render Queue names them.
     let name = |frame: u32| match &spec.unreal {
         Some(u) => Some(u.frame_file_name(&spec.frames, frame, format)),
         None => template.and_then(|t| tessera_protocol::job::frame_file_name(t, frame)),
     };
-    let frames = shared.db().frames(id).map_err(internal)?;
-    Ok(frames
-        .into_iter()
+    (frames.into_iter())
         .map(|f| FrameOutput {
             frame: f.frame,
             digest: f.digest,
@@ -219,7 +227,35 @@ pub(crate) fn frames(shared: &Shared, id: u64) -> Answer<Vec<FrameOutput>> {
             format,
             name: name(f.frame),
         })
-        .collect())
+        .collect()
+}
+
+/// A job's stitched frames so far.
+pub(crate) fn frames(shared: &Shared, id: u64) -> Answer<Vec<FrameOutput>> {
+    let spec = spec_of(shared, id)?;
+    let frames = shared.db().frames(id).map_err(internal)?;
+    Ok(frame_outputs(&spec, frames))
+}
+
+/// The frames of a job stitched after the cursor `after` (0 first), at
+/// most a page, in the order they were stitched; the cursor to ask with
+/// next (`after` when nothing is new), and whether more are waiting. The
+/// database reads only the new rows (see [`crate::db::Db::frames_since`]),
+/// so `wait` costs O(new frames) per poll on a job of any size.
+pub(crate) fn new_frames(
+    shared: &Shared,
+    id: u64,
+    after: u64,
+) -> Answer<(Vec<FrameOutput>, u64, bool)> {
+    let spec = spec_of(shared, id)?;
+    let rows = (shared.db())
+        .frames_since(id, after, PAGE_ITEMS as u32 + 1)
+        .map_err(internal)?;
+    let cursors: Vec<u64> = rows.iter().map(|(cursor, _)| *cursor).collect();
+    let named = frame_outputs(&spec, rows.into_iter().map(|(_, f)| f));
+    let (page, more) = take_page(cursors.into_iter().zip(named));
+    let next = page.last().map_or(after, |(cursor, _)| *cursor);
+    Ok((page.into_iter().map(|(_, f)| f).collect(), next, more))
 }
 
 /// One page of a job's stitched frames after `after`, and the cursor of
@@ -467,6 +503,44 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn new_frames_are_read_after_a_cursor_in_the_order_stitched() {
+        let f = farm("new-frames");
+        let s = &f.shared;
+        upload(s, b"scene");
+        let mut three = spec("three", b"scene");
+        three.frames = vec![1, 2, 3];
+        three.output_name = Some("shot_####.png".into());
+        let id = submit(s, three, 0).await.unwrap().id;
+        let stitch = |frame: u32| {
+            let stored = StoredFrame {
+                frame,
+                digest: Digest::of(&frame.to_le_bytes()),
+                size: 4,
+            };
+            s.db().insert_frame(id, &stored).unwrap();
+        };
+        let nothing = |after| {
+            let (frames, next, more) = new_frames(s, id, after).unwrap();
+            frames.is_empty() && next == after && !more
+        };
+        assert!(nothing(0));
+        stitch(3);
+        stitch(1);
+        let (first, cursor, more) = new_frames(s, id, 0).unwrap();
+        let names: Vec<_> = first.iter().map(|f| f.name.clone().unwrap()).collect();
+        assert_eq!(names, ["shot_0003.png", "shot_0001.png"]);
+        assert!(!more && cursor > 0);
+        assert!(nothing(cursor));
+        stitch(2);
+        let (second, next, _) = new_frames(s, id, cursor).unwrap();
+        assert_eq!(second.iter().map(|f| f.frame).collect::<Vec<_>>(), [2]);
+        assert!(next > cursor);
+        // The whole list, by frame, is what it always was.
+        let all: Vec<u32> = frames(s, id).unwrap().iter().map(|f| f.frame).collect();
+        assert_eq!(all, [1, 2, 3]);
+    }
+
+    #[tokio::test]
     async fn every_error_kind_is_answered_by_the_service() {
         use ErrorKind::*;
         let f = farm("kinds");
@@ -486,6 +560,7 @@ mod tests {
         check(kind(retry(s, 9).await), NotFound, "retry");
         check(kind(frames(s, 9)), NotFound, "frames");
         check(kind(frames_page(s, 9, None)), NotFound, "frames page");
+        check(kind(new_frames(s, 9, 0)), NotFound, "new frames");
         check(kind(frame(s, 9, 1)), NotFound, "frame");
         check(kind(tiles(s, 9, 1)), NotFound, "tiles");
         check(kind(logs(s, 9, None)), NotFound, "logs");

@@ -50,7 +50,7 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
 /// a job's task time limit; 16: a joining worker says it is draining, and
 /// a recorded failure is acknowledged; 17: a client's error carries its
 /// [`ErrorKind`]).
-pub const PROTOCOL_VERSION: u32 = 17;
+pub const PROTOCOL_VERSION: u32 = 18;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Role {
@@ -622,6 +622,13 @@ pub enum ClientRequest {
         filter: JobFilter,
         after: u64,
     },
+    /// The frames of a job stitched after the cursor `after` (0 first), in
+    /// the order they were stitched: what `wait` polls, reading only what
+    /// is new. Answered by `NewFrames`.
+    NewFrames {
+        job: u64,
+        after: u64,
+    },
 }
 
 /// Which jobs a `status` (or the HTTP API) lists. Every part that is given
@@ -844,6 +851,13 @@ pub enum ClientResponse {
     JobsPage {
         jobs: Vec<JobStatus>,
         next: Option<u64>,
+    },
+    /// `next`: the cursor to ask with next (the one asked with when nothing
+    /// is new); `more`: frames past this page are already waiting.
+    NewFrames {
+        frames: Vec<FrameOutput>,
+        next: u64,
+        more: bool,
     },
 }
 

@@ -156,6 +156,10 @@ pub(crate) async fn handle(
             service::frames_page(shared, job, after),
             |(frames, next)| ClientResponse::FramesPage { frames, next },
         ),
+        ClientRequest::NewFrames { job, after } => answer(
+            service::new_frames(shared, job, after),
+            |(frames, next, more)| ClientResponse::NewFrames { frames, next, more },
+        ),
         ClientRequest::Retry(id) => {
             answer(service::retry(shared, id).await, ClientResponse::Retried)
         }

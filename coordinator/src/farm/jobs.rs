@@ -300,6 +300,11 @@ impl FarmCore {
         }
     }
 
+    /// An active job's spec (a finished job's is in the database).
+    pub fn spec(&self, job: u64) -> Option<std::sync::Arc<JobSpec>> {
+        self.jobs.get(&job).map(|j| j.spec.clone())
+    }
+
     /// The output format of a job's frames.
     pub fn output_format(&self, job: u64) -> Option<OutputFormat> {
         self.jobs.get(&job).map(|j| j.spec.output)
