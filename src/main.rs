@@ -752,9 +752,17 @@ fn main() {
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
+        // The coordinator counts blocking calls made on these threads.
+        .on_thread_park(tessera_coordinator::watch::runtime_thread)
+        .on_thread_unpark(tessera_coordinator::watch::runtime_thread)
         .build()
         .expect("tokio runtime");
-    match runtime.block_on(run(cli.command)) {
+    let ran = runtime.block_on(async {
+        let ran = run(cli.command).await;
+        client::close_all().await;
+        ran
+    });
+    match ran {
         Ok(code) => std::process::exit(code),
         Err(e) => {
             // One line: the reason, with its causes.

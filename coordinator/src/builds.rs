@@ -48,6 +48,7 @@ pub(crate) fn add_build(
     let recorded = shared.db().add_build(&info)?;
     let builds = shared.db().builds()?;
     shared.update(|core, _| core.set_builds(builds));
+    shared.build_digests.reload(shared)?;
     Ok(recorded)
 }
 

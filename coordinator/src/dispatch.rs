@@ -11,7 +11,18 @@ use crate::server::Shared;
 pub(crate) async fn dispatcher(shared: Arc<Shared>) {
     let mut woken = None;
     loop {
-        let deadline = shared.update(|core, now| core.dispatch(now));
+        // On the blocking pool: expiring a lease may fail a job, which
+        // records it in the database.
+        let deadline = match shared
+            .blocking(|s| s.update(|core, now| core.dispatch(now)))
+            .await
+        {
+            Ok(deadline) => deadline,
+            Err(e) => {
+                tracing::error!("dispatch failed: {e:#}");
+                Some(shared.now().ms + shared.config.heartbeat_ms)
+            }
+        };
         if let Some(at) = woken.take() {
             shared
                 .metrics

@@ -33,4 +33,5 @@ pub mod stitch;
 mod stitcher;
 pub mod submit;
 mod upkeep;
+pub mod watch;
 pub mod webhook;

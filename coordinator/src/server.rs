@@ -92,9 +92,16 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         identity.fingerprint(),
     );
     let shared = Arc::new(shared);
-    restore(&shared)?;
-    let builds = shared.db().builds()?;
-    shared.update(|core, _| core.set_builds(builds));
+    // The database is read on the blocking pool, as everywhere (see
+    // `Shared::blocking`).
+    shared
+        .blocking(|shared| -> anyhow::Result<()> {
+            restore(shared)?;
+            let builds = shared.db().builds()?;
+            shared.update(|core, _| core.set_builds(builds));
+            shared.build_digests.reload(shared)
+        })
+        .await??;
     let committer = {
         let shared = shared.clone();
         std::thread::Builder::new()
@@ -109,9 +116,14 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     };
     let mut tasks = JoinSet::new();
     tasks.spawn(dispatch::dispatcher(shared.clone()));
+    {
+        let shared = shared.clone();
+        tasks.spawn(async move { shared.watch.stall_ticker().await });
+    }
     tasks.spawn(gc::every_hour(shared.clone()));
     tasks.spawn(upkeep::scrub(shared.clone(), config.scrub_bytes_per_sec));
     tasks.spawn(upkeep::checkpoint(shared.clone(), config.checkpoint_every));
+    tasks.spawn(upkeep::trim_memory(shared.clone()));
     tasks.spawn(conn::accept(shared.clone(), endpoint.clone()));
     let http_addr = match http {
         Some(listener) => {

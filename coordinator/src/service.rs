@@ -45,6 +45,20 @@ fn joined(e: tokio::task::JoinError) -> ClientError {
     ClientError::internal(format!("the request's task failed: {e}"))
 }
 
+/// Runs a service call on the blocking pool and waits for it: the calls
+/// that read or write the database (or may record a job's end) never run
+/// on a runtime thread, where a slow disk would stall every connection.
+/// Both APIs call the synchronous operations below through this.
+pub(crate) async fn off_runtime<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    f: impl FnOnce(&Arc<Shared>) -> Answer<T> + Send + 'static,
+) -> Answer<T> {
+    let shared = shared.clone();
+    tokio::task::spawn_blocking(move || f(&shared))
+        .await
+        .map_err(joined)?
+}
+
 /// Validates and records a job (see [`crate::submit::submit`]). On the
 /// blocking pool: it waits for a garbage collection under way, checks
 /// stored files and writes the database.

@@ -71,6 +71,8 @@ pub(crate) struct Shared {
     pub scans: crate::conn::scan::Scans,
     /// What `/metrics` counts since the start.
     pub metrics: crate::http::metrics::Counters,
+    /// Blocking calls on runtime threads, stalls, heartbeat gaps.
+    pub watch: crate::watch::Watch,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -133,6 +135,7 @@ impl Shared {
             build_digests: Default::default(),
             scans: Default::default(),
             metrics: Default::default(),
+            watch: Default::default(),
         };
         (shared, commit_rx, stitch_rx)
     }
@@ -153,12 +156,31 @@ impl Shared {
         self.notices.subscribe()
     }
 
+    /// The database. Never on a runtime thread: async code reaches it
+    /// through [`Shared::blocking`] (a call from a runtime thread is
+    /// counted and logged with its place, see [`crate::watch`]).
+    #[track_caller]
     pub fn db(&self) -> std::sync::MutexGuard<'_, Db> {
+        self.watch.must_not_block("the database");
         relock(&self.db)
     }
 
     fn locked(&self) -> std::sync::MutexGuard<'_, Locked> {
         relock(&self.state)
+    }
+
+    /// Runs `f` on the blocking pool and waits for it: how async code
+    /// reaches the database, the blob store's files, or a core change that
+    /// may record a job's end — never on a runtime thread, where a slow
+    /// disk would stall every connection (ARCHITECTURE.md, Threads).
+    pub async fn blocking<R: Send + 'static>(
+        self: &Arc<Self>,
+        f: impl FnOnce(&Arc<Shared>) -> R + Send + 'static,
+    ) -> anyhow::Result<R> {
+        let shared = self.clone();
+        tokio::task::spawn_blocking(move || f(&shared))
+            .await
+            .map_err(|e| anyhow::anyhow!("a blocking task failed: {e}"))
     }
 
     /// Reads the core (no effects).

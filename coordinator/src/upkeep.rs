@@ -111,3 +111,36 @@ pub(crate) async fn checkpoint(shared: Arc<Shared>, every: Duration) {
         }
     }
 }
+
+/// How often [`trim_memory`] looks.
+const TRIM_EVERY: Duration = Duration::from_secs(10);
+
+/// Gives the memory of ended connections back to the system, every
+/// [`TRIM_EVERY`] in which some ended, until its task is aborted. glibc's
+/// allocator keeps what a burst of connections freed in the runtime
+/// threads' arenas, as holes it cannot give back on its own: after 2,000
+/// `status` calls, 4 at a time, 133 MB resident with 11 MB in use;
+/// `malloc_trim` returns it (26 MB).
+pub(crate) async fn trim_memory(shared: Arc<Shared>) {
+    let mut seen = 0;
+    loop {
+        tokio::time::sleep(TRIM_EVERY).await;
+        let closed = (shared.metrics.connections_closed).load(std::sync::atomic::Ordering::Relaxed);
+        if closed == seen {
+            continue;
+        }
+        seen = closed;
+        let _ = tokio::task::spawn_blocking(trim).await;
+    }
+}
+
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn trim() {
+    // SAFETY: malloc_trim takes no pointer and is thread-safe.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn trim() {}

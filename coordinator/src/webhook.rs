@@ -237,6 +237,24 @@ fn blocked(shared: &Shared) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Marks event `id` delivered, or failed once more and due again after
+/// `backoff`.
+fn mark(shared: &Shared, id: i64, delivered: bool, backoff: Duration) -> anyhow::Result<()> {
+    let db = shared.db();
+    if delivered {
+        db.conn().execute(
+            "UPDATE webhook_outbox SET delivered_ms = ?1, attempts = attempts + 1 WHERE id = ?2",
+            params![unix_ms() as i64, id],
+        )?;
+    } else {
+        db.conn().execute(
+            "UPDATE webhook_outbox SET attempts = attempts + 1, next_ms = ?1 WHERE id = ?2",
+            params![(unix_ms() + backoff.as_millis() as u64) as i64, id],
+        )?;
+    }
+    Ok(())
+}
+
 /// When the next undelivered event is due (unix ms), if any.
 fn next_due(shared: &Shared) -> anyhow::Result<Option<u64>> {
     let db = shared.db();
@@ -302,39 +320,49 @@ pub(crate) async fn deliver(shared: Arc<Shared>, hook: Webhook) {
 async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
     let target = parse_url(&hook.url)?;
     let mut events = shared.events();
-    let since_ms = {
-        let db = shared.db();
-        create_tables(db.conn())?;
-        db.conn().execute(
-            "INSERT OR IGNORE INTO webhook_meta (k, v) VALUES ('since_ms', ?1)",
-            params![unix_ms() as i64],
-        )?;
-        db.conn()
-            .query_row("SELECT v FROM webhook_meta WHERE k = 'since_ms'", [], |r| {
-                r.get::<_, i64>(0)
-            })? as u64
-    };
+    let since_ms = shared
+        .blocking(|shared| -> anyhow::Result<u64> {
+            let db = shared.db();
+            create_tables(db.conn())?;
+            db.conn().execute(
+                "INSERT OR IGNORE INTO webhook_meta (k, v) VALUES ('since_ms', ?1)",
+                params![unix_ms() as i64],
+            )?;
+            Ok(db
+                .conn()
+                .query_row("SELECT v FROM webhook_meta WHERE k = 'since_ms'", [], |r| {
+                    r.get::<_, i64>(0)
+                })? as u64)
+        })
+        .await??;
     let mut notices = shared.notices();
-    catch_up(shared, since_ms)?;
+    shared.blocking(move |s| catch_up(s, since_ms)).await??;
     // Jobs blocked before this task listened; from here on the farm core
     // tells of each newly blocked job.
-    blocked(shared)?;
+    shared.blocking(|s| blocked(s)).await??;
     // Nothing is looked at on a timer: the loop wakes for an event, a
-    // notice, or when the next delivery (or retry) is due.
+    // notice, or when the next delivery (or retry) is due. The database
+    // is read and written on the blocking pool.
     loop {
         deliver_due(shared, hook, &target).await?;
-        let due = next_due(shared)?;
+        let due = shared.blocking(|s| next_due(s)).await??;
         let wait = due.map(|at| Duration::from_millis(at.saturating_sub(unix_ms())));
         tokio::select! {
             event = events.recv() => match event {
-                Ok((_, FarmEvent::JobChanged { job, state })) => job_finished(shared, job, state)?,
+                Ok((_, FarmEvent::JobChanged { job, state })) => {
+                    shared.blocking(move |s| job_finished(s, job, state)).await??
+                }
                 Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => catch_up(shared, since_ms)?,
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    shared.blocking(move |s| catch_up(s, since_ms)).await??
+                }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
             notice = notices.recv() => match notice {
-                Ok(notice) => noticed(shared, notice)?,
-                Err(broadcast::error::RecvError::Lagged(_)) => blocked(shared)?,
+                Ok(notice) => shared.blocking(move |s| noticed(s, notice)).await??,
+                Err(broadcast::error::RecvError::Lagged(_)) => {
+                    shared.blocking(|s| blocked(s)).await??
+                }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
             () = sleep_or_never(wait) => {}
@@ -351,8 +379,8 @@ async fn sleep_or_never(wait: Option<Duration>) {
 
 /// Sends the outbox's due events, oldest first, until one fails or none is
 /// due.
-async fn deliver_due(shared: &Shared, hook: &Webhook, target: &Target) -> anyhow::Result<()> {
-    while let Some((id, body, attempts, next_ms)) = next_pending(shared)? {
+async fn deliver_due(shared: &Arc<Shared>, hook: &Webhook, target: &Target) -> anyhow::Result<()> {
+    while let Some((id, body, attempts, next_ms)) = shared.blocking(|s| next_pending(s)).await?? {
         if next_ms > unix_ms() {
             return Ok(());
         }
@@ -372,24 +400,17 @@ async fn deliver_due(shared: &Shared, hook: &Webhook, target: &Target) -> anyhow
             Ok(Err(e)) => Some(format!("{e:#}")),
             Err(_) => Some("the receiver did not answer in time".into()),
         };
-        let db = shared.db();
+        let backoff = hook
+            .first_backoff
+            .saturating_mul(1u32 << attempts.min(20))
+            .min(hook.max_backoff);
+        let marked = failure.is_none();
+        shared
+            .blocking(move |s| mark(s, id, marked, backoff))
+            .await??;
         match failure {
-            None => {
-                db.conn().execute(
-                    "UPDATE webhook_outbox SET delivered_ms = ?1, attempts = attempts + 1 WHERE id = ?2",
-                    params![unix_ms() as i64, id],
-                )?;
-                tracing::info!(id, %kind, "webhook delivered");
-            }
+            None => tracing::info!(id, %kind, "webhook delivered"),
             Some(why) => {
-                let backoff = hook
-                    .first_backoff
-                    .saturating_mul(1u32 << attempts.min(20))
-                    .min(hook.max_backoff);
-                db.conn().execute(
-                    "UPDATE webhook_outbox SET attempts = attempts + 1, next_ms = ?1 WHERE id = ?2",
-                    params![(unix_ms() + backoff.as_millis() as u64) as i64, id],
-                )?;
                 tracing::warn!(
                     id, %kind, attempt = attempts + 1, retry_in_ms = backoff.as_millis() as u64,
                     "webhook delivery failed: {why}"

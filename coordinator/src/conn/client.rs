@@ -13,7 +13,7 @@ use tessera_protocol::transport::Channel;
 use crate::builds::{add_build, list_builds};
 use crate::gc::collect_garbage;
 use crate::server::{unix_ms, Shared};
-use crate::service::{self, internal, Answer};
+use crate::service::{self, internal, off_runtime as off, Answer};
 use crate::{data_dir, identity};
 
 pub(super) async fn serve(
@@ -43,11 +43,11 @@ pub(crate) async fn handle(
     uploaded: &AtomicU64,
 ) -> anyhow::Result<ClientResponse> {
     Ok(match request {
+        // Touching each stored file is disk work: off the runtime.
         ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
-            digests
-                .into_iter()
-                .filter(|d| !shared.store.touch(d))
-                .collect(),
+            shared
+                .blocking(move |s| digests.into_iter().filter(|d| !s.store.touch(d)).collect())
+                .await?,
         ),
         ClientRequest::KnownLists(lists) => {
             let store = shared.store.clone();
@@ -102,25 +102,37 @@ pub(crate) async fn handle(
         ClientRequest::Status(Some(id)) => {
             service::panic_if_asked(shared, id);
             // The first page of workers (`StatusPage` has them all).
-            answer(service::job(shared, id), |status| ClientResponse::Status {
-                jobs: vec![status],
-                workers: take_page(service::workers(shared)).0,
+            answer(off(shared, move |s| service::job(s, id)).await, |status| {
+                ClientResponse::Status {
+                    jobs: vec![status],
+                    workers: take_page(service::workers(shared)).0,
+                }
             })
         }
-        ClientRequest::Status(None) => answer(service::status(shared), |(jobs, workers)| {
-            ClientResponse::Status { jobs, workers }
-        }),
-        ClientRequest::Cancel(id) => answer(service::cancel(shared, id), ClientResponse::Canceled),
-        ClientRequest::Frames(id) => answer(service::frames(shared, id), ClientResponse::Frames),
-        ClientRequest::Logs { job, task } => {
-            answer(service::logs(shared, job, task), ClientResponse::Logs)
-        }
-        ClientRequest::Tiles { job, frame } => {
-            answer(service::tiles(shared, job, frame), ClientResponse::Tiles)
-        }
-        ClientRequest::Pause { job, paused } => answer(service::pause(shared, job, paused), |()| {
-            ClientResponse::Done
-        }),
+        ClientRequest::Status(None) => answer(
+            off(shared, |s| service::status(s)).await,
+            |(jobs, workers)| ClientResponse::Status { jobs, workers },
+        ),
+        ClientRequest::Cancel(id) => answer(
+            off(shared, move |s| service::cancel(s, id)).await,
+            ClientResponse::Canceled,
+        ),
+        ClientRequest::Frames(id) => answer(
+            off(shared, move |s| service::frames(s, id)).await,
+            ClientResponse::Frames,
+        ),
+        ClientRequest::Logs { job, task } => answer(
+            off(shared, move |s| service::logs(s, job, task)).await,
+            ClientResponse::Logs,
+        ),
+        ClientRequest::Tiles { job, frame } => answer(
+            off(shared, move |s| service::tiles(s, job, frame)).await,
+            ClientResponse::Tiles,
+        ),
+        ClientRequest::Pause { job, paused } => answer(
+            off(shared, move |s| service::pause(s, job, paused)).await,
+            |()| ClientResponse::Done,
+        ),
         ClientRequest::Drain { worker } => {
             answer(service::drain(shared, worker), |()| ClientResponse::Done)
         }
@@ -141,7 +153,10 @@ pub(crate) async fn handle(
             after_job,
             after_worker,
         } => answer(
-            service::status_page(shared, after_job, after_worker),
+            off(shared, move |s| {
+                service::status_page(s, after_job, after_worker)
+            })
+            .await,
             |(jobs, workers, more)| ClientResponse::StatusPage {
                 jobs,
                 workers,
@@ -149,25 +164,27 @@ pub(crate) async fn handle(
             },
         ),
         ClientRequest::LogsPage { job, task, after } => answer(
-            service::logs_page(shared, job, task, after),
+            off(shared, move |s| service::logs_page(s, job, task, after)).await,
             |(logs, next)| ClientResponse::LogsPage { logs, next },
         ),
         ClientRequest::FramesPage { job, after } => answer(
-            service::frames_page(shared, job, after),
+            off(shared, move |s| service::frames_page(s, job, after)).await,
             |(frames, next)| ClientResponse::FramesPage { frames, next },
         ),
         ClientRequest::NewFrames { job, after } => answer(
-            service::new_frames(shared, job, after),
+            off(shared, move |s| service::new_frames(s, job, after)).await,
             |(frames, next, more)| ClientResponse::NewFrames { frames, next, more },
         ),
         ClientRequest::Retry(id) => {
             answer(service::retry(shared, id).await, ClientResponse::Retried)
         }
-        ClientRequest::JobDetail(id) => answer(service::detail(shared, id), |d| {
-            ClientResponse::JobDetail(Box::new(d))
-        }),
+        ClientRequest::JobDetail(id) => {
+            answer(off(shared, move |s| service::detail(s, id)).await, |d| {
+                ClientResponse::JobDetail(Box::new(d))
+            })
+        }
         ClientRequest::JobsPage { filter, after } => answer(
-            service::jobs_page(shared, &filter, after),
+            off(shared, move |s| service::jobs_page(s, &filter, after)).await,
             |(jobs, next)| ClientResponse::JobsPage { jobs, next },
         ),
     })

@@ -64,7 +64,7 @@ impl Fetch {
         relock(&self.granted).contains(digest)
             || shared.read(|core, _| core.task_needs(id, digest))
             || shared.scans.may_fetch(id, digest)
-            || shared.build_digests.holds(shared, digest)
+            || shared.build_digests.holds(digest)
     }
 
     /// A recipe was served: its chunks may be fetched too.
@@ -83,26 +83,23 @@ impl Fetch {
 /// The digests of every recorded Blender build (manifests, files, chunks),
 /// read again when the number of builds changes.
 #[derive(Default)]
-pub(crate) struct BuildDigests(Mutex<Option<(usize, HashSet<Digest>)>>);
+pub(crate) struct BuildDigests(Mutex<Option<HashSet<Digest>>>);
 
 impl BuildDigests {
-    pub fn holds(&self, shared: &Shared, digest: &Digest) -> bool {
-        let Ok(count) = shared.db().builds().map(|b| b.len()) else {
-            return false;
-        };
-        if count == 0 {
-            return false;
-        }
-        let mut cached = relock(&self.0);
-        if cached.as_ref().is_none_or(|(n, _)| *n != count) {
-            match crate::builds::kept_by_builds(shared) {
-                Ok(all) => *cached = Some((count, all.into_iter().collect())),
-                Err(e) => {
-                    tracing::warn!("cannot read the recorded builds: {e:#}");
-                    return false;
-                }
-            }
-        }
-        cached.as_ref().is_some_and(|(_, all)| all.contains(digest))
+    /// Whether `digest` belongs to a recorded build: from the set read
+    /// when the builds last changed (see [`BuildDigests::reload`]), never
+    /// from the database on this path.
+    pub fn holds(&self, digest: &Digest) -> bool {
+        relock(&self.0)
+            .as_ref()
+            .is_some_and(|all| all.contains(digest))
+    }
+
+    /// The recorded builds changed (or the coordinator started): reads
+    /// what they hold. Off the runtime: it reads the database and store.
+    pub fn reload(&self, shared: &Shared) -> anyhow::Result<()> {
+        let all: HashSet<Digest> = crate::builds::kept_by_builds(shared)?.into_iter().collect();
+        *relock(&self.0) = (!all.is_empty()).then_some(all);
+        Ok(())
     }
 }

@@ -5,6 +5,7 @@
 //! `Welcome`. Until then the peer has the narrow pre-authentication
 //! windows (see `transport::admit`); nothing it sent outlives the deadline.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -36,7 +37,7 @@ pub(super) struct Admitted {
 /// itself at once, even to a client that reconnects the moment it reads
 /// the refusal).
 pub(super) async fn handshake(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     incoming: quinn::Incoming,
     pass: &mut Option<Pass>,
 ) -> anyhow::Result<Option<Admitted>> {
@@ -58,7 +59,7 @@ pub(super) async fn handshake(
 }
 
 async fn admit(
-    shared: &Shared,
+    shared: &Arc<Shared>,
     conn: &quinn::Connection,
     pass: &mut Option<Pass>,
 ) -> anyhow::Result<Option<Admitted>> {
@@ -68,8 +69,10 @@ async fn admit(
         .await?
         .context("closed before hello")?;
     let admitted = {
-        let db = shared.db();
-        shared.identities.admit(db.conn(), &hello)
+        let hello = hello.clone();
+        shared
+            .blocking(move |s| s.identities.admit(s.db().conn(), &hello))
+            .await?
     };
     let admission = match admitted {
         Ok(admission) => admission,

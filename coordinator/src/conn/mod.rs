@@ -74,7 +74,9 @@ pub(crate) async fn accept(shared: Arc<Shared>, endpoint: quinn::Endpoint) {
                 });
             }
             // Reap finished connections so the set holds live ones only.
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = connections.join_next(), if !connections.is_empty() => {
+                (shared.metrics.connections_closed).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
     connections.shutdown().await;
@@ -142,8 +144,12 @@ async fn serve_connection(
         Admission::Enrolled { id, name } => (Role::Worker, name, Some(id)),
         Admission::Enroll => {
             let credential = {
-                let db = shared.db();
-                identity::enroll(db.conn(), &name, crate::server::unix_ms())?
+                let name = name.clone();
+                shared
+                    .blocking(move |s| {
+                        identity::enroll(s.db().conn(), &name, crate::server::unix_ms())
+                    })
+                    .await??
             };
             tracing::info!(%name, identity = %credential.id, "worker enrolled");
             control

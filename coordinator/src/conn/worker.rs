@@ -55,23 +55,48 @@ pub(super) async fn serve(
         // it, or whose socket was rebound, keeps its connection and leases
         // from a new address; say so when its next message shows it.
         let mut peer = conn.remote_address();
+        let mut last_heartbeat = None;
         while let Some(msg) = read_frame::<WorkerMsg, _>(&mut recv).await? {
-            if let WorkerMsg::Heartbeat { .. } = msg {
-                // Its lease depth follows the round trip.
-                let rtt = conn.rtt().as_millis() as u64;
-                shared.update(|core, _| core.worker_rtt(id, rtt));
-            }
             let now_at = conn.remote_address();
             if now_at != peer {
                 tracing::info!(worker = id, %name, from = %peer, to = %now_at, "worker's address changed; its connection migrated");
                 peer = now_at;
             }
-            handle(&shared, id, msg);
+            if let WorkerMsg::Heartbeat { .. } = msg {
+                let at = std::time::Instant::now();
+                if let Some(before) = last_heartbeat.replace(at) {
+                    shared.watch.heartbeat_gap(at - before);
+                }
+                // Its lease depth follows the round trip. A heartbeat only
+                // touches the core: handled here, at once.
+                let rtt = conn.rtt().as_millis() as u64;
+                shared.update(|core, now| {
+                    core.worker_rtt(id, rtt);
+                    core.worker_msg(id, msg, now)
+                });
+                continue;
+            }
+            // Results are checked against the store and may finish a job
+            // (recorded in the database): on the blocking pool, one at a
+            // time, in the order the worker sent them.
+            shared.blocking(move |s| handle(s, id, msg)).await?;
         }
         anyhow::Ok(())
     }
     .await;
-    let requeued = shared.update(|core, now| core.worker_left(id, now));
+    let requeued = match shared
+        .blocking(move |s| s.update(|core, now| core.worker_left(id, now)))
+        .await
+    {
+        Ok(requeued) => requeued,
+        Err(e) => {
+            tracing::error!(
+                worker = id,
+                "cannot requeue the leases of a worker that left: {e:#}"
+            );
+            0
+        }
+    };
     shared.forget_outbox(id);
     shared.scans.worker_left(id);
     tracing::info!(worker = id, %name, requeued, "worker left");

@@ -23,6 +23,8 @@ const BUCKETS: [f64; 11] = [
 pub(crate) struct Counters {
     pub task_failures: AtomicU64,
     pub http_bytes_out: AtomicU64,
+    /// QUIC connections ended (what [`crate::upkeep::trim_memory`] follows).
+    pub connections_closed: AtomicU64,
     dispatch: Mutex<Histogram>,
 }
 
@@ -203,6 +205,52 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         "Frame bytes downloaded over the HTTP API since the coordinator started.",
         shared.metrics.http_bytes_out.load(Ordering::Relaxed),
     );
+    let watch = &shared.watch;
+    o.one(
+        "tessera_runtime_blocking_calls_total",
+        "counter",
+        "Database calls made on an async runtime thread (each may stall every connection; 0 is right).",
+        watch.blocking_calls.load(Ordering::Relaxed),
+    );
+    o.one(
+        "tessera_runtime_stalls_total",
+        "counter",
+        "Times the async runtime woke a ticker 0.2 s or more late: no thread was free to serve.",
+        watch.stalls.load(Ordering::Relaxed),
+    );
+    o.one(
+        "tessera_runtime_worst_lateness_seconds",
+        "gauge",
+        "The latest the async runtime ever woke its 50 ms ticker.",
+        watch.worst_late_us.load(Ordering::Relaxed) as f64 / 1e6,
+    );
+    let gaps = watch.gap_figures();
+    o.family(
+        "tessera_heartbeat_gap_seconds",
+        "summary",
+        "Time between two heartbeats of one worker as the coordinator handled them (recent ones; a worker sends one each heartbeat interval).",
+    );
+    o.sample(
+        "tessera_heartbeat_gap_seconds",
+        "quantile=\"0.5\"",
+        gaps.p50.as_secs_f64(),
+    );
+    o.sample(
+        "tessera_heartbeat_gap_seconds",
+        "quantile=\"0.99\"",
+        gaps.p99.as_secs_f64(),
+    );
+    o.sample(
+        "tessera_heartbeat_gap_seconds",
+        "quantile=\"1\"",
+        gaps.max.as_secs_f64(),
+    );
+    o.sample(
+        "tessera_heartbeat_gap_seconds_sum",
+        "",
+        gaps.sum.as_secs_f64(),
+    );
+    o.sample("tessera_heartbeat_gap_seconds_count", "", gaps.count);
     o.one(
         "tessera_cost_usd_total",
         "counter",

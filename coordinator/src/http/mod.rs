@@ -48,7 +48,7 @@ use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 
 use crate::server::Shared;
-use crate::service::{self, Answer};
+use crate::service::{self, off_runtime as off, Answer};
 use places::{Place, Places};
 
 /// The OpenAPI 3 document of this API, served at `/v1/openapi.json`.
@@ -387,7 +387,10 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
     let ok = StatusCode::OK;
     Ok(match (&method, segments.as_slice()) {
         (&Method::GET, ["metrics"]) => {
-            let text = metrics::render(shared)?;
+            let text = {
+                let shared = shared.clone();
+                tokio::task::spawn_blocking(move || metrics::render(&shared)).await??
+            };
             full(
                 StatusCode::OK,
                 "text/plain; version=0.0.4; charset=utf-8",
@@ -403,7 +406,8 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
             let mut jobs: Vec<JobStatus> = Vec::new();
             let mut after = 0;
             loop {
-                match service::jobs_page(shared, &f, after) {
+                let f = f.clone();
+                match off(shared, move |s| service::jobs_page(s, &f, after)).await {
                     Ok((page, next)) => {
                         jobs.extend(page);
                         match next {
@@ -430,30 +434,39 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
             // the QUIC connection that uploaded them.
             reply(StatusCode::CREATED, service::submit(shared, spec, 0).await)
         }
-        (&Method::GET, ["v1", "jobs", job]) => reply(ok, service::job(shared, id!(job, "job"))),
+        (&Method::GET, ["v1", "jobs", job]) => {
+            let id = id!(job, "job");
+            reply(ok, off(shared, move |s| service::job(s, id)).await)
+        }
         (&Method::POST, ["v1", "jobs", job, "cancel"]) => {
-            reply(ok, service::cancel(shared, id!(job, "job")))
+            let id = id!(job, "job");
+            reply(ok, off(shared, move |s| service::cancel(s, id)).await)
         }
         (&Method::POST, ["v1", "jobs", job, "retry"]) => {
             reply(ok, service::retry(shared, id!(job, "job")).await)
         }
         (&Method::GET, ["v1", "jobs", job, "detail"]) => {
-            reply(ok, service::detail(shared, id!(job, "job")))
+            let id = id!(job, "job");
+            reply(ok, off(shared, move |s| service::detail(s, id)).await)
         }
         (&Method::POST, ["v1", "jobs", job, action @ ("pause" | "resume")]) => {
             let job = id!(job, "job");
             let paused = *action == "pause";
             reply(
                 ok,
-                service::pause(shared, job, paused).and_then(|()| service::job(shared, job)),
+                off(shared, move |s| {
+                    service::pause(s, job, paused).and_then(|()| service::job(s, job))
+                })
+                .await,
             )
         }
         (&Method::GET, ["v1", "jobs", job, "frames"]) => {
-            reply(ok, service::frames(shared, id!(job, "job")))
+            let id = id!(job, "job");
+            reply(ok, off(shared, move |s| service::frames(s, id)).await)
         }
         (&Method::GET, ["v1", "jobs", job, "frames", frame]) => {
             let (job, frame): (u64, u32) = (id!(job, "job"), id!(frame, "frame"));
-            let found = match service::frame(shared, job, frame) {
+            let found = match off(shared, move |s| service::frame(s, job, frame)).await {
                 Ok(found) => found,
                 Err(e) => return Ok(refused(&e)),
             };
@@ -481,7 +494,10 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
         }
         (&Method::GET, ["v1", "jobs", job, "frames", frame, "tiles"]) => {
             let (job, frame) = (id!(job, "job"), id!(frame, "frame"));
-            reply(ok, service::tiles(shared, job, frame))
+            reply(
+                ok,
+                off(shared, move |s| service::tiles(s, job, frame)).await,
+            )
         }
         (&Method::GET, ["v1", "jobs", job, "logs"]) => {
             let job = id!(job, "job");
@@ -500,14 +516,15 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                     }
                 }
             }
-            reply(ok, service::logs(shared, job, task))
+            reply(ok, off(shared, move |s| service::logs(s, job, task)).await)
         }
         (&Method::GET, ["v1", "workers"]) => ok_json(ok, &service::workers(shared)),
         (&Method::POST, ["v1", "workers", worker, "drain"]) => {
             let worker = id!(worker, "worker");
             reply(
                 ok,
-                service::drain(shared, worker)
+                off(shared, move |s| service::drain(s, worker))
+                    .await
                     .map(|()| json!({"worker": worker, "draining": true})),
             )
         }
@@ -520,9 +537,13 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                 Ok(a) => a,
                 Err(r) => return Ok(r),
             };
-            let missing: Vec<Digest> = (asked.digests.into_iter())
-                .filter(|d| !shared.store.touch(d))
-                .collect();
+            let missing: Vec<Digest> = shared
+                .blocking(move |s| {
+                    (asked.digests.into_iter())
+                        .filter(|d| !s.store.touch(d))
+                        .collect()
+                })
+                .await?;
             ok_json(ok, &json!({ "missing": missing }))
         }
         (&Method::GET, ["v1", "events"]) => {
