@@ -95,13 +95,12 @@ impl Watch {
         let mut sorted: Vec<Duration> = g.recent.iter().copied().collect();
         sorted.sort();
         let at = |q: f64| {
-            (!sorted.is_empty())
-                .then(|| sorted[((sorted.len() - 1) as f64 * q).round() as usize])
-                .unwrap_or_default()
+            let last = sorted.len().checked_sub(1)?;
+            Some(sorted[(last as f64 * q).round() as usize])
         };
         GapFigures {
-            p50: at(0.5),
-            p99: at(0.99),
+            p50: at(0.5).unwrap_or_default(),
+            p99: at(0.99).unwrap_or_default(),
             max: g.max,
             count: g.count,
             sum: g.sum,
