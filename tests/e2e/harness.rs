@@ -2,7 +2,7 @@
 //! 127.0.0.1, client commands run as a user would run them, and helpers that
 //! read what the processes logged and rendered.
 
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard};
@@ -14,8 +14,23 @@ use tessera_worker::engine::builtin;
 /// Farms are heavy on a 2-core machine: one at a time.
 static ONE_FARM: Mutex<()> = Mutex::new(());
 
+/// The `tessera` binary farms run: this build's, or another a benchmark
+/// names ([`use_binary`]) to measure two builds side by side.
+static BINARY: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// Runs farms started from now on with `binary` (`None`: this build's).
+#[allow(dead_code)]
+pub fn use_binary(binary: Option<PathBuf>) {
+    *BINARY.lock().unwrap_or_else(|e| e.into_inner()) = binary;
+}
+
+fn binary() -> PathBuf {
+    (BINARY.lock().unwrap_or_else(|e| e.into_inner()).clone())
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tessera")))
+}
+
 pub fn tessera() -> Command {
-    Command::new(env!("CARGO_BIN_EXE_tessera"))
+    Command::new(binary())
 }
 
 /// The `tessera` binary, run in network namespace `netns` when given
@@ -25,7 +40,7 @@ fn in_netns(netns: Option<&str>) -> Command {
         None => tessera(),
         Some(ns) => {
             let mut c = Command::new("ip");
-            c.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_tessera")]);
+            c.args(["netns", "exec", ns]).arg(binary());
             c
         }
     }
@@ -504,4 +519,49 @@ pub fn noise(len: usize, seed: u64) -> Vec<u8> {
     }
     out.truncate(len);
     out
+}
+
+pub fn http_addr(farm: &Farm) -> std::net::SocketAddr {
+    let url = std::fs::read_to_string(farm.data.join("http.url")).unwrap();
+    let host = url.trim().trim_start_matches("https://");
+    host.trim_end_matches('/').parse().unwrap()
+}
+
+/// `METHOD PATH` with `body` (JSON) and the client ticket's secret, over
+/// pinned TLS: the status code and the answer's body.
+pub fn http_call(
+    ticket: &tessera_protocol::ticket::Ticket,
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: &str,
+) -> (u16, String) {
+    let mut tls = tessera_protocol::transport::client_tls(&ticket.fingerprint).unwrap();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    let head = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        ticket.secret,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream.write_all(body.as_bytes()).unwrap();
+    let mut answer = Vec::new();
+    // The coordinator closes after answering; TLS may end without a
+    // close_notify, which is an error here but not a lost answer.
+    let _ = stream.read_to_end(&mut answer);
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let code = (text.strip_prefix("HTTP/1.1 "))
+        .and_then(|t| t.get(..3))
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_string();
+    (code, body)
 }

@@ -23,11 +23,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const WAITING_PER_ADDRESS: usize = 16;
 const WAITING: usize = 256;
 
-pub fn http_addr(farm: &Farm) -> SocketAddr {
-    let url = std::fs::read_to_string(farm.data.join("http.url")).unwrap();
-    let host = url.trim().trim_start_matches("https://");
-    host.trim_end_matches('/').parse().unwrap()
-}
+pub use crate::harness::{http_addr, http_call as call};
 
 /// Sends `head` (a request's head, `\r\n\r\n` included) over TLS pinned to
 /// the coordinator's certificate, and reads the answer until the
@@ -61,44 +57,6 @@ fn request(ticket: &Ticket, addr: SocketAddr, head: &str, patience: Duration) ->
     (code, took)
 }
 
-/// `METHOD PATH` with `body` (JSON) and the client ticket's secret, over
-/// pinned TLS: the status code and the answer's body.
-pub fn call(
-    ticket: &Ticket,
-    addr: SocketAddr,
-    method: &str,
-    path: &str,
-    body: &str,
-) -> (u16, String) {
-    let mut tls = transport::client_tls(&ticket.fingerprint).unwrap();
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(Arc::new(tls), name).unwrap();
-    let tcp = TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut stream = rustls::StreamOwned::new(conn, tcp);
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-        ticket.secret,
-        body.len()
-    );
-    stream.write_all(head.as_bytes()).unwrap();
-    stream.write_all(body.as_bytes()).unwrap();
-    let mut answer = Vec::new();
-    // The coordinator closes after answering; TLS may end without a
-    // close_notify, which is an error here but not a lost answer.
-    let _ = stream.read_to_end(&mut answer);
-    let text = String::from_utf8_lossy(&answer).into_owned();
-    let code = (text.strip_prefix("HTTP/1.1 "))
-        .and_then(|t| t.get(..3))
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = text
-        .split_once("\r\n\r\n")
-        .map_or("", |(_, b)| b)
-        .to_string();
-    (code, body)
-}
 
 fn status_head(secret: &str) -> String {
     format!(
