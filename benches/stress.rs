@@ -167,7 +167,11 @@ fn stress(label: &str) -> Stress {
         }
     });
     out.submit_s = started.elapsed().as_secs_f64();
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "a blocked job's submit failed");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "a blocked job's submit failed"
+    );
 
     // 30 s of load: a client waits on the long job, another polls its
     // status, a garbage collection runs, the scrub goes on.
@@ -185,7 +189,11 @@ fn stress(label: &str) -> Stress {
     out.status_failed = polled.1;
     let _ = wait.kill();
     let _ = wait.wait();
-    assert!(gc.status.success(), "gc failed: {}", String::from_utf8_lossy(&gc.stderr));
+    assert!(
+        gc.status.success(),
+        "gc failed: {}",
+        String::from_utf8_lossy(&gc.stderr)
+    );
     let metrics = http_call(&ticket, addr, "GET", "/metrics", "").1;
     out.metrics = Some(parse_metrics(&metrics));
     out.lease_expiries = metric(&metrics, "tessera_lease_expiries_total");
@@ -365,27 +373,56 @@ fn print_stress(rows: &[(&str, Stress)]) {
         let cells: Vec<String> = rows.iter().map(|(_, s)| format!("{:>14}", f(s))).collect();
         println!("  {name:<44}{}", cells.join(""));
     };
-    let opt = |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
-    line("submit the blocked jobs (s)", &|s| format!("{:.1}", s.submit_s));
-    line("status p50 (ms)", &|s| format!("{:.1}", percentile(&s.status_ms, 0.5)));
-    line("status p99 (ms)   target < 100", &|s| format!("{:.1}", percentile(&s.status_ms, 0.99)));
-    line("status max (ms)", &|s| format!("{:.1}", percentile(&s.status_ms, 1.0)));
-    line("status calls failed", &|s| format!("{}/{}", s.status_failed, s.status_ms.len()));
+    let opt =
+        |v: Option<f64>, digits: usize| v.map_or("n/a".to_string(), |v| format!("{v:.digits$}"));
+    line("submit the blocked jobs (s)", &|s| {
+        format!("{:.1}", s.submit_s)
+    });
+    line("status p50 (ms)", &|s| {
+        format!("{:.1}", percentile(&s.status_ms, 0.5))
+    });
+    line("status p99 (ms)   target < 100", &|s| {
+        format!("{:.1}", percentile(&s.status_ms, 0.99))
+    });
+    line("status max (ms)", &|s| {
+        format!("{:.1}", percentile(&s.status_ms, 1.0))
+    });
+    line("status calls failed", &|s| {
+        format!("{}/{}", s.status_failed, s.status_ms.len())
+    });
     let m = |s: &Stress, k: &str| s.metrics.as_ref().and_then(|m| m[k].as_f64());
     line("heartbeat gap p50 (ms)", &|s| opt(m(s, "gap_p50_ms"), 0));
     line("heartbeat gap p99 (ms)", &|s| opt(m(s, "gap_p99_ms"), 0));
-    line("heartbeat gap max (ms)   target < 2000", &|s| opt(m(s, "gap_max_ms"), 0));
+    line("heartbeat gap max (ms)   target < 2000", &|s| {
+        opt(m(s, "gap_max_ms"), 0)
+    });
     line("runtime stalls >= 200 ms", &|s| opt(m(s, "stalls"), 0));
-    line("runtime worst lateness (ms)", &|s| opt(m(s, "worst_late_ms"), 0));
-    line("blocking calls on runtime threads", &|s| opt(m(s, "blocking_calls"), 0));
+    line("runtime worst lateness (ms)", &|s| {
+        opt(m(s, "worst_late_ms"), 0)
+    });
+    line("blocking calls on runtime threads", &|s| {
+        opt(m(s, "blocking_calls"), 0)
+    });
     line("lease expiries   target 0", &|s| opt(s.lease_expiries, 0));
     line("webhook deliveries", &|s| s.webhooks.to_string());
-    line("at rest: write syscalls/s   target ~0", &|s| format!("{:.1}", s.rest_syscw_per_s));
-    line("at rest: bytes written/s", &|s| format!("{:.0}", s.rest_bytes_per_s));
-    line("at rest: database files changed", &|s| s.rest_db_changed.to_string());
-    line("coordinator RSS under load (MiB)", &|s| format!("{:.1}", s.rss_mib));
-    line("SIGTERM to exit (ms)   target < 2000", &|s| format!("{:.0}", s.sigterm_ms));
-    line("acknowledged results kept", &|s| format!("{}/{}", s.acked_kept, s.acked));
+    line("at rest: write syscalls/s   target ~0", &|s| {
+        format!("{:.1}", s.rest_syscw_per_s)
+    });
+    line("at rest: bytes written/s", &|s| {
+        format!("{:.0}", s.rest_bytes_per_s)
+    });
+    line("at rest: database files changed", &|s| {
+        s.rest_db_changed.to_string()
+    });
+    line("coordinator RSS under load (MiB)", &|s| {
+        format!("{:.1}", s.rss_mib)
+    });
+    line("SIGTERM to exit (ms)   target < 2000", &|s| {
+        format!("{:.0}", s.sigterm_ms)
+    });
+    line("acknowledged results kept", &|s| {
+        format!("{}/{}", s.acked_kept, s.acked)
+    });
 }
 
 /// (b): status calls and CLI submits against RSS.
@@ -430,7 +467,11 @@ fn memory(label: &str) {
             &format!("one-{i}"),
             "--json",
         ]);
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     });
     let ticket: tessera_protocol::ticket::Ticket =
         std::fs::read_to_string(farm.data.join("client.ticket"))

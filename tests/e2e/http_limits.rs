@@ -57,7 +57,6 @@ fn request(ticket: &Ticket, addr: SocketAddr, head: &str, patience: Duration) ->
     (code, took)
 }
 
-
 fn status_head(secret: &str) -> String {
     format!(
         "GET /v1/status HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {secret}\r\nConnection: close\r\n\r\n"
