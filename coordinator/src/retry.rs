@@ -56,6 +56,8 @@ pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> Result<JobStatus, ClientEr
                 "job {id} is no longer failed"
             )));
         }
+        // Its next ending is told by webhook again.
+        crate::webhook::forget_endings(db.conn(), id).map_err(internal)?;
         let reopened = || -> anyhow::Result<_> {
             let mut stored = db.job(id)?.context("job vanished")?;
             stored.error = None;

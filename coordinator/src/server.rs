@@ -180,6 +180,9 @@ impl Coordinator {
     pub async fn run_until(mut self, shutdown: impl std::future::Future<Output = ()>) {
         shutdown.await;
         let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
+        // The workers leave because the coordinator does: no job is
+        // blocked by that (no `job.blocked` webhook), no work goes out.
+        self.shared.update(|core, _| core.stop());
         self.endpoint
             .close(0u32.into(), b"coordinator shutting down");
         let step = |share: u32| {

@@ -92,6 +92,29 @@ fn create_tables(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
     )
 }
 
+/// A job put back in the queue (`retry`) may end again: its delivered
+/// `job.done`, `job.failed` and `job.blocked` events are forgotten, so its
+/// next ending (or block) is told too. Nothing when webhooks were never on.
+pub(crate) fn forget_endings(conn: &rusqlite::Connection, job: u64) -> rusqlite::Result<()> {
+    let known: i64 = conn.query_row(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'webhook_outbox'",
+        [],
+        |r| r.get(0),
+    )?;
+    if known == 0 {
+        return Ok(());
+    }
+    conn.execute(
+        "DELETE FROM webhook_outbox WHERE key IN (?1, ?2, ?3) AND delivered_ms IS NOT NULL",
+        params![
+            format!("job.done:{job}"),
+            format!("job.failed:{job}"),
+            format!("job.blocked:{job}")
+        ],
+    )?;
+    Ok(())
+}
+
 /// Queues an event once per key; true when it was new. A key already
 /// queued costs a read, never a write (an ignored insert into an
 /// `AUTOINCREMENT` table still writes).
@@ -220,9 +243,16 @@ fn noticed(shared: &Shared, notice: Notice) -> anyhow::Result<()> {
 /// for now (each once per job: the outbox is keyed by it). A scan over
 /// every job: only at start, and after missing notices.
 fn blocked(shared: &Shared) -> anyhow::Result<()> {
-    let jobs: Vec<JobStatus> = shared.read(|core, now| core.snapshot(now).jobs);
+    let (jobs, holding): (Vec<JobStatus>, bool) =
+        shared.read(|core, now| (core.snapshot(now).jobs, core.holding_for_rejoin(now)));
     for j in jobs.iter().filter(|j| budget_reached(j)) {
         enqueue_budget_reached(shared, j)?;
+    }
+    // Just started, with workers still to rejoin: a job lacking them is
+    // not blocked; the farm core tells of those still blocked once the
+    // hold ends (this task is listening by then).
+    if holding {
+        return Ok(());
     }
     for j in jobs
         .iter()

@@ -3,6 +3,7 @@
 //! subscriber that falls behind skips to a fresh snapshot, and never slows
 //! the farm.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::messages::ClientResponse;
@@ -16,17 +17,22 @@ const SNAPSHOT_EVERY: Duration = Duration::from_millis(500);
 /// Finished jobs a snapshot shows (the newest), read from the database.
 pub const FEED_FINISHED_JOBS: u32 = 100;
 
-pub(super) async fn feed(shared: &Shared, mut control: Channel) -> anyhow::Result<()> {
+pub(super) async fn feed(shared: &Arc<Shared>, mut control: Channel) -> anyhow::Result<()> {
+    // The finished jobs come from the database: on the blocking pool.
+    let snapshot = || async {
+        let snapshot = shared
+            .blocking(|s| s.snapshot(FEED_FINISHED_JOBS))
+            .await??;
+        anyhow::Ok(ClientResponse::Snapshot(snapshot))
+    };
     let mut events = shared.events();
     let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
     loop {
         let msg = tokio::select! {
-            _ = tick.tick() => ClientResponse::Snapshot(shared.snapshot(FEED_FINISHED_JOBS)?),
+            _ = tick.tick() => snapshot().await?,
             event = events.recv() => match event {
                 Ok((unix_ms, event)) => ClientResponse::Event { unix_ms, event },
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    ClientResponse::Snapshot(shared.snapshot(FEED_FINISHED_JOBS)?)
-                }
+                Err(broadcast::error::RecvError::Lagged(_)) => snapshot().await?,
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),
             },
         };

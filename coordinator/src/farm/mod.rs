@@ -220,6 +220,9 @@ pub struct FarmCore {
     /// Live jobs whose being blocked was told ([`Effect::Blocked`]): once
     /// per job.
     blocked_told: HashSet<u64>,
+    /// The coordinator is shutting down: its workers leave because it
+    /// does, so no job is blocked by their leaving, and no work goes out.
+    stopping: bool,
 }
 
 /// How many finished jobs' final states the core remembers (see
@@ -278,6 +281,7 @@ impl FarmCore {
             lease_expiries: 0,
             blocked_check: false,
             blocked_told: HashSet::new(),
+            stopping: false,
         }
     }
 
@@ -392,6 +396,8 @@ impl FarmCore {
                 wait_ms = self.config.lease_ms,
                 "unfinished jobs: waiting for workers to rejoin with their tasks before handing out work"
             );
+            // Once the hold ends, the jobs still lacking a worker are told.
+            self.blocked_check = true;
         }
     }
 
@@ -471,7 +477,7 @@ impl FarmCore {
         let expired: Vec<_> = noted.into_iter().map(|(a, _)| a).collect();
         self.send_cancels(&expired, now);
         self.enforce_budgets(now);
-        let hold = now.ms < self.rejoin_until;
+        let hold = now.ms < self.rejoin_until || self.stopping;
         if !hold {
             for a in self.sched.assign(now.ms) {
                 self.lease_started(a, now);
@@ -491,7 +497,11 @@ impl FarmCore {
         for task in self.lost.due(now.ms) {
             self.lease_lost(task, now);
         }
-        self.tell_blocked();
+        if !hold {
+            // While workers rejoin (or leave with the coordinator) a job
+            // lacking them is not blocked: looked at once the hold ends.
+            self.tell_blocked();
+        }
         let next = (self.sched.next_deadline().into_iter())
             .chain(self.lost.next_deadline())
             .min();
@@ -500,6 +510,17 @@ impl FarmCore {
         } else {
             next
         }
+    }
+
+    /// The coordinator is stopping: no more work goes out, and no job is
+    /// told blocked by its workers leaving with it.
+    pub fn stop(&mut self) {
+        self.stopping = true;
+    }
+
+    /// Workers may still rejoin with their tasks (see [`Self::hold_for_rejoin`]).
+    pub fn holding_for_rejoin(&self, now: Now) -> bool {
+        now.ms < self.rejoin_until
     }
 
     /// Something changed that may block a job: the next dispatch looks.

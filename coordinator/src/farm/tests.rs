@@ -1860,3 +1860,40 @@ fn a_budget_reached_stops_dispatch_and_lets_running_tasks_finish() {
 fn a_budget_reached_cancels_the_job_and_its_running_tasks() {
     check_budget(tessera_protocol::job::OnBudget::Cancel);
 }
+
+/// Just restarted, a job whose workers have yet to rejoin is not told
+/// blocked; once the hold ends, one still lacking a worker is. And when the
+/// coordinator stops, its workers leaving block nothing.
+#[test]
+fn no_job_is_told_blocked_while_workers_rejoin_or_leave_with_the_coordinator() {
+    let mut farm = restored(spec("r", 1, 1), &[], None);
+    let now = farm.now();
+    farm.core.hold_for_rejoin(now);
+    farm.collect();
+    farm.dispatch();
+    assert!(farm.core.holding_for_rejoin(farm.now()));
+    assert_eq!(farm.blocked, Vec::<u64>::new(), "told during the hold");
+    let lease = config(3).lease_ms;
+    farm.at(lease + 1).dispatch();
+    assert_eq!(farm.blocked, [1], "still no worker after the hold");
+
+    // A job with its worker, then the coordinator stops and the worker goes.
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("s", 4, 1));
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert!(farm.blocked.is_empty());
+    farm.core.stop();
+    let now = farm.now();
+    farm.core.worker_left(w, now);
+    farm.collect();
+    farm.dispatch();
+    assert!(
+        farm.blocked.is_empty(),
+        "job {job} told blocked by a shutdown"
+    );
+    assert!(
+        farm.assigned(w).len() <= 1,
+        "no work goes out while stopping"
+    );
+}
