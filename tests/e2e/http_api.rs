@@ -361,6 +361,58 @@ fn webhooks_arrive_once_each_across_an_outage_and_a_restart() {
         .all(|d| &d.id == blocked_id));
 }
 
+/// A failed job put back in the queue with `retry` that fails again is told
+/// again: two `job.failed` deliveries, each with its own event id.
+#[test]
+fn a_retried_job_that_fails_again_is_told_again() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let receiver = Receiver::start(0, 200, seen.clone());
+    let url = format!("http://127.0.0.1:{}/hooks", receiver.port);
+    let mut farm = Farm::start_with_env(
+        "hook-retry",
+        &["--webhook", &url],
+        &[("TESSERA_WEBHOOK_SECRET", "hook-retry-secret")],
+    );
+    farm.add_worker_with("w1", &["--engine", "builtin"]);
+    farm.wait_workers(1);
+    let scene = scenes().join("demo.scene.json");
+    // Each attempt runs past its 1 s limit: the job fails.
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--samples",
+        "100000",
+        "--task-timeout",
+        "1s",
+        "--json",
+    ])["id"]
+        .as_u64()
+        .unwrap();
+    let failed = |seen: &Arc<Mutex<Vec<Delivery>>>| -> Vec<String> {
+        (seen.lock().unwrap().iter())
+            .filter(|d| d.kind == "job.failed")
+            .map(|d| d.id.clone())
+            .collect()
+    };
+    wait_until("the first job.failed", Duration::from_secs(120), || {
+        failed(&seen).len() == 1
+    });
+    let retried = farm.run(&["retry", &job.to_string()]);
+    assert!(
+        retried.status.success(),
+        "{}",
+        String::from_utf8_lossy(&retried.stderr)
+    );
+    wait_until("the second job.failed", Duration::from_secs(120), || {
+        failed(&seen).len() == 2
+    });
+    let ids = failed(&seen);
+    assert_ne!(ids[0], ids[1], "the second failure is an event of its own");
+    receiver.shut();
+}
+
 /// A job whose cost reaches its `--budget-usd` (here canceled by it):
 /// the receiver gets one `job.budget_reached` event naming the budget and
 /// the cost, and no other event of that job.
