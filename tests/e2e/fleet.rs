@@ -611,7 +611,8 @@ fn crash_and_adopt(farm: &Farm, toml: &str, alive: &dyn Fn(&str) -> bool) -> Vec
     let step = |what: &str| eprintln!("{:6.1} s  {what}", began.elapsed().as_secs_f64());
     let wait_done = |job: u64, out: &str| {
         let out = farm.dir.join(out);
-        let args = ["wait", &job.to_string(), "--json", "--timeout", "120s"];
+        // Generous: two nodes in containers on a shared 2-core machine.
+        let args = ["wait", &job.to_string(), "--json", "--timeout", "300s"];
         let mut args = args.to_vec();
         args.extend(["--output", out.to_str().unwrap()]);
         let done = farm.run(&args);
