@@ -514,7 +514,13 @@ fn gc_removes_what_no_retained_job_uses_and_keeps_what_a_queued_job_needs() {
     write_noise_png(&b.join("t/own.png"), 700, 72);
     let scene_b = write_scene(&b, &textures);
     let job_b = farm.json(&["submit", scene_b.to_str().unwrap(), "--json"]);
-    assert_eq!(job_b["state"], "queued");
+    // Not finished: nobody can render it. (It may show `running`: the
+    // killed worker's connection lingers until its timeout, and it may be
+    // handed a lease meanwhile, which expires.)
+    assert!(
+        ["queued", "running"].contains(&job_b["state"].as_str().unwrap()),
+        "{job_b}"
+    );
 
     let chunks = |p: &Path| -> Vec<tessera_protocol::Digest> {
         let r = tessera_protocol::chunk::chunk_file(p).unwrap();
