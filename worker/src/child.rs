@@ -633,7 +633,44 @@ mod tests {
             format!("{} 1 0", start_time(stray_pid).unwrap()),
         )
         .unwrap();
-        assert_eq!(sweep(&dir), 3);
+        // Each child has exec'd `sleep` (its marks are in its environment
+        // only from then on: right after spawn it may still be a copy of
+        // this process).
+        for p in [
+            pid,
+            other_pid,
+            live_pid,
+            stranger_pid,
+            unfiled_pid,
+            marked_live_pid,
+            stray_pid,
+        ] {
+            let execd = || {
+                std::fs::read_to_string(format!("/proc/{p}/comm"))
+                    .is_ok_and(|c| c.trim() == "sleep")
+            };
+            let since = std::time::Instant::now();
+            while !execd() && since.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(5));
+            }
+        }
+        let swept = sweep(&dir);
+        let comm = |p: i32| std::fs::read_to_string(format!("/proc/{p}/comm")).unwrap_or_default();
+        assert_eq!(
+            swept,
+            3,
+            "ended: left {} unfiled {} stray {}; spared: other {} live {} stranger {} marked_live {} (comm {:?} {:?} {:?})",
+            wait_gone(pid),
+            wait_gone(unfiled_pid),
+            wait_gone(stray_pid),
+            gone(other_pid),
+            gone(live_pid),
+            gone(stranger_pid),
+            gone(marked_live_pid),
+            comm(pid),
+            comm(unfiled_pid),
+            comm(stray_pid)
+        );
         let _ = stray.wait();
         assert!(wait_gone(stray_pid), "a renderer out of its group was left");
         let _ = unfiled.wait();
