@@ -633,9 +633,10 @@ mod tests {
             format!("{} 1 0", start_time(stray_pid).unwrap()),
         )
         .unwrap();
-        // Each child has exec'd `sleep` (its marks are in its environment
-        // only from then on: right after spawn it may still be a copy of
-        // this process).
+        // Each child has exec'd `sleep` and its environment is readable
+        // (its marks are there only from then on: right after spawn it
+        // may still be a copy of this process, and during exec its name
+        // changes before its environment is set up).
         for p in [
             pid,
             other_pid,
@@ -648,6 +649,7 @@ mod tests {
             let execd = || {
                 std::fs::read_to_string(format!("/proc/{p}/comm"))
                     .is_ok_and(|c| c.trim() == "sleep")
+                    && std::fs::read(format!("/proc/{p}/environ")).is_ok_and(|e| !e.is_empty())
             };
             let since = std::time::Instant::now();
             while !execd() && since.elapsed() < std::time::Duration::from_secs(10) {
