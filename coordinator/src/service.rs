@@ -158,8 +158,11 @@ pub(crate) fn cancel(shared: &Arc<Shared>, id: u64) -> Answer<JobStatus> {
 
 /// Pauses (or resumes) an active job; a finished one is a `Conflict`.
 pub(crate) fn pause(shared: &Arc<Shared>, id: u64, paused: bool) -> Answer<()> {
-    if shared.update(|core, now| core.pause(id, paused, now)) {
-        return Ok(());
+    match shared.act(|core, now| core.pause(id, paused, now)) {
+        // Not answered done unless it is on disk: a restart keeps it.
+        (true, Err(e)) => return Err(internal(e.context("cannot record the pause"))),
+        (true, Ok(())) => return Ok(()),
+        (false, _) => {}
     }
     let status = job(shared, id)?;
     Err(ClientError::conflict(format!(

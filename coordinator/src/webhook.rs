@@ -285,14 +285,23 @@ fn mark(shared: &Shared, id: i64, delivered: bool, backoff: Duration) -> anyhow:
     Ok(())
 }
 
+/// The most of a receiver's answer body read (the rest is dropped).
+const MAX_ANSWER_BODY: usize = 64 * 1024;
+
 /// When the next undelivered event is due (unix ms), if any.
 fn next_due(shared: &Shared) -> anyhow::Result<Option<u64>> {
     let db = shared.db();
-    let due: Option<i64> = db.conn().query_row(
-        "SELECT MIN(next_ms) FROM webhook_outbox WHERE delivered_ms IS NULL",
-        [],
-        |r| r.get(0),
-    )?;
+    // Events go out in order: the oldest is the next to go, whenever the
+    // others would be due (taking the earliest of them made the loop spin
+    // while the oldest waited out its backoff).
+    let due: Option<i64> = db
+        .conn()
+        .query_row(
+            "SELECT next_ms FROM webhook_outbox WHERE delivered_ms IS NULL ORDER BY id LIMIT 1",
+            [],
+            |r| r.get(0),
+        )
+        .optional()?;
     Ok(due.map(|d| d.max(0) as u64))
 }
 
@@ -335,7 +344,11 @@ async fn post(target: &Target, body: Bytes, headers: &[(&str, String)]) -> anyho
     }
     let response = sender.send_request(req.body(Full::new(body))?).await?;
     let status = response.status().as_u16();
-    let _ = response.into_body().collect().await;
+    // The receiver's body says nothing we use: a little of it is read
+    // (so a short answer completes), never all of a huge one.
+    let _ = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BODY)
+        .collect()
+        .await;
     driver.abort();
     Ok(status)
 }

@@ -139,7 +139,10 @@ pub(crate) async fn serve(
                     }
                 });
             }
-            Some(_) = connections.join_next(), if !connections.is_empty() => {}
+            Some(_) = connections.join_next(), if !connections.is_empty() => {
+                // What the ended connection used is trimmed in a while.
+                (shared.metrics.connections_closed).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            }
         }
     }
 }

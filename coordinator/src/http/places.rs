@@ -84,13 +84,16 @@ impl Places {
         s.next += 1;
         s.waiting.insert(id, (addr, false, evict.clone()));
         *s.waiting_of.entry(addr).or_insert(0) += 1;
+        // Never the newcomer itself: it has had no chance to shake hands
+        // yet, and preferring the unshaken would close every newcomer
+        // while handshaken connections that send nothing hold the places.
         if s.waiting_of[&addr] > self.limits.waiting_per_address {
-            if let Some(oldest) = oldest(&s, Some(addr)) {
+            if let Some(oldest) = oldest(&s, Some(addr), id) {
                 evict_waiting(&mut s, oldest);
             }
         }
         if s.waiting.len() > self.limits.waiting {
-            if let Some(oldest) = oldest(&s, None) {
+            if let Some(oldest) = oldest(&s, None, id) {
                 evict_waiting(&mut s, oldest);
             }
         }
@@ -116,11 +119,11 @@ impl Places {
 /// A handshake costs its peer a round trip and the cryptography; a bare
 /// TCP connection costs nothing, so a flood of them never closes a client
 /// on a slow link that is past its handshake.
-fn oldest(s: &State, addr: Option<IpAddr>) -> Option<u64> {
-    let of = |a: &IpAddr| addr.is_none_or(|addr| *a == addr);
+fn oldest(s: &State, addr: Option<IpAddr>, newcomer: u64) -> Option<u64> {
+    let of = |id: &u64, a: &IpAddr| *id != newcomer && addr.is_none_or(|addr| *a == addr);
     (s.waiting.iter())
-        .find(|(_, (a, shaken, _))| of(a) && !shaken)
-        .or_else(|| s.waiting.iter().find(|(_, (a, _, _))| of(a)))
+        .find(|(id, (a, shaken, _))| of(id, a) && !shaken)
+        .or_else(|| s.waiting.iter().find(|(id, (a, _, _))| of(id, a)))
         .map(|(id, _)| *id)
 }
 
@@ -252,6 +255,35 @@ mod tests {
         let mine: Vec<Place> = (0..3).map(|_| places.admit(ip(1))).collect();
         assert!(!evicted(&slow));
         drop((flood, mine));
+    }
+
+    #[test]
+    fn handshaken_connections_that_send_nothing_never_close_a_newcomer() {
+        let places = Places::new(LIMITS);
+        // Every waiting place held by handshaken connections that never
+        // finish their headers, from 3 addresses.
+        let idle: Vec<Place> = (0..3).map(|i| places.admit(ip(10 + i))).collect();
+        idle.iter().for_each(Place::handshaken);
+        // A client arrives: it keeps its place (the oldest idle one goes),
+        // and after its own handshake outlives the next newcomers.
+        let client = places.admit(ip(1));
+        assert!(!evicted(&client), "the newcomer was closed");
+        assert!(evicted(&idle[0]));
+        client.handshaken();
+        let more: Vec<Place> = (0..2)
+            .map(|i| {
+                let p = places.admit(ip(20 + i));
+                assert!(!evicted(&p));
+                p.handshaken();
+                p
+            })
+            .collect();
+        assert!(evicted(&idle[1]) && evicted(&idle[2]));
+        assert!(
+            !evicted(&client),
+            "a fresh handshaken client went before older idle ones"
+        );
+        drop((idle, more));
     }
 
     #[test]
