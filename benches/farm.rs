@@ -49,7 +49,7 @@ mod wan;
 use std::path::Path;
 use std::time::Instant;
 
-use harness::{scenes, Farm};
+use harness::{rss_mib, scenes, Farm};
 
 fn main() {
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -350,16 +350,6 @@ fn fanout() {
     );
     // The job's other frames are not part of the figure.
     farm.run(&["cancel", &id]);
-}
-
-/// Resident memory of a process, in MiB, from `/proc`.
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
-    let kib: f64 = (status.lines())
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .expect("VmRSS");
-    kib / 1024.0
 }
 
 /// Asks for each job's status over one connection until all are done;

@@ -36,7 +36,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use harness::{http_addr, http_call, scenes, Farm};
+use harness::{http_addr, http_call, io_writes as io, process_ended, rss_mib, scenes, Farm};
 use serde_json::Value;
 
 fn main() {
@@ -251,10 +251,7 @@ fn stress(label: &str) -> Stress {
     // SAFETY: a signal to the coordinator this bench started.
     unsafe { libc::kill(pid as i32, libc::SIGTERM) };
     let asked = Instant::now();
-    let ended = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => true,
-        Ok(s) => s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'),
-    };
+    let ended = || process_ended(pid);
     while !ended() && asked.elapsed() < Duration::from_secs(60) {
         std::thread::sleep(Duration::from_millis(5));
     }
@@ -535,27 +532,6 @@ fn parallel(n: usize, threads: usize, f: impl Fn(usize) + Sync) {
             });
         }
     });
-}
-
-fn rss_mib(pid: u32) -> f64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: f64 = (status.lines())
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb / 1024.0
-}
-
-/// (bytes written to storage, write syscalls) of process `pid`.
-fn io(pid: u32) -> (u64, u64) {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
-    let field = |name: &str| -> u64 {
-        (io.lines())
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap()
-    };
-    (field("write_bytes:"), field("syscw:"))
 }
 
 /// A webhook receiver: answers 200 to every request and counts them.

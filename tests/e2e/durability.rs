@@ -267,10 +267,7 @@ fn sigterm_under_load_ends_the_coordinator_in_time_and_keeps_every_acknowledged_
         unsafe { libc::kill(pid as i32, libc::SIGTERM) };
         let asked = Instant::now();
         // Ended: a zombie until the harness reaps it below.
-        let ended = || match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-            Err(_) => true,
-            Ok(s) => s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'),
-        };
+        let ended = || crate::harness::process_ended(pid);
         while !ended() {
             assert!(asked.elapsed() < Duration::from_secs(30), "still running");
             std::thread::sleep(Duration::from_millis(5));

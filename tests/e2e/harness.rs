@@ -565,3 +565,37 @@ pub fn http_call(
         .to_string();
     (code, body)
 }
+
+/// (bytes written to storage, write syscalls) of process `pid`, from
+/// `/proc/PID/io`.
+#[allow(dead_code)]
+pub fn io_writes(pid: u32) -> (u64, u64) {
+    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
+    let field = |name: &str| -> u64 {
+        (io.lines())
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap()
+    };
+    (field("write_bytes:"), field("syscw:"))
+}
+
+/// Resident memory of process `pid`, MiB.
+#[allow(dead_code)]
+pub fn rss_mib(pid: u32) -> f64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).expect("/proc status");
+    let kib: f64 = (status.lines())
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    kib / 1024.0
+}
+
+/// Whether process `pid` has ended: gone, or a zombie not yet reaped.
+#[allow(dead_code)]
+pub fn process_ended(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(s) => s[s.rfind(')').unwrap() + 1..].trim_start().starts_with('Z'),
+    }
+}

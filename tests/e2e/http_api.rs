@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::harness::{scenes, Farm};
+use crate::harness::{io_writes, scenes, Farm};
 use crate::requires::{require, Need};
 
 fn python() -> PathBuf {
@@ -584,19 +584,6 @@ fn a_drained_idle_worker_leaves_at_once_and_a_job_only_a_drainer_could_take_is_b
         blocked[0]["blocked"].as_str().unwrap().contains("draining"),
         "{blocked:#?}"
     );
-}
-
-/// `(write_bytes, syscw)` of process `pid`: bytes it sent to storage, and
-/// its write system calls (printed by the at-rest test).
-fn io_writes(pid: u32) -> (u64, u64) {
-    let io = std::fs::read_to_string(format!("/proc/{pid}/io")).unwrap();
-    let field = |name: &str| -> u64 {
-        (io.lines())
-            .find_map(|l| l.strip_prefix(name))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap()
-    };
-    (field("write_bytes:"), field("syscw:"))
 }
 
 /// Hundreds of jobs no worker can take, with webhooks on: each fires
