@@ -23,12 +23,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_protocol::blob::{self, BlobDir, BlobSource};
-use tessera_protocol::chunk;
 use tessera_protocol::messages::Role;
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::{self, Identity, Timing};
 use tessera_protocol::Digest;
+use tessera_store::chunk;
+use tessera_transport::blob::{self, BlobDir, BlobSource};
+use tessera_transport::{self as transport, Identity, Timing};
 
 const MIB: u64 = 1 << 20;
 const BLOCK: usize = 256 * 1024;

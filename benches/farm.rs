@@ -354,10 +354,7 @@ fn fanout() {
 
 /// Asks for each job's status over one connection until all are done;
 /// returns each request's latency in milliseconds.
-async fn statuses_until_done(
-    ch: &mut tessera_protocol::transport::Channel,
-    ids: &[u64],
-) -> Vec<f64> {
+async fn statuses_until_done(ch: &mut tessera_transport::Channel, ids: &[u64]) -> Vec<f64> {
     use tessera_protocol::messages::{ClientRequest, ClientResponse, JobState};
     let deadline = Instant::now() + std::time::Duration::from_secs(1800);
     let mut latencies = Vec::with_capacity(ids.len());
@@ -387,10 +384,10 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn memory() {
-    use tessera_protocol::blob::{self, BlobSource};
     use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
     use tessera_protocol::messages::{ClientRequest, ClientResponse};
-    use tessera_protocol::transport::{self, Timing};
+    use tessera_transport::blob::{self, BlobSource};
+    use tessera_transport::{self as transport, Timing};
 
     let jobs: u32 = std::env::var("TESSERA_BENCH_JOBS")
         .ok()

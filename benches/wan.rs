@@ -30,11 +30,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_protocol::blob::{self, BlobDir, BlobSource};
 use tessera_protocol::messages::Role;
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::{self, Congestion, Identity, Timing, Tuning};
 use tessera_protocol::Digest;
+use tessera_transport::blob::{self, BlobDir, BlobSource};
+use tessera_transport::{self as transport, Congestion, Identity, Timing, Tuning};
 
 const MIB: u64 = 1 << 20;
 const BLOCK: usize = 256 * 1024;
@@ -233,7 +233,7 @@ fn goodput(mib: u64, variant: &str) {
                             .unwrap();
                         let d = started.elapsed();
                         let s = session.connection.stats();
-                        let veno = tessera_protocol::congestion::losses(&session.connection)
+                        let veno = tessera_transport::congestion::losses(&session.connection)
                             .map(|(r, c)| format!(" ({r} taken as random, {c} congestive)"))
                             .unwrap_or_default();
                         session.connection.close(0u32.into(), b"done");

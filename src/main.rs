@@ -1,22 +1,13 @@
 //! `tessera`: the one binary of the farm — coordinator, worker, the client
 //! commands artists and scripts use, and the one-command demo.
 
-mod blend;
-mod build;
-mod client;
 mod demo;
-mod exit;
 mod fleet;
-mod follow;
-mod frame_files;
 mod monitor;
-mod openjd;
-mod progress;
-mod report;
-mod share;
-mod shown;
-mod unpack;
-mod uproject;
+
+use tessera_client::{
+    build, client, exit, follow, openjd, progress, report, share, shown, uproject,
+};
 
 use std::io::{IsTerminal, Write};
 use std::net::SocketAddr;
@@ -142,8 +133,8 @@ enum Command {
         /// or `bbr` (fast on paths that drop packets at random, but it
         /// resends much more where a slow link's queue overflows; see
         /// BENCHMARKS.md).
-        #[arg(long, default_value = "cubic-veno", value_parser = tessera_protocol::transport::Congestion::parse)]
-        congestion: tessera_protocol::transport::Congestion,
+        #[arg(long, default_value = "cubic-veno", value_parser = tessera_coordinator::Congestion::parse)]
+        congestion: tessera_coordinator::Congestion,
         /// How long a finished job's assets and frames are kept before
         /// garbage collection may remove them (e.g. 7d, 12h, 30m, 0s).
         #[arg(long, default_value = "7d", value_parser = parse_duration)]
@@ -279,8 +270,8 @@ enum Command {
         /// or `bbr` (fast on paths that drop packets at random, but it
         /// resends much more where a slow link's queue overflows; see
         /// BENCHMARKS.md).
-        #[arg(long, default_value = "cubic-veno", value_parser = tessera_protocol::transport::Congestion::parse)]
-        congestion: tessera_protocol::transport::Congestion,
+        #[arg(long, default_value = "cubic-veno", value_parser = tessera_worker::Congestion::parse)]
+        congestion: tessera_worker::Congestion,
         /// Leave after this long (e.g. 10m) holding no task and assigned
         /// none, whether connected to a coordinator with no work or unable
         /// to reach one: a node whose fleet is gone stops by itself. `tessera
@@ -853,7 +844,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             config.lease_ms = lease_ms.max(heartbeat_ms);
             config.cache_affinity = !no_cache_affinity;
             config.pipelining = !no_pipelining;
-            tessera_protocol::transport::use_congestion(congestion);
+            tessera_coordinator::use_congestion(congestion);
             config.retention = retention;
             config.task_timeout = task_timeout.filter(|t| !t.is_zero());
             config.http = match http.as_deref() {
@@ -931,7 +922,7 @@ async fn run(command: Command) -> anyhow::Result<i32> {
             congestion,
             exit_after_idle,
         } => {
-            tessera_protocol::transport::use_congestion(congestion);
+            tessera_worker::use_congestion(congestion);
             // Required by clap unless a subcommand is given.
             let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
             if ticket.role != tessera_protocol::messages::Role::Worker {

@@ -4,8 +4,8 @@
 
 use tessera_protocol::build::{BuildInfo, BuildManifest};
 use tessera_protocol::codec;
-use tessera_protocol::store::BlobStore;
 use tessera_protocol::Digest;
+use tessera_store::BlobStore;
 
 use std::sync::Arc;
 

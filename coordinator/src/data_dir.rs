@@ -9,7 +9,7 @@ use std::path::Path;
 use anyhow::Context;
 use tessera_protocol::messages::Role;
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::Identity;
+use tessera_transport::Identity;
 
 /// The certificate and key in `dir`, generated on first start.
 pub fn load_identity(dir: &Path) -> anyhow::Result<Identity> {

@@ -25,15 +25,7 @@ pub enum DbError {
 /// instead of held in memory.
 pub const SCHEMA_VERSION: i64 = 3;
 
-/// What a finished job counted, stored with its final state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct FinalCounts {
-    pub tasks_done: u32,
-    pub frames_done: u32,
-    pub render_ms: u64,
-    /// Asset bytes served to workers for the job.
-    pub bytes_to_workers: u64,
-}
+pub use tessera_farm::farm::FinalCounts;
 
 /// A job as stored.
 #[derive(Debug, Clone)]

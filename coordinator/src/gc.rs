@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::messages::Collected;
-use tessera_protocol::store::BlobStore;
+use tessera_store::BlobStore;
 
 use crate::server::{unix_ms, Shared};
 

@@ -114,7 +114,7 @@ impl Identities {
 
     /// Whether `secret` is the client ticket's (in constant time).
     pub fn client_secret_is(&self, secret: &str) -> bool {
-        tessera_protocol::transport::constant_time_eq(secret, &self.secrets().client)
+        tessera_transport::constant_time_eq(secret, &self.secrets().client)
     }
 
     /// Replaces the tickets' secrets (the ticket files are written by the
@@ -132,7 +132,7 @@ impl Identities {
     pub fn admit(&self, db: &Connection, hello: &Hello) -> Result<Admission, String> {
         let secrets = self.secrets();
         // The version and the tickets, as before identities.
-        match tessera_protocol::transport::check_hello(hello, &secrets.worker, &secrets.client) {
+        match tessera_transport::check_hello(hello, &secrets.worker, &secrets.client) {
             Ok(Role::Client) => Ok(Admission::Client),
             Ok(Role::Worker) => match revoked_name(db, &hello.name) {
                 Ok(false) => Ok(Admission::Enroll),

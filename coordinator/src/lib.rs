@@ -2,11 +2,14 @@
 //! keeps every acknowledged job and result durable, stores assets by digest
 //! and stitches finished tiles into frames.
 //!
-//! `farm` and `scheduler` decide (no I/O, time passed in); `server` wires
+//! `farm` and `scheduler` (the `tessera-farm` crate) decide (no I/O, time
+//! passed in); `server` wires
 //! the rest: `conn` (one task per connection), `dispatch`, `commit`,
 //! `stitcher`, `gc`, `identity` (enrolled workers, revocation, ticket
 //! rotation), `upkeep` (scrub, checkpoints), `submit`, `data_dir`. `service` is what
 //! clients may ask, under both APIs (QUIC `conn::client`, HTTP `http`).
+
+pub use tessera_farm::{cost, farm, scheduler};
 
 pub mod backup;
 mod builds;
@@ -14,18 +17,15 @@ pub mod commit;
 pub mod compare;
 pub mod config;
 mod conn;
-pub mod cost;
 mod data_dir;
 pub mod db;
 mod dispatch;
 pub mod exr;
-pub mod farm;
 mod gc;
 pub mod http;
 pub mod identity;
 pub(crate) mod query;
 pub(crate) mod retry;
-pub mod scheduler;
 pub mod server;
 pub(crate) mod service;
 pub(crate) mod shared;
@@ -35,3 +35,6 @@ pub mod submit;
 mod upkeep;
 pub mod watch;
 pub mod webhook;
+
+/// The congestion controller QUIC connections use (`--congestion`).
+pub use tessera_transport::{use_congestion, Congestion};

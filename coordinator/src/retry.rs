@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use tessera_protocol::messages::{ClientError, JobState, JobStatus};
-use tessera_protocol::store::BlobStore;
+use tessera_store::BlobStore;
 
 use crate::server::{restored_job, Shared};
 use crate::service::internal;

@@ -12,11 +12,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use tessera_protocol::blob::BlobDir;
 use tessera_protocol::messages::StitchedPasses;
-use tessera_protocol::store::Verified;
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::{self, Identity, Timing};
+use tessera_store::blob::BlobDir;
+use tessera_store::Verified;
+use tessera_transport::{self as transport, Identity, Timing};
 use tokio::task::JoinSet;
 
 use crate::commit::{self, CommitMsg};

@@ -395,12 +395,12 @@ mod tests {
     use std::path::PathBuf;
 
     use tessera_protocol::blender::BlenderVersion;
-    use tessera_protocol::blob::BlobDir;
     use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
     use tessera_protocol::messages::{Role, MAX_FILTER_IDS};
-    use tessera_protocol::store::{BlobStore, Verified};
     use tessera_protocol::ticket::Ticket;
     use tessera_protocol::Digest;
+    use tessera_store::blob::BlobDir;
+    use tessera_store::{BlobStore, Verified};
 
     use super::*;
     use crate::config::Config;

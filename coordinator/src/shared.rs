@@ -15,9 +15,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
-use tessera_protocol::blob::BlobDir;
 use tessera_protocol::messages::{CoordMsg, FarmEvent, JobStatus, Snapshot, WorkerInfo};
-use tessera_protocol::store::Verified;
+use tessera_store::blob::BlobDir;
+use tessera_store::Verified;
 use tokio::sync::{broadcast, mpsc, Notify};
 
 use crate::commit::CommitMsg;

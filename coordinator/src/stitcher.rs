@@ -14,8 +14,8 @@ use tokio::sync::mpsc;
 use anyhow::{bail, Context};
 use tessera_protocol::job::{JobSpec, OutputFormat};
 use tessera_protocol::messages::StitchedPasses;
-use tessera_protocol::store::BlobStore;
 use tessera_protocol::sums::SumTile;
+use tessera_store::BlobStore;
 
 use crate::commit::{FAILPOINT, FAILPOINT_EXIT_AFTER_PASSES};
 use crate::db::StoredFrame;

@@ -10,9 +10,9 @@ use tessera_protocol::job::{
     sanitize_manifest_path, Engine, JobSpec, OutputFormat, SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{ClientError, JobStatus};
-use tessera_protocol::store::BlobStore;
 use tessera_protocol::text;
 use tessera_protocol::Digest;
+use tessera_store::BlobStore;
 
 use crate::server::{unix_ms, Shared};
 use crate::service::internal;

@@ -8,8 +8,8 @@ use std::io::Read;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use tessera_protocol::store::BlobStore;
 use tessera_protocol::Digest;
+use tessera_store::BlobStore;
 
 use crate::server::Shared;
 

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tessera_protocol::chunk::{chunk_bytes, ChunkList};
+use tessera_store::chunk::{chunk_bytes, ChunkList};
 
 fuzz_target!(|data: &[u8]| {
     let recipe = chunk_bytes(data);

@@ -523,7 +523,7 @@ fn gc_removes_what_no_retained_job_uses_and_keeps_what_a_queued_job_needs() {
     );
 
     let chunks = |p: &Path| -> Vec<tessera_protocol::Digest> {
-        let r = tessera_protocol::chunk::chunk_file(p).unwrap();
+        let r = tessera_store::chunk::chunk_file(p).unwrap();
         r.chunks.iter().map(|c| c.digest).collect()
     };
     let (own_a, own_b) = (a.join("t/own.png"), b.join("t/own.png"));

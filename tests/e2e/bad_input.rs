@@ -2,12 +2,12 @@
 
 use std::process::Output;
 
-use tessera_protocol::blob::{self, BlobError, BlobSource};
 use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
 use tessera_protocol::messages::{ClientRequest, ClientResponse, ErrorKind};
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::{self, Timing};
 use tessera_protocol::Digest;
+use tessera_transport::blob::{self, BlobError, BlobSource};
+use tessera_transport::{self as transport, Timing};
 
 use crate::harness::{scenes, tessera, Farm};
 

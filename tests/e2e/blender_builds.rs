@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use tessera_protocol::chunk::{list_file, CHUNK_THRESHOLD};
+use tessera_store::chunk::{list_file, CHUNK_THRESHOLD};
 
 use crate::harness::Farm;
 use crate::requires::{require, Need};

@@ -548,8 +548,8 @@ fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_fra
 #[test]
 fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_verified_blob() {
     use tessera_coordinator::commit::{FAILPOINT, FAILPOINT_EXIT_AFTER_COMMIT};
-    use tessera_protocol::blob::BlobDir;
-    use tessera_protocol::store::{BlobStore, Verified};
+    use tessera_store::blob::BlobDir;
+    use tessera_store::{BlobStore, Verified};
 
     let mut farm = Farm::start("commitkill", &[]);
     farm.coordinator_env = vec![(FAILPOINT.into(), FAILPOINT_EXIT_AFTER_COMMIT.into())];

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use quinn::crypto::rustls::QuicClientConfig;
-use tessera_protocol::transport;
+use tessera_transport as transport;
 
 /// Makes Initials of fresh connections to one coordinator.
 pub struct Initials {

@@ -536,7 +536,7 @@ pub fn http_call(
     path: &str,
     body: &str,
 ) -> (u16, String) {
-    let mut tls = tessera_protocol::transport::client_tls(&ticket.fingerprint).unwrap();
+    let mut tls = tessera_transport::client_tls(&ticket.fingerprint).unwrap();
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
     let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();

@@ -12,7 +12,7 @@ use std::time::Duration;
 use quinn::crypto::rustls::QuicClientConfig;
 use tessera_protocol::codec::MAX_FRAME;
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport;
+use tessera_transport as transport;
 
 use crate::harness::{assert_frames_match_reference_samples, scenes, Farm};
 
@@ -317,10 +317,10 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
     let ticket = ticket(&farm, "client.ticket");
     let rt = runtime();
     rt.block_on(async {
-        use tessera_protocol::blob::{self, BlobSource};
         use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
         use tessera_protocol::messages::{ClientRequest, ClientResponse, ErrorKind};
         use tessera_protocol::Digest;
+        use tessera_transport::blob::{self, BlobSource};
         let mut s = transport::connect(&ticket, "hostile", transport::Timing::default())
             .await
             .unwrap();

@@ -11,7 +11,7 @@ pub mod rogue {
     use tessera_protocol::job::Engine;
     use tessera_protocol::messages::{CoordMsg, TaskSpec, WorkerInfo, WorkerMsg};
     use tessera_protocol::ticket::Ticket;
-    use tessera_protocol::transport::{self, Session, Timing};
+    use tessera_transport::{self as transport, Session, Timing};
 
     pub fn info(slots: u32, price_per_hour: f64) -> WorkerInfo {
         WorkerInfo {
@@ -215,7 +215,7 @@ fn bad_prices_are_refused_and_slot_claims_are_capped() {
 #[test]
 fn huge_names_and_errors_do_not_break_status_or_cancel() {
     use tessera_protocol::messages::WorkerMsg;
-    use tessera_protocol::transport::{self, Timing};
+    use tessera_transport::{self as transport, Timing};
     // A long lease: the rogue sends no heartbeat while it waits out the
     // retry backoff.
     let mut farm = Farm::start("rogue-text", &["--lease-ms", "10000"]);

@@ -670,7 +670,7 @@ fn http(
     secret: &str,
     declared: Option<u64>,
 ) -> (u16, String) {
-    use tessera_protocol::transport;
+    use tessera_transport as transport;
     let mut tls = transport::client_tls(&ticket.fingerprint).unwrap();
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport;
+use tessera_transport as transport;
 
 use crate::harness::Farm;
 use crate::hostile::ticket;

@@ -26,7 +26,6 @@ mod hostile_worker;
 mod http_api;
 mod http_limits;
 mod identity;
-mod layering;
 mod migration;
 mod monitor;
 mod openjd;

@@ -7,11 +7,11 @@ use crate::harness::{assert_frames_match_reference_samples, scenes, Farm};
 use crate::hostile::{runtime, ticket};
 use crate::hostile_worker::rogue;
 
-use tessera_protocol::blob::BlobError;
-use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::messages::{ClientRequest, ClientResponse, CoordMsg, JobInfo};
-use tessera_protocol::transport::{self, Timing};
 use tessera_protocol::Digest;
+use tessera_store::blob::BlobError;
+use tessera_transport::blob::{self, BlobDir};
+use tessera_transport::{self as transport, Timing};
 
 fn submit(farm: &Farm, frames: &str, tiles: &str, extra: &[&str]) -> u64 {
     let scene = scenes().join("demo.scene.json");
@@ -210,9 +210,9 @@ fn verify_quarantines_a_worker_returning_altered_pixels_and_the_frames_are_clean
 /// is read page by page, and lists every job, each once, in order.
 #[test]
 fn status_of_many_jobs_is_read_page_by_page() {
-    use tessera_protocol::blob::BlobSource;
     use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
     use tessera_protocol::messages::PAGE_ITEMS;
+    use tessera_transport::blob::BlobSource;
     let farm = Farm::start("trust-pages", &[]);
     let ct = ticket(&farm, "client.ticket");
     let jobs = PAGE_ITEMS * 2 + 10;

@@ -16,12 +16,12 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use anyhow::{bail, Context};
-use tessera_protocol::blob::{self, BlobDir};
 use tessera_protocol::build::BuildManifest;
 use tessera_protocol::chunk::{Recipe, CHUNK_THRESHOLD, MAX_CHUNK};
 use tessera_protocol::job::{sanitize_manifest_path, ManifestEntry};
 use tessera_protocol::messages::{JobInfo, StitchedPasses, MAX_GET_MANY};
 use tessera_protocol::Digest;
+use tessera_transport::blob::{self, BlobDir};
 use tokio::sync::OnceCell;
 
 use crate::stamp::Stamp;

@@ -13,3 +13,6 @@ mod slots;
 mod stamp;
 pub mod tasks;
 pub mod telemetry;
+
+/// The congestion controller QUIC connections use (`--congestion`).
+pub use tessera_transport::{use_congestion, Congestion};

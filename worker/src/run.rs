@@ -10,14 +10,14 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
-use tessera_protocol::blob::{self, BlobSource};
-use tessera_protocol::codec;
 use tessera_protocol::messages::{
     CoordMsg, JobInfo, TaskRef, TaskSpec, WorkerInfo, WorkerMsg, MAX_INLINE_OUTPUT,
 };
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::{self, Timing, TransportError};
 use tessera_protocol::Digest;
+use tessera_transport::blob::{self, BlobSource};
+use tessera_transport::framing;
+use tessera_transport::{self as transport, Timing, TransportError};
 use tokio::sync::{mpsc, watch};
 
 use crate::cache::Cache;
@@ -264,7 +264,7 @@ async fn session(
     let (tx, mut rx) = mpsc::unbounded_channel::<WorkerMsg>();
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
-            if codec::write_frame(&mut send, &msg).await.is_err() {
+            if framing::write_frame(&mut send, &msg).await.is_err() {
                 break;
             }
         }
@@ -301,7 +301,7 @@ async fn session(
                 }
                 continue;
             }
-            next = codec::read_frame::<CoordMsg, _>(&mut recv) => next,
+            next = framing::read_frame::<CoordMsg, _>(&mut recv) => next,
             Some((t, outcome)) = held.finished_rx.recv() => {
                 if let Some(report) = held.table.finished(t, outcome) {
                     send_report(&conn, &tx, report);
@@ -406,11 +406,11 @@ async fn join(
         fetches_builds: config.builds.is_some(),
         draining: held.draining,
     }))?;
-    let mut first = codec::read_frame::<CoordMsg, _>(recv).await?;
+    let mut first = framing::read_frame::<CoordMsg, _>(recv).await?;
     if let Some(CoordMsg::Enrolled { credential }) = &first {
         identity::save(&config.cache_dir, &config.ticket.fingerprint, credential)?;
         tracing::info!("enrolled: this worker's credential is kept in its cache folder");
-        first = codec::read_frame::<CoordMsg, _>(recv).await?;
+        first = framing::read_frame::<CoordMsg, _>(recv).await?;
     }
     match first {
         Some(CoordMsg::Joined {

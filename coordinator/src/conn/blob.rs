@@ -5,10 +5,10 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use tessera_protocol::blob::{self, ReadGate};
 use tessera_protocol::chunk::Recipe;
-use tessera_protocol::transport::Channel;
 use tessera_protocol::Digest;
+use tessera_transport::blob::{self, ReadGate};
+use tessera_transport::Channel;
 
 use super::fetch::Fetch;
 use crate::server::Shared;

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::messages::{take_page, ClientError, ClientRequest, ClientResponse};
-use tessera_protocol::store::BlobStore;
-use tessera_protocol::transport::Channel;
+use tessera_store::BlobStore;
+use tessera_transport::Channel;
 
 use crate::builds::{add_build, list_builds};
 use crate::gc::collect_garbage;

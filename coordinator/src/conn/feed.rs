@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tessera_protocol::messages::ClientResponse;
-use tessera_protocol::transport::Channel;
+use tessera_transport::Channel;
 use tokio::sync::broadcast;
 
 use crate::server::Shared;

@@ -12,7 +12,7 @@ use anyhow::Context;
 use tessera_protocol::codec::MAX_HELLO_FRAME;
 use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
 use tessera_protocol::text::{self, MAX_NAME};
-use tessera_protocol::transport::{self, Channel};
+use tessera_transport::{self as transport, Channel};
 
 use super::gate::Pass;
 use crate::identity::Admission;

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use tessera_protocol::blender::BlenderVersion;
 use tessera_protocol::messages::{ClientError, CoordMsg, MAX_SCAN_JSON};
-use tessera_protocol::store::BlobStore;
 use tessera_protocol::text::{self, MAX_ERROR};
 use tessera_protocol::Digest;
+use tessera_store::BlobStore;
 use tokio::sync::oneshot;
 
 use crate::scheduler::WorkerId;

@@ -6,16 +6,16 @@
 use std::sync::Arc;
 
 use anyhow::bail;
-use tessera_protocol::codec::{read_frame, write_frame};
 use tessera_protocol::job::TileRect;
 use tessera_protocol::messages::{
     check_price, TaskLog, TaskRef, WorkerInfo, WorkerMsg, MAX_CACHED_DIGESTS, MAX_INLINE_OUTPUT,
     MAX_SLOTS, MAX_TASK_LOG,
 };
-use tessera_protocol::store::BlobStore;
 use tessera_protocol::text::{self, MAX_ERROR, MAX_NAME};
-use tessera_protocol::transport::Channel;
 use tessera_protocol::Digest;
+use tessera_store::BlobStore;
+use tessera_transport::framing::{read_frame, write_frame};
+use tessera_transport::Channel;
 use tokio::sync::mpsc;
 
 use crate::scheduler::{WorkerId, MAX_AHEAD_PER_SLOT};

@@ -41,8 +41,8 @@ use serde_json::json;
 use tessera_protocol::events::{event_job, event_json};
 use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{ClientError, ErrorKind, JobFilter, JobState, JobStatus};
-use tessera_protocol::store::BlobStore;
 use tessera_protocol::Digest;
+use tessera_store::BlobStore;
 use tokio::net::TcpListener;
 use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
@@ -149,9 +149,9 @@ pub(crate) async fn serve(
 
 /// The TLS configuration: the QUIC endpoint's certificate, HTTP/1.1.
 pub(crate) fn tls(
-    identity: &tessera_protocol::transport::Identity,
+    identity: &tessera_transport::Identity,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let mut tls = tessera_protocol::transport::server_tls(identity)?;
+    let mut tls = tessera_transport::server_tls(identity)?;
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(tls))
 }

@@ -4,7 +4,7 @@
 
 use tessera_protocol::codec::CodecError;
 use tessera_protocol::messages::{ClientError, ErrorKind, JobState, JobStatus};
-use tessera_protocol::transport::TransportError;
+use tessera_transport::TransportError;
 
 /// Success: the command did what it was asked; `wait` and `submit --wait`:
 /// every job is done.

@@ -10,8 +10,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use tessera_protocol::blender::{BlenderNeeds, VersionReq};
-use tessera_protocol::blob::{self, BlobDir};
-use tessera_protocol::chunk::{self, ChunkList, CHUNK_THRESHOLD};
 use tessera_protocol::job::{
     limits, parse_frames, Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid,
     SAMPLE_RANGES_AUTO,
@@ -21,9 +19,11 @@ use tessera_protocol::messages::{
     TileStatus, WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
-use tessera_protocol::transport::{self, Channel, Timing};
 use tessera_protocol::Digest;
 use tessera_scan::{blender_runtime, builtin};
+use tessera_store::chunk::{self, ChunkList, CHUNK_THRESHOLD};
+use tessera_transport::blob::{self, BlobDir};
+use tessera_transport::{self as transport, Channel, Timing};
 
 use crate::blend;
 use crate::progress::{human_bytes, Progress};
@@ -446,7 +446,7 @@ struct Scan {
     finish: bool,
 }
 
-pub(crate) struct SceneFile {
+pub struct SceneFile {
     /// Where it goes in the job folder.
     pub job_path: String,
     pub on_disk: PathBuf,

@@ -5,11 +5,12 @@ use std::path::Path;
 
 use tokio::io::{AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::{BlobDir, BlobError, BLOCK};
-use crate::chunk::Recipe;
-use crate::messages::{BlobReply, BlobRequest, MAX_GET_MANY};
-use crate::transport::Channel;
-use crate::Digest;
+use crate::Channel;
+use tessera_protocol::chunk::Recipe;
+use tessera_protocol::messages::{BlobReply, BlobRequest, MAX_GET_MANY};
+use tessera_protocol::Digest;
+use tessera_store::blob::BLOCK;
+pub use tessera_store::blob::{BlobDir, BlobError, MAX_BLOB};
 
 /// Copies `len` bytes of the file at `path` to `dst`.
 pub async fn send_file<W: AsyncWrite + Unpin>(path: &Path, dst: &mut W) -> Result<u64, BlobError> {
@@ -398,21 +399,21 @@ fn read_run(dir: &BlobDir, run: &[Digest]) -> Vec<std::io::Result<Stored>> {
 /// `dir`. For tests and benchmarks of the transport; the coordinator serves
 /// blobs itself, with its job accounting.
 pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
-    use crate::messages::{Hello, Welcome, PROTOCOL_VERSION};
+    use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
     while let Some(incoming) = endpoint.accept().await {
         let (dir, secret) = (dir.clone(), secret.clone());
         tokio::spawn(async move {
             let conn = incoming.await.ok()?;
             let mut control = Channel::new(conn.accept_bi().await.ok()?);
             let hello: Hello = control
-                .recv_within(crate::codec::MAX_HELLO_FRAME)
+                .recv_within(tessera_protocol::codec::MAX_HELLO_FRAME)
                 .await
                 .ok()??;
-            if let Err(reason) = crate::transport::check_hello(&hello, &secret, &secret) {
+            if let Err(reason) = crate::check_hello(&hello, &secret, &secret) {
                 control.send(&Welcome::Refused { reason }).await.ok()?;
                 return None;
             }
-            crate::transport::admit(&conn);
+            crate::admit(&conn);
             let welcome = Welcome::Accepted {
                 version: PROTOCOL_VERSION,
             };
@@ -583,5 +584,241 @@ pub async fn get(
         None => Err(BlobError::Lost(
             "stream closed before the sender answered".into(),
         )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::path::PathBuf;
+
+    fn temp_dir(tag: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("tessera-blobq-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        dir
+    }
+
+    fn runtime() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    /// A real QUIC server on 127.0.0.1 answering blob streams against `dir`,
+    /// and a client connection to it.
+    async fn loopback(dir: BlobDir) -> crate::Session {
+        use crate as transport;
+        use crate::{Identity, Timing};
+        use tessera_protocol::messages::Role;
+        use tessera_protocol::ticket::Ticket;
+        let identity = Identity::generate().unwrap();
+        let endpoint = transport::server_endpoint(
+            "127.0.0.1:0".parse().unwrap(),
+            &identity,
+            Timing::default(),
+        )
+        .unwrap();
+        let ticket = Ticket {
+            role: Role::Client,
+            addr: endpoint.local_addr().unwrap(),
+            fingerprint: identity.fingerprint(),
+            secret: "s".into(),
+        };
+        tokio::spawn(serve(endpoint, dir, "s".into()));
+        transport::connect(&ticket, "test", Timing::default())
+            .await
+            .unwrap()
+    }
+
+    #[test]
+    fn a_chunk_flipped_on_the_way_is_refused_and_sent_again() {
+        let rt = runtime();
+        let dir = BlobDir::open(temp_dir("retry")).unwrap();
+        let chunk: Vec<u8> = (0..50_000u32).map(|i| (i * 7 % 251) as u8).collect();
+        let digest = Digest::of(&chunk);
+        rt.block_on(async {
+            let session = loopback(dir.clone()).await;
+            let conn = &session.connection;
+            // The first read comes back with one byte flipped.
+            let mut reads = 0;
+            let sent = put_retrying(conn, digest, 3, || {
+                reads += 1;
+                let mut bytes = chunk.clone();
+                if reads == 1 {
+                    bytes[4321] ^= 0x10;
+                }
+                Ok(bytes)
+            })
+            .await
+            .unwrap();
+            assert_eq!(reads, 2);
+            assert_eq!(sent, 2 * chunk.len() as u64);
+            assert_eq!(dir.read(&digest).unwrap(), chunk);
+
+            // Bytes that never match: refused every time, nothing stored.
+            let other = Digest::of(b"other");
+            let err = put_retrying(conn, other, 3, || Ok(chunk.clone()))
+                .await
+                .unwrap_err();
+            assert!(
+                err.to_string().contains("does not match its digest"),
+                "{err}"
+            );
+            assert!(!dir.contains(&other));
+        });
+        std::fs::remove_dir_all(dir.root()).unwrap();
+    }
+
+    /// Refuses one digest.
+    struct AllBut(Digest);
+
+    impl ReadGate for AllBut {
+        fn may_read(&self, digest: &Digest) -> bool {
+            *digest != self.0
+        }
+    }
+
+    #[test]
+    fn many_blobs_come_in_order_on_one_stream_up_to_one_missing_or_refused() {
+        let rt = runtime();
+        let src = BlobDir::open(temp_dir("many-src")).unwrap();
+        let blobs: Vec<Vec<u8>> = (0..5u8).map(|i| vec![i; 20_000 + usize::from(i)]).collect();
+        let digests: Vec<Digest> = blobs.iter().map(|b| Digest::of(b)).collect();
+        for b in &blobs {
+            src.put_bytes(b).unwrap();
+        }
+        let refused = digests[3];
+        let missing = Digest::of(b"not stored");
+        rt.block_on(async {
+            let session = loopback(src.clone()).await;
+            // A second server, gated, for the refusal.
+            let identity = crate::Identity::generate().unwrap();
+            let endpoint = crate::server_endpoint(
+                "127.0.0.1:0".parse().unwrap(),
+                &identity,
+                crate::Timing::default(),
+            )
+            .unwrap();
+            let addr = endpoint.local_addr().unwrap();
+            let served = src.clone();
+            tokio::spawn(async move {
+                use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
+                let conn = endpoint.accept().await.unwrap().await.unwrap();
+                let mut control = crate::Channel::new(conn.accept_bi().await.unwrap());
+                let _: Option<Hello> = control.recv().await.unwrap();
+                crate::admit(&conn);
+                let welcome = Welcome::Accepted {
+                    version: PROTOCOL_VERSION,
+                };
+                control.send(&welcome).await.unwrap();
+                let stored = std::sync::atomic::AtomicU64::new(0);
+                while let Ok(pair) = conn.accept_bi().await {
+                    let mut ch = crate::Channel::new(pair);
+                    let _ = answer_gated(&served, &mut ch, &stored, &AllBut(refused)).await;
+                }
+            });
+            let conn = &session.connection;
+            // Everything a request hands out, and how it ended.
+            async fn fetch(
+                conn: &quinn::Connection,
+                digests: &[Digest],
+                max_len: u64,
+            ) -> (Vec<(Digest, Vec<u8>)>, Result<(), BlobError>) {
+                let mut got = Vec::new();
+                let mut many = match get_many_in_memory(conn, digests, Some(1), max_len).await {
+                    Ok(many) => many,
+                    Err(e) => return (got, Err(e)),
+                };
+                loop {
+                    match many.next().await {
+                        Ok(Some(blob)) => got.push(blob),
+                        Ok(None) => return (got, Ok(())),
+                        Err(e) => return (got, Err(e)),
+                    }
+                }
+            }
+            let (got, end) = fetch(conn, &digests[..3], 1 << 20).await;
+            end.unwrap();
+            let want: Vec<(Digest, Vec<u8>)> =
+                (0..3).map(|i| (digests[i], blobs[i].clone())).collect();
+            assert_eq!(got, want, "in order, each whole");
+            let (got, end) = fetch(conn, &[digests[4], missing], 1 << 20).await;
+            let err = end.unwrap_err();
+            assert!(
+                matches!(err, BlobError::NotFound(d) if d == missing),
+                "{err}"
+            );
+            assert_eq!(got.len(), 1, "the one before the missing one comes");
+            let (got, end) = fetch(conn, &digests[..2], 20_000).await;
+            let err = end.unwrap_err();
+            assert!(
+                matches!(err, BlobError::TooLarge { digest, len: 20_001 } if digest == digests[1]),
+                "{err}"
+            );
+            assert_eq!(
+                got.len(),
+                1,
+                "refused before a byte of the long one is read"
+            );
+            let too_many = vec![digests[0]; tessera_protocol::messages::MAX_GET_MANY + 1];
+            assert!(fetch(conn, &too_many, 1 << 20).await.1.is_err());
+
+            let ticket = tessera_protocol::ticket::Ticket {
+                role: tessera_protocol::messages::Role::Client,
+                addr,
+                fingerprint: identity.fingerprint(),
+                secret: "s".into(),
+            };
+            let gated = crate::connect(&ticket, "test", crate::Timing::default())
+                .await
+                .unwrap();
+            let (got, end) = fetch(&gated.connection, &digests[2..5], 1 << 20).await;
+            let err = end.unwrap_err();
+            assert!(
+                matches!(err, BlobError::Refused { digest, .. } if digest == refused),
+                "{err}"
+            );
+            let got: Vec<Digest> = got.into_iter().map(|(d, _)| d).collect();
+            assert_eq!(got, vec![digests[2]], "served up to the refused one");
+        });
+        std::fs::remove_dir_all(src.root()).unwrap();
+    }
+
+    #[test]
+    fn a_blob_over_loopback_travels_in_datagrams_larger_than_ethernet_allows() {
+        let rt = runtime();
+        let dir = BlobDir::open(temp_dir("mtu")).unwrap();
+        let data: Vec<u8> = (0..32_000_000u32).map(|i| (i ^ (i >> 11)) as u8).collect();
+        let digest = Digest::of(&data);
+        rt.block_on(async {
+            let session = loopback(dir.clone()).await;
+            put(
+                &session.connection,
+                digest,
+                data.len() as u64,
+                BlobSource::Bytes(&data),
+            )
+            .await
+            .unwrap();
+            // Path MTU discovery found that loopback carries more than the
+            // 1452-byte payloads quinn stops at by default.
+            let path = session.connection.stats().path;
+            assert!(
+                path.current_mtu > 1472,
+                "MTU {} after {} packets",
+                path.current_mtu,
+                path.sent_packets
+            );
+            assert!(
+                path.sent_packets < data.len() as u64 / 2000,
+                "{} packets for {} bytes",
+                path.sent_packets,
+                data.len()
+            );
+        });
+        assert_eq!(dir.read(&digest).unwrap(), data);
+        std::fs::remove_dir_all(dir.root()).unwrap();
     }
 }

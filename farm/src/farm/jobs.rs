@@ -5,7 +5,7 @@ use tessera_protocol::job::{JobSpec, OutputFormat};
 use tessera_protocol::messages::{CoordMsg, FarmEvent, JobState, JobStatus, StitchedPasses};
 
 use super::{AcceptedResult, Effect, FarmCore, Now};
-use crate::db::FinalCounts;
+use crate::farm::FinalCounts;
 use crate::scheduler::WorkerId;
 
 /// What the stitcher makes of a frame's results.

@@ -10,8 +10,8 @@
 use std::time::SystemTime;
 
 use crate::blob::{BlobDir, BlobError};
-use crate::chunk::{ChunkList, Recipe};
-use crate::Digest;
+use tessera_protocol::chunk::{ChunkList, Recipe};
+use tessera_protocol::Digest;
 
 /// One stored blob, as listed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

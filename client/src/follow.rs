@@ -11,10 +11,10 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
-use tessera_protocol::blob::BlobDir;
 use tessera_protocol::messages::{FrameOutput, JobState, JobStatus};
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::Digest;
+use tessera_store::blob::BlobDir;
 
 use crate::client::Client;
 use crate::exit;

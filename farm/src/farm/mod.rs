@@ -37,7 +37,6 @@ pub(crate) use job::Job;
 pub use jobs::{StitchPlan, StitchStage};
 
 use crate::cost::Ledger;
-use crate::db::FinalCounts;
 use crate::scheduler::{self, Epoch, Millis, NewJob, Scheduler, TaskKey, WorkerId};
 
 /// The time an event happens at, passed in by the caller: `ms` is the
@@ -759,4 +758,14 @@ impl FarmCore {
             why.join(" or ")
         ))
     }
+}
+
+/// What a finished job counted, stored with its final state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct FinalCounts {
+    pub tasks_done: u32,
+    pub frames_done: u32,
+    pub render_ms: u64,
+    /// Asset bytes served to workers for the job.
+    pub bytes_to_workers: u64,
 }

@@ -1,6 +1,12 @@
 //! The QUIC transport: the coordinator's self-signed certificate, endpoints
 //! for both sides, certificate pinning by fingerprint, the `Hello` handshake,
-//! and [`Channel`], which turns a QUIC stream pair into typed messages.
+//! and [`Channel`], which turns a QUIC stream pair into typed messages
+//! ([`framing`] reads and writes them). [`blob`] carries blobs over QUIC
+//! streams; [`congestion`] is the congestion controller rented links need.
+
+pub mod blob;
+pub mod congestion;
+pub mod framing;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -13,9 +19,9 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use crate::codec::{self, CodecError};
-use crate::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
-use crate::ticket::Ticket;
+use tessera_protocol::codec::CodecError;
+use tessera_protocol::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
+use tessera_protocol::ticket::Ticket;
 
 const ALPN: &[u8] = b"tessera/1";
 const SERVER_NAME: &str = "tessera-coordinator";
@@ -537,12 +543,12 @@ impl Channel {
     }
 
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), CodecError> {
-        codec::write_frame(&mut self.send, msg).await
+        framing::write_frame(&mut self.send, msg).await
     }
 
     /// The next message, or `None` when the peer finished the stream.
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
-        codec::read_frame(&mut self.recv).await
+        framing::read_frame(&mut self.recv).await
     }
 
     /// The next message of at most `max` bytes (see
@@ -551,7 +557,7 @@ impl Channel {
         &mut self,
         max: u32,
     ) -> Result<Option<T>, CodecError> {
-        codec::read_frame_within(&mut self.recv, max).await
+        framing::read_frame_within(&mut self.recv, max).await
     }
 
     pub fn split(self) -> (quinn::SendStream, quinn::RecvStream) {

@@ -18,7 +18,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::Digest;
 
 use super::*;
-use crate::db::FinalCounts;
+use crate::farm::FinalCounts;
 
 const LEASE: Millis = 1_000;
 
