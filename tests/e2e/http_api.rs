@@ -2,8 +2,8 @@
 //! a real coordinator (`--http`, TLS with its own certificate) and real
 //! workers. The Python client's own tests (`python/tests`) run here, in the
 //! Python `.ci/run` prepared (`$TESSERA_TEST_PYTHON`, with
-//! `prometheus_client` for the metrics parser); so does the README's Python
-//! three-shot script. The webhook receiver is a small HTTP server in this
+//! `prometheus_client` for the metrics parser); so does the Python
+//! three-shot script of docs/pipeline-td.md. The webhook receiver is a small HTTP server in this
 //! file, on 127.0.0.1.
 
 use std::io::{BufRead, BufReader, Read, Write};
@@ -79,7 +79,7 @@ fn openapi_document_lists_exactly_the_served_routes() {
 /// Every endpoint through the Python client (and a wrong or missing bearer
 /// secret refused), responses checked against the OpenAPI schemas,
 /// `tessera events --json`, `/metrics` against `status --json`, and the
-/// README's Python three-shot script.
+/// Python three-shot script of docs/pipeline-td.md.
 #[test]
 #[ignore = "needs TESSERA_TEST_PYTHON (a Python 3.9+ with prometheus_client)"]
 fn python_client_drives_every_endpoint_of_a_real_farm() {
@@ -111,16 +111,16 @@ fn python_client_drives_every_endpoint_of_a_real_farm() {
     assert!(out.contains("OK"), "{out}");
 }
 
-/// The README's Python three-shot script, as written there.
+/// The Python three-shot script of docs/pipeline-td.md, as written there.
 #[test]
 #[ignore = "needs TESSERA_TEST_PYTHON (a Python 3.9+ with prometheus_client)"]
 fn readme_python_three_shot_script_runs() {
     python();
-    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(repo().join("docs/pipeline-td.md")).unwrap();
     let start = "<!-- three-shot.py -->\n```python\n";
     let begin = readme
         .find(start)
-        .expect("README has the Python three-shot script")
+        .expect("docs/pipeline-td.md has the Python three-shot script")
         + start.len();
     let script = &readme[begin..begin + readme[begin..].find("```").unwrap()];
     let mut farm = Farm::start("t14a-three", &["--http"]);

@@ -1,7 +1,7 @@
-//! The command line as a script sees it: every exit code the README lists,
+//! The command line as a script sees it: every exit code docs/pipeline-td.md lists,
 //! `status` filters and details, `wait` on several jobs with a timeout,
 //! frames written while the job still runs and across a coordinator
-//! restart, drain by name, and the README's three-shot bash script run as
+//! restart, drain by name, and docs/pipeline-td.md's three-shot bash script run as
 //! written.
 
 use std::os::unix::fs::MetadataExt;
@@ -15,7 +15,7 @@ use crate::harness::{
     assert_frames_match_reference, assert_frames_match_reference_samples, scenes, tessera, Farm,
 };
 
-/// The exit codes of the README's table.
+/// The exit codes of the table in docs/pipeline-td.md.
 const FAILED: i32 = 3;
 const CANCELED: i32 = 4;
 const TIMED_OUT: i32 = 5;
@@ -427,17 +427,19 @@ fn drain_takes_a_worker_name_and_an_idle_worker_leaves_at_once() {
     assert!(status.success(), "{status}");
 }
 
-/// The README's three-shot script (the ```bash block under Scripting),
+/// The three-shot script of docs/pipeline-td.md (the ```bash block under
+/// Scripting),
 /// run by bash as written, with `tessera` on the PATH.
 #[test]
 fn the_readmes_three_shot_script_runs() {
     let mut farm = Farm::start("t14b-readme", &[]);
     farm.add_worker("w1");
     let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/pipeline-td.md"))
+            .unwrap();
     let start = readme
         .find("# three_shots.sh")
-        .expect("the script in the README");
+        .expect("the script in docs/pipeline-td.md");
     let start = readme[..start].rfind("```bash\n").unwrap() + "```bash\n".len();
     let script = &readme[start..start + readme[start..].find("```").unwrap()];
     let work = farm.dir.join("script");
