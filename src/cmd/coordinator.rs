@@ -79,121 +79,125 @@ pub(crate) struct Args {
     pub webhook_max_backoff_ms: u64,
 }
 
-pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
-    match args {
-        Args {
-            admin: Some(CoordinatorAdmin::Backup { data_dir, dest }),
-            ..
-        } => {
-            let copied = tessera_coordinator::backup::backup(&data_dir, &dest)?;
-            println!(
-                "backed up {} into {}: the database and {} blob files ({} bytes)",
-                data_dir.display(),
-                dest.display(),
-                copied.blobs,
-                copied.bytes
-            );
-            Ok(0)
+pub(crate) async fn run(mut args: Args) -> anyhow::Result<i32> {
+    match args.admin.take() {
+        Some(CoordinatorAdmin::Backup { data_dir, dest }) => backup(data_dir, dest),
+        Some(CoordinatorAdmin::RotateTickets { json, ticket }) => {
+            rotate_tickets(json, ticket).await
         }
-        Args {
-            admin: Some(CoordinatorAdmin::RotateTickets { json, ticket }),
-            ..
-        } => {
-            let ticket = ticket.resolve()?;
-            let mut client = Client::connect(&ticket).await?;
-            let (worker, client_ticket) = client.rotate_tickets().await?;
-            if json {
-                let tickets = serde_json::json!({ "worker": worker, "client": client_ticket });
-                println!("{tickets}");
-            } else {
-                println!("worker ticket: {worker}\nclient ticket: {client_ticket}");
-                eprintln!("the old tickets are refused from now on; the data dir's ticket files hold the new ones");
-            }
-            Ok(0)
-        }
-        Args {
-            admin: None,
-            data_dir,
-            listen,
-            advertise,
-            heartbeat_ms,
-            lease_ms,
-            no_cache_affinity,
-            no_pipelining,
-            congestion,
-            retention,
-            scrub_mb_per_sec,
-            task_timeout,
-            http,
-            webhook,
-            webhook_secret_file,
-            webhook_backoff_ms,
-            webhook_max_backoff_ms,
-        } => {
-            // Required by clap unless a subcommand is given.
-            let data_dir = data_dir.context("pass --data-dir")?;
-            let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
-            config.scrub_bytes_per_sec = (scrub_mb_per_sec.max(0.0) * 1e6) as u64;
-            config.advertise = advertise;
-            config.heartbeat_ms = heartbeat_ms;
-            config.lease_ms = lease_ms.max(heartbeat_ms);
-            config.cache_affinity = !no_cache_affinity;
-            config.pipelining = !no_pipelining;
-            tessera_coordinator::use_congestion(congestion);
-            config.retention = retention;
-            config.task_timeout = task_timeout.filter(|t| !t.is_zero());
-            config.http = match http.as_deref() {
-                None => None,
-                Some("ticket") => Some(HttpListen::SamePort),
-                Some(addr) => Some(HttpListen::Addr(addr.parse().with_context(|| {
-                    format!("--http {addr}: expected HOST:PORT, e.g. 127.0.0.1:7701")
-                })?)),
-            };
-            if let Some(url) = webhook {
-                tessera_coordinator::webhook::parse_url(&url)?;
-                let secret = match webhook_secret_file {
-                Some(file) => std::fs::read(&file)
-                    .with_context(|| format!("cannot read {}", file.display()))?,
-                None => std::env::var("TESSERA_WEBHOOK_SECRET")
-                    .map(String::into_bytes)
-                    .map_err(|_| {
-                        anyhow::anyhow!("--webhook needs a signing secret: pass --webhook-secret-file FILE or set TESSERA_WEBHOOK_SECRET")
-                    })?,
-            };
-                let secret = String::from_utf8_lossy(&secret).trim().as_bytes().to_vec();
-                if secret.is_empty() {
-                    anyhow::bail!("the webhook's signing secret is empty");
-                }
-                config.webhook = Some(Webhook {
-                    url,
-                    secret,
-                    first_backoff: std::time::Duration::from_millis(webhook_backoff_ms.max(1)),
-                    max_backoff: std::time::Duration::from_millis(
-                        webhook_max_backoff_ms.max(webhook_backoff_ms),
-                    ),
-                });
-            }
-            let coordinator = tessera_coordinator::server::start(config).await?;
-            // Scripts read the first line to learn the address; a closed
-            // stdout must not stop the coordinator.
-            let mut banner = format!(
-                "tessera coordinator listening on {}\nworker ticket: {}\nclient ticket: {}\n",
-                coordinator.addr,
-                data_dir.join("worker.ticket").display(),
-                data_dir.join("client.ticket").display()
-            );
-            if coordinator.http_addr.is_some() {
-                let url = std::fs::read_to_string(data_dir.join("http.url")).unwrap_or_default();
-                banner += &format!("http api: {}\n", url.trim());
-            }
-            let mut stdout = std::io::stdout();
-            let _ = stdout
-                .write_all(banner.as_bytes())
-                .and_then(|()| stdout.flush());
-            coordinator.run_until(shutdown_signal()).await;
-            Ok(0)
-        }
+        None => serve(args).await,
     }
+}
+
+fn backup(data_dir: PathBuf, dest: PathBuf) -> anyhow::Result<i32> {
+    let copied = tessera_coordinator::backup::backup(&data_dir, &dest)?;
+    println!(
+        "backed up {} into {}: the database and {} blob files ({} bytes)",
+        data_dir.display(),
+        dest.display(),
+        copied.blobs,
+        copied.bytes
+    );
+    Ok(0)
+}
+
+async fn rotate_tickets(json: bool, ticket: TicketArg) -> anyhow::Result<i32> {
+    let ticket = ticket.resolve()?;
+    let mut client = Client::connect(&ticket).await?;
+    let (worker, client_ticket) = client.rotate_tickets().await?;
+    if json {
+        let tickets = serde_json::json!({ "worker": worker, "client": client_ticket });
+        println!("{tickets}");
+    } else {
+        println!("worker ticket: {worker}\nclient ticket: {client_ticket}");
+        eprintln!("the old tickets are refused from now on; the data dir's ticket files hold the new ones");
+    }
+    Ok(0)
+}
+
+/// Runs until SIGINT or SIGTERM.
+async fn serve(args: Args) -> anyhow::Result<i32> {
+    let Args {
+        admin: _,
+        data_dir,
+        listen,
+        advertise,
+        heartbeat_ms,
+        lease_ms,
+        no_cache_affinity,
+        no_pipelining,
+        congestion,
+        retention,
+        scrub_mb_per_sec,
+        task_timeout,
+        http,
+        webhook,
+        webhook_secret_file,
+        webhook_backoff_ms,
+        webhook_max_backoff_ms,
+    } = args;
+    // Required by clap unless a subcommand is given.
+    let data_dir = data_dir.context("pass --data-dir")?;
+    let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
+    config.scrub_bytes_per_sec = (scrub_mb_per_sec.max(0.0) * 1e6) as u64;
+    config.advertise = advertise;
+    config.heartbeat_ms = heartbeat_ms;
+    config.lease_ms = lease_ms.max(heartbeat_ms);
+    config.cache_affinity = !no_cache_affinity;
+    config.pipelining = !no_pipelining;
+    tessera_coordinator::use_congestion(congestion);
+    config.retention = retention;
+    config.task_timeout = task_timeout.filter(|t| !t.is_zero());
+    config.http = match http.as_deref() {
+        None => None,
+        Some("ticket") => Some(HttpListen::SamePort),
+        Some(addr) => Some(HttpListen::Addr(addr.parse().with_context(|| {
+            format!("--http {addr}: expected HOST:PORT, e.g. 127.0.0.1:7701")
+        })?)),
+    };
+    if let Some(url) = webhook {
+        tessera_coordinator::webhook::parse_url(&url)?;
+        let secret = match webhook_secret_file {
+        Some(file) => std::fs::read(&file)
+            .with_context(|| format!("cannot read {}", file.display()))?,
+        None => std::env::var("TESSERA_WEBHOOK_SECRET")
+            .map(String::into_bytes)
+            .map_err(|_| {
+                anyhow::anyhow!("--webhook needs a signing secret: pass --webhook-secret-file FILE or set TESSERA_WEBHOOK_SECRET")
+            })?,
+    };
+        let secret = String::from_utf8_lossy(&secret).trim().as_bytes().to_vec();
+        if secret.is_empty() {
+            anyhow::bail!("the webhook's signing secret is empty");
+        }
+        config.webhook = Some(Webhook {
+            url,
+            secret,
+            first_backoff: std::time::Duration::from_millis(webhook_backoff_ms.max(1)),
+            max_backoff: std::time::Duration::from_millis(
+                webhook_max_backoff_ms.max(webhook_backoff_ms),
+            ),
+        });
+    }
+    let coordinator = tessera_coordinator::server::start(config).await?;
+    // Scripts read the first line to learn the address; a closed
+    // stdout must not stop the coordinator.
+    let mut banner = format!(
+        "tessera coordinator listening on {}\nworker ticket: {}\nclient ticket: {}\n",
+        coordinator.addr,
+        data_dir.join("worker.ticket").display(),
+        data_dir.join("client.ticket").display()
+    );
+    if coordinator.http_addr.is_some() {
+        let url = std::fs::read_to_string(data_dir.join("http.url")).unwrap_or_default();
+        banner += &format!("http api: {}\n", url.trim());
+    }
+    let mut stdout = std::io::stdout();
+    let _ = stdout
+        .write_all(banner.as_bytes())
+        .and_then(|()| stdout.flush());
+    coordinator.run_until(shutdown_signal()).await;
+    Ok(0)
 }
 
 /// What is done to a coordinator besides running it.

@@ -196,30 +196,12 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
         progress: !json,
         blender,
         blender_python,
-        unreal: uproject::UnrealOptions {
-            level_sequence: unreal.level_sequence,
-            map: unreal.map,
-            mrq_config: unreal.mrq_config,
-            shots: unreal.shots,
-            chunk: unreal.chunk,
-            warm_up: unreal.warm_up,
-            format: unreal.mrq_format,
-            file_name_format: unreal.mrq_file_name_format,
-            zero_pad: unreal.mrq_zero_pad,
-            resolution: unreal.resolution,
-        },
+        unreal: unreal.options(),
         after: after.map(|a| a.0).unwrap_or_default(),
         after_failure,
         paused,
         frame_files,
-        share: share::ShareOptions {
-            project_root: share.project_root,
-            asset_roots: (share.asset_roots.into_iter())
-                .map(|r| (r, "--asset-root".to_string()))
-                .collect(),
-            allow_files: share.allow_files,
-        }
-        .with_studio_roots()?,
+        share: share.options()?,
     };
     if openjd::is_template(&opts.scene) {
         let template = openjd::load(&opts.scene, &job_params)?;
@@ -445,5 +427,37 @@ pub(crate) fn parse_sample_ranges(s: &str) -> Result<u32, String> {
             Ok(k) if k >= 1 => Ok(k),
             _ => Err(format!("`{n}` is not `auto` or a count of at least 1")),
         },
+    }
+}
+
+impl ShareArgs {
+    /// What may be shared: these options, then the studio's roots
+    /// (`TESSERA_ASSET_ROOTS`, the client config file).
+    fn options(self) -> anyhow::Result<share::ShareOptions> {
+        share::ShareOptions {
+            project_root: self.project_root,
+            asset_roots: (self.asset_roots.into_iter())
+                .map(|r| (r, "--asset-root".to_string()))
+                .collect(),
+            allow_files: self.allow_files,
+        }
+        .with_studio_roots()
+    }
+}
+
+impl UnrealArgs {
+    fn options(self) -> uproject::UnrealOptions {
+        uproject::UnrealOptions {
+            level_sequence: self.level_sequence,
+            map: self.map,
+            mrq_config: self.mrq_config,
+            shots: self.shots,
+            chunk: self.chunk,
+            warm_up: self.warm_up,
+            format: self.mrq_format,
+            file_name_format: self.mrq_file_name_format,
+            zero_pad: self.mrq_zero_pad,
+            resolution: self.resolution,
+        }
     }
 }

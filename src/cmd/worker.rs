@@ -110,155 +110,155 @@ pub(crate) struct Args {
     pub exit_after_idle: Option<std::time::Duration>,
 }
 
-pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
-    match args {
-        Args {
-            admin: Some(WorkerAdmin::Revoke { name, ticket }),
-            ..
-        } => {
-            let ticket = ticket.resolve()?;
-            let mut client = Client::connect(&ticket).await?;
-            let (identities, disconnected) = client.revoke_worker(&name).await?;
-            println!(
-            "revoked worker {name} ({identities} identities, {disconnected} connections closed): it may not join again"
-        );
-            Ok(0)
-        }
-        Args {
-            admin: None,
-            ticket,
-            name,
-            cache_dir,
-            cache_max,
-            engine,
-            slots,
-            threads,
-            price_per_hour,
-            blender_device,
-            blenders,
-            blender_python,
-            build_python,
-            blender_cold,
-            drain_grace,
-            stall_window,
-            session_idle,
-            noop_ms,
-            interruptible,
-            unreal_editor,
-            congestion,
-            exit_after_idle,
-        } => {
-            tessera_worker::use_congestion(congestion);
-            // Required by clap unless a subcommand is given.
-            let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
-            if ticket.role != tessera_protocol::messages::Role::Worker {
-                anyhow::bail!(
-                    "this is a client ticket; a worker joins with DATA_DIR/worker.ticket"
-                );
-            }
-            let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-            let slots = match slots {
-                Slots::Count(n) => n.max(1),
-                Slots::Auto => match tessera_worker::telemetry::gpu_count() {
-                    Ok(n) if n > 0 => n.min(MAX_SLOTS),
-                    found => {
-                        let why = found.err().unwrap_or_else(|| "NVML finds no GPU".into());
-                        tracing::info!("--slots auto: {why}; one slot per CPU core");
-                        (cores as u32).clamp(1, MAX_SLOTS)
-                    }
-                },
-            };
-            let threads = threads.unwrap_or((cores / slots as usize).max(1));
-            let auto = blenders.iter().any(|b| b.as_os_str() == "auto");
-            let blenders: Vec<PathBuf> = (blenders.into_iter())
-                .filter(|b| b.as_os_str() != "auto")
-                .collect();
-            // Held for the life of the process: the default cache folder
-            // (and the identity in it) belongs to one worker at a time.
-            let mut _cache_lock = None;
-            let (name, cache_dir) = match (name, cache_dir) {
-                (Some(name), Some(dir)) => (name, dir),
-                (Some(name), None) => {
-                    let dir = default_cache_dir(&name);
-                    (name, dir)
-                }
-                (None, Some(dir)) => (host_name(), dir),
-                (None, None) => {
-                    let (name, dir, lock) = default_worker_name()?;
-                    _cache_lock = Some(lock);
-                    (name, dir)
-                }
-            };
-            // Absolute from here on: renderers are marked with it (a
-            // sweep compares it) and their HOME is under it.
-            std::fs::create_dir_all(&cache_dir).with_context(|| {
-                format!("cannot create the cache folder {}", cache_dir.display())
-            })?;
-            let cache_dir = std::fs::canonicalize(&cache_dir)
-                .with_context(|| format!("cannot use the cache folder {}", cache_dir.display()))?;
-            // Before any Blender starts (the probes below): end what an
-            // earlier run on this cache folder left running, and keep pid
-            // files of what this one starts.
-            tessera_worker::child::set_cache_dir(&cache_dir)
-                .with_context(|| format!("cannot use the cache folder {}", cache_dir.display()))?;
-            let swept = tessera_worker::child::sweep(&cache_dir);
-            if swept > 0 {
-                tracing::warn!(
-                    swept,
-                    "ended renderers an earlier run of this worker left running"
-                );
-            }
-            let unreal = unreal_editor.map(|editor| {
-                Arc::new(engine::unreal::Unreal::new(
-                    editor, &cache_dir, cache_max, slots,
-                )) as Arc<dyn engine::Engine>
-            });
-            let (engines, blender_engine) = worker_engines(EngineChoice {
-                unreal,
-                choice: &engine,
-                threads,
-                slots,
-                blender_device: blender_device.0,
-                blenders: &blenders,
-                blender_python: &blender_python,
-                blender_cold,
-                noop_ms,
-                auto,
-            })?;
-            let builds = match (auto, blender_engine) {
-                (true, Some(b)) => Some(Arc::new(tessera_worker::builds::AutoBuilds::new(
-                    build_python,
-                    b,
-                ))),
-                (true, None) => anyhow::bail!(
-                    "--blender auto needs the blender engine (--engine auto or blender)"
-                ),
-                (false, _) => None,
-            };
-            let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-            tokio::spawn(async move {
-                shutdown_signal().await;
-                let _ = stop_tx.send(true);
-            });
-            let config = tessera_worker::run::Config {
-                ticket,
-                name,
-                cache_dir,
-                cache_max,
-                engines,
-                slots,
-                price_per_hour,
-                drain_grace,
-                interruptible,
-                builds,
-                stall_window,
-                session_idle: (!session_idle.is_zero()).then_some(session_idle),
-                exit_after_idle: exit_after_idle.filter(|d| !d.is_zero()),
-            };
-            tessera_worker::run::run(config, stop_rx).await?;
-            Ok(0)
-        }
+pub(crate) async fn run(mut args: Args) -> anyhow::Result<i32> {
+    match args.admin.take() {
+        Some(WorkerAdmin::Revoke { name, ticket }) => revoke(name, ticket).await,
+        None => serve(args).await,
     }
+}
+
+async fn revoke(name: String, ticket: TicketArg) -> anyhow::Result<i32> {
+    let ticket = ticket.resolve()?;
+    let mut client = Client::connect(&ticket).await?;
+    let (identities, disconnected) = client.revoke_worker(&name).await?;
+    println!(
+    "revoked worker {name} ({identities} identities, {disconnected} connections closed): it may not join again"
+);
+    Ok(0)
+}
+
+/// Runs until SIGINT or SIGTERM.
+async fn serve(args: Args) -> anyhow::Result<i32> {
+    let Args {
+        admin: _,
+        ticket,
+        name,
+        cache_dir,
+        cache_max,
+        engine,
+        slots,
+        threads,
+        price_per_hour,
+        blender_device,
+        blenders,
+        blender_python,
+        build_python,
+        blender_cold,
+        drain_grace,
+        stall_window,
+        session_idle,
+        noop_ms,
+        interruptible,
+        unreal_editor,
+        congestion,
+        exit_after_idle,
+    } = args;
+    tessera_worker::use_congestion(congestion);
+    // Required by clap unless a subcommand is given.
+    let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
+    if ticket.role != tessera_protocol::messages::Role::Worker {
+        anyhow::bail!("this is a client ticket; a worker joins with DATA_DIR/worker.ticket");
+    }
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let slots = match slots {
+        Slots::Count(n) => n.max(1),
+        Slots::Auto => match tessera_worker::telemetry::gpu_count() {
+            Ok(n) if n > 0 => n.min(MAX_SLOTS),
+            found => {
+                let why = found.err().unwrap_or_else(|| "NVML finds no GPU".into());
+                tracing::info!("--slots auto: {why}; one slot per CPU core");
+                (cores as u32).clamp(1, MAX_SLOTS)
+            }
+        },
+    };
+    let threads = threads.unwrap_or((cores / slots as usize).max(1));
+    let auto = blenders.iter().any(|b| b.as_os_str() == "auto");
+    let blenders: Vec<PathBuf> = (blenders.into_iter())
+        .filter(|b| b.as_os_str() != "auto")
+        .collect();
+    // Held for the life of the process: the default cache folder
+    // (and the identity in it) belongs to one worker at a time.
+    let mut _cache_lock = None;
+    let (name, cache_dir) = match (name, cache_dir) {
+        (Some(name), Some(dir)) => (name, dir),
+        (Some(name), None) => {
+            let dir = default_cache_dir(&name);
+            (name, dir)
+        }
+        (None, Some(dir)) => (host_name(), dir),
+        (None, None) => {
+            let (name, dir, lock) = default_worker_name()?;
+            _cache_lock = Some(lock);
+            (name, dir)
+        }
+    };
+    // Absolute from here on: renderers are marked with it (a
+    // sweep compares it) and their HOME is under it.
+    std::fs::create_dir_all(&cache_dir)
+        .with_context(|| format!("cannot create the cache folder {}", cache_dir.display()))?;
+    let cache_dir = std::fs::canonicalize(&cache_dir)
+        .with_context(|| format!("cannot use the cache folder {}", cache_dir.display()))?;
+    // Before any Blender starts (the probes below): end what an
+    // earlier run on this cache folder left running, and keep pid
+    // files of what this one starts.
+    tessera_worker::child::set_cache_dir(&cache_dir)
+        .with_context(|| format!("cannot use the cache folder {}", cache_dir.display()))?;
+    let swept = tessera_worker::child::sweep(&cache_dir);
+    if swept > 0 {
+        tracing::warn!(
+            swept,
+            "ended renderers an earlier run of this worker left running"
+        );
+    }
+    let unreal = unreal_editor.map(|editor| {
+        Arc::new(engine::unreal::Unreal::new(
+            editor, &cache_dir, cache_max, slots,
+        )) as Arc<dyn engine::Engine>
+    });
+    let (engines, blender_engine) = worker_engines(EngineChoice {
+        unreal,
+        choice: &engine,
+        threads,
+        slots,
+        blender_device: blender_device.0,
+        blenders: &blenders,
+        blender_python: &blender_python,
+        blender_cold,
+        noop_ms,
+        auto,
+    })?;
+    let builds = match (auto, blender_engine) {
+        (true, Some(b)) => Some(Arc::new(tessera_worker::builds::AutoBuilds::new(
+            build_python,
+            b,
+        ))),
+        (true, None) => {
+            anyhow::bail!("--blender auto needs the blender engine (--engine auto or blender)")
+        }
+        (false, _) => None,
+    };
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        shutdown_signal().await;
+        let _ = stop_tx.send(true);
+    });
+    let config = tessera_worker::run::Config {
+        ticket,
+        name,
+        cache_dir,
+        cache_max,
+        engines,
+        slots,
+        price_per_hour,
+        drain_grace,
+        interruptible,
+        builds,
+        stall_window,
+        session_idle: (!session_idle.is_zero()).then_some(session_idle),
+        exit_after_idle: exit_after_idle.filter(|d| !d.is_zero()),
+    };
+    tessera_worker::run::run(config, stop_rx).await?;
+    Ok(0)
 }
 
 /// What a client does to workers besides rendering with them.
