@@ -32,14 +32,10 @@ use crate::share::{self, Sharing};
 mod scan;
 mod upload;
 
+use scan::scan;
 pub use scan::SceneFile;
-use scan::{
-    blend_warnings, farm_scan, frames_in_range, libraries_of, scan, scan_blend, scan_on_farm, Scan,
-};
-use upload::{
-    chunk_threads, hash_file, known_lists, missing, opened_path, upload, Upload, UPLOAD_STREAMS,
-};
-pub(crate) use upload::{hash_files, real_path, send_missing, Hashed};
+use upload::{hash_file, missing};
+pub(crate) use upload::{hash_files, real_path, send_missing};
 pub use upload::{submit, upload_scene, JobFile, Submitted};
 
 /// Reads a ticket given as text, or as `@FILE`.

@@ -37,7 +37,7 @@ impl Cache {
     /// lacks, written into the file at their offsets (chunks it holds in
     /// other files copied from them), the whole file verified here; others
     /// whole.
-    async fn fetch(
+    pub(super) async fn fetch(
         &self,
         conn: &quinn::Connection,
         job: u64,
@@ -64,7 +64,7 @@ impl Cache {
     /// [`place_local_chunks`] and [`Cache::fetch_chunks`]), then
     /// stores it once its bytes hash to its digest. Returns the bytes
     /// fetched from the coordinator.
-    async fn fetch_chunked(
+    pub(super) async fn fetch_chunked(
         &self,
         conn: &quinn::Connection,
         job: u64,
@@ -94,7 +94,7 @@ impl Cache {
         Ok(fetched)
     }
 
-    async fn fetch_into(
+    pub(super) async fn fetch_into(
         &self,
         conn: &quinn::Connection,
         job: u64,
@@ -157,7 +157,7 @@ impl Cache {
     /// round trip), each chunk verified as it arrives and written with the
     /// others received beside it in one blocking-pool trip. Returns the
     /// bytes fetched.
-    async fn fetch_chunks(
+    pub(super) async fn fetch_chunks(
         &self,
         conn: &quinn::Connection,
         job: u64,
@@ -191,7 +191,7 @@ impl Cache {
 
     /// Fetches those of a job's `entries` the cache lacks (or holds with
     /// another size); returns the bytes fetched.
-    async fn fetch_missing(
+    pub(super) async fn fetch_missing(
         &self,
         conn: &quinn::Connection,
         job: u64,
@@ -230,7 +230,7 @@ pub(super) struct ChunkFetch {
 }
 
 impl ChunkFetch {
-    async fn run(self: Arc<Self>) -> anyhow::Result<()> {
+    pub(super) async fn run(self: Arc<Self>) -> anyhow::Result<()> {
         loop {
             let next = self.batches.lock().expect("fetch queue").pop();
             let Some(batch) = next else {
@@ -245,7 +245,7 @@ impl ChunkFetch {
 
     /// One batch on one stream; what arrives is written in runs of
     /// [`WRITE_BATCH`] bytes.
-    async fn fetch(&self, batch: &[Digest]) -> anyhow::Result<()> {
+    pub(super) async fn fetch(&self, batch: &[Digest]) -> anyhow::Result<()> {
         let mut many =
             blob::get_many_in_memory(&self.conn, batch, Some(self.job), MAX_CHUNK as u64).await?;
         let (mut pending, mut pending_bytes) = (Vec::new(), 0);
@@ -261,7 +261,7 @@ impl ChunkFetch {
         self.write(pending).await
     }
 
-    async fn write(&self, pending: Vec<(Digest, Vec<u8>)>) -> anyhow::Result<()> {
+    pub(super) async fn write(&self, pending: Vec<(Digest, Vec<u8>)>) -> anyhow::Result<()> {
         let (file, places) = (self.file.clone(), self.places.clone());
         tokio::task::spawn_blocking(move || -> std::io::Result<()> {
             use std::os::unix::fs::FileExt;

@@ -80,7 +80,11 @@ impl Cache {
     }
 
     /// Fetches and lays out the files every task of the job needs.
-    async fn build(&self, conn: &quinn::Connection, job: &JobInfo) -> anyhow::Result<PathBuf> {
+    pub(super) async fn build(
+        &self,
+        conn: &quinn::Connection,
+        job: &JobInfo,
+    ) -> anyhow::Result<PathBuf> {
         let shared: Vec<ManifestEntry> = (job.manifest.iter())
             .filter(|e| e.frame.is_none())
             .cloned()
@@ -188,7 +192,7 @@ impl Cache {
     }
 
     /// The build's manifest: from the cache, else fetched, then checked.
-    async fn build_manifest(
+    pub(super) async fn build_manifest(
         &self,
         conn: &quinn::Connection,
         job: u64,

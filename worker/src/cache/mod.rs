@@ -37,7 +37,6 @@ mod layout;
 mod store;
 
 use fetch::place_local_chunks;
-use layout::{lay_out, lay_out_build};
 pub use layout::{BuildFiles, JobFiles};
 /// The size-capped LRU index, which lives in the store crate (it does no
 /// I/O); named here too, where the cache is.

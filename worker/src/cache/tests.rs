@@ -3,10 +3,6 @@
 
 use super::*;
 
-fn d(n: u8) -> Digest {
-    Digest::of(&[n])
-}
-
 /// (chunk bytes in the recipe's order, which are already in the
 /// partial file, which a held file has) → the chunks still lacking.
 #[test]

@@ -35,8 +35,7 @@ mod session;
 
 use evidence::{check_evidence, crop_png};
 use session::{
-    failure, parse_progress, Evidence, FinishCommand, Log, RenderCommand, Rendered, Reply, Session,
-    SessionConfig, SessionError, LOG_LINES, REPLY,
+    failure, parse_progress, FinishCommand, RenderCommand, Rendered, Reply, Session, SessionError,
 };
 
 /// The session script, passed with `--python-expr`.
