@@ -432,29 +432,9 @@ fn memory() {
         let mut ids = Vec::new();
         for i in 0..jobs {
             let spec = JobSpec {
-                request_id: None,
-                name: format!("one-{i}"),
-                engine: Engine::Noop,
-                scene: "shot/scene.json".into(),
                 manifest: manifest.clone(),
-                frames: vec![1],
-                tiles: TileGrid::WHOLE,
-                sample_ranges: 1,
-                samples: 1,
                 resolution: (320, 180),
-                priority: 0,
-                output: OutputFormat::Png,
-                blender: None,
-                output_name: None,
-                unreal: None,
-                finish: false,
-                verify_percent: 0,
-                after: Vec::new(),
-                after_failure: Default::default(),
-                paused: false,
-                deadline_unix_ms: None,
-                budget: None,
-                task_timeout_ms: None,
+                ..JobSpec::new(format!("one-{i}"), Engine::Noop, "shot/scene.json")
             };
             ch.send(&ClientRequest::Submit(spec)).await.unwrap();
             match ch.recv::<ClientResponse>().await.unwrap() {

@@ -79,6 +79,8 @@ fn blender_scene(root: &Path) -> Option<PathBuf> {
     (status.success() && blend.is_file()).then_some(blend)
 }
 
+// Long because: the demo as a script (start a coordinator, start the
+// workers, submit, wait, report), each step printing what it did.
 pub async fn run(
     workers: u32,
     output: &Path,

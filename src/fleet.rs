@@ -206,6 +206,9 @@ fn billed(offer: &Offer, secs: f64) -> (f64, f64) {
 
 /// `tessera fleet run`: until SIGINT or SIGTERM, then every node is
 /// released.
+// Long because: the fleet's control loop (observe, plan, act, write the
+// status, wait for the tick or a signal) and its release on the way
+// out, read whole; the policy itself lives in tessera-fleet.
 pub async fn run(
     config: &Path,
     client: &mut Client,

@@ -45,6 +45,9 @@ pub struct Coordinator {
 
 /// Opens the data dir (creating it, the certificate and the tickets on first
 /// start), restores every job, and starts listening.
+// Long because: the coordinator's start-up in order (data dir, identity,
+// endpoints, tickets, database, store, farm core, threads and tasks);
+// each step uses the ones before it and the order is the point.
 pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let dir = &config.data_dir;
     std::fs::create_dir_all(dir)

@@ -475,10 +475,6 @@ mod tests {
     /// A one-frame builtin job whose scene file is `scene` (stored or not).
     fn spec(name: &str, scene: &[u8]) -> JobSpec {
         JobSpec {
-            request_id: None,
-            name: name.to_string(),
-            engine: Engine::Builtin,
-            scene: "scene.json".into(),
             manifest: vec![ManifestEntry {
                 path: "scene.json".into(),
                 digest: Digest::of(scene),
@@ -486,24 +482,9 @@ mod tests {
                 origin: None,
                 frame: None,
             }],
-            frames: vec![1],
-            tiles: TileGrid { cols: 1, rows: 1 },
-            sample_ranges: 1,
             samples: 4,
             resolution: (64, 16),
-            priority: 0,
-            output: OutputFormat::Png,
-            blender: None,
-            output_name: None,
-            unreal: None,
-            finish: false,
-            verify_percent: 0,
-            after: Vec::new(),
-            after_failure: Default::default(),
-            paused: false,
-            deadline_unix_ms: None,
-            budget: None,
-            task_timeout_ms: None,
+            ..JobSpec::new(name, Engine::Builtin, "scene.json")
         }
     }
 

@@ -436,15 +436,23 @@ impl Autoscaler {
             .filter(|j| j.queued + j.running > 0)
             .cloned()
             .collect();
-        let cfg = self.config.clone();
-        // The horizon: the earliest deadline, else the default horizon or
-        // what max_nodes of the cheapest offer need.
+        let horizon = self.horizon(now, obs, &jobs);
+        let candidates = self.candidates(now, horizon, obs, &jobs);
+        let (keep, launch) = self.choose(&candidates);
+        self.drain_ranked_out(now, &jobs, &keep, actions);
+        self.launch(now, obs, launch, actions);
+    }
+
+    /// When the work should be done: the earliest deadline, else the
+    /// default horizon or what `max_nodes` of the fastest offer need.
+    fn horizon(&self, now: Millis, obs: &Observation, jobs: &[JobDemand]) -> Millis {
+        let cfg = &self.config;
         let deadline = jobs.iter().filter_map(|j| j.deadline_ms).min();
-        let horizon = match deadline {
+        match deadline {
             Some(d) => d,
             None => {
                 let fastest_alone = (obs.offers.iter())
-                    .map(|r| self.work_ms(&jobs, &r.offer))
+                    .map(|r| self.work_ms(jobs, &r.offer))
                     .fold(f64::INFINITY, f64::min);
                 let spread = if fastest_alone.is_finite() {
                     fastest_alone / f64::from(cfg.max_nodes.max(1))
@@ -453,8 +461,19 @@ impl Autoscaler {
                 };
                 now + (cfg.default_horizon_ms as f64).max(spread) as Millis
             }
-        };
+        }
+    }
 
+    /// Every live node and every rentable place, ranked by what a unit of
+    /// work costs on it, cheapest first.
+    fn candidates(
+        &self,
+        now: Millis,
+        horizon: Millis,
+        obs: &Observation,
+        jobs: &[JobDemand],
+    ) -> Vec<Candidate> {
+        let cfg = &self.config;
         let mut candidates = Vec::new();
         for (name, node) in &self.nodes {
             if node.released || node.drained || node.paused_since.is_some() {
@@ -465,7 +484,7 @@ impl Autoscaler {
                 None => now.max(node.launched + self.boot_ms(&node.provider) as Millis),
             };
             let avail = horizon.saturating_sub(ready) as f64;
-            let work = self.work_ms(&jobs, &node.offer);
+            let work = self.work_ms(jobs, &node.offer);
             let y = self.yield_of(&node.offer);
             // A live node's boot is paid already: it is ranked on price
             // alone, and a little ahead of offers (no churn for pennies).
@@ -501,7 +520,7 @@ impl Autoscaler {
                 .saturating_sub(live_per_offer(&r.provider, &r.offer.id));
             let boot = self.boot_ms(&r.provider);
             let avail = horizon as f64 - now as f64 - boot;
-            let work = self.work_ms(&jobs, &r.offer);
+            let work = self.work_ms(jobs, &r.offer);
             let y = self.yield_of(&r.offer);
             // Renting pays the boot too; a node that would boot after the
             // horizon is still ranked (the deadline may be lost anyway).
@@ -524,7 +543,14 @@ impl Autoscaler {
                 .then_with(|| b.share.total_cmp(&a.share))
                 .then_with(|| a.live.cmp(&b.live))
         });
+        candidates
+    }
 
+    /// The candidates taken, cheapest first until the work fits before the
+    /// horizon, within the node and hourly caps: the live nodes to keep and
+    /// the offers to rent.
+    fn choose(&self, candidates: &[Candidate]) -> (Vec<String>, Vec<usize>) {
+        let cfg = &self.config;
         // Cheapest first until the work fits before the horizon. A node
         // that can do nothing before it is skipped while others can.
         let need = cfg.safety;
@@ -567,6 +593,18 @@ impl Autoscaler {
                 }
             }
         }
+        (keep, launch)
+    }
+
+    /// Drains the joined nodes not kept, near the end of their paid
+    /// increment.
+    fn drain_ranked_out(
+        &mut self,
+        now: Millis,
+        jobs: &[JobDemand],
+        keep: &[String],
+        actions: &mut Vec<Action>,
+    ) {
         // Busy nodes are never dropped before the queue is empty of work
         // they could take, only ranked out; a node ranked out is drained
         // near the end of its paid increment.
@@ -583,7 +621,7 @@ impl Autoscaler {
             .collect();
         for name in to_drop {
             let gpu = self.nodes[&name].offer.gpu.clone();
-            let task = self.task_ms_any(&jobs, &gpu) as Millis;
+            let task = self.task_ms_any(jobs, &gpu) as Millis;
             let node = self.nodes.get_mut(&name).expect("listed");
             let inc = node.offer.billing.increment().as_millis() as Millis;
             let used = now.saturating_sub(node.launched);
@@ -595,7 +633,18 @@ impl Autoscaler {
                 actions.push(Action::Drain { name });
             }
         }
-        for i in launch.into_iter().take(cfg.max_launches_per_tick as usize) {
+    }
+
+    /// Rents the chosen offers, at most `max_launches_per_tick` a tick.
+    fn launch(
+        &mut self,
+        now: Millis,
+        obs: &Observation,
+        launch: Vec<usize>,
+        actions: &mut Vec<Action>,
+    ) {
+        let max_launches = self.config.max_launches_per_tick as usize;
+        for i in launch.into_iter().take(max_launches) {
             let r = &obs.offers[i];
             let name = format!("{}{}", self.name_prefix, self.next_name);
             self.next_name += 1;

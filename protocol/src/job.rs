@@ -449,6 +449,40 @@ impl OnBudget {
 }
 
 impl JobSpec {
+    /// A job named `name` rendering `scene` with `engine`: one whole frame
+    /// (frame 1, one sample, 64 x 64 PNG, priority 0), no files, and every
+    /// option off. The one place that lists every field besides the client's
+    /// submit: tests and benches start from it and set what they need with
+    /// struct update syntax (`JobSpec { frames, ..JobSpec::new(..) }`), so a
+    /// new field is one edit here.
+    pub fn new(name: impl Into<String>, engine: Engine, scene: impl Into<String>) -> JobSpec {
+        JobSpec {
+            request_id: None,
+            name: name.into(),
+            engine,
+            scene: scene.into(),
+            manifest: Vec::new(),
+            frames: vec![1],
+            tiles: TileGrid::WHOLE,
+            sample_ranges: 1,
+            samples: 1,
+            resolution: (64, 64),
+            priority: 0,
+            output: OutputFormat::Png,
+            blender: None,
+            output_name: None,
+            unreal: None,
+            finish: false,
+            verify_percent: 0,
+            after: Vec::new(),
+            after_failure: AfterFailure::Fail,
+            paused: false,
+            deadline_unix_ms: None,
+            budget: None,
+            task_timeout_ms: None,
+        }
+    }
+
     /// Tasks per frame: every tile's sample ranges, and the finishing task.
     pub fn tasks_per_frame(&self) -> u32 {
         self.tiles.count() * self.sample_ranges + u32::from(self.finish)
@@ -672,29 +706,12 @@ mod tests {
     #[test]
     fn job_numbers_beyond_the_limits_are_refused() {
         let ok = JobSpec {
-            request_id: None,
-            name: "n".into(),
-            engine: Engine::Builtin,
-            scene: "s".into(),
-            manifest: Vec::new(),
             frames: vec![1, 2],
             tiles: TileGrid { cols: 4, rows: 2 },
             sample_ranges: 2,
             samples: 64,
             resolution: (160, 90),
-            priority: 0,
-            output: OutputFormat::Png,
-            blender: None,
-            output_name: None,
-            unreal: None,
-            finish: false,
-            verify_percent: 0,
-            after: Vec::new(),
-            after_failure: Default::default(),
-            paused: false,
-            deadline_unix_ms: None,
-            budget: None,
-            task_timeout_ms: None,
+            ..JobSpec::new("n", Engine::Builtin, "s")
         };
         assert_eq!(ok.check_limits(), Ok(32));
         let refused = |f: &dyn Fn(&mut JobSpec)| {

@@ -185,10 +185,6 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
             ("a//b", "empty"),
         ] {
             let spec = JobSpec {
-                request_id: None,
-                name: "hostile".into(),
-                engine: Engine::Builtin,
-                scene: path.into(),
                 manifest: vec![ManifestEntry {
                     path: path.into(),
                     digest,
@@ -196,24 +192,8 @@ fn corrupt_uploads_and_hostile_manifests_are_rejected_and_nothing_is_stored() {
                     origin: None,
                     frame: None,
                 }],
-                frames: vec![1],
-                tiles: TileGrid::WHOLE,
-                sample_ranges: 1,
-                samples: 1,
                 resolution: (8, 8),
-                priority: 0,
-                output: OutputFormat::Png,
-                blender: None,
-                output_name: None,
-                unreal: None,
-                finish: false,
-                verify_percent: 0,
-                after: Vec::new(),
-                after_failure: Default::default(),
-                paused: false,
-                deadline_unix_ms: None,
-                budget: None,
-                task_timeout_ms: None,
+                ..JobSpec::new("hostile", Engine::Builtin, path)
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap().unwrap() {

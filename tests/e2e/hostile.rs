@@ -336,10 +336,6 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
         .unwrap();
         let spec =
             |tiles: TileGrid, resolution, samples, sample_ranges, frames: Vec<u32>| JobSpec {
-                request_id: None,
-                name: "overflow".into(),
-                engine: Engine::Builtin,
-                scene: "demo.scene.json".into(),
                 manifest: vec![ManifestEntry {
                     path: "demo.scene.json".into(),
                     digest,
@@ -352,19 +348,7 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
                 sample_ranges,
                 samples,
                 resolution,
-                priority: 0,
-                output: OutputFormat::Png,
-                blender: None,
-                output_name: None,
-                unreal: None,
-                finish: false,
-                verify_percent: 0,
-                after: Vec::new(),
-                after_failure: Default::default(),
-                paused: false,
-                deadline_unix_ms: None,
-                budget: None,
-                task_timeout_ms: None,
+                ..JobSpec::new("overflow", Engine::Builtin, "demo.scene.json")
             };
         let cases = [
             (

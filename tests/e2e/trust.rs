@@ -229,10 +229,6 @@ fn status_of_many_jobs_is_read_page_by_page() {
             .unwrap();
         for i in 0..jobs {
             let spec = JobSpec {
-                request_id: None,
-                name: format!("{i:0>128}"),
-                engine: Engine::Builtin,
-                scene: "demo.scene.json".into(),
                 manifest: vec![ManifestEntry {
                     path: "demo.scene.json".into(),
                     digest,
@@ -240,24 +236,8 @@ fn status_of_many_jobs_is_read_page_by_page() {
                     origin: None,
                     frame: None,
                 }],
-                frames: vec![1],
-                tiles: TileGrid::WHOLE,
-                sample_ranges: 1,
-                samples: 1,
                 resolution: (160, 90),
-                priority: 0,
-                output: OutputFormat::Png,
-                blender: None,
-                output_name: None,
-                unreal: None,
-                finish: false,
-                verify_percent: 0,
-                after: Vec::new(),
-                after_failure: Default::default(),
-                paused: false,
-                deadline_unix_ms: None,
-                budget: None,
-                task_timeout_ms: None,
+                ..JobSpec::new(format!("{i:0>128}"), Engine::Builtin, "demo.scene.json")
             };
             s.control.send(&ClientRequest::Submit(spec)).await.unwrap();
             match s.control.recv::<ClientResponse>().await.unwrap() {

@@ -41,10 +41,6 @@ fn config(max_attempts: u32) -> FarmConfig {
 /// A builtin job of `frames` frames, each cut into `tiles` tiles.
 fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
     JobSpec {
-        request_id: None,
-        name: name.to_string(),
-        engine: Engine::Builtin,
-        scene: "scene.json".into(),
         manifest: vec![ManifestEntry {
             path: "scene.json".into(),
             digest: Digest::of(name.as_bytes()),
@@ -57,22 +53,9 @@ fn spec(name: &str, frames: u32, tiles: u32) -> JobSpec {
             cols: tiles,
             rows: 1,
         },
-        sample_ranges: 1,
         samples: 4,
         resolution: (64, 16),
-        priority: 0,
-        output: OutputFormat::Png,
-        blender: None,
-        output_name: None,
-        unreal: None,
-        finish: false,
-        verify_percent: 0,
-        after: Vec::new(),
-        after_failure: Default::default(),
-        paused: false,
-        deadline_unix_ms: None,
-        budget: None,
-        task_timeout_ms: None,
+        ..JobSpec::new(name, Engine::Builtin, "scene.json")
     }
 }
 

@@ -123,6 +123,9 @@ pub(super) enum Verdict {
 impl FarmCore {
     /// A result offered for `task` by worker `id`: counted as usual, or
     /// kept aside as an opinion of a check (see the module documentation).
+    // Long because: one decision read top to bottom (quarantined, wanted,
+    // agreeing, outvoted, first opinion, kept aside), each case returning
+    // its outcome; split, the cases would pass the same opinions around.
     pub(super) fn check_result(
         &mut self,
         id: WorkerId,

@@ -1,9 +1,12 @@
 //! Blender matching: which of a worker's Blenders can render a job, and, when
 //! no connected worker has one, the reason a person reads in `status`
 //! (`needs Blender 4.5; workers offer 3.4, 4.2`). Pure functions over the
-//! protocol's [`BlenderNeeds`] and [`BlenderOffer`]s.
+//! protocol's [`BlenderNeeds`] and [`BlenderOffer`]s, and the scheduler's
+//! record of what each Blender job needs and each worker offers.
 
 use tessera_protocol::blender::{BlenderNeeds, BlenderOffer};
+
+use super::{JobId, Scheduler, WorkerId};
 
 /// Why `offer` cannot render a job with `needs`, or `None` when it can.
 pub fn unmet(needs: &BlenderNeeds, offer: &BlenderOffer) -> Option<String> {
@@ -57,6 +60,43 @@ fn want(needs: &BlenderNeeds) -> String {
     match needs.saved_by {
         Some(s) if s.series() > needs.version.floor() => format!(">={}", s.short()),
         _ => needs.version.to_string(),
+    }
+}
+
+impl Scheduler {
+    /// What Blender `job` needs; a Blender job without this runs on any
+    /// worker offering the engine (jobs stored before versions were known).
+    pub fn set_job_blender(&mut self, job: JobId, needs: BlenderNeeds) {
+        self.blender_needs.insert(job, needs);
+    }
+
+    /// The Blenders `worker` offers.
+    pub fn set_worker_blenders(&mut self, worker: WorkerId, offers: Vec<BlenderOffer>) {
+        self.blender_offers.insert(worker, offers);
+    }
+
+    /// Whether one of `worker`'s Blenders can render `job` (true for jobs
+    /// with no Blender needs).
+    pub(super) fn blender_fits(&self, worker: WorkerId, job: JobId) -> bool {
+        let Some(needs) = self.blender_needs.get(&job) else {
+            return true;
+        };
+        let offers = self
+            .blender_offers
+            .get(&worker)
+            .map_or(&[][..], Vec::as_slice);
+        pick(needs, offers).is_some()
+    }
+
+    /// Why no connected worker can render Blender job `job`, if none can:
+    /// `needs Blender 4.5; workers offer 3.4, 4.2`.
+    pub fn blender_blocked(&self, job: JobId) -> Option<String> {
+        let needs = self.blender_needs.get(&job)?;
+        let offers: Vec<&BlenderOffer> = (self.workers.keys())
+            .filter_map(|w| self.blender_offers.get(w))
+            .flatten()
+            .collect();
+        blocked_reason(needs, &offers)
     }
 }
 

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, HashSet};
 
+use super::results::collect_errors;
 use super::*;
 
 const LEASE: Millis = 1_000;

@@ -362,6 +362,10 @@ impl Engine for Unreal {
         EngineKind::Unreal
     }
 
+    // Long because: one Unreal run in order (check the chunk, write the
+    // task file, take a slot and its GPU, start the editor in its own
+    // process group, watch its output for progress and silence, collect
+    // the frames); the child and its readers live across all of it.
     fn render(
         &self,
         job: &JobInfo,
