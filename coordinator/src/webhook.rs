@@ -76,34 +76,10 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={hex}")
 }
 
-fn create_tables(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS webhook_outbox (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            key TEXT NOT NULL UNIQUE,
-            body TEXT NOT NULL,
-            created_ms INTEGER NOT NULL,
-            attempts INTEGER NOT NULL DEFAULT 0,
-            next_ms INTEGER NOT NULL DEFAULT 0,
-            delivered_ms INTEGER
-        );
-        CREATE INDEX IF NOT EXISTS webhook_pending ON webhook_outbox (id) WHERE delivered_ms IS NULL;
-        CREATE TABLE IF NOT EXISTS webhook_meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);",
-    )
-}
-
 /// A job put back in the queue (`retry`) may end again: its delivered
 /// `job.done`, `job.failed` and `job.blocked` events are forgotten, so its
 /// next ending (or block) is told too. Nothing when webhooks were never on.
 pub(crate) fn forget_endings(conn: &rusqlite::Connection, job: u64) -> rusqlite::Result<()> {
-    let known: i64 = conn.query_row(
-        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'webhook_outbox'",
-        [],
-        |r| r.get(0),
-    )?;
-    if known == 0 {
-        return Ok(());
-    }
     conn.execute(
         "DELETE FROM webhook_outbox WHERE key IN (?1, ?2, ?3) AND delivered_ms IS NOT NULL",
         params![
@@ -366,7 +342,6 @@ async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
     let since_ms = shared
         .blocking(|shared| -> anyhow::Result<u64> {
             let db = shared.db();
-            create_tables(db.conn())?;
             db.conn().execute(
                 "INSERT OR IGNORE INTO webhook_meta (k, v) VALUES ('since_ms', ?1)",
                 params![unix_ms() as i64],
