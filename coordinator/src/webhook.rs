@@ -395,6 +395,20 @@ async fn sleep_or_never(wait: Option<Duration>) {
     }
 }
 
+/// The wait before retrying an event that failed `attempts` times before:
+/// `first_backoff` doubling up to `max_backoff` (the outbox keeps the count,
+/// so the schedule is walked to it).
+fn retry_wait(hook: &Webhook, attempts: u32) -> Duration {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(hook.first_backoff)
+        .with_max_delay(hook.max_backoff)
+        .without_max_times()
+        .build()
+        .nth(attempts.min(64) as usize)
+        .unwrap_or(hook.max_backoff)
+}
+
 /// Sends the outbox's due events, oldest first, until one fails or none is
 /// due.
 async fn deliver_due(shared: &Arc<Shared>, hook: &Webhook, target: &Target) -> anyhow::Result<()> {
@@ -418,10 +432,7 @@ async fn deliver_due(shared: &Arc<Shared>, hook: &Webhook, target: &Target) -> a
             Ok(Err(e)) => Some(format!("{e:#}")),
             Err(_) => Some("the receiver did not answer in time".into()),
         };
-        let backoff = hook
-            .first_backoff
-            .saturating_mul(1u32 << attempts.min(20))
-            .min(hook.max_backoff);
+        let backoff = retry_wait(hook, attempts);
         let marked = failure.is_none();
         shared
             .blocking(move |s| mark(s, id, marked, backoff))
