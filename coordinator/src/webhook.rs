@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use rusqlite::{params, OptionalExtension};
 use serde_json::{json, Value};
 use tessera_protocol::events::job_event_type;
@@ -38,6 +37,18 @@ pub struct Target {
     pub host: String,
     pub port: u16,
     pub path: String,
+}
+
+impl Target {
+    /// The URL to POST to, as parsed (an IPv6 host in brackets again).
+    pub fn url(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("http://{host}:{}{}", self.port, self.path)
+    }
 }
 
 /// Parses a webhook URL; only `http://` is spoken (put a TLS-terminating
@@ -302,31 +313,41 @@ fn next_pending(shared: &Shared) -> anyhow::Result<Option<(i64, String, u32, u64
         .optional()?)
 }
 
+/// POSTs `body` to the receiver with ureq (the fleet's HTTP client too)
+/// on a blocking thread: plain HTTP/1.1, no proxy, no redirect, the whole
+/// exchange within [`DELIVERY_TIMEOUT`]; answers the status.
 async fn post(target: &Target, body: Bytes, headers: &[(&str, String)]) -> anyhow::Result<u16> {
-    let addr = format!("{}:{}", target.host, target.port);
-    let tcp = tokio::net::TcpStream::connect(&addr)
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
-    let driver = tokio::spawn(conn);
-    let mut req = hyper::Request::post(&target.path)
-        .header(hyper::header::HOST, &addr)
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header(hyper::header::USER_AGENT, "tessera-coordinator")
-        .header(hyper::header::CONNECTION, "close");
+    let url = target.url();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(DELIVERY_TIMEOUT))
+        .max_redirects(0)
+        .proxy(None)
+        .user_agent("tessera-coordinator")
+        .build()
+        .into();
+    let mut req = agent
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("connection", "close");
     for (k, v) in headers {
         req = req.header(*k, v);
     }
-    let response = sender.send_request(req.body(Full::new(body))?).await?;
-    let status = response.status().as_u16();
-    // The receiver's body says nothing we use: a little of it is read
-    // (so a short answer completes), never all of a huge one.
-    let _ = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BODY)
-        .collect()
-        .await;
-    driver.abort();
-    Ok(status)
+    tokio::task::spawn_blocking(move || -> anyhow::Result<u16> {
+        let mut response = req
+            .send(&body[..])
+            .with_context(|| format!("cannot deliver to {url}"))?;
+        let status = response.status().as_u16();
+        // The receiver's body says nothing we use: a little of it is read
+        // (so a short answer completes), never all of a huge one.
+        let mut answer = Vec::new();
+        let _ = std::io::Read::read_to_end(
+            &mut std::io::Read::take(response.body_mut().as_reader(), MAX_ANSWER_BODY as u64),
+            &mut answer,
+        );
+        Ok(status)
+    })
+    .await?
 }
 
 /// Delivers the outbox until its task is aborted.
