@@ -174,12 +174,20 @@ mod tests {
         let hour_ago = parse_since("1h").unwrap();
         assert!(now - hour_ago >= 3_599_000 && now - hour_ago <= 3_601_000);
         assert!(parse_since("soon").is_err());
-        assert_eq!(parse_duration("1.5h"), Ok(std::time::Duration::from_secs(5400)));
-        assert_eq!(parse_duration("1h 30m"), Ok(std::time::Duration::from_secs(5400)));
+        assert_eq!(
+            parse_duration("1.5h"),
+            Ok(std::time::Duration::from_secs(5400))
+        );
+        assert_eq!(
+            parse_duration("1h 30m"),
+            Ok(std::time::Duration::from_secs(5400))
+        );
         assert_eq!(parse_duration("0"), Ok(std::time::Duration::ZERO));
         assert!(parse_duration("12").unwrap_err().contains("give a unit"));
         assert!(parse_duration("-3h").unwrap_err().contains("0 or more"));
-        assert!(parse_duration("3 parsecs").unwrap_err().contains("is not a duration"));
+        assert!(parse_duration("3 parsecs")
+            .unwrap_err()
+            .contains("is not a duration"));
         assert_eq!(
             parse_states("active").unwrap().0,
             vec![JobState::Queued, JobState::Running]

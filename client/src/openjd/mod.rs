@@ -31,7 +31,6 @@ use options::*;
 use params::*;
 use step::*;
 
-
 /// The specification this reads.
 pub const SPECIFICATION: &str = "jobtemplate-2023-09";
 

@@ -106,7 +106,9 @@ fn cycles_options<'a>(
     while let Some(a) = r.next() {
         if a.as_str() == "--cycles-device" {
             r.next();
-            notes.push(format!("{field}: `--cycles-device` is not used: each worker's --blender-device decides"));
+            notes.push(format!(
+                "{field}: `--cycles-device` is not used: each worker's --blender-device decides"
+            ));
         } else if a.as_str() != "--cycles-print-stats" {
             return Err(format!("{field}: `{a}` after `--` cannot be mapped"));
         }

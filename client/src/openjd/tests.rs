@@ -143,16 +143,36 @@ fn shell_lines_split_as_posix_and_what_only_a_shell_evaluates_is_refused() {
     let ok = |l: &str| shell_words(l).unwrap();
     assert_eq!(
         ok(r#"blender -b 'my scene.blend' -o "/out/f_####" \-f 1 # a comment"#),
-        ["blender", "-b", "my scene.blend", "-o", "/out/f_####", "-f", "1"]
+        [
+            "blender",
+            "-b",
+            "my scene.blend",
+            "-o",
+            "/out/f_####",
+            "-f",
+            "1"
+        ]
     );
     assert_eq!(ok("echo 'a;b|c$d'"), ["echo", "a;b|c$d"]);
     assert_eq!(ok(r#"echo "a;b""#), ["echo", "a;b"]);
     assert_eq!(ok("echo a#b"), ["echo", "a#b"]);
     let err = |l: &str| shell_words(l).unwrap_err();
     assert_eq!(err("blender -f $FRAME"), "shell expansion cannot be mapped");
-    assert_eq!(err(r#"blender -f "$FRAME""#), "shell expansion cannot be mapped");
-    assert_eq!(err("blender -f `seq 1`"), "shell expansion cannot be mapped");
-    assert_eq!(err("blender x.blend; rm -rf /"), "`;`: only one plain command can be mapped");
-    assert_eq!(err("blender x.blend > log"), "`>`: only one plain command can be mapped");
+    assert_eq!(
+        err(r#"blender -f "$FRAME""#),
+        "shell expansion cannot be mapped"
+    );
+    assert_eq!(
+        err("blender -f `seq 1`"),
+        "shell expansion cannot be mapped"
+    );
+    assert_eq!(
+        err("blender x.blend; rm -rf /"),
+        "`;`: only one plain command can be mapped"
+    );
+    assert_eq!(
+        err("blender x.blend > log"),
+        "`>`: only one plain command can be mapped"
+    );
     assert_eq!(err("blender 'x.blend"), "an unclosed quote");
 }

@@ -293,5 +293,4 @@ impl Db {
             .execute("DELETE FROM leases WHERE job = ?1", [job as i64])?;
         Ok(())
     }
-
 }

@@ -150,9 +150,9 @@ pub struct Db {
 mod jobs;
 mod results;
 mod schema;
-mod trust;
 #[cfg(test)]
 mod tests;
+mod trust;
 
 pub use schema::migrate;
 
@@ -301,5 +301,4 @@ impl Db {
         tx.commit()?;
         Ok(next as u64)
     }
-
 }

@@ -4,7 +4,8 @@ use super::*;
 
 /// The frames of a job after a rowid, in the order they were stitched (by
 /// the `frames_by_seq` index: one range seek).
-pub(super) const FRAMES_SINCE: &str = "SELECT rowid, frame, digest, size FROM frames INDEXED BY frames_by_seq
+pub(super) const FRAMES_SINCE: &str =
+    "SELECT rowid, frame, digest, size FROM frames INDEXED BY frames_by_seq
      WHERE job = ?1 AND rowid > ?2 ORDER BY rowid LIMIT ?3";
 
 impl Db {

@@ -155,7 +155,6 @@ INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', 4);
 /// Every migration, oldest first: [`SCHEMA_VERSION`] of them.
 const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4];
 
-
 /// The version a data dir is at: the higher of `user_version` and its
 /// `meta` row (a data dir written before the migrations has only the row,
 /// or none at version 1; one without `jobs` is new).

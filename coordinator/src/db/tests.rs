@@ -242,13 +242,22 @@ fn a_version_three_data_dir_opens_and_is_upgraded_with_what_it_holds() {
             [Digest::of(b"pass").to_hex()],
         )
         .unwrap();
-        let v: i64 = conn.query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0)).unwrap();
+        let v: i64 = conn
+            .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+                r.get(0)
+            })
+            .unwrap();
         assert_eq!(v, 3);
     }
     let db = Db::open(&path).unwrap();
-    let user: i64 = db.conn.query_row("PRAGMA user_version", [], |r| r.get(0)).unwrap();
+    let user: i64 = db
+        .conn
+        .query_row("PRAGMA user_version", [], |r| r.get(0))
+        .unwrap();
     let row: i64 = (db.conn)
-        .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| r.get(0))
+        .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
+            r.get(0)
+        })
         .unwrap();
     assert_eq!((user, row), (SCHEMA_VERSION, SCHEMA_VERSION));
     assert_eq!(db.passes(1).unwrap().len(), 1, "what it held is kept");

@@ -95,5 +95,4 @@ impl Db {
             .optional()?;
         Ok(text.and_then(|t| serde_json::from_str(&t).ok()))
     }
-
 }

@@ -134,7 +134,9 @@ fn router() -> &'static matchit::Router<Vec<Route>> {
             }
             let mut router = matchit::Router::new();
             for (path, routes) in by_path {
-                router.insert(path, routes).expect("ROUTES are distinct templates");
+                router
+                    .insert(path, routes)
+                    .expect("ROUTES are distinct templates");
             }
             router
         });
@@ -743,7 +745,8 @@ mod tests {
 
     #[test]
     fn the_router_serves_routes_and_tells_404_from_405() {
-        let found = |m: Method, p: &str| find(&m, p).map(|(h, params)| (h, params.job, params.frame));
+        let found =
+            |m: Method, p: &str| find(&m, p).map(|(h, params)| (h, params.job, params.frame));
         let status = |m: Method, p: &str| find(&m, p).err().map(|r| r.status().as_u16());
         assert_eq!(
             found(Method::GET, "/v1/jobs/7/frames/3/tiles").unwrap(),
@@ -751,7 +754,10 @@ mod tests {
         );
         assert_eq!(found(Method::GET, "/v1/jobs/").unwrap().0, Handler::Jobs);
         assert_eq!(found(Method::POST, "/v1/jobs").unwrap().0, Handler::Submit);
-        assert_eq!(found(Method::POST, "/v1/jobs/1/resume").unwrap().0, Handler::Resume);
+        assert_eq!(
+            found(Method::POST, "/v1/jobs/1/resume").unwrap().0,
+            Handler::Resume
+        );
         assert_eq!(status(Method::DELETE, "/v1/jobs/1"), Some(405));
         assert_eq!(status(Method::POST, "/metrics"), Some(405));
         assert_eq!(status(Method::GET, "/v1/nothing"), Some(404));
