@@ -95,7 +95,7 @@ pub async fn wait(
         .collect();
     let mut progress = opts.progress.then(|| Shown::new(jobs.len()));
     let mut lost_since: Option<Instant> = None;
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = reconnect_backoff();
     loop {
         let timed_out = deadline.is_some_and(|d| Instant::now() >= d);
         if client.is_none() {
@@ -104,7 +104,7 @@ pub async fn wait(
                     if lost_since.take().is_some() {
                         eprintln!("reconnected to the coordinator; carrying on");
                     }
-                    backoff = Duration::from_millis(200);
+                    backoff = reconnect_backoff();
                     client = Some(c);
                 }
                 Err(e) if exit::is_unreachable(&e) => {
@@ -118,12 +118,11 @@ pub async fn wait(
                             RECONNECT_FOR.as_secs()
                         )));
                     }
-                    let mut pause = backoff;
+                    let mut pause = backoff.next().unwrap_or(MAX_RECONNECT_WAIT);
                     if let Some(d) = deadline {
                         pause = pause.min(d.saturating_duration_since(Instant::now()));
                     }
                     tokio::time::sleep(pause).await;
-                    backoff = (backoff * 2).min(Duration::from_secs(5));
                     continue;
                 }
                 Err(e) => return Err(e),
@@ -468,4 +467,18 @@ fn same_bytes(path: &Path, digest: &Digest) -> bool {
         .ok()
         .and_then(|f| Digest::of_reader(f).ok())
         .is_some_and(|(d, _)| d == *digest)
+}
+
+/// The longest wait between two attempts to reconnect.
+const MAX_RECONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// The waits between attempts to reconnect: 200 ms doubling up to
+/// [`MAX_RECONNECT_WAIT`], from the first again once reconnected.
+fn reconnect_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(MAX_RECONNECT_WAIT)
+        .without_max_times()
+        .build()
 }

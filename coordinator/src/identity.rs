@@ -21,17 +21,6 @@ use tessera_protocol::ticket::Ticket;
 
 use crate::db::DbError;
 
-const TABLE: &str = "
-CREATE TABLE IF NOT EXISTS worker_identities (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL,
-    secret_hash BLOB NOT NULL,
-    enrolled_ms INTEGER NOT NULL,
-    revoked_ms INTEGER
-);
-CREATE INDEX IF NOT EXISTS worker_identities_name ON worker_identities (name);
-";
-
 /// How a peer was admitted.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Admission {
@@ -205,12 +194,6 @@ impl Identities {
 /// The QUIC close code of a revoked worker's connection.
 pub const REVOKED: u32 = 3;
 
-/// Creates the identities table if this data dir has none yet.
-pub fn create_table(db: &Connection) -> Result<(), DbError> {
-    db.execute_batch(TABLE)?;
-    Ok(())
-}
-
 /// Enrolls a worker named `name`: a new identity and its credential.
 pub fn enroll(db: &Connection, name: &str, now_ms: u64) -> Result<Credential, DbError> {
     let id = Ticket::new_secret()[..32].to_string();
@@ -302,8 +285,8 @@ mod tests {
 
     #[test]
     fn enroll_join_revoke_and_rotate() {
-        let db = Connection::open_in_memory().unwrap();
-        create_table(&db).unwrap();
+        let mut db = Connection::open_in_memory().unwrap();
+        crate::db::migrate(&mut db).unwrap();
         let (w, c) = (ticket(Role::Worker), ticket(Role::Client));
         let ids = Identities::new(&w, &c);
         assert_eq!(

@@ -23,7 +23,7 @@ use crate::commit::{self, CommitMsg};
 pub use crate::config::{Config, HttpListen, Webhook};
 use crate::db::{Db, StoredJob};
 use crate::farm::{FarmConfig, FarmCore, RestoredJob};
-use crate::identity::{self, Identities};
+use crate::identity::Identities;
 use crate::scheduler;
 pub(crate) use crate::shared::{relock, unix_ms, Notice, Shared};
 use crate::stitcher::StitchMsg;
@@ -70,7 +70,6 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let mut db = Db::open(&dir.join("state.sqlite"))
         .with_context(|| format!("cannot open the database in {}", dir.display()))?;
     let generation = db.next_generation()?;
-    identity::create_table(db.conn())?;
     let store = Verified::new(BlobDir::open_durable(dir.join("blobs"))?);
     let core = FarmCore::new(FarmConfig {
         scheduler: scheduler::Config {

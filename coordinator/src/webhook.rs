@@ -19,7 +19,6 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
 use rusqlite::{params, OptionalExtension};
 use serde_json::{json, Value};
 use tessera_protocol::events::job_event_type;
@@ -38,6 +37,18 @@ pub struct Target {
     pub host: String,
     pub port: u16,
     pub path: String,
+}
+
+impl Target {
+    /// The URL to POST to, as parsed (an IPv6 host in brackets again).
+    pub fn url(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        format!("http://{host}:{}{}", self.port, self.path)
+    }
 }
 
 /// Parses a webhook URL; only `http://` is spoken (put a TLS-terminating
@@ -76,34 +87,10 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
     format!("sha256={hex}")
 }
 
-fn create_tables(conn: &rusqlite::Connection) -> rusqlite::Result<()> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS webhook_outbox (
-            id INTEGER PRIMARY KEY AUTOINCREMENT,
-            key TEXT NOT NULL UNIQUE,
-            body TEXT NOT NULL,
-            created_ms INTEGER NOT NULL,
-            attempts INTEGER NOT NULL DEFAULT 0,
-            next_ms INTEGER NOT NULL DEFAULT 0,
-            delivered_ms INTEGER
-        );
-        CREATE INDEX IF NOT EXISTS webhook_pending ON webhook_outbox (id) WHERE delivered_ms IS NULL;
-        CREATE TABLE IF NOT EXISTS webhook_meta (k TEXT PRIMARY KEY, v INTEGER NOT NULL);",
-    )
-}
-
 /// A job put back in the queue (`retry`) may end again: its delivered
 /// `job.done`, `job.failed` and `job.blocked` events are forgotten, so its
 /// next ending (or block) is told too. Nothing when webhooks were never on.
 pub(crate) fn forget_endings(conn: &rusqlite::Connection, job: u64) -> rusqlite::Result<()> {
-    let known: i64 = conn.query_row(
-        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'webhook_outbox'",
-        [],
-        |r| r.get(0),
-    )?;
-    if known == 0 {
-        return Ok(());
-    }
     conn.execute(
         "DELETE FROM webhook_outbox WHERE key IN (?1, ?2, ?3) AND delivered_ms IS NOT NULL",
         params![
@@ -326,31 +313,41 @@ fn next_pending(shared: &Shared) -> anyhow::Result<Option<(i64, String, u32, u64
         .optional()?)
 }
 
+/// POSTs `body` to the receiver with ureq (the fleet's HTTP client too)
+/// on a blocking thread: plain HTTP/1.1, no proxy, no redirect, the whole
+/// exchange within [`DELIVERY_TIMEOUT`]; answers the status.
 async fn post(target: &Target, body: Bytes, headers: &[(&str, String)]) -> anyhow::Result<u16> {
-    let addr = format!("{}:{}", target.host, target.port);
-    let tcp = tokio::net::TcpStream::connect(&addr)
-        .await
-        .with_context(|| format!("cannot connect to {addr}"))?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp)).await?;
-    let driver = tokio::spawn(conn);
-    let mut req = hyper::Request::post(&target.path)
-        .header(hyper::header::HOST, &addr)
-        .header(hyper::header::CONTENT_TYPE, "application/json")
-        .header(hyper::header::USER_AGENT, "tessera-coordinator")
-        .header(hyper::header::CONNECTION, "close");
+    let url = target.url();
+    let agent: ureq::Agent = ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(DELIVERY_TIMEOUT))
+        .max_redirects(0)
+        .proxy(None)
+        .user_agent("tessera-coordinator")
+        .build()
+        .into();
+    let mut req = agent
+        .post(&url)
+        .header("content-type", "application/json")
+        .header("connection", "close");
     for (k, v) in headers {
         req = req.header(*k, v);
     }
-    let response = sender.send_request(req.body(Full::new(body))?).await?;
-    let status = response.status().as_u16();
-    // The receiver's body says nothing we use: a little of it is read
-    // (so a short answer completes), never all of a huge one.
-    let _ = http_body_util::Limited::new(response.into_body(), MAX_ANSWER_BODY)
-        .collect()
-        .await;
-    driver.abort();
-    Ok(status)
+    tokio::task::spawn_blocking(move || -> anyhow::Result<u16> {
+        let mut response = req
+            .send(&body[..])
+            .with_context(|| format!("cannot deliver to {url}"))?;
+        let status = response.status().as_u16();
+        // The receiver's body says nothing we use: a little of it is read
+        // (so a short answer completes), never all of a huge one.
+        let mut answer = Vec::new();
+        let _ = std::io::Read::read_to_end(
+            &mut std::io::Read::take(response.body_mut().as_reader(), MAX_ANSWER_BODY as u64),
+            &mut answer,
+        );
+        Ok(status)
+    })
+    .await?
 }
 
 /// Delivers the outbox until its task is aborted.
@@ -366,7 +363,6 @@ async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
     let since_ms = shared
         .blocking(|shared| -> anyhow::Result<u64> {
             let db = shared.db();
-            create_tables(db.conn())?;
             db.conn().execute(
                 "INSERT OR IGNORE INTO webhook_meta (k, v) VALUES ('since_ms', ?1)",
                 params![unix_ms() as i64],
@@ -420,6 +416,20 @@ async fn sleep_or_never(wait: Option<Duration>) {
     }
 }
 
+/// The wait before retrying an event that failed `attempts` times before:
+/// `first_backoff` doubling up to `max_backoff` (the outbox keeps the count,
+/// so the schedule is walked to it).
+fn retry_wait(hook: &Webhook, attempts: u32) -> Duration {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(hook.first_backoff)
+        .with_max_delay(hook.max_backoff)
+        .without_max_times()
+        .build()
+        .nth(attempts.min(64) as usize)
+        .unwrap_or(hook.max_backoff)
+}
+
 /// Sends the outbox's due events, oldest first, until one fails or none is
 /// due.
 async fn deliver_due(shared: &Arc<Shared>, hook: &Webhook, target: &Target) -> anyhow::Result<()> {
@@ -443,10 +453,7 @@ async fn deliver_due(shared: &Arc<Shared>, hook: &Webhook, target: &Target) -> a
             Ok(Err(e)) => Some(format!("{e:#}")),
             Err(_) => Some("the receiver did not answer in time".into()),
         };
-        let backoff = hook
-            .first_backoff
-            .saturating_mul(1u32 << attempts.min(20))
-            .min(hook.max_backoff);
+        let backoff = retry_wait(hook, attempts);
         let marked = failure.is_none();
         shared
             .blocking(move |s| mark(s, id, marked, backoff))

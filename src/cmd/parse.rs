@@ -101,27 +101,21 @@ pub(crate) fn parse_utc(t: &str) -> Option<u64> {
     u64::try_from(unix).ok().map(|s| s * 1000)
 }
 
-/// A duration such as `7d`, `12h`, `30m` or `45s`.
+/// A duration such as `7d`, `12h`, `30m`, `45s`, `1.5h` or `1h 30m`
+/// (humantime's syntax); `0` alone needs no unit.
 pub(crate) fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     let t = text.trim();
     if t == "0" {
         return Ok(std::time::Duration::ZERO);
     }
-    let unit = match t.chars().last() {
-        Some('d') => 86_400.0,
-        Some('h') => 3_600.0,
-        Some('m') => 60.0,
-        Some('s') => 1.0,
-        _ => return Err(format!("`{text}`: give a unit, e.g. 7d, 12h, 30m or 45s")),
-    };
-    let n: f64 = t[..t.len() - 1]
-        .parse()
-        .map_err(|_| format!("`{text}` is not a duration (e.g. 7d, 12h, 30m or 45s)"))?;
-    if n.is_nan() || n < 0.0 || n.is_infinite() {
-        return Err(format!("`{text}`: the duration must be 0 or more"));
-    }
-    std::time::Duration::try_from_secs_f64(n * unit)
-        .map_err(|_| format!("`{text}` is too long a duration"))
+    humantime::parse_duration(t).map_err(|e| match e {
+        humantime::DurationError::UnknownUnit { unit, .. } if unit.is_empty() => {
+            format!("`{text}`: give a unit, e.g. 7d, 12h, 30m or 45s")
+        }
+        humantime::DurationError::NumberOverflow => format!("`{text}` is too long a duration"),
+        _ if t.starts_with('-') => format!("`{text}`: the duration must be 0 or more"),
+        _ => format!("`{text}` is not a duration (e.g. 7d, 12h, 30m or 45s)"),
+    })
 }
 
 /// Seconds (`90`, `2.5`) or a duration with its unit (`90s`, `5m`).
@@ -180,6 +174,20 @@ mod tests {
         let hour_ago = parse_since("1h").unwrap();
         assert!(now - hour_ago >= 3_599_000 && now - hour_ago <= 3_601_000);
         assert!(parse_since("soon").is_err());
+        assert_eq!(
+            parse_duration("1.5h"),
+            Ok(std::time::Duration::from_secs(5400))
+        );
+        assert_eq!(
+            parse_duration("1h 30m"),
+            Ok(std::time::Duration::from_secs(5400))
+        );
+        assert_eq!(parse_duration("0"), Ok(std::time::Duration::ZERO));
+        assert!(parse_duration("12").unwrap_err().contains("give a unit"));
+        assert!(parse_duration("-3h").unwrap_err().contains("0 or more"));
+        assert!(parse_duration("3 parsecs")
+            .unwrap_err()
+            .contains("is not a duration"));
         assert_eq!(
             parse_states("active").unwrap().0,
             vec![JobState::Queued, JobState::Running]

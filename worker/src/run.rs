@@ -118,7 +118,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
         idle: IdleExit::new(config.exit_after_idle),
         draining: false,
     };
-    let mut backoff = Duration::from_millis(200);
+    let mut backoff = reconnect_backoff();
     loop {
         let outcome = session(&config, &cache, &mut held, &mut shutdown, &mut backoff).await;
         *held.link.lock().expect("link lock") = None;
@@ -141,7 +141,7 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
             ),
         }
         let jitter: f64 = rand::random_range(0.5..1.5);
-        let wait = backoff.mul_f64(jitter);
+        let wait = backoff.next().unwrap_or(MAX_RECONNECT_WAIT).mul_f64(jitter);
         tracing::info!("reconnecting in {} ms", wait.as_millis());
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
@@ -150,11 +150,25 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
                 return Ok(());
             }
         }
-        backoff = (backoff * 2).min(Duration::from_secs(5));
         if idle_exit_now(&mut held) {
             return Ok(());
         }
     }
+}
+
+/// The longest wait between two attempts to reconnect, before jitter.
+const MAX_RECONNECT_WAIT: Duration = Duration::from_secs(5);
+
+/// The waits between attempts to reconnect: 200 ms doubling up to
+/// [`MAX_RECONNECT_WAIT`] (each then jittered by half either way), from
+/// the first again once a session has joined.
+fn reconnect_backoff() -> backon::ExponentialBackoff {
+    use backon::BackoffBuilder;
+    backon::ExponentialBuilder::new()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(MAX_RECONNECT_WAIT)
+        .without_max_times()
+        .build()
 }
 
 /// Whether the worker has been idle past `--exit-after-idle` (holding no
@@ -252,7 +266,7 @@ async fn session(
     cache: &Arc<Cache>,
     held: &mut Held,
     shutdown: &mut watch::Receiver<bool>,
-    backoff: &mut Duration,
+    backoff: &mut backon::ExponentialBackoff,
 ) -> anyhow::Result<SessionEnd> {
     let join_ticket = identity::join_ticket(&config.cache_dir, &config.ticket);
     let session = tokio::select! {
@@ -274,7 +288,7 @@ async fn session(
         }
     });
     let heartbeat_ms = join(config, cache, held, &tx, &mut recv).await?;
-    *backoff = Duration::from_millis(200);
+    *backoff = reconnect_backoff();
     cache.reset_jobs();
     *held.link.lock().expect("link lock") = Some(tx.clone());
     // Results finished before this connection: send them again.

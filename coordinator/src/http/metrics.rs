@@ -96,29 +96,7 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         .filter(|j| !j.state.is_final())
         .collect();
 
-    o.family(
-        "tessera_jobs",
-        "gauge",
-        "Jobs the coordinator holds, by state.",
-    );
-    for state in [
-        JobState::Queued,
-        JobState::Running,
-        JobState::Done,
-        JobState::Failed,
-        JobState::Canceled,
-    ] {
-        let live = jobs.iter().filter(|j| j.state == state).count() as u64;
-        let done = (finished.iter())
-            .filter(|(s, _)| *s == state)
-            .map(|(_, t)| t.jobs)
-            .sum::<u64>();
-        o.sample(
-            "tessera_jobs",
-            &format!("state=\"{}\"", state.name()),
-            live + done,
-        );
-    }
+    jobs_by_state(&mut o, &jobs, &finished);
     let active = || jobs.iter();
     let queued: u64 = active()
         .map(|j| u64::from(j.tasks_total.saturating_sub(j.tasks_done + j.tasks_running)))
@@ -156,28 +134,7 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         "Leases that expired (a worker went silent) since the coordinator started.",
         lease_expiries,
     );
-    {
-        let h = (shared.metrics.dispatch.lock()).unwrap_or_else(|e| e.into_inner());
-        o.family(
-            "tessera_dispatch_latency_seconds",
-            "histogram",
-            "From a wake-up (submit, freed slot, result) to the dispatch pass having handed out work.",
-        );
-        for (bound, count) in BUCKETS.iter().zip(h.counts) {
-            o.sample(
-                "tessera_dispatch_latency_seconds_bucket",
-                &format!("le=\"{bound}\""),
-                count,
-            );
-        }
-        o.sample(
-            "tessera_dispatch_latency_seconds_bucket",
-            "le=\"+Inf\"",
-            h.count,
-        );
-        o.sample("tessera_dispatch_latency_seconds_sum", "", h.sum);
-        o.sample("tessera_dispatch_latency_seconds_count", "", h.count);
-    }
+    dispatch_latency(&mut o, &shared.metrics);
     let sum = |f: fn(&tessera_protocol::messages::JobStatus) -> u64| -> u64 {
         jobs.iter().map(|j| f(j)).sum()
     };
@@ -205,7 +162,88 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         "Frame bytes downloaded over the HTTP API since the coordinator started.",
         shared.metrics.http_bytes_out.load(Ordering::Relaxed),
     );
-    let watch = &shared.watch;
+    runtime(&mut o, &shared.watch);
+    o.one(
+        "tessera_cost_usd_total",
+        "counter",
+        "Cost of every retained job's leases, USD.",
+        jobs.iter().map(|j| j.cost_usd).sum::<f64>()
+            + finished.iter().map(|(_, t)| t.cost_usd).sum::<f64>(),
+    );
+    o.one(
+        "tessera_burn_usd_per_hour",
+        "gauge",
+        "What the connected workers cost per hour.",
+        snapshot.farm.burn_usd_per_hour,
+    );
+    o.one(
+        "tessera_idle_usd_per_hour",
+        "gauge",
+        "What the connected workers with nothing to do cost per hour.",
+        snapshot.farm.idle_usd_per_hour,
+    );
+
+    workers(&mut o, &snapshot.workers);
+    Ok(o.0)
+}
+
+/// `tessera_jobs`: the live jobs and the finished ones' totals, by state.
+fn jobs_by_state(
+    o: &mut Out,
+    jobs: &[&tessera_protocol::messages::JobStatus],
+    finished: &[(JobState, crate::db::FinishedTotals)],
+) {
+    o.family(
+        "tessera_jobs",
+        "gauge",
+        "Jobs the coordinator holds, by state.",
+    );
+    for state in [
+        JobState::Queued,
+        JobState::Running,
+        JobState::Done,
+        JobState::Failed,
+        JobState::Canceled,
+    ] {
+        let live = jobs.iter().filter(|j| j.state == state).count() as u64;
+        let done = (finished.iter())
+            .filter(|(s, _)| *s == state)
+            .map(|(_, t)| t.jobs)
+            .sum::<u64>();
+        o.sample(
+            "tessera_jobs",
+            &format!("state=\"{}\"", state.name()),
+            live + done,
+        );
+    }
+}
+
+/// The dispatch latency histogram.
+fn dispatch_latency(o: &mut Out, metrics: &Counters) {
+    let h = (metrics.dispatch.lock()).unwrap_or_else(|e| e.into_inner());
+    o.family(
+        "tessera_dispatch_latency_seconds",
+        "histogram",
+        "From a wake-up (submit, freed slot, result) to the dispatch pass having handed out work.",
+    );
+    for (bound, count) in BUCKETS.iter().zip(h.counts) {
+        o.sample(
+            "tessera_dispatch_latency_seconds_bucket",
+            &format!("le=\"{bound}\""),
+            count,
+        );
+    }
+    o.sample(
+        "tessera_dispatch_latency_seconds_bucket",
+        "le=\"+Inf\"",
+        h.count,
+    );
+    o.sample("tessera_dispatch_latency_seconds_sum", "", h.sum);
+    o.sample("tessera_dispatch_latency_seconds_count", "", h.count);
+}
+
+/// How the async runtime fares: blocking calls, stalls, heartbeat gaps.
+fn runtime(o: &mut Out, watch: &crate::watch::Watch) {
     o.one(
         "tessera_runtime_blocking_calls_total",
         "counter",
@@ -251,27 +289,10 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         gaps.sum.as_secs_f64(),
     );
     o.sample("tessera_heartbeat_gap_seconds_count", "", gaps.count);
-    o.one(
-        "tessera_cost_usd_total",
-        "counter",
-        "Cost of every retained job's leases, USD.",
-        jobs.iter().map(|j| j.cost_usd).sum::<f64>()
-            + finished.iter().map(|(_, t)| t.cost_usd).sum::<f64>(),
-    );
-    o.one(
-        "tessera_burn_usd_per_hour",
-        "gauge",
-        "What the connected workers cost per hour.",
-        snapshot.farm.burn_usd_per_hour,
-    );
-    o.one(
-        "tessera_idle_usd_per_hour",
-        "gauge",
-        "What the connected workers with nothing to do cost per hour.",
-        snapshot.farm.idle_usd_per_hour,
-    );
+}
 
-    let workers = &snapshot.workers;
+/// The per-worker families: slots, state, host and GPU telemetry.
+fn workers(o: &mut Out, workers: &[tessera_protocol::messages::WorkerStatus]) {
     o.one(
         "tessera_workers",
         "gauge",
@@ -388,5 +409,4 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
             }
         }
     }
-    Ok(o.0)
 }

@@ -15,7 +15,8 @@
 //! protocol flows through. Blob uploads stay on QUIC (`tessera submit
 //! --upload-only` uploads and prints the spec to post); stitched frames
 //! can be downloaded here. `api/openapi.json` describes every route; a test
-//! checks it against this file's [`ROUTES`].
+//! checks it against this file's [`ROUTES`], the one list the router is
+//! built from (matchit's path tree).
 
 // A refused request's early answer is a `Response` in an `Err`, made once
 // per request: its size does not matter.
@@ -54,29 +55,124 @@ use places::{Place, Places};
 /// The OpenAPI 3 document of this API, served at `/v1/openapi.json`.
 pub const OPENAPI: &str = include_str!("../../../api/openapi.json");
 
-/// Every route: method and path template, as the OpenAPI document names
-/// them (a test compares the two).
-pub const ROUTES: &[(&str, &str)] = &[
-    ("GET", "/v1/openapi.json"),
-    ("GET", "/v1/status"),
-    ("GET", "/v1/jobs"),
-    ("POST", "/v1/jobs"),
-    ("GET", "/v1/jobs/{job}"),
-    ("POST", "/v1/jobs/{job}/cancel"),
-    ("POST", "/v1/jobs/{job}/pause"),
-    ("POST", "/v1/jobs/{job}/resume"),
-    ("POST", "/v1/jobs/{job}/retry"),
-    ("GET", "/v1/jobs/{job}/detail"),
-    ("GET", "/v1/jobs/{job}/frames"),
-    ("GET", "/v1/jobs/{job}/frames/{frame}"),
-    ("GET", "/v1/jobs/{job}/frames/{frame}/tiles"),
-    ("GET", "/v1/jobs/{job}/logs"),
-    ("GET", "/v1/workers"),
-    ("POST", "/v1/workers/{worker}/drain"),
-    ("POST", "/v1/blobs/missing"),
-    ("GET", "/v1/events"),
-    ("GET", "/metrics"),
+/// What a route does: one arm of [`route`] each.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Handler {
+    OpenApi,
+    Status,
+    Jobs,
+    Submit,
+    Job,
+    Cancel,
+    Pause,
+    Resume,
+    Retry,
+    Detail,
+    Frames,
+    Frame,
+    Tiles,
+    Logs,
+    Workers,
+    Drain,
+    BlobsMissing,
+    Events,
+    Metrics,
+}
+
+/// One route: its method, its path template as the OpenAPI document names
+/// it (matchit's syntax is the same, `{job}`), and what it does.
+#[derive(Debug, Clone, Copy)]
+pub struct Route {
+    pub method: &'static str,
+    pub path: &'static str,
+    handler: Handler,
+}
+
+const fn at(method: &'static str, path: &'static str, handler: Handler) -> Route {
+    Route {
+        method,
+        path,
+        handler,
+    }
+}
+
+/// Every route. The router is built from this list and answers nothing
+/// else; a test compares it with the OpenAPI document.
+pub const ROUTES: &[Route] = &[
+    at("GET", "/v1/openapi.json", Handler::OpenApi),
+    at("GET", "/v1/status", Handler::Status),
+    at("GET", "/v1/jobs", Handler::Jobs),
+    at("POST", "/v1/jobs", Handler::Submit),
+    at("GET", "/v1/jobs/{job}", Handler::Job),
+    at("POST", "/v1/jobs/{job}/cancel", Handler::Cancel),
+    at("POST", "/v1/jobs/{job}/pause", Handler::Pause),
+    at("POST", "/v1/jobs/{job}/resume", Handler::Resume),
+    at("POST", "/v1/jobs/{job}/retry", Handler::Retry),
+    at("GET", "/v1/jobs/{job}/detail", Handler::Detail),
+    at("GET", "/v1/jobs/{job}/frames", Handler::Frames),
+    at("GET", "/v1/jobs/{job}/frames/{frame}", Handler::Frame),
+    at("GET", "/v1/jobs/{job}/frames/{frame}/tiles", Handler::Tiles),
+    at("GET", "/v1/jobs/{job}/logs", Handler::Logs),
+    at("GET", "/v1/workers", Handler::Workers),
+    at("POST", "/v1/workers/{worker}/drain", Handler::Drain),
+    at("POST", "/v1/blobs/missing", Handler::BlobsMissing),
+    at("GET", "/v1/events", Handler::Events),
+    at("GET", "/metrics", Handler::Metrics),
 ];
+
+/// The path tree of [`ROUTES`]: each template to the routes (one a method)
+/// served there.
+fn router() -> &'static matchit::Router<Vec<Route>> {
+    static ROUTER: std::sync::LazyLock<matchit::Router<Vec<Route>>> =
+        std::sync::LazyLock::new(|| {
+            let mut by_path: Vec<(&str, Vec<Route>)> = Vec::new();
+            for r in ROUTES {
+                match by_path.iter_mut().find(|(p, _)| *p == r.path) {
+                    Some((_, routes)) => routes.push(*r),
+                    None => by_path.push((r.path, vec![*r])),
+                }
+            }
+            let mut router = matchit::Router::new();
+            for (path, routes) in by_path {
+                router
+                    .insert(path, routes)
+                    .expect("ROUTES are distinct templates");
+            }
+            router
+        });
+    &ROUTER
+}
+
+/// A request's path matched against [`ROUTES`]: the route and its
+/// parameters, or the answer when none is served (404 for a path no
+/// template matches, 405 for one served under other methods). Slashes at
+/// either end are ignored, as they always were.
+fn find(method: &Method, path: &str) -> Result<(Handler, Params), Response<Body>> {
+    let normalized = format!("/{}", path.trim_matches('/'));
+    let Ok(found) = router().at(&normalized) else {
+        return Err(error(StatusCode::NOT_FOUND, &format!("no route {path}")));
+    };
+    let Some(route) = found.value.iter().find(|r| r.method == method.as_str()) else {
+        return Err(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("{method} is not served at {path}"),
+        ));
+    };
+    let params = Params {
+        job: found.params.get("job").map(str::to_string),
+        frame: found.params.get("frame").map(str::to_string),
+        worker: found.params.get("worker").map(str::to_string),
+    };
+    Ok((route.handler, params))
+}
+
+/// A route's path parameters, as the request spelled them.
+#[derive(Debug, Default)]
+struct Params {
+    job: Option<String>,
+    frame: Option<String>,
+    worker: Option<String>,
+}
 
 /// The most bytes a request body may take (a job spec with a large manifest).
 const MAX_BODY: usize = 64 << 20;
@@ -195,8 +291,8 @@ fn bearer(req: &Request<Incoming>) -> Option<&str> {
 }
 
 async fn respond(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) -> Response<Body> {
-    let path = req.uri().path().to_string();
-    if req.method() == Method::GET && path == "/v1/openapi.json" {
+    let found = find(req.method(), req.uri().path());
+    if let Ok((Handler::OpenApi, _)) = found {
         return full(StatusCode::OK, "application/json", OPENAPI);
     }
     if let Err(e) = service::authorize(shared, bearer(&req)) {
@@ -206,7 +302,11 @@ async fn respond(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) ->
         return r;
     }
     place.authenticated();
-    match route(shared, req).await {
+    let (handler, params) = match found {
+        Ok(found) => found,
+        Err(r) => return r,
+    };
+    match route(shared, handler, params, req).await {
         Ok(r) => r,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
     }
@@ -375,60 +475,37 @@ fn refused(e: &ClientError) -> Response<Body> {
     error(status, &e.message)
 }
 
-async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<Response<Body>> {
-    let path = req.uri().path().to_string();
-    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
-    let method = req.method().clone();
+/// A route's id parameter, or the 404 its absence or its spelling earns.
+fn param<T: std::str::FromStr>(value: &Option<String>, what: &str) -> Result<T, Response<Body>> {
+    parse_id(value.as_deref().unwrap_or(""), what)
+}
+
+async fn route(
+    shared: &Arc<Shared>,
+    handler: Handler,
+    params: Params,
+    req: Request<Incoming>,
+) -> anyhow::Result<Response<Body>> {
     macro_rules! id {
-        ($s:expr, $what:expr) => {
-            match parse_id($s, $what) {
+        ($p:ident, $what:expr) => {
+            match param(&params.$p, $what) {
                 Ok(id) => id,
                 Err(r) => return Ok(r),
             }
         };
     }
     let ok = StatusCode::OK;
-    Ok(match (&method, segments.as_slice()) {
-        (&Method::GET, ["metrics"]) => {
+    Ok(match handler {
+        Handler::OpenApi => full(ok, "application/json", OPENAPI),
+        Handler::Metrics => {
             let text = {
                 let shared = shared.clone();
                 tokio::task::spawn_blocking(move || metrics::render(&shared)).await??
             };
-            full(
-                StatusCode::OK,
-                "text/plain; version=0.0.4; charset=utf-8",
-                text,
-            )
+            full(ok, "text/plain; version=0.0.4; charset=utf-8", text)
         }
-        (&Method::GET, ["v1", "status"]) | (&Method::GET, ["v1", "jobs"]) => {
-            let f = match filter(&query(&req)) {
-                Ok(f) => f,
-                Err(r) => return Ok(r),
-            };
-            let jobs_only = segments[1] == "jobs";
-            let mut jobs: Vec<JobStatus> = Vec::new();
-            let mut after = 0;
-            loop {
-                let f = f.clone();
-                match off(shared, move |s| service::jobs_page(s, &f, after)).await {
-                    Ok((page, next)) => {
-                        jobs.extend(page);
-                        match next {
-                            Some(n) => after = n,
-                            None => break,
-                        }
-                    }
-                    Err(e) => return Ok(refused(&e)),
-                }
-            }
-            if jobs_only {
-                ok_json(ok, &jobs)
-            } else {
-                let workers = service::workers(shared);
-                ok_json(ok, &json!({"jobs": jobs, "workers": workers}))
-            }
-        }
-        (&Method::POST, ["v1", "jobs"]) => {
+        Handler::Status | Handler::Jobs => list(shared, &req, handler == Handler::Jobs).await,
+        Handler::Submit => {
             let spec: JobSpec = match body_json(req).await {
                 Ok(s) => s,
                 Err(r) => return Ok(r),
@@ -437,24 +514,22 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
             // the QUIC connection that uploaded them.
             reply(StatusCode::CREATED, service::submit(shared, spec, 0).await)
         }
-        (&Method::GET, ["v1", "jobs", job]) => {
+        Handler::Job => {
             let id = id!(job, "job");
             reply(ok, off(shared, move |s| service::job(s, id)).await)
         }
-        (&Method::POST, ["v1", "jobs", job, "cancel"]) => {
+        Handler::Cancel => {
             let id = id!(job, "job");
             reply(ok, off(shared, move |s| service::cancel(s, id)).await)
         }
-        (&Method::POST, ["v1", "jobs", job, "retry"]) => {
-            reply(ok, service::retry(shared, id!(job, "job")).await)
-        }
-        (&Method::GET, ["v1", "jobs", job, "detail"]) => {
+        Handler::Retry => reply(ok, service::retry(shared, id!(job, "job")).await),
+        Handler::Detail => {
             let id = id!(job, "job");
             reply(ok, off(shared, move |s| service::detail(s, id)).await)
         }
-        (&Method::POST, ["v1", "jobs", job, action @ ("pause" | "resume")]) => {
+        Handler::Pause | Handler::Resume => {
             let job = id!(job, "job");
-            let paused = *action == "pause";
+            let paused = handler == Handler::Pause;
             reply(
                 ok,
                 off(shared, move |s| {
@@ -463,66 +538,28 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                 .await,
             )
         }
-        (&Method::GET, ["v1", "jobs", job, "frames"]) => {
+        Handler::Frames => {
             let id = id!(job, "job");
             reply(ok, off(shared, move |s| service::frames(s, id)).await)
         }
-        (&Method::GET, ["v1", "jobs", job, "frames", frame]) => {
-            let (job, frame): (u64, u32) = (id!(job, "job"), id!(frame, "frame"));
-            let found = match off(shared, move |s| service::frame(s, job, frame)).await {
-                Ok(found) => found,
-                Err(e) => return Ok(refused(&e)),
-            };
-            let shared2 = shared.clone();
-            let bytes = tokio::task::spawn_blocking(move || shared2.store.get(&found.digest))
-                .await?
-                .with_context(|| format!("reading frame {frame} of job {job}"))?;
-            shared.http_bytes_out(bytes.len() as u64);
-            let mut r = full(StatusCode::OK, "application/octet-stream", bytes);
-            let h = r.headers_mut();
-            h.insert(
-                "x-tessera-digest",
-                HeaderValue::from_str(&found.digest.to_hex()).expect("hex"),
-            );
-            if let Some(name) = found
-                .name
-                .as_deref()
-                .filter(|n| n.bytes().all(|b| b.is_ascii_graphic() && b != b'"'))
-            {
-                if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
-                    h.insert("content-disposition", v);
-                }
-            }
-            r
-        }
-        (&Method::GET, ["v1", "jobs", job, "frames", frame, "tiles"]) => {
+        Handler::Frame => frame(shared, id!(job, "job"), id!(frame, "frame")).await?,
+        Handler::Tiles => {
             let (job, frame) = (id!(job, "job"), id!(frame, "frame"));
             reply(
                 ok,
                 off(shared, move |s| service::tiles(s, job, frame)).await,
             )
         }
-        (&Method::GET, ["v1", "jobs", job, "logs"]) => {
+        Handler::Logs => {
             let job = id!(job, "job");
-            let mut task = None;
-            for (k, v) in query(&req) {
-                match k.as_str() {
-                    "task" => match v.parse() {
-                        Ok(t) => task = Some(t),
-                        Err(_) => return Ok(not_a_number(&k, &v)),
-                    },
-                    _ => {
-                        return Ok(error(
-                            StatusCode::BAD_REQUEST,
-                            &format!("unknown query `{k}`: expected task"),
-                        ))
-                    }
-                }
-            }
+            let task = match one_number(&req, "task") {
+                Ok(task) => task,
+                Err(r) => return Ok(r),
+            };
             reply(ok, off(shared, move |s| service::logs(s, job, task)).await)
         }
-        (&Method::GET, ["v1", "workers"]) => ok_json(ok, &service::workers(shared)),
-        (&Method::POST, ["v1", "workers", worker, "drain"]) => {
+        Handler::Workers => ok_json(ok, &service::workers(shared)),
+        Handler::Drain => {
             let worker = id!(worker, "worker");
             reply(
                 ok,
@@ -531,60 +568,114 @@ async fn route(shared: &Arc<Shared>, req: Request<Incoming>) -> anyhow::Result<R
                     .map(|()| json!({"worker": worker, "draining": true})),
             )
         }
-        (&Method::POST, ["v1", "blobs", "missing"]) => {
-            #[derive(serde::Deserialize)]
-            struct Asked {
-                digests: Vec<Digest>,
-            }
-            let asked: Asked = match body_json(req).await {
-                Ok(a) => a,
-                Err(r) => return Ok(r),
-            };
-            let missing: Vec<Digest> = shared
-                .blocking(move |s| {
-                    (asked.digests.into_iter())
-                        .filter(|d| !s.store.touch(d))
-                        .collect()
-                })
-                .await?;
-            ok_json(ok, &json!({ "missing": missing }))
+        Handler::BlobsMissing => blobs_missing(shared, req).await?,
+        Handler::Events => match one_number(&req, "job") {
+            Ok(job) => events(shared, job),
+            Err(r) => return Ok(r),
+        },
+    })
+}
+
+/// The only query parameter a route takes, `key`, a number when given:
+/// 400 for anything else.
+fn one_number<T: std::str::FromStr>(
+    req: &Request<Incoming>,
+    key: &str,
+) -> Result<Option<T>, Response<Body>> {
+    let mut found = None;
+    for (k, v) in query(req) {
+        if k != key {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                &format!("unknown query `{k}`: expected {key}"),
+            ));
         }
-        (&Method::GET, ["v1", "events"]) => {
-            let mut job = None;
-            for (k, v) in query(&req) {
-                match k.as_str() {
-                    "job" => match v.parse() {
-                        Ok(j) => job = Some(j),
-                        Err(_) => return Ok(not_a_number(&k, &v)),
-                    },
-                    _ => {
-                        return Ok(error(
-                            StatusCode::BAD_REQUEST,
-                            &format!("unknown query `{k}`: expected job"),
-                        ))
-                    }
+        found = Some(v.parse().map_err(|_| not_a_number(&k, &v))?);
+    }
+    Ok(found)
+}
+
+/// `GET /v1/status` (jobs and workers) and `GET /v1/jobs` (`jobs_only`):
+/// every job the query's filter keeps, read a page at a time.
+async fn list(shared: &Arc<Shared>, req: &Request<Incoming>, jobs_only: bool) -> Response<Body> {
+    let f = match filter(&query(req)) {
+        Ok(f) => f,
+        Err(r) => return r,
+    };
+    let mut jobs: Vec<JobStatus> = Vec::new();
+    let mut after = 0;
+    loop {
+        let f = f.clone();
+        match off(shared, move |s| service::jobs_page(s, &f, after)).await {
+            Ok((page, next)) => {
+                jobs.extend(page);
+                match next {
+                    Some(n) => after = n,
+                    None => break,
                 }
             }
-            events(shared, job)
+            Err(e) => return refused(&e),
         }
-        _ => {
-            let known = ROUTES.iter().any(|(_, template)| {
-                let t: Vec<&str> = template.trim_matches('/').split('/').collect();
-                t.len() == segments.len()
-                    && t.iter()
-                        .zip(&segments)
-                        .all(|(t, s)| t.starts_with('{') || t == s)
-            });
-            if known {
-                error(
-                    StatusCode::METHOD_NOT_ALLOWED,
-                    &format!("{method} is not served at {path}"),
-                )
-            } else {
-                error(StatusCode::NOT_FOUND, &format!("no route {path}"))
-            }
+    }
+    if jobs_only {
+        ok_json(StatusCode::OK, &jobs)
+    } else {
+        let workers = service::workers(shared);
+        ok_json(StatusCode::OK, &json!({"jobs": jobs, "workers": workers}))
+    }
+}
+
+/// `GET /v1/jobs/{job}/frames/{frame}`: the stitched frame's bytes, with
+/// its digest and (when it is a plain name) its file name.
+async fn frame(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<Response<Body>> {
+    let found = match off(shared, move |s| service::frame(s, job, frame)).await {
+        Ok(found) => found,
+        Err(e) => return Ok(refused(&e)),
+    };
+    let shared2 = shared.clone();
+    let bytes = tokio::task::spawn_blocking(move || shared2.store.get(&found.digest))
+        .await?
+        .with_context(|| format!("reading frame {frame} of job {job}"))?;
+    shared.http_bytes_out(bytes.len() as u64);
+    let mut r = full(StatusCode::OK, "application/octet-stream", bytes);
+    let h = r.headers_mut();
+    h.insert(
+        "x-tessera-digest",
+        HeaderValue::from_str(&found.digest.to_hex()).expect("hex"),
+    );
+    if let Some(name) = found
+        .name
+        .as_deref()
+        .filter(|n| n.bytes().all(|b| b.is_ascii_graphic() && b != b'"'))
+    {
+        if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
+            h.insert("content-disposition", v);
         }
-    })
+    }
+    Ok(r)
+}
+
+/// `POST /v1/blobs/missing`: which of the asked digests the store lacks.
+async fn blobs_missing(
+    shared: &Arc<Shared>,
+    req: Request<Incoming>,
+) -> anyhow::Result<Response<Body>> {
+    #[derive(serde::Deserialize)]
+    struct Asked {
+        digests: Vec<Digest>,
+    }
+    let asked: Asked = match body_json(req).await {
+        Ok(a) => a,
+        Err(r) => return Ok(r),
+    };
+    let missing: Vec<Digest> = shared
+        .blocking(move |s| {
+            (asked.digests.into_iter())
+                .filter(|d| !s.store.touch(d))
+                .collect()
+        })
+        .await?;
+    Ok(ok_json(StatusCode::OK, &json!({ "missing": missing })))
 }
 
 /// A body fed by a channel: the event stream.
@@ -650,5 +741,27 @@ mod tests {
         assert_eq!(percent_decode("sh%2A+a"), "sh* a");
         assert_eq!(percent_decode("100%"), "100%");
         assert_eq!(percent_decode("%zz"), "%zz");
+    }
+
+    #[test]
+    fn the_router_serves_routes_and_tells_404_from_405() {
+        let found =
+            |m: Method, p: &str| find(&m, p).map(|(h, params)| (h, params.job, params.frame));
+        let status = |m: Method, p: &str| find(&m, p).err().map(|r| r.status().as_u16());
+        assert_eq!(
+            found(Method::GET, "/v1/jobs/7/frames/3/tiles").unwrap(),
+            (Handler::Tiles, Some("7".into()), Some("3".into()))
+        );
+        assert_eq!(found(Method::GET, "/v1/jobs/").unwrap().0, Handler::Jobs);
+        assert_eq!(found(Method::POST, "/v1/jobs").unwrap().0, Handler::Submit);
+        assert_eq!(
+            found(Method::POST, "/v1/jobs/1/resume").unwrap().0,
+            Handler::Resume
+        );
+        assert_eq!(status(Method::DELETE, "/v1/jobs/1"), Some(405));
+        assert_eq!(status(Method::POST, "/metrics"), Some(405));
+        assert_eq!(status(Method::GET, "/v1/nothing"), Some(404));
+        assert_eq!(status(Method::GET, "/v1/jobs/1/cancel/more"), Some(404));
+        assert_eq!(status(Method::GET, "/"), Some(404));
     }
 }

@@ -1,0 +1,218 @@
+//! Open Job Description import (`tessera submit job.template.yaml`): a job
+//! template of specification `jobtemplate-2023-09`, in YAML or JSON, whose
+//! steps run Blender, becomes one Tessera job per step. Job parameters are
+//! substituted (a value given with `--job-param NAME=VALUE`, else the
+//! default); an INT task parameter that `--render-frame` names becomes the
+//! job's frames; `dependencies` between steps become `--after`.
+//!
+//! A step's command is Blender itself, or a shell running one embedded
+//! script whose only command (besides `set`, `mkdir` and `echo`) is
+//! Blender. Whatever has no meaning on Tessera — environments, host
+//! requirements, other commands, other task parameters, Blender options
+//! that change what the `.blend` file says or run Python — is refused with
+//! the field it was found in, never dropped silently. Nothing of the
+//! template runs: it is read, and Blender is started by the workers as for
+//! any `.blend` (scripts off).
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use serde_json::Value;
+
+mod command;
+mod options;
+mod params;
+mod step;
+#[cfg(test)]
+mod tests;
+
+use command::*;
+use options::*;
+use params::*;
+use step::*;
+
+/// The specification this reads.
+pub const SPECIFICATION: &str = "jobtemplate-2023-09";
+
+/// The largest template read (the specification caps most lists; this caps
+/// the whole).
+pub const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
+
+/// Stands for the frame task parameter inside a resolved argument.
+const FRAME: &str = "\u{0}FRAME\u{0}";
+
+/// A template turned into Tessera jobs, one per step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Imported {
+    /// The job name the template gives (its `name`, resolved).
+    pub name: String,
+    /// In an order where every step comes after the steps it depends on.
+    pub steps: Vec<Step>,
+    /// What was read but has no effect here (a render output path, say).
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    pub name: String,
+    /// The `.blend` it renders.
+    pub scene: PathBuf,
+    /// A `--frames` list, or `None` for the file's own frame range.
+    pub frames: Option<String>,
+    /// Indices into [`Imported::steps`] of the steps it runs after.
+    pub after: Vec<usize>,
+}
+
+/// Whether `path` names an OpenJD template rather than a scene: a `.yaml`
+/// or `.yml` file, or a `.json` one that declares a specification version.
+pub fn is_template(path: &Path) -> bool {
+    let name = path.to_string_lossy().to_ascii_lowercase();
+    if name.ends_with(".yaml") || name.ends_with(".yml") {
+        return true;
+    }
+    if name.ends_with(".json") && !name.ends_with(".scene.json") {
+        return std::fs::read_to_string(path).is_ok_and(|t| t.contains("specificationVersion"));
+    }
+    false
+}
+
+/// Reads and maps the template at `path`, with `params` (`NAME=VALUE`)
+/// overriding its job parameters' defaults. Relative PATH values resolve
+/// against the template's folder.
+pub fn load(path: &Path, params: &[String]) -> anyhow::Result<Imported> {
+    use anyhow::Context;
+    let size = std::fs::metadata(path)
+        .with_context(|| format!("cannot read {}", path.display()))?
+        .len();
+    if size > MAX_TEMPLATE_BYTES {
+        anyhow::bail!(
+            "{} is {size} bytes; a job template may have at most {MAX_TEMPLATE_BYTES}",
+            path.display()
+        );
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let base = path.parent().unwrap_or(Path::new("."));
+    let base = if base.as_os_str().is_empty() {
+        Path::new(".")
+    } else {
+        base
+    };
+    import(&text, base, params).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
+}
+
+/// Maps a template's text (YAML or JSON); see [`load`].
+pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, String> {
+    let doc: Value = serde_yaml_ng::from_str(text)
+        .map_err(|e| format!("not a YAML or JSON job template: {e}"))?;
+    let root = doc
+        .as_object()
+        .ok_or("a job template is a mapping with specificationVersion, name and steps")?;
+    let version = root.get("specificationVersion").and_then(Value::as_str);
+    if version != Some(SPECIFICATION) {
+        return Err(match version {
+            Some(v) if v.starts_with("environment-") => format!(
+                "specificationVersion: `{v}` is an environment template; Tessera imports job templates ({SPECIFICATION})"
+            ),
+            Some(v) => format!(
+                "specificationVersion: `{v}` is not supported; Tessera reads {SPECIFICATION}"
+            ),
+            None => format!("specificationVersion: missing; expected `{SPECIFICATION}`"),
+        });
+    }
+    for key in root.keys() {
+        match key.as_str() {
+            "specificationVersion" | "$schema" | "name" | "description"
+            | "parameterDefinitions" | "steps" => {}
+            "jobEnvironments" => {
+                return Err("jobEnvironments: environments run their own commands around every task; Tessera runs only Blender (drop them, or render those steps elsewhere)".into())
+            }
+            other => return Err(format!("{other}: unknown field of a job template")),
+        }
+    }
+    let values = job_parameters(root.get("parameterDefinitions"), base, params)?;
+    let scope = Scope {
+        params: &values,
+        frame: None,
+        files: &HashMap::new(),
+    };
+    let name = text_of(root.get("name"), "name")?;
+    let name = scope.resolve(&name, "name")?;
+    let steps = root
+        .get("steps")
+        .and_then(Value::as_array)
+        .filter(|s| !s.is_empty())
+        .ok_or("steps: a job template needs at least one step")?;
+    let mut notes = Vec::new();
+    let mut mapped = Vec::new();
+    for (i, step) in steps.iter().enumerate() {
+        mapped.push(map_step(i, step, &values, base, &mut notes)?);
+    }
+    let steps = order(mapped)?;
+    Ok(Imported { name, steps, notes })
+}
+
+/// A value of a job parameter: as given (`raw`) and as used (`value`; a
+/// relative PATH resolved against the template's folder).
+struct ParamValue {
+    raw: String,
+    value: String,
+}
+
+fn text_of(v: Option<&Value>, field: &str) -> Result<String, String> {
+    match v {
+        Some(Value::String(s)) => Ok(s.clone()),
+        Some(Value::Number(n)) => Ok(n.to_string()),
+        Some(Value::Bool(b)) => Ok(b.to_string()),
+        Some(_) => Err(format!("{field}: expected a string")),
+        None => Err(format!("{field}: missing")),
+    }
+}
+
+/// Orders steps so that each comes after those it depends on; refuses
+/// unknown names and cycles.
+fn order(steps: Vec<(Step, Vec<String>)>) -> Result<Vec<Step>, String> {
+    let index: HashMap<String, usize> = (steps.iter().enumerate())
+        .map(|(i, (s, _))| (s.name.clone(), i))
+        .collect();
+    if index.len() != steps.len() {
+        return Err("steps: two steps have the same name".into());
+    }
+    let mut deps = Vec::new();
+    for (i, (s, names)) in steps.iter().enumerate() {
+        let mut d = Vec::new();
+        for n in names {
+            let j = *index.get(n).ok_or_else(|| {
+                format!(
+                    "steps[{i}] ({}).dependencies: no step is named `{n}`",
+                    s.name
+                )
+            })?;
+            d.push(j);
+        }
+        deps.push(d);
+    }
+    let mut placed: Vec<Option<usize>> = vec![None; steps.len()];
+    let mut ordered: Vec<usize> = Vec::new();
+    while ordered.len() < steps.len() {
+        let next = (0..steps.len())
+            .find(|&i| placed[i].is_none() && deps[i].iter().all(|&d| placed[d].is_some()));
+        let Some(i) = next else {
+            return Err("steps: their dependencies form a cycle".into());
+        };
+        placed[i] = Some(ordered.len());
+        ordered.push(i);
+    }
+    let mut steps: Vec<Option<(Step, Vec<String>)>> = steps.into_iter().map(Some).collect();
+    Ok(ordered
+        .iter()
+        .map(|&i| {
+            let (mut s, _) = steps[i].take().expect("each step once");
+            s.after = deps[i]
+                .iter()
+                .map(|&d| placed[d].expect("placed"))
+                .collect();
+            s
+        })
+        .collect())
+}

@@ -1,0 +1,199 @@
+//! The `.blend` and frames of a Blender command line.
+
+use super::*;
+
+/// The `.blend` and frames of a Blender command line.
+pub(super) fn blender_options(
+    field: &str,
+    args: &[String],
+    frame: Option<&(String, Vec<u32>)>,
+    base: &Path,
+    notes: &mut Vec<String>,
+) -> Result<(PathBuf, Option<String>), String> {
+    let mut scene: Option<PathBuf> = None;
+    let mut render_frames: Option<String> = None;
+    let (mut anim, mut start, mut end, mut jump) = (false, None, None, None);
+    let mut it = args.iter();
+    let value = |it: &mut std::slice::Iter<'_, String>, opt: &str| {
+        it.next()
+            .cloned()
+            .ok_or_else(|| format!("{field}: `{opt}` needs a value"))
+    };
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "-b" | "--background" | "--factory-startup" | "--disable-autoexec" | "-noaudio"
+            | "--noaudio" => {}
+            "-x" | "--use-extension" => {
+                value(&mut it, arg)?;
+            }
+            "-o" | "--render-output" => {
+                let out = value(&mut it, arg)?;
+                notes.push(format!("{field}: `{arg} {}` is not used: frames are named as the .blend names them and land in --output", out.replace(FRAME, "#")));
+            }
+            "-t" | "--threads" => {
+                value(&mut it, arg)?;
+                notes.push(format!("{field}: `{arg}` is not used: each worker sets its own render threads"));
+            }
+            "-f" | "--render-frame" => render_frames = Some(value(&mut it, arg)?),
+            "-a" | "--render-anim" => anim = true,
+            "-s" | "--frame-start" => start = Some(value(&mut it, arg)?),
+            "-e" | "--frame-end" => end = Some(value(&mut it, arg)?),
+            "-j" | "--frame-jump" => jump = Some(value(&mut it, arg)?),
+            "-F" | "--render-format" => {
+                return Err(format!("{field}: `{arg}` cannot be mapped: Tessera renders the format the .blend file sets; set it there"))
+            }
+            "-E" | "--engine" | "-S" | "--scene" => {
+                return Err(format!("{field}: `{arg}` cannot be mapped: Tessera renders the .blend file's own scene and engine; set them there"))
+            }
+            "-P" | "--python" | "--python-expr" | "--python-text" | "--python-console"
+            | "-y" | "--enable-autoexec" | "--addons" => {
+                return Err(format!("{field}: `{arg}` runs Python; Tessera never runs a template's or a file's scripts"))
+            }
+            "--" => cycles_options(field, it.by_ref(), notes)?,
+            a if !a.starts_with('-') && a.to_ascii_lowercase().ends_with(".blend") => {
+                if scene.is_some() {
+                    return Err(format!("{field}: names two .blend files; make each a step of its own"));
+                }
+                if a.contains(FRAME) {
+                    return Err(format!("{field}: the .blend path depends on the frame parameter"));
+                }
+                let p = PathBuf::from(a);
+                scene = Some(if p.is_relative() { base.join(p) } else { p });
+            }
+            other => {
+                return Err(format!(
+                    "{field}: `{}` cannot be mapped to a Tessera job",
+                    other.replace(FRAME, "{{frame}}")
+                ))
+            }
+        }
+    }
+    let scene = scene.ok_or_else(|| format!("{field}: names no .blend file"))?;
+    let task_frames = || frame.map(|(_, f)| frame_list(f));
+    let frames = match (render_frames, anim) {
+        (Some(_), true) => return Err(format!("{field}: both --render-frame and --render-anim")),
+        (Some(f), false) if f == FRAME => task_frames(),
+        (Some(f), false) if f.contains(FRAME) => {
+            return Err(format!(
+                "{field}: --render-frame `{}` must be the frame parameter alone",
+                f.replace(FRAME, "{{frame}}")
+            ))
+        }
+        (Some(f), false) => {
+            Some(blender_frames(&f).map_err(|e| format!("{field}: --render-frame {e}"))?)
+        }
+        (None, true) => anim_frames(field, [start, end, jump], task_frames)?,
+        (None, false) => {
+            return Err(format!(
+                "{field}: renders no frame: give --render-frame or --render-anim"
+            ))
+        }
+    };
+    if let (Some((name, _)), false) = (frame, args.iter().any(|a| a.contains(FRAME))) {
+        return Err(format!("{field}: the task parameter {name} is not used by the Blender command, so every task would render the same frames"));
+    }
+    Ok((scene, frames))
+}
+
+/// What follows `--` on a Blender command line: Cycles' own options, of
+/// which only the device (decided by each worker) and stats are known.
+fn cycles_options<'a>(
+    field: &str,
+    rest: impl Iterator<Item = &'a String>,
+    notes: &mut Vec<String>,
+) -> Result<(), String> {
+    let mut r = rest;
+    while let Some(a) = r.next() {
+        if a.as_str() == "--cycles-device" {
+            r.next();
+            notes.push(format!(
+                "{field}: `--cycles-device` is not used: each worker's --blender-device decides"
+            ));
+        } else if a.as_str() != "--cycles-print-stats" {
+            return Err(format!("{field}: `{a}` after `--` cannot be mapped"));
+        }
+    }
+    Ok(())
+}
+
+/// The frames of `--render-anim` with `--frame-start`, `--frame-end` and
+/// `--frame-jump` as given: the task parameter's frames when start and end
+/// are it, the range they name, or none given, the file's own range.
+fn anim_frames(
+    field: &str,
+    [start, end, jump]: [Option<String>; 3],
+    task_frames: impl Fn() -> Option<String>,
+) -> Result<Option<String>, String> {
+    let is_frame = |v: &Option<String>| v.as_deref() == Some(FRAME);
+    if is_frame(&start) && is_frame(&end) && jump.is_none() {
+        return Ok(task_frames());
+    }
+    if [&start, &end, &jump]
+        .iter()
+        .any(|v| v.as_deref().is_some_and(|v| v.contains(FRAME)))
+    {
+        return Err(format!(
+            "{field}: --frame-start and --frame-end must both be the frame parameter"
+        ));
+    }
+    match (start, end) {
+        (None, None) if jump.is_none() => Ok(None),
+        (Some(s), Some(e)) => {
+            let (s, e) = (frame_number(s.trim())?, frame_number(e.trim())?);
+            let j = match jump {
+                Some(j) => frame_number(j.trim())?.max(1),
+                None => 1,
+            };
+            Ok(Some(frame_list(&(s..=e).step_by(j as usize).collect::<Vec<_>>())))
+        }
+        _ => Err(format!("{field}: with --render-anim give both --frame-start and --frame-end, or neither (the file's range)")),
+    }
+}
+
+/// Blender's `--render-frame` syntax: `5`, `1..10`, `1,3,5`.
+pub(super) fn blender_frames(s: &str) -> Result<String, String> {
+    let mut frames = Vec::new();
+    for part in s.split(',') {
+        let part = part.trim();
+        if part.starts_with('+') || part.starts_with('-') {
+            return Err(format!(
+                "`{part}`: frames relative to the file's end cannot be mapped"
+            ));
+        }
+        match part.split_once("..") {
+            Some((a, b)) => {
+                let (a, b) = (frame_number(a.trim())?, frame_number(b.trim())?);
+                if b < a {
+                    return Err(format!("`{part}` ends before it starts"));
+                }
+                frames.extend(
+                    a..=b.min(a.saturating_add(tessera_protocol::job::limits::MAX_FRAMES as u32)),
+                );
+            }
+            None => frames.push(frame_number(part)?),
+        }
+    }
+    Ok(frame_list(&frames))
+}
+
+/// Frames as a `--frames` list, runs folded (`1-10,12`).
+pub(super) fn frame_list(frames: &[u32]) -> String {
+    let mut sorted = frames.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut out: Vec<String> = Vec::new();
+    let mut i = 0;
+    while i < sorted.len() {
+        let mut j = i;
+        while j + 1 < sorted.len() && sorted[j + 1] == sorted[j] + 1 {
+            j += 1;
+        }
+        out.push(if j > i {
+            format!("{}-{}", sorted[i], sorted[j])
+        } else {
+            sorted[i].to_string()
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}

@@ -1,0 +1,178 @@
+use super::*;
+
+fn steps_of(yaml: &str) -> Result<Imported, String> {
+    import(yaml, Path::new("/shots"), &[])
+}
+
+const TEMPLATE: &str = r#"
+specificationVersion: jobtemplate-2023-09
+name: "{{Param.Title}}"
+parameterDefinitions:
+- name: Title
+  type: STRING
+  default: Tree shot
+- name: SceneFile
+  type: PATH
+  objectType: FILE
+  dataFlow: IN
+  default: tree.blend
+- name: Last
+  type: INT
+  default: 3
+steps:
+- name: Final
+  dependencies:
+  - dependsOn: Preview
+  parameterSpace:
+taskParameterDefinitions:
+- name: Frame
+  type: INT
+  range: "1-{{Param.Last}}"
+  script:
+actions:
+  onRun:
+    command: blender
+    args: ["--background", "{{Param.SceneFile}}", "--render-output", "/tmp/out/f-####", "--render-frame", "{{Task.Param.Frame}}"]
+- name: Preview
+  script:
+actions:
+  onRun:
+    command: bash
+    args: ["{{Task.File.Run}}"]
+embeddedFiles:
+- name: Run
+  type: TEXT
+  data: |
+    #!/usr/bin/env bash
+    set -euo pipefail
+    blender -b '{{Param.SceneFile}}' \
+      --render-frame 2
+"#;
+
+#[test]
+fn a_blender_template_maps_to_jobs_in_dependency_order() {
+    let got = steps_of(TEMPLATE).unwrap();
+    assert_eq!(got.name, "Tree shot");
+    assert_eq!(
+        got.steps,
+        vec![
+            Step {
+                name: "Preview".into(),
+                scene: "/shots/tree.blend".into(),
+                frames: Some("2".into()),
+                after: vec![],
+            },
+            Step {
+                name: "Final".into(),
+                scene: "/shots/tree.blend".into(),
+                frames: Some("1-3".into()),
+                after: vec![0],
+            },
+        ]
+    );
+    assert_eq!(got.notes.len(), 1, "{:?}", got.notes);
+    let more = import(
+        TEMPLATE,
+        Path::new("/shots"),
+        &["Last=5".into(), "SceneFile=/abs/x.blend".into()],
+    )
+    .unwrap();
+    assert_eq!(more.steps[1].frames.as_deref(), Some("1-5"));
+    assert_eq!(more.steps[1].scene, PathBuf::from("/abs/x.blend"));
+}
+
+#[test]
+fn what_cannot_be_mapped_is_refused_naming_its_field() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("command: blender", "command: ffmpeg", "steps[0] (Final).script.actions.onRun.command: `ffmpeg` is not Blender"),
+        ("        set -euo pipefail\n", "        set -euo pipefail\n        ffmpeg -i x.png out.mp4\n", "steps[1] (Preview).script.embeddedFiles (Run): `ffmpeg -i x.png out.mp4` is not a Blender command"),
+        ("      type: INT\n      range", "      type: STRING\n      range", "taskParameterDefinitions[0] (Frame).type: a STRING task parameter cannot be mapped"),
+        ("\"--render-frame\", \"{{Task.Param.Frame}}\"", "\"--render-frame\", \"1\"", "the task parameter Frame is not used"),
+        ("\"--background\",", "\"--python-expr\", \"x\",", "`--python-expr` runs Python"),
+        ("- name: Preview\n", "- name: Preview\n  hostRequirements:\n    attributes: []\n", "steps[1] (Preview).hostRequirements"),
+        ("steps:\n", "jobEnvironments: []\nsteps:\n", "jobEnvironments: environments run their own commands"),
+        ("- dependsOn: Preview", "- dependsOn: Nothing", "no step is named `Nothing`"),
+        ("  default: 3\n", "\n", "parameterDefinitions[2] (Last): no default; pass --job-param Last=VALUE"),
+        ("jobtemplate-2023-09", "jobtemplate-2099-01", "specificationVersion: `jobtemplate-2099-01` is not supported"),
+        ("--render-frame 2", "--render-frame 2 --render-format PNG", "`--render-format` cannot be mapped"),
+    ];
+    for (from, to, want) in cases {
+        assert!(TEMPLATE.contains(from), "{from}");
+        let err = steps_of(&TEMPLATE.replacen(from, to, 1)).unwrap_err();
+        assert!(err.contains(want), "{from} → {err}");
+    }
+    let cycle = TEMPLATE.replacen(
+        "- name: Preview\n",
+        "- name: Preview\n  dependencies:\n  - dependsOn: Final\n",
+        1,
+    );
+    assert!(steps_of(&cycle).unwrap_err().contains("form a cycle"));
+    let unknown = import(TEMPLATE, Path::new("/"), &["Nope=1".into()]).unwrap_err();
+    assert!(unknown.contains("--job-param Nope: the template defines no such parameter"));
+}
+
+#[test]
+fn int_range_expressions_and_blender_frames_become_frame_lists() {
+    assert_eq!(int_range_expr("1 - 5").unwrap(), vec![1, 2, 3, 4, 5]);
+    assert_eq!(int_range_expr("1-10:4").unwrap(), vec![1, 5, 9]);
+    assert_eq!(
+        int_range_expr("10-15:2,1-3").unwrap(),
+        vec![10, 12, 14, 1, 2, 3]
+    );
+    assert_eq!(int_range_expr("7").unwrap(), vec![7]);
+    assert!(int_range_expr("-1 - 1")
+        .unwrap_err()
+        .contains("out of range"));
+    assert_eq!(blender_frames("1..4,9").unwrap(), "1-4,9");
+    assert!(blender_frames("-1").is_err());
+    assert_eq!(frame_list(&[5, 1, 2, 3, 9]), "1-3,5,9");
+}
+
+#[test]
+fn the_json_form_reads_too() {
+    let json = r#"{"specificationVersion": "jobtemplate-2023-09", "name": "j",
+      "steps": [{"name": "s", "script": {"actions": {"onRun": {"command": "/usr/bin/blender",
+      "args": ["-b", "a.blend", "-a"]}}}}]}"#;
+    let got = import(json, Path::new("/p"), &[]).unwrap();
+    assert_eq!(got.steps[0].scene, PathBuf::from("/p/a.blend"));
+    assert_eq!(got.steps[0].frames, None, "the file's own range");
+}
+
+#[test]
+fn shell_lines_split_as_posix_and_what_only_a_shell_evaluates_is_refused() {
+    let ok = |l: &str| shell_words(l).unwrap();
+    assert_eq!(
+        ok(r#"blender -b 'my scene.blend' -o "/out/f_####" \-f 1 # a comment"#),
+        [
+            "blender",
+            "-b",
+            "my scene.blend",
+            "-o",
+            "/out/f_####",
+            "-f",
+            "1"
+        ]
+    );
+    assert_eq!(ok("echo 'a;b|c$d'"), ["echo", "a;b|c$d"]);
+    assert_eq!(ok(r#"echo "a;b""#), ["echo", "a;b"]);
+    assert_eq!(ok("echo a#b"), ["echo", "a#b"]);
+    let err = |l: &str| shell_words(l).unwrap_err();
+    assert_eq!(err("blender -f $FRAME"), "shell expansion cannot be mapped");
+    assert_eq!(
+        err(r#"blender -f "$FRAME""#),
+        "shell expansion cannot be mapped"
+    );
+    assert_eq!(
+        err("blender -f `seq 1`"),
+        "shell expansion cannot be mapped"
+    );
+    assert_eq!(
+        err("blender x.blend; rm -rf /"),
+        "`;`: only one plain command can be mapped"
+    );
+    assert_eq!(
+        err("blender x.blend > log"),
+        "`>`: only one plain command can be mapped"
+    );
+    assert_eq!(err("blender 'x.blend"), "an unclosed quote");
+}

@@ -1,0 +1,296 @@
+//! Jobs: their rows, holds, builds and what the finished ones add up to.
+
+use super::*;
+
+impl Db {
+    pub fn job_by_request(&self, request_id: &str) -> Result<Option<u64>, DbError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT id FROM jobs WHERE request_id = ?1",
+                [request_id],
+                |r| r.get::<_, i64>(0),
+            )
+            .optional()?
+            .map(|id| id as u64))
+    }
+
+    /// Inserts a new job; returns its id.
+    pub fn insert_job(
+        &mut self,
+        spec: &JobSpec,
+        submitted_ms: u64,
+        bytes_uploaded: u64,
+        bytes_deduplicated: u64,
+    ) -> Result<u64, DbError> {
+        let json = serde_json::to_string(spec).expect("job specs serialise");
+        self.conn.execute(
+            "INSERT INTO jobs (request_id, spec, state, submitted_ms, bytes_uploaded, bytes_deduplicated)
+             VALUES (?1, ?2, 'queued', ?3, ?4, ?5)",
+            params![spec.request_id, json, submitted_ms as i64, bytes_uploaded as i64, bytes_deduplicated as i64],
+        )?;
+        Ok(self.conn.last_insert_rowid() as u64)
+    }
+
+    pub fn set_state(
+        &mut self,
+        job: u64,
+        state: JobState,
+        finished_ms: Option<u64>,
+        error: Option<&str>,
+    ) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE jobs SET state = ?2, finished_ms = ?3, error = ?4 WHERE id = ?1",
+            params![
+                job as i64,
+                state_name(state),
+                finished_ms.map(|m| m as i64),
+                error
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Every job, oldest first.
+    pub fn jobs(&self) -> Result<Vec<StoredJob>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare(&format!("SELECT {JOB_COLUMNS} FROM jobs ORDER BY id"))?;
+        let rows = stmt.query_map([], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Up to `limit` jobs with ids above `after`, in id order: a long scan
+    /// in pages, so that the lock on the database is held briefly.
+    pub fn jobs_page(&self, after: u64, limit: u32) -> Result<Vec<StoredJob>, DbError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE id > ?1 ORDER BY id LIMIT ?2"
+        ))?;
+        let rows = stmt.query_map(params![after as i64, limit], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Puts a failed job back to `queued` (no error, no final counters);
+    /// false when it is not failed.
+    pub fn reopen_failed_job(&mut self, job: u64) -> Result<bool, DbError> {
+        let n = self.conn.execute(
+            "UPDATE jobs SET state = 'queued', finished_ms = NULL, error = NULL,
+                 tasks_done = NULL, frames_done = NULL, render_ms = NULL, bytes_to_workers = NULL
+             WHERE id = ?1 AND state = 'failed'",
+            [job as i64],
+        )?;
+        Ok(n == 1)
+    }
+
+    /// Up to `limit` jobs with ids above `after` that `rows` lets through,
+    /// in id order (the coarse part of a [`JobFilter`]; the caller checks
+    /// the rest on each job's status).
+    ///
+    /// [`JobFilter`]: tessera_protocol::messages::JobFilter
+    pub fn jobs_where(
+        &self,
+        rows: &JobRows,
+        after: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredJob>, DbError> {
+        let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id > ?1");
+        if let Some(ids) = &rows.ids {
+            let list: Vec<String> = ids.iter().map(|i| (*i as i64).to_string()).collect();
+            sql += &format!(" AND id IN ({})", list.join(","));
+        }
+        if let Some(since) = rows.since_unix_ms {
+            sql += &format!(" AND submitted_ms >= {}", since.min(i64::MAX as u64));
+        }
+        match rows.finished {
+            Some(true) => sql += " AND state IN ('done', 'failed', 'canceled')",
+            Some(false) => sql += " AND state NOT IN ('done', 'failed', 'canceled')",
+            None => {}
+        }
+        sql += " ORDER BY id LIMIT ?2";
+        let mut stmt = self.conn.prepare(&sql)?;
+        let after = after.min(i64::MAX as u64) as i64;
+        let rows = stmt.query_map(params![after, limit], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Every task output and frame of the jobs that are not finished, or
+    /// finished after `finished_after` (unix ms): what garbage collection
+    /// keeps besides the jobs' files.
+    pub fn outputs_kept(&self, finished_after: u64) -> Result<Vec<Digest>, DbError> {
+        let kept = "SELECT id FROM jobs WHERE state NOT IN ('done', 'failed', 'canceled')
+                    OR finished_ms IS NULL OR finished_ms > ?1";
+        let mut out = Vec::new();
+        for table in [
+            "SELECT output FROM results",
+            "SELECT digest FROM frames",
+            "SELECT digest FROM passes",
+        ] {
+            let mut stmt = self
+                .conn
+                .prepare(&format!("{table} WHERE job IN ({kept})"))?;
+            let rows = stmt.query_map([finished_after as i64], |r| digest_col(r, 0))?;
+            for row in rows {
+                out.push(row?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Records a Blender build (`blender add`); adding the same build again
+    /// keeps the first record.
+    pub fn add_build(&self, info: &BuildInfo) -> Result<BuildInfo, DbError> {
+        let json = serde_json::to_string(info).expect("a build serialises");
+        self.conn.execute(
+            "INSERT OR IGNORE INTO blender_builds (digest, info) VALUES (?1, ?2)",
+            rusqlite::params![info.digest.to_hex(), json],
+        )?;
+        Ok(self
+            .builds()?
+            .into_iter()
+            .find(|b| b.digest == info.digest)
+            .expect("just recorded"))
+    }
+
+    /// Every Blender build recorded, oldest first.
+    pub fn builds(&self) -> Result<Vec<BuildInfo>, DbError> {
+        let mut stmt = self
+            .conn
+            .prepare("SELECT info FROM blender_builds ORDER BY rowid")?;
+        let rows = stmt.query_map([], |r| r.get::<_, String>(0))?;
+        let mut out = Vec::new();
+        for row in rows {
+            let info = serde_json::from_str(&row?).map_err(|e| {
+                rusqlite::Error::FromSqlConversionFailure(
+                    0,
+                    rusqlite::types::Type::Text,
+                    Box::new(e),
+                )
+            })?;
+            out.push(info);
+        }
+        Ok(out)
+    }
+
+    /// Jobs still queued or running (the ones a restart resumes).
+    pub fn unfinished_jobs(&self) -> Result<Vec<StoredJob>, DbError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state NOT IN ('done', 'failed', 'canceled') ORDER BY id"
+        ))?;
+        let rows = stmt.query_map([], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// Totals over every finished job, per final state, summed by SQLite:
+    /// no job is read into memory (for `/metrics`).
+    pub fn finished_totals(&self) -> Result<Vec<(JobState, FinishedTotals)>, DbError> {
+        let mut stmt = self.conn.prepare(
+            "SELECT state, COUNT(*), SUM(COALESCE(tasks_done, 0)), SUM(bytes_uploaded),
+                    SUM(bytes_deduplicated), SUM(COALESCE(bytes_to_workers, 0)), SUM(cost_usd)
+             FROM jobs WHERE state IN ('done', 'failed', 'canceled') GROUP BY state",
+        )?;
+        let rows = stmt.query_map([], |r| {
+            let n = |i: usize| {
+                r.get::<_, Option<i64>>(i)
+                    .map(|v| v.unwrap_or(0).max(0) as u64)
+            };
+            Ok((
+                parse_state(&r.get::<_, String>(0)?),
+                FinishedTotals {
+                    jobs: n(1)?,
+                    tasks_done: n(2)?,
+                    bytes_uploaded: n(3)?,
+                    bytes_deduplicated: n(4)?,
+                    bytes_to_workers: n(5)?,
+                    cost_usd: r.get::<_, Option<f64>>(6)?.unwrap_or(0.0),
+                },
+            ))
+        })?;
+        Ok(rows.collect::<Result<_, _>>()?)
+    }
+
+    /// Finished jobs, newest first, at most `limit`.
+    pub fn finished_jobs(&self, limit: u32) -> Result<Vec<StoredJob>, DbError> {
+        let mut stmt = self.conn.prepare(&format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE state IN ('done', 'failed', 'canceled') ORDER BY id DESC LIMIT ?1"
+        ))?;
+        let rows = stmt.query_map([limit], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// A job's state, if there is a job with that id.
+    pub fn job_state(&self, id: u64) -> Result<Option<JobState>, DbError> {
+        let state: Option<String> = self
+            .conn
+            .query_row("SELECT state FROM jobs WHERE id = ?1", [id as i64], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        Ok(state.map(|s| parse_state(&s)))
+    }
+
+    /// Records a job's holds (the `job_holds` table).
+    pub fn set_holds(&self, job: u64, paused: bool, released: bool) -> Result<(), DbError> {
+        self.conn.execute(
+            "INSERT OR REPLACE INTO job_holds (job, paused, released) VALUES (?1, ?2, ?3)",
+            params![job as i64, paused, released],
+        )?;
+        Ok(())
+    }
+
+    /// A job's holds as last recorded: (paused, released), `None` when
+    /// never paused or resumed.
+    pub fn holds(&self, job: u64) -> Result<Option<(bool, bool)>, DbError> {
+        Ok(self
+            .conn
+            .query_row(
+                "SELECT paused, released FROM job_holds WHERE job = ?1",
+                [job as i64],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?)
+    }
+
+    /// One job, if there is one with that id.
+    pub fn job(&self, id: u64) -> Result<Option<StoredJob>, DbError> {
+        let row = self
+            .conn
+            .query_row(
+                &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
+                [id as i64],
+                job_row,
+            )
+            .optional()?;
+        row.map(stored_job).transpose()
+    }
+
+    /// Records a job's final state with its cost and counters.
+    pub fn finish_job(
+        &mut self,
+        job: u64,
+        state: JobState,
+        finished_ms: u64,
+        error: Option<&str>,
+        cost_usd: f64,
+        counts: FinalCounts,
+    ) -> Result<(), DbError> {
+        self.conn.execute(
+            "UPDATE jobs SET state = ?2, finished_ms = ?3, error = ?4, cost_usd = ?5,
+                 tasks_done = ?6, frames_done = ?7, render_ms = ?8, bytes_to_workers = ?9
+             WHERE id = ?1",
+            params![
+                job as i64,
+                state_name(state),
+                finished_ms as i64,
+                error,
+                cost_usd,
+                counts.tasks_done,
+                counts.frames_done,
+                counts.render_ms as i64,
+                counts.bytes_to_workers as i64
+            ],
+        )?;
+        self.conn
+            .execute("DELETE FROM leases WHERE job = ?1", [job as i64])?;
+        Ok(())
+    }
+}

@@ -1,0 +1,304 @@
+//! Durable state in SQLite: jobs, accepted results, stitched frames. A result
+//! is committed here before the worker is told it was accepted, so whatever
+//! was acknowledged survives a crash of the coordinator.
+
+use std::path::Path;
+
+use rusqlite::{params, Connection, OptionalExtension};
+use tessera_protocol::build::BuildInfo;
+use tessera_protocol::job::JobSpec;
+use tessera_protocol::messages::{log_tail, JobState, JobStatus, TaskLog, Verification};
+use tessera_protocol::Digest;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DbError {
+    #[error("database error: {0}")]
+    Sqlite(#[from] rusqlite::Error),
+    #[error("stored job {0} is unreadable: {1}")]
+    Corrupt(u64, String),
+    #[error("the database was written by a newer Tessera (schema version {found}; this build reads up to {SCHEMA_VERSION}): run a newer tessera on this data dir")]
+    Newer { found: i64 },
+    #[error("the database cannot be migrated: {0}")]
+    Migration(String),
+}
+
+/// The schema this build writes (the migrations in `schema.rs` say what
+/// each version added).
+pub const SCHEMA_VERSION: i64 = 4;
+
+pub use tessera_farm::farm::FinalCounts;
+
+/// A job as stored.
+#[derive(Debug, Clone)]
+pub struct StoredJob {
+    pub id: u64,
+    pub spec: JobSpec,
+    pub state: JobState,
+    pub submitted_ms: u64,
+    pub finished_ms: Option<u64>,
+    pub bytes_uploaded: u64,
+    pub bytes_deduplicated: u64,
+    pub error: Option<String>,
+    /// Cost of the job's ended leases, as last recorded.
+    pub cost_usd: f64,
+    /// A finished job's counters (`None` while it runs).
+    pub counts: Option<FinalCounts>,
+}
+
+impl StoredJob {
+    /// The status of a finished job, from its row alone (a job still
+    /// running is the farm core's to describe).
+    pub fn status(&self) -> JobStatus {
+        let counts = self.counts.unwrap_or_default();
+        let tasks_per_frame = self.spec.tasks_per_frame();
+        JobStatus {
+            id: self.id,
+            name: self.spec.name.clone(),
+            engine: self.spec.engine,
+            state: self.state,
+            priority: self.spec.priority,
+            frames_total: self.spec.frames.len() as u32,
+            frames_done: counts.frames_done,
+            tasks_total: match &self.spec.unreal {
+                Some(u) => u.chunks(&self.spec.frames).len() as u32,
+                None => tasks_per_frame * self.spec.frames.len() as u32,
+            },
+            tasks_done: counts.tasks_done,
+            tasks_running: 0,
+            bytes_uploaded: self.bytes_uploaded,
+            bytes_deduplicated: self.bytes_deduplicated,
+            bytes_to_workers: counts.bytes_to_workers,
+            render_ms: counts.render_ms,
+            submitted_unix_ms: self.submitted_ms,
+            finished_unix_ms: self.finished_ms,
+            error: self.error.clone(),
+            blocked: None,
+            cost_usd: self.cost_usd,
+            cost_to_finish_usd: None,
+            eta_secs: None,
+            paused: false,
+            verification: None,
+            after: self.spec.after.clone(),
+            after_failure: self.spec.after_failure,
+            waiting_for: Vec::new(),
+            deadline_unix_ms: self.spec.deadline_unix_ms,
+            budget_usd: self.spec.budget.map(|b| b.usd),
+        }
+    }
+}
+
+/// What a `jobs` row must be for a [`JobFilter`] to possibly match it:
+/// the part of the filter the database can check by itself.
+///
+/// [`JobFilter`]: tessera_protocol::messages::JobFilter
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct JobRows {
+    pub ids: Option<Vec<u64>>,
+    pub since_unix_ms: Option<u64>,
+    /// `Some(true)`: only finished jobs; `Some(false)`: only active ones.
+    /// A row's state is final once the job finished; an active job's row
+    /// says `queued` while the core knows whether it runs.
+    pub finished: Option<bool>,
+}
+
+impl JobRows {
+    pub fn for_filter(f: &tessera_protocol::messages::JobFilter) -> JobRows {
+        let finals = f.states.iter().filter(|s| s.is_final()).count();
+        JobRows {
+            ids: (!f.ids.is_empty()).then(|| f.ids.clone()),
+            since_unix_ms: f.since_unix_ms,
+            finished: match (finals, f.states.len()) {
+                (_, 0) => None,
+                (n, all) if n == all => Some(true),
+                (0, _) => Some(false),
+                _ => None,
+            },
+        }
+    }
+}
+
+/// A result to commit.
+#[derive(Debug, Clone)]
+pub struct NewResult<'a> {
+    pub job: u64,
+    pub index: u32,
+    pub output: Digest,
+    pub render_ms: u64,
+    pub worker: &'a str,
+    pub epoch: u64,
+}
+
+/// An accepted task result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredResult {
+    pub index: u32,
+    pub output: Digest,
+    pub render_ms: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredFrame {
+    pub frame: u32,
+    pub digest: Digest,
+    pub size: u64,
+}
+
+pub struct Db {
+    conn: Connection,
+}
+
+mod jobs;
+mod results;
+mod schema;
+#[cfg(test)]
+mod tests;
+mod trust;
+
+pub use schema::migrate;
+
+/// What the finished jobs of one state add up to (see
+/// [`Db::finished_totals`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FinishedTotals {
+    pub jobs: u64,
+    pub tasks_done: u64,
+    pub bytes_uploaded: u64,
+    pub bytes_deduplicated: u64,
+    pub bytes_to_workers: u64,
+    pub cost_usd: f64,
+}
+
+fn state_name(s: JobState) -> &'static str {
+    s.name()
+}
+
+fn parse_state(s: &str) -> JobState {
+    match s {
+        "running" => JobState::Running,
+        "done" => JobState::Done,
+        "failed" => JobState::Failed,
+        "canceled" => JobState::Canceled,
+        _ => JobState::Queued,
+    }
+}
+
+fn digest_col(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Digest> {
+    let s: String = row.get(i)?;
+    s.parse().map_err(|e| {
+        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
+    })
+}
+
+const JOB_COLUMNS: &str = "id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd, tasks_done, frames_done, render_ms, bytes_to_workers";
+
+/// One `jobs` row, selected with [`JOB_COLUMNS`].
+fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, String, StoredJobRest)> {
+    let counts = match (
+        r.get::<_, Option<i64>>(9)?,
+        r.get::<_, Option<i64>>(10)?,
+        r.get::<_, Option<i64>>(11)?,
+        r.get::<_, Option<i64>>(12)?,
+    ) {
+        (Some(t), Some(f), Some(ms), sent) => Some(FinalCounts {
+            tasks_done: t as u32,
+            frames_done: f as u32,
+            render_ms: ms as u64,
+            bytes_to_workers: sent.unwrap_or(0) as u64,
+        }),
+        _ => None,
+    };
+    Ok((
+        r.get::<_, i64>(0)? as u64,
+        r.get::<_, String>(1)?,
+        StoredJobRest {
+            state: parse_state(&r.get::<_, String>(2)?),
+            submitted_ms: r.get::<_, i64>(3)? as u64,
+            finished_ms: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
+            bytes_uploaded: r.get::<_, i64>(5)? as u64,
+            bytes_deduplicated: r.get::<_, i64>(6)? as u64,
+            error: r.get(7)?,
+            cost_usd: r.get(8)?,
+            counts,
+        },
+    ))
+}
+
+/// A job row but its id and spec.
+struct StoredJobRest {
+    state: JobState,
+    submitted_ms: u64,
+    finished_ms: Option<u64>,
+    bytes_uploaded: u64,
+    bytes_deduplicated: u64,
+    error: Option<String>,
+    cost_usd: f64,
+    counts: Option<FinalCounts>,
+}
+
+fn stored_job((id, spec, rest): (u64, String, StoredJobRest)) -> Result<StoredJob, DbError> {
+    let spec: JobSpec =
+        serde_json::from_str(&spec).map_err(|e| DbError::Corrupt(id, e.to_string()))?;
+    Ok(StoredJob {
+        id,
+        spec,
+        state: rest.state,
+        submitted_ms: rest.submitted_ms,
+        finished_ms: rest.finished_ms,
+        bytes_uploaded: rest.bytes_uploaded,
+        bytes_deduplicated: rest.bytes_deduplicated,
+        error: rest.error,
+        cost_usd: rest.cost_usd,
+        counts: rest.counts,
+    })
+}
+
+impl Db {
+    pub fn open(path: &Path) -> Result<Db, DbError> {
+        let mut conn = Connection::open(path)?;
+        // WAL + FULL: a committed transaction survives a crash of the process
+        // and of the machine.
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+        conn.pragma_update(None, "synchronous", "FULL")?;
+        migrate(&mut conn)?;
+        Ok(Db { conn })
+    }
+
+    /// Copies the WAL into the main database file and empties it, so the
+    /// main file alone holds every commit up to now (a lost or deleted WAL
+    /// then loses only what was committed since).
+    /// An empty WAL is left alone: at rest the coordinator writes nothing
+    /// (truncating even an empty file updates its times).
+    pub fn checkpoint(&self) -> Result<(), DbError> {
+        let frames: i64 =
+            (self.conn).query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))?;
+        if frames > 0 {
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+        }
+        Ok(())
+    }
+
+    /// The connection, for the tables kept by other modules (identities,
+    /// webhooks; their tables are in the migrations too).
+    pub(crate) fn conn(&self) -> &Connection {
+        &self.conn
+    }
+
+    /// Increments and returns the start counter; epochs of this run start at
+    /// `generation << 32`, above every epoch of earlier runs.
+    pub fn next_generation(&mut self) -> Result<u64, DbError> {
+        let tx = self.conn.transaction()?;
+        let current: Option<i64> = tx
+            .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let next = current.unwrap_or(0) + 1;
+        tx.execute(
+            "INSERT OR REPLACE INTO meta (key, value) VALUES ('generation', ?1)",
+            [next],
+        )?;
+        tx.commit()?;
+        Ok(next as u64)
+    }
+}
