@@ -384,7 +384,7 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
 }
 
 fn memory() {
-    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry};
     use tessera_protocol::messages::{ClientRequest, ClientResponse};
     use tessera_transport::blob::{self, BlobSource};
     use tessera_transport::{self as transport, Timing};

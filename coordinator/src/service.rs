@@ -395,7 +395,7 @@ mod tests {
     use std::path::PathBuf;
 
     use tessera_protocol::blender::BlenderVersion;
-    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry};
     use tessera_protocol::messages::{Role, MAX_FILTER_IDS};
     use tessera_protocol::ticket::Ticket;
     use tessera_protocol::Digest;

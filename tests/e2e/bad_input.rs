@@ -2,7 +2,7 @@
 
 use std::process::Output;
 
-use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+use tessera_protocol::job::{Engine, JobSpec, ManifestEntry};
 use tessera_protocol::messages::{ClientRequest, ClientResponse, ErrorKind};
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::Digest;

@@ -317,7 +317,7 @@ fn numbers_that_overflowed_are_refused_with_clear_errors() {
     let ticket = ticket(&farm, "client.ticket");
     let rt = runtime();
     rt.block_on(async {
-        use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+        use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, TileGrid};
         use tessera_protocol::messages::{ClientRequest, ClientResponse, ErrorKind};
         use tessera_protocol::Digest;
         use tessera_transport::blob::{self, BlobSource};

@@ -210,7 +210,7 @@ fn verify_quarantines_a_worker_returning_altered_pixels_and_the_frames_are_clean
 /// is read page by page, and lists every job, each once, in order.
 #[test]
 fn status_of_many_jobs_is_read_page_by_page() {
-    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+    use tessera_protocol::job::{Engine, JobSpec, ManifestEntry};
     use tessera_protocol::messages::PAGE_ITEMS;
     use tessera_transport::blob::BlobSource;
     let farm = Farm::start("trust-pages", &[]);

@@ -10,7 +10,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, OutputFormat, TileGrid};
+use tessera_protocol::job::{Engine, JobSpec, ManifestEntry, TileGrid};
 use tessera_protocol::messages::{
     CoordMsg, FarmEvent, JobState, StitchedPasses, TaskRef, TaskSpec, TileState, WorkerInfo,
     WorkerMsg, WorkerState,
