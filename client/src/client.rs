@@ -34,7 +34,9 @@ mod upload;
 
 use scan::scan;
 pub use scan::SceneFile;
-use upload::{hash_file, missing};
+#[cfg(test)]
+use upload::hash_file;
+use upload::missing;
 pub(crate) use upload::{hash_files, real_path, send_missing};
 pub use upload::{submit, upload_scene, JobFile, Submitted};
 

@@ -19,7 +19,9 @@ use super::app::{App, Confirm, Link, LogItem, Pane};
 
 mod cells;
 
-pub use cells::{duration, money, short_cpu};
+#[cfg(test)]
+pub use cells::short_cpu;
+pub use cells::{duration, money};
 use cells::{
     gpu_cell, job_state_text, memory_text, power_text, progress_line, task_text, temp_text,
     util_text,

@@ -72,11 +72,11 @@ pub(super) fn job_parameters(
 
 /// What a format string may name where it is resolved.
 pub(super) struct Scope<'a> {
-    params: &'a HashMap<String, ParamValue>,
+    pub(super) params: &'a HashMap<String, ParamValue>,
     /// The frame task parameter's name, inside a step's script.
-    frame: Option<&'a str>,
+    pub(super) frame: Option<&'a str>,
     /// Embedded files by name, inside a step's script.
-    files: &'a HashMap<String, String>,
+    pub(super) files: &'a HashMap<String, String>,
 }
 
 impl Scope<'_> {

@@ -36,6 +36,7 @@ mod fetch;
 mod layout;
 mod store;
 
+#[cfg(test)]
 use fetch::place_local_chunks;
 pub use layout::{BuildFiles, JobFiles};
 /// The size-capped LRU index, which lives in the store crate (it does no

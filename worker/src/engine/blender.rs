@@ -34,9 +34,9 @@ mod evidence;
 mod session;
 
 use evidence::{check_evidence, crop_png};
-use session::{
-    failure, parse_progress, FinishCommand, RenderCommand, Rendered, Reply, Session, SessionError,
-};
+use session::{failure, FinishCommand, RenderCommand, Rendered, Session, SessionError};
+#[cfg(test)]
+use session::{parse_progress, Reply};
 
 /// The session script, passed with `--python-expr`.
 pub const SESSION_PY: &str = include_str!("blender/session.py");
