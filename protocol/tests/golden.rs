@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use tessera_protocol::blender::{BlenderNeeds, BlenderOffer, BlenderVersion, VersionReq};
 use tessera_protocol::build::{BuildInfo, BuildKind};
+use tessera_protocol::codec::Codec;
 use tessera_protocol::chunk::{ChunkList, ChunkRef, Recipe};
 use tessera_protocol::job::{
     AfterFailure, Budget, Engine, JobSpec, ManifestEntry, OnBudget, OutputFormat, TileGrid,
@@ -29,6 +30,8 @@ struct Sample {
     encode: Box<dyn Fn() -> Vec<u8>>,
     debug: String,
     decode: Box<dyn Fn(&[u8]) -> Result<String, String>>,
+    /// The value through version 19's envelope and back, as `Debug`.
+    envelope: Box<dyn Fn() -> Result<String, String>>,
 }
 
 fn sample<T>(name: &str, value: T) -> Sample
@@ -36,10 +39,19 @@ where
     T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
 {
     let debug = format!("{value:?}");
+    let value = std::rc::Rc::new(value);
+    let again = value.clone();
     Sample {
         name: name.to_string(),
         debug,
-        encode: Box::new(move || v18_encode(&value)),
+        envelope: Box::new(move || {
+            let frame = tessera_protocol::codec::encode_as(Codec::Envelope, &*again)
+                .map_err(|e| e.to_string())?;
+            tessera_protocol::codec::decode_frame_as::<T>(Codec::Envelope, &frame)
+                .map(|v| format!("{v:?}"))
+                .map_err(|e| e.to_string())
+        }),
+        encode: Box::new(move || v18_encode(&*value)),
         decode: Box::new(|bytes| v18_decode::<T>(bytes).map(|v| format!("{v:?}"))),
     }
 }
@@ -47,11 +59,11 @@ where
 /// Version 18's frame: a `u32` big-endian length and bincode (standard
 /// configuration) of the value.
 fn v18_encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
-    tessera_protocol::codec::encode(value).unwrap()
+    tessera_protocol::codec::encode_as(Codec::Legacy, value).unwrap()
 }
 
 fn v18_decode<T: serde::de::DeserializeOwned>(frame: &[u8]) -> Result<T, String> {
-    tessera_protocol::codec::decode_frame(frame).map_err(|e| e.to_string())
+    tessera_protocol::codec::decode_frame_as(Codec::Legacy, frame).map_err(|e| e.to_string())
 }
 
 fn d(n: u8) -> Digest {
@@ -816,6 +828,15 @@ fn every_golden_file_decodes_to_its_value() {
         let got = (s.decode)(&bytes).unwrap_or_else(|e| panic!("{}: {e}", s.name));
         assert_eq!(got, s.debug, "{}", s.name);
         assert_eq!((s.encode)(), bytes, "{}: v18 encodes it differently now", s.name);
+    }
+}
+
+/// Every message also survives version 19's envelope unchanged.
+#[test]
+fn every_message_round_trips_through_the_envelope() {
+    for s in samples() {
+        let got = (s.envelope)().unwrap_or_else(|e| panic!("{}: {e}", s.name));
+        assert_eq!(got, s.debug, "{}", s.name);
     }
 }
 
