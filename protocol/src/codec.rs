@@ -197,9 +197,8 @@ pub fn decode_payload_as<T: DeserializeOwned>(
             let mut rest: &[u8] = body;
             let mut de = rmp_serde::Deserializer::new(&mut rest);
             de.set_max_depth(MAX_DEPTH);
-            let msg = T::deserialize(&mut de).map_err(|e| {
-                CodecError::Malformed(format!("version {version} envelope: {e}"))
-            })?;
+            let msg = T::deserialize(&mut de)
+                .map_err(|e| CodecError::Malformed(format!("version {version} envelope: {e}")))?;
             match rest.len() {
                 0 => Ok(msg),
                 n => Err(trailing(n)),
@@ -356,7 +355,10 @@ mod tests {
         assert_eq!(version_refusal(19), None);
         assert_eq!(version_refusal(18), None);
         let r = version_refusal(17).unwrap();
-        assert!(r.contains("19 and 18") && r.contains("17") && r.contains("upgrade the peer"), "{r}");
+        assert!(
+            r.contains("19 and 18") && r.contains("17") && r.contains("upgrade the peer"),
+            "{r}"
+        );
         let r = version_refusal(20).unwrap();
         assert!(r.contains("20") && r.contains("coordinator first"), "{r}");
     }

@@ -11,8 +11,8 @@ use std::path::{Path, PathBuf};
 
 use tessera_protocol::blender::{BlenderNeeds, BlenderOffer, BlenderVersion, VersionReq};
 use tessera_protocol::build::{BuildInfo, BuildKind};
-use tessera_protocol::codec::Codec;
 use tessera_protocol::chunk::{ChunkList, ChunkRef, Recipe};
+use tessera_protocol::codec::Codec;
 use tessera_protocol::job::{
     AfterFailure, Budget, Engine, JobSpec, ManifestEntry, OnBudget, OutputFormat, TileGrid,
     TileRect,
@@ -473,7 +473,10 @@ fn samples() -> Vec<Sample> {
             "ClientRequest.MissingBlobs",
             ClientRequest::MissingBlobs(vec![d(1), d(2)]),
         ),
-        sample("ClientRequest.KnownLists", ClientRequest::KnownLists(vec![d(5)])),
+        sample(
+            "ClientRequest.KnownLists",
+            ClientRequest::KnownLists(vec![d(5)]),
+        ),
         sample(
             "ClientRequest.Assemble",
             ClientRequest::Assemble(ChunkList {
@@ -493,7 +496,10 @@ fn samples() -> Vec<Sample> {
             },
         ),
         sample("ClientRequest.Subscribe", ClientRequest::Subscribe),
-        sample("ClientRequest.Tiles", ClientRequest::Tiles { job: 1, frame: 2 }),
+        sample(
+            "ClientRequest.Tiles",
+            ClientRequest::Tiles { job: 1, frame: 2 },
+        ),
         sample(
             "ClientRequest.Pause",
             ClientRequest::Pause {
@@ -502,7 +508,10 @@ fn samples() -> Vec<Sample> {
             },
         ),
         sample("ClientRequest.Drain", ClientRequest::Drain { worker: 4 }),
-        sample("ClientRequest.CollectGarbage", ClientRequest::CollectGarbage),
+        sample(
+            "ClientRequest.CollectGarbage",
+            ClientRequest::CollectGarbage,
+        ),
         sample("ClientRequest.AddBuild", ClientRequest::AddBuild(d(9))),
         sample("ClientRequest.Builds", ClientRequest::Builds),
         sample(
@@ -572,7 +581,10 @@ fn samples() -> Vec<Sample> {
         },
     };
     s.extend([
-        sample("ClientResponse.Missing", ClientResponse::Missing(vec![d(2)])),
+        sample(
+            "ClientResponse.Missing",
+            ClientResponse::Missing(vec![d(2)]),
+        ),
         sample(
             "ClientResponse.Known",
             ClientResponse::Known(vec![Some(d(6)), None]),
@@ -597,8 +609,14 @@ fn samples() -> Vec<Sample> {
             "ClientResponse.Frames",
             ClientResponse::Frames(vec![frame_output(1), frame_output(2)]),
         ),
-        sample("ClientResponse.Logs", ClientResponse::Logs(vec![task_log()])),
-        sample("ClientResponse.Snapshot", ClientResponse::Snapshot(snapshot)),
+        sample(
+            "ClientResponse.Logs",
+            ClientResponse::Logs(vec![task_log()]),
+        ),
+        sample(
+            "ClientResponse.Snapshot",
+            ClientResponse::Snapshot(snapshot),
+        ),
         sample(
             "ClientResponse.Event",
             ClientResponse::Event {
@@ -827,7 +845,12 @@ fn every_golden_file_decodes_to_its_value() {
         let bytes = golden(&s.name);
         let got = (s.decode)(&bytes).unwrap_or_else(|e| panic!("{}: {e}", s.name));
         assert_eq!(got, s.debug, "{}", s.name);
-        assert_eq!((s.encode)(), bytes, "{}: v18 encodes it differently now", s.name);
+        assert_eq!(
+            (s.encode)(),
+            bytes,
+            "{}: v18 encodes it differently now",
+            s.name
+        );
     }
 }
 

@@ -42,9 +42,8 @@ pub fn answer<R: Request>(response: ClientResponse) -> Result<R::Response, Answe
         ClientResponse::Error(e) => Err(AnswerError::Refused(e)),
         other => {
             let shown = format!("{other:?}");
-            R::response(other).ok_or_else(|| {
-                AnswerError::Unexpected(crate::text::truncate(&shown, 200))
-            })
+            R::response(other)
+                .ok_or_else(|| AnswerError::Unexpected(crate::text::truncate(&shown, 200)))
         }
     }
 }

@@ -3,10 +3,10 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::MAX_TASK_LOG;
 use crate::blender::BlenderOffer;
 use crate::job::{Engine, OutputFormat, TileRect};
 use crate::telemetry::Telemetry;
-use super::MAX_TASK_LOG;
 use crate::Digest;
 
 /// Lowercase in JSON, as `name` (bincode encodes the variant's index).

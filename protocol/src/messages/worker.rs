@@ -36,7 +36,6 @@ pub fn check_price(price_per_hour: f64) -> Result<(), String> {
     }
 }
 
-
 /// Identifies one lease of one task.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct TaskRef {
