@@ -15,8 +15,8 @@ use tessera_protocol::job::{
     SAMPLE_RANGES_AUTO,
 };
 use tessera_protocol::messages::{
-    ClientRequest, ClientResponse, Collected, FrameOutput, JobDetail, JobFilter, JobStatus, Role,
-    TileStatus, WorkerStatus,
+    answer, request, AnswerError, ClientRequest, ClientResponse, Collected, FrameOutput, JobDetail,
+    JobFilter, JobStatus, Request, Role, TileStatus, WorkerStatus,
 };
 use tessera_protocol::ticket::Ticket;
 use tessera_protocol::Digest;
@@ -110,6 +110,21 @@ impl Client {
         Ok(response)
     }
 
+    /// Asks a typed request and returns its typed answer; a refusal keeps
+    /// its [`ErrorKind`](tessera_protocol::messages::ErrorKind), as in [`Client::call`].
+    pub async fn ask<R: Request>(&mut self, request: R) -> anyhow::Result<R::Response> {
+        let ch: &mut Channel = &mut self.session.control;
+        ch.send(&request.into()).await?;
+        let response = ch.recv::<ClientResponse>().await?.ok_or_else(|| {
+            crate::exit::Unreachable("the coordinator closed the connection".into())
+        })?;
+        match answer::<R>(response) {
+            Ok(value) => Ok(value),
+            Err(AnswerError::Refused(e)) => Err(anyhow::Error::new(e)),
+            Err(e @ AnswerError::Unexpected(_)) => Err(anyhow::Error::new(e)),
+        }
+    }
+
     /// Uploads one blob unless the coordinator has it; returns the bytes sent.
     pub async fn put_blob(&mut self, bytes: Vec<u8>) -> anyhow::Result<u64> {
         let digest = Digest::of(&bytes);
@@ -183,18 +198,12 @@ impl Client {
 
     /// Puts a failed job back in the queue.
     pub async fn retry(&mut self, job: u64) -> anyhow::Result<JobStatus> {
-        match self.call(&ClientRequest::Retry(job)).await? {
-            ClientResponse::Retried(s) => Ok(s),
-            other => bail!("unexpected reply {other:?}"),
-        }
+        self.ask(request::Retry { job }).await
     }
 
     /// One job in detail (`status JOB`).
     pub async fn job_detail(&mut self, job: u64) -> anyhow::Result<JobDetail> {
-        match self.call(&ClientRequest::JobDetail(job)).await? {
-            ClientResponse::JobDetail(d) => Ok(*d),
-            other => bail!("unexpected reply {other:?}"),
-        }
+        self.ask(request::Detail { job }).await
     }
 
     /// Every connected worker, page by page.
@@ -277,10 +286,7 @@ impl Client {
     }
 
     pub async fn cancel(&mut self, job: u64) -> anyhow::Result<JobStatus> {
-        match self.call(&ClientRequest::Cancel(job)).await? {
-            ClientResponse::Canceled(s) => Ok(s),
-            other => bail!("unexpected reply {other:?}"),
-        }
+        self.ask(request::Cancel { job }).await
     }
 
     /// The failed attempts of a job (or of one of its tasks), with the

@@ -16,7 +16,7 @@ use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
 use rusqlite::{params, Connection, OptionalExtension};
-use tessera_protocol::messages::{Hello, Role, PROTOCOL_VERSION};
+use tessera_protocol::messages::{serves, Hello, Role};
 use tessera_protocol::ticket::Ticket;
 
 use crate::db::DbError;
@@ -131,9 +131,7 @@ impl Identities {
                 )),
                 Err(e) => Err(format!("cannot check the worker's name: {e}")),
             },
-            Err(reason) if hello.version != PROTOCOL_VERSION || hello.role == Role::Client => {
-                Err(reason)
-            }
+            Err(reason) if !serves(hello.version) || hello.role == Role::Client => Err(reason),
             Err(reason) => {
                 let Some((id, secret)) = hello.secret.split_once('.') else {
                     return Err(reason);
@@ -267,7 +265,7 @@ mod tests {
 
     fn hello(role: Role, secret: &str, name: &str) -> Hello {
         Hello {
-            version: PROTOCOL_VERSION,
+            version: tessera_protocol::messages::PROTOCOL_VERSION,
             role,
             secret: secret.into(),
             name: name.into(),

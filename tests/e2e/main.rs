@@ -33,6 +33,7 @@ mod operate;
 mod partition;
 mod passes;
 mod requires;
+mod rolling_upgrade;
 mod scripting;
 mod sharing;
 mod tiles;

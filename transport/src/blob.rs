@@ -203,6 +203,11 @@ pub async fn answer_gated(
         .recv::<BlobRequest>()
         .await?
         .ok_or_else(|| BlobError::Lost("empty blob stream".into()))?;
+    // Answered in the encoding it was asked in (a version 18 peer's
+    // request in bincode, a newer one's in an envelope).
+    if let Some(codec) = ch.peer_codec() {
+        ch.set_codec(codec);
+    }
     let answered = match request {
         BlobRequest::Put { digest, len } => {
             let (reply, answered) = if dir.contains(&digest) {
@@ -399,25 +404,25 @@ fn read_run(dir: &BlobDir, run: &[Digest]) -> Vec<std::io::Result<Stored>> {
 /// `dir`. For tests and benchmarks of the transport; the coordinator serves
 /// blobs itself, with its job accounting.
 pub async fn serve(endpoint: quinn::Endpoint, dir: BlobDir, secret: String) {
-    use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
+    use tessera_protocol::messages::{Hello, Welcome};
     while let Some(incoming) = endpoint.accept().await {
         let (dir, secret) = (dir.clone(), secret.clone());
         tokio::spawn(async move {
             let conn = incoming.await.ok()?;
             let mut control = Channel::new(conn.accept_bi().await.ok()?);
-            let hello: Hello = control
-                .recv_within(tessera_protocol::codec::MAX_HELLO_FRAME)
-                .await
-                .ok()??;
+            let hello: Hello = control.recv_handshake().await.ok()??;
             if let Err(reason) = crate::check_hello(&hello, &secret, &secret) {
-                control.send(&Welcome::Refused { reason }).await.ok()?;
+                control
+                    .send_handshake(&Welcome::Refused { reason })
+                    .await
+                    .ok()?;
                 return None;
             }
             crate::admit(&conn);
             let welcome = Welcome::Accepted {
-                version: PROTOCOL_VERSION,
+                version: hello.version,
             };
-            control.send(&welcome).await.ok()?;
+            control.send_handshake(&welcome).await.ok()?;
             let stored = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
             while let Ok(streams) = conn.accept_bi().await {
                 let (dir, stored) = (dir.clone(), stored.clone());
@@ -707,12 +712,12 @@ mod tests {
                 use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
                 let conn = endpoint.accept().await.unwrap().await.unwrap();
                 let mut control = crate::Channel::new(conn.accept_bi().await.unwrap());
-                let _: Option<Hello> = control.recv().await.unwrap();
+                let _: Option<Hello> = control.recv_handshake().await.unwrap();
                 crate::admit(&conn);
                 let welcome = Welcome::Accepted {
                     version: PROTOCOL_VERSION,
                 };
-                control.send(&welcome).await.unwrap();
+                control.send_handshake(&welcome).await.unwrap();
                 let stored = std::sync::atomic::AtomicU64::new(0);
                 while let Ok(pair) = conn.accept_bi().await {
                     let mut ch = crate::Channel::new(pair);

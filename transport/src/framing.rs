@@ -1,10 +1,14 @@
 //! Frames over async streams: the length prefix is read and checked against
 //! its cap before anything past it is read or allocated; the payload is
-//! decoded by `tessera_protocol::codec`.
+//! decoded by `tessera_protocol::codec`, in whichever encoding its prefix
+//! names (version 18's bincode or version 19's envelope). Writers say which
+//! encoding their connection negotiated.
 
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use tessera_protocol::codec::{check_len_within, decode_payload, encode, CodecError, MAX_FRAME};
+use tessera_protocol::codec::{
+    check_prefix, decode_payload_as, encode_as, Codec, CodecError, MAX_FRAME,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 /// Reads one frame from `r`. `Ok(None)` on a clean end of stream between frames.
@@ -21,6 +25,14 @@ pub async fn read_frame_within<T: DeserializeOwned, R: AsyncRead + Unpin>(
     r: &mut R,
     max: u32,
 ) -> Result<Option<T>, CodecError> {
+    Ok(read_tagged_frame_within(r, max).await?.map(|(_, msg)| msg))
+}
+
+/// Reads one frame of at most `max` bytes, and the encoding it came in.
+pub async fn read_tagged_frame_within<T: DeserializeOwned, R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+) -> Result<Option<(Codec, T)>, CodecError> {
     let mut prefix = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -34,7 +46,7 @@ pub async fn read_frame_within<T: DeserializeOwned, R: AsyncRead + Unpin>(
         }
         got += n;
     }
-    let len = check_len_within(prefix, max)?;
+    let (codec, len) = check_prefix(prefix, max)?;
     let mut payload = vec![0u8; len];
     r.read_exact(&mut payload).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -43,15 +55,24 @@ pub async fn read_frame_within<T: DeserializeOwned, R: AsyncRead + Unpin>(
             CodecError::Io(e)
         }
     })?;
-    decode_payload(&payload).map(Some)
+    decode_payload_as(codec, &payload).map(|msg| Some((codec, msg)))
 }
 
-/// Writes one frame to `w`.
+/// Writes one frame to `w` in this release's own encoding.
 pub async fn write_frame<T: Serialize, W: AsyncWrite + Unpin>(
     w: &mut W,
     msg: &T,
 ) -> Result<(), CodecError> {
-    let frame = encode(msg)?;
+    write_frame_as(w, Codec::CURRENT, msg).await
+}
+
+/// Writes one frame to `w` in `codec` (the one its connection negotiated).
+pub async fn write_frame_as<T: Serialize, W: AsyncWrite + Unpin>(
+    w: &mut W,
+    codec: Codec,
+    msg: &T,
+) -> Result<(), CodecError> {
+    let frame = encode_as(codec, msg)?;
     w.write_all(&frame).await?;
     Ok(())
 }
@@ -100,7 +121,7 @@ mod tests {
             secret: "ab".repeat(32),
             name: "w".repeat(255),
         };
-        let frame = encode(&hello).unwrap();
+        let frame = tessera_protocol::codec::encode(&hello).unwrap();
         let mut reader: &[u8] = &frame;
         let back = rt
             .block_on(read_frame_within::<Hello, _>(&mut reader, MAX_HELLO_FRAME))

@@ -19,8 +19,8 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use tessera_protocol::codec::CodecError;
-use tessera_protocol::messages::{Hello, Role, Welcome, PROTOCOL_VERSION};
+use tessera_protocol::codec::{Codec, CodecError, MAX_HELLO_FRAME};
+use tessera_protocol::messages::{Hello, Role, Welcome, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 use tessera_protocol::ticket::Ticket;
 
 const ALPN: &[u8] = b"tessera/1";
@@ -531,33 +531,91 @@ impl ServerCertVerifier for PinnedCert {
     }
 }
 
-/// A typed message channel over one QUIC bidirectional stream.
+/// A typed message channel over one QUIC bidirectional stream. It writes
+/// in the encoding its connection negotiated ([`Channel::codec`]; this
+/// release's own until told otherwise) and reads either encoding, noting
+/// which one the peer last used ([`Channel::peer_codec`]).
 pub struct Channel {
     pub send: quinn::SendStream,
     pub recv: quinn::RecvStream,
+    codec: Codec,
+    peer_codec: Option<Codec>,
 }
 
 impl Channel {
     pub fn new((send, recv): (quinn::SendStream, quinn::RecvStream)) -> Channel {
-        Channel { send, recv }
+        Channel::with_codec((send, recv), Codec::CURRENT)
+    }
+
+    /// A channel that writes in `codec`.
+    pub fn with_codec(
+        (send, recv): (quinn::SendStream, quinn::RecvStream),
+        codec: Codec,
+    ) -> Channel {
+        Channel {
+            send,
+            recv,
+            codec,
+            peer_codec: None,
+        }
+    }
+
+    /// The encoding this channel writes.
+    pub fn codec(&self) -> Codec {
+        self.codec
+    }
+
+    /// Writes `codec` from now on (after the handshake agreed on it).
+    pub fn set_codec(&mut self, codec: Codec) {
+        self.codec = codec;
+    }
+
+    /// The encoding of the last frame received, if any: a server answers a
+    /// stream in the encoding it was asked in.
+    pub fn peer_codec(&self) -> Option<Codec> {
+        self.peer_codec
     }
 
     pub async fn send<T: Serialize>(&mut self, msg: &T) -> Result<(), CodecError> {
-        framing::write_frame(&mut self.send, msg).await
+        framing::write_frame_as(&mut self.send, self.codec, msg).await
+    }
+
+    /// Sends a `Hello` or `Welcome`: always in version 18's layout, which
+    /// every release reads.
+    pub async fn send_handshake<T: Serialize>(&mut self, msg: &T) -> Result<(), CodecError> {
+        framing::write_frame_as(&mut self.send, Codec::Legacy, msg).await
+    }
+
+    /// Reads a `Hello` or `Welcome` (at most [`MAX_HELLO_FRAME`] bytes, in
+    /// version 18's layout only).
+    pub async fn recv_handshake<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
+        let msg = self.recv_within(MAX_HELLO_FRAME).await?;
+        if msg.is_some() && self.peer_codec != Some(Codec::Legacy) {
+            return Err(CodecError::Malformed(
+                "a handshake frame must be in version 18's layout".into(),
+            ));
+        }
+        Ok(msg)
     }
 
     /// The next message, or `None` when the peer finished the stream.
     pub async fn recv<T: DeserializeOwned>(&mut self) -> Result<Option<T>, CodecError> {
-        framing::read_frame(&mut self.recv).await
+        self.recv_within(tessera_protocol::codec::MAX_FRAME).await
     }
 
     /// The next message of at most `max` bytes (see
-    /// [`codec::read_frame_within`]).
+    /// [`framing::read_frame_within`]).
     pub async fn recv_within<T: DeserializeOwned>(
         &mut self,
         max: u32,
     ) -> Result<Option<T>, CodecError> {
-        framing::read_frame_within(&mut self.recv, max).await
+        match framing::read_tagged_frame_within(&mut self.recv, max).await? {
+            Some((codec, msg)) => {
+                self.peer_codec = Some(codec);
+                Ok(Some(msg))
+            }
+            None => Ok(None),
+        }
     }
 
     pub fn split(self) -> (quinn::SendStream, quinn::RecvStream) {
@@ -577,6 +635,18 @@ pub async fn connect(
     ticket: &Ticket,
     name: &str,
     timing: Timing,
+) -> Result<Session, TransportError> {
+    connect_at(ticket, name, timing, PROTOCOL_VERSION).await
+}
+
+/// [`connect`], saying `Hello` at protocol `version` (an older peer's, for
+/// tests of rolling upgrades): the session then speaks the encoding of the
+/// version the coordinator accepts.
+pub async fn connect_at(
+    ticket: &Ticket,
+    name: &str,
+    timing: Timing,
+    version: u32,
 ) -> Result<Session, TransportError> {
     let addr = ticket.addr;
     let fail = |reason: String| TransportError::Connect { addr, reason };
@@ -607,14 +677,14 @@ pub async fn connect(
             .map_err(|e| TransportError::Lost(e.to_string()))?,
     );
     control
-        .send(&Hello {
-            version: PROTOCOL_VERSION,
+        .send_handshake(&Hello {
+            version,
             role: ticket.role,
             secret: ticket.secret.clone(),
             name: name.to_string(),
         })
         .await?;
-    let welcome: Welcome = tokio::time::timeout(Duration::from_secs(10), control.recv())
+    let welcome: Welcome = tokio::time::timeout(Duration::from_secs(10), control.recv_handshake())
         .await
         .map_err(|_| fail("no answer to hello within 10 s".into()))?
         .map_err(|e| match e {
@@ -624,11 +694,23 @@ pub async fn connect(
         })?
         .ok_or_else(|| TransportError::Refused("connection closed during hello".into()))?;
     match welcome {
-        Welcome::Accepted { .. } => Ok(Session {
-            endpoint,
-            connection,
-            control,
-        }),
+        Welcome::Accepted { version } => {
+            // The coordinator speaks our version (or, were it to choose
+            // an older one it knows we read, that one).
+            let codec = Codec::for_version(version).ok_or_else(|| {
+                TransportError::Version(format!(
+                    "the coordinator accepted us at protocol version {version}, which this \
+                     release does not speak (it speaks {PROTOCOL_VERSION} and \
+                     {MIN_PROTOCOL_VERSION})"
+                ))
+            })?;
+            control.set_codec(codec);
+            Ok(Session {
+                endpoint,
+                connection,
+                control,
+            })
+        }
         Welcome::Refused { reason } if reason.contains("version") => {
             Err(TransportError::Version(reason))
         }
@@ -636,19 +718,17 @@ pub async fn connect(
     }
 }
 
-/// Server side of the handshake: checks the version and which role the
-/// secret proves. Returns the role, or the reason to send back.
+/// Server side of the handshake: checks the version (this release's or
+/// the one before, [`MIN_PROTOCOL_VERSION`]) and which role the secret
+/// proves. Returns the role, or the reason to send back, which names both
+/// sides' versions when they do not match.
 pub fn check_hello(
     hello: &Hello,
     worker_secret: &str,
     client_secret: &str,
 ) -> Result<Role, String> {
-    if hello.version != PROTOCOL_VERSION {
-        return Err(format!(
-            "protocol version mismatch: this coordinator speaks version {PROTOCOL_VERSION}, \
-             the peer speaks version {}; run the same Tessera release on both sides",
-            hello.version
-        ));
+    if let Some(refusal) = tessera_protocol::codec::version_refusal(hello.version) {
+        return Err(refusal);
     }
     let secret_ok = match hello.role {
         Role::Worker => constant_time_eq(&hello.secret, worker_secret),
@@ -729,6 +809,19 @@ mod tests {
         let e = check_hello(&hello(99, Role::Worker, "w"), "w", "c").unwrap_err();
         assert!(
             e.contains("protocol version mismatch") && e.contains("99"),
+            "{e}"
+        );
+        // One version behind is served; two behind is refused, both named.
+        assert_eq!(
+            check_hello(&hello(PROTOCOL_VERSION - 1, Role::Worker, "w"), "w", "c"),
+            Ok(Role::Worker)
+        );
+        let e = check_hello(&hello(PROTOCOL_VERSION - 2, Role::Worker, "w"), "w", "c").unwrap_err();
+        assert!(
+            e.contains(&format!(
+                "speaks versions {PROTOCOL_VERSION} and {}",
+                PROTOCOL_VERSION - 1
+            )) && e.contains(&format!("the peer speaks version {}", PROTOCOL_VERSION - 2)),
             "{e}"
         );
     }

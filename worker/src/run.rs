@@ -278,11 +278,16 @@ async fn session(
         }
     };
     let conn = session.connection.clone();
+    // Written in the encoding the handshake agreed on (read in either).
+    let codec = session.control.codec();
     let (mut send, mut recv) = session.control.split();
     let (tx, mut rx) = mpsc::unbounded_channel::<WorkerMsg>();
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
-            if framing::write_frame(&mut send, &msg).await.is_err() {
+            if framing::write_frame_as(&mut send, codec, &msg)
+                .await
+                .is_err()
+            {
                 break;
             }
         }

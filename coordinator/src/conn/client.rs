@@ -26,7 +26,7 @@ pub(super) async fn serve(
             return super::feed::feed(&shared, control).await;
         }
         let response = handle(&shared, request, &uploaded).await?;
-        control.send(&fits(response)).await?;
+        control.send(&fits(response, control.codec())).await?;
     }
     Ok(())
 }
@@ -247,8 +247,8 @@ fn rotate_tickets(shared: &Shared) -> ClientResponse {
 
 /// A reply that would not fit its frame becomes an error saying to ask page
 /// by page, instead of ending the connection.
-fn fits(response: ClientResponse) -> ClientResponse {
-    let too_long = tessera_protocol::codec::encode(&response).is_err();
+fn fits(response: ClientResponse, codec: tessera_protocol::codec::Codec) -> ClientResponse {
+    let too_long = tessera_protocol::codec::encode_as(codec, &response).is_err();
     if too_long {
         ClientResponse::Error(ClientError::invalid(
             "the answer is too long for one reply: ask page by page (a newer tessera does)",

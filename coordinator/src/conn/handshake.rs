@@ -1,16 +1,18 @@
 //! The handshake: the QUIC handshake and a `Hello` on the first stream,
 //! both within [`HELLO_DEADLINE`], the `Hello` read with the small
-//! [`MAX_HELLO_FRAME`] cap, checked against the tickets' secrets and the
+//! [`tessera_protocol::codec::MAX_HELLO_FRAME`] cap, checked against the tickets' secrets and the
 //! enrolled workers' credentials ([`crate::identity`]), answered with
-//! `Welcome`. Until then the peer has the narrow pre-authentication
+//! `Welcome`. A peer of this release's version or the one before is
+//! accepted at its own version, and its control stream (and the blob
+//! streams it opens) speak that version's encoding from then on. Until then the peer has the narrow pre-authentication
 //! windows (see `transport::admit`); nothing it sent outlives the deadline.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use tessera_protocol::codec::MAX_HELLO_FRAME;
-use tessera_protocol::messages::{Hello, Welcome, PROTOCOL_VERSION};
+use tessera_protocol::codec::Codec;
+use tessera_protocol::messages::{Hello, Welcome};
 use tessera_protocol::text::{self, MAX_NAME};
 use tessera_transport::{self as transport, Channel};
 
@@ -64,8 +66,9 @@ async fn admit(
     pass: &mut Option<Pass>,
 ) -> anyhow::Result<Option<Admitted>> {
     let mut control = Channel::new(conn.accept_bi().await?);
+    // At most MAX_HELLO_FRAME bytes, in version 18's layout.
     let hello: Hello = control
-        .recv_within(MAX_HELLO_FRAME)
+        .recv_handshake()
         .await?
         .context("closed before hello")?;
     let admitted = {
@@ -81,7 +84,7 @@ async fn admit(
             if let Some(pass) = pass.take() {
                 pass.failed(std::time::Instant::now());
             }
-            control.send(&Welcome::Refused { reason }).await?;
+            control.send_handshake(&Welcome::Refused { reason }).await?;
             let _ = control.send.finish();
             let _ = tokio::time::timeout(Duration::from_secs(2), control.send.stopped()).await;
             conn.close(1u32.into(), b"refused");
@@ -89,11 +92,14 @@ async fn admit(
         }
     };
     transport::admit(conn);
+    // Admitted, so its version is one this release serves.
+    let codec = Codec::for_version(hello.version).context("a version admitted unserved")?;
     control
-        .send(&Welcome::Accepted {
-            version: PROTOCOL_VERSION,
+        .send_handshake(&Welcome::Accepted {
+            version: hello.version,
         })
         .await?;
+    control.set_codec(codec);
     Ok(Some(Admitted {
         conn: conn.clone(),
         admission,

@@ -14,7 +14,7 @@ use tessera_protocol::messages::{
 use tessera_protocol::text::{self, MAX_ERROR, MAX_NAME};
 use tessera_protocol::Digest;
 use tessera_store::BlobStore;
-use tessera_transport::framing::{read_frame, write_frame};
+use tessera_transport::framing::{read_frame, write_frame_as};
 use tessera_transport::Channel;
 use tokio::sync::mpsc;
 
@@ -29,6 +29,8 @@ pub(super) async fn serve(
     identity: String,
     fetch: Arc<super::fetch::Fetch>,
 ) -> anyhow::Result<()> {
+    // What it is told goes in the encoding of its version.
+    let codec = control.codec();
     let (mut send, mut recv) = control.split();
     let mut info = match read_frame::<WorkerMsg, _>(&mut recv).await? {
         Some(WorkerMsg::Join(info)) => info,
@@ -45,7 +47,7 @@ pub(super) async fn serve(
     tracing::info!(worker = id, %name, slots, ?engines, peer = %conn.remote_address(), "worker joined");
     let writer = tokio::spawn(async move {
         while let Some(msg) = rx.recv().await {
-            if write_frame(&mut send, &msg).await.is_err() {
+            if write_frame_as(&mut send, codec, &msg).await.is_err() {
                 break;
             }
         }

@@ -1,0 +1,340 @@
+//! What the coordinator reports about jobs, workers and the farm: the
+//! parts of [`super::ClientResponse`]s.
+
+use serde::{Deserialize, Serialize};
+
+use super::MAX_TASK_LOG;
+use crate::blender::BlenderOffer;
+use crate::job::{Engine, OutputFormat, TileRect};
+use crate::telemetry::Telemetry;
+use crate::Digest;
+
+/// Lowercase in JSON, as `name` (bincode encodes the variant's index).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum JobState {
+    Queued,
+    Running,
+    Done,
+    Failed,
+    Canceled,
+}
+
+impl JobState {
+    pub fn name(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Running => "running",
+            JobState::Done => "done",
+            JobState::Failed => "failed",
+            JobState::Canceled => "canceled",
+        }
+    }
+
+    pub fn is_final(self) -> bool {
+        matches!(self, JobState::Done | JobState::Failed | JobState::Canceled)
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobStatus {
+    pub id: u64,
+    pub name: String,
+    pub engine: Engine,
+    pub state: JobState,
+    pub priority: i32,
+    pub frames_total: u32,
+    pub frames_done: u32,
+    pub tasks_total: u32,
+    pub tasks_done: u32,
+    pub tasks_running: u32,
+    pub bytes_uploaded: u64,
+    pub bytes_deduplicated: u64,
+    /// Asset bytes the coordinator sent to workers for this job (since the
+    /// coordinator started).
+    pub bytes_to_workers: u64,
+    /// Σ render time of accepted results, milliseconds.
+    pub render_ms: u64,
+    pub submitted_unix_ms: u64,
+    pub finished_unix_ms: Option<u64>,
+    pub error: Option<String>,
+    /// Why a job that is not final cannot progress (e.g. no connected worker
+    /// offers its engine).
+    pub blocked: Option<String>,
+    /// Σ over every lease its tasks held (finished or not) of lease time ×
+    /// that worker's price per hour.
+    pub cost_usd: f64,
+    /// Remaining tasks at the observed cost per finished task.
+    pub cost_to_finish_usd: Option<f64>,
+    /// Remaining tasks at the observed rate, seconds.
+    pub eta_secs: Option<f64>,
+    pub paused: bool,
+    /// `submit --verify`: what the checks found so far; `None` without.
+    pub verification: Option<Verification>,
+    /// `submit --after`: the jobs it runs after.
+    pub after: Vec<u64>,
+    /// What it does when one of those fails or is canceled.
+    pub after_failure: crate::job::AfterFailure,
+    /// Of `after`, the jobs it still waits for: not done yet, or failed
+    /// while it is held (`--after-failure hold`, not resumed). Empty once
+    /// it may run, and for a finished job.
+    pub waiting_for: Vec<u64>,
+    /// `submit --deadline`: when the job should be done (unix ms).
+    #[serde(default)]
+    pub deadline_unix_ms: Option<u64>,
+    /// `submit --budget-usd`: the job's budget, USD.
+    #[serde(default)]
+    pub budget_usd: Option<f64>,
+}
+
+/// What a job's result checks (`submit --verify P`) found.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Verification {
+    pub percent: u32,
+    /// Tasks whose check settled: two renders on workers of different
+    /// identities agreed (after a third opinion when the first two did not).
+    pub agreed: u32,
+    /// Checks where two renders differed.
+    pub mismatched: u32,
+    /// Checks still waiting for another render.
+    pub pending: u32,
+    /// Results withdrawn and rendered again because their worker was
+    /// caught returning wrong pixels.
+    pub rerendered: u32,
+    /// Workers quarantined by this job's checks (their names).
+    pub quarantined: Vec<String>,
+    /// Checks where three renders all differed: no worker could be blamed.
+    pub inconclusive: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerStatus {
+    pub id: u64,
+    pub name: String,
+    pub hostname: String,
+    pub engines: Vec<Engine>,
+    pub slots: u32,
+    pub state: WorkerState,
+    pub running: u32,
+    pub tasks_done: u64,
+    pub price_per_hour: f64,
+    pub connected_secs: u64,
+    /// The tasks it holds leases on.
+    pub tasks: Vec<RunningTask>,
+    pub telemetry: Option<Telemetry>,
+    pub interruptible: bool,
+    /// The Blenders it offers, each with the device its slots render on.
+    pub blenders: Vec<BlenderOffer>,
+}
+
+/// Lowercase in JSON, as `name`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WorkerState {
+    Idle,
+    Busy,
+    /// Finishing its tasks, then leaving; takes no new work.
+    Draining,
+    /// Not heard from for a whole lease.
+    Silent,
+}
+
+impl WorkerState {
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkerState::Idle => "idle",
+            WorkerState::Busy => "busy",
+            WorkerState::Draining => "draining",
+            WorkerState::Silent => "silent",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct RunningTask {
+    pub job: u64,
+    pub index: u32,
+    pub frame: u32,
+    pub tile: TileRect,
+    /// Samples done / total, as last reported by the engine.
+    pub progress: Option<(u32, u32)>,
+    /// What it is doing before rendering, as last reported (at most
+    /// [`MAX_STAGE`] bytes): "compiling shaders: 1200 left".
+    pub stage: Option<String>,
+}
+
+/// The longest task stage the coordinator keeps from a worker.
+pub const MAX_STAGE: usize = 120;
+
+/// Farm-wide figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FarmStatus {
+    /// Σ price per hour of every connected worker.
+    pub burn_usd_per_hour: f64,
+    /// Σ price per hour of connected workers with nothing to do.
+    pub idle_usd_per_hour: f64,
+}
+
+/// A tile of one frame, for the monitor's mosaic.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TileStatus {
+    pub tile: TileRect,
+    pub state: TileState,
+}
+
+/// Lowercase in JSON: `"done"`, or `{"rendering": [done, total]}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TileState {
+    Queued,
+    /// Samples done / total when reported.
+    Rendering(Option<(u32, u32)>),
+    Done,
+    /// An attempt failed; it is queued for a retry (or the job failed).
+    Failed,
+}
+
+/// Something that happened on the farm.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum FarmEvent {
+    WorkerJoined {
+        worker: u64,
+        name: String,
+    },
+    WorkerLeft {
+        worker: u64,
+        name: String,
+    },
+    TaskStarted {
+        job: u64,
+        index: u32,
+        worker: u64,
+    },
+    TaskFinished {
+        job: u64,
+        index: u32,
+        worker: u64,
+        render_ms: u64,
+    },
+    TaskFailed {
+        job: u64,
+        index: u32,
+        worker: u64,
+        error: String,
+    },
+    JobChanged {
+        job: u64,
+        state: JobState,
+    },
+}
+
+/// A whole picture of the farm.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Snapshot {
+    pub unix_ms: u64,
+    pub jobs: Vec<JobStatus>,
+    pub workers: Vec<WorkerStatus>,
+    pub farm: FarmStatus,
+}
+
+/// One failed attempt of a task, as `tessera logs` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TaskLog {
+    pub task: u32,
+    pub worker: u64,
+    pub unix_ms: u64,
+    pub error: String,
+    pub log: String,
+}
+
+/// The last `MAX_TASK_LOG` bytes of `log`, cut at a character boundary.
+pub fn log_tail(log: &str) -> &str {
+    let mut start = log.len().saturating_sub(MAX_TASK_LOG);
+    while !log.is_char_boundary(start) {
+        start += 1;
+    }
+    &log[start..]
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct FrameOutput {
+    pub frame: u32,
+    pub digest: Digest,
+    pub size: u64,
+    pub format: OutputFormat,
+    /// The file name the scene gives this frame, when it names its frames.
+    pub name: Option<String>,
+}
+
+/// `status JOB`: a job with what it is made of.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobDetail {
+    pub status: JobStatus,
+    /// The job's frames, in its order, as runs of frames in one state
+    /// (at most [`MAX_DETAIL_RUNS`]; `frames_cut` when there were more).
+    pub frames: Vec<FrameRun>,
+    pub frames_cut: bool,
+    /// The latest failed attempts (at most [`MAX_DETAIL_ATTEMPTS`]),
+    /// oldest first; `tessera logs` has them all, with the logs.
+    pub attempts: Vec<Attempt>,
+    pub attempts_total: u32,
+    /// Workers with accepted results of the job or tasks of it running.
+    pub workers: Vec<JobWorker>,
+}
+
+/// The most frame runs and attempts a [`JobDetail`] carries.
+pub const MAX_DETAIL_RUNS: usize = 2048;
+pub const MAX_DETAIL_ATTEMPTS: usize = 100;
+
+/// Frames `first..=last` of a job's frame list (`count` of them), all in
+/// `state`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FrameRun {
+    pub first: u32,
+    pub last: u32,
+    pub count: u32,
+    pub state: FrameState,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum FrameState {
+    /// Stitched: downloadable.
+    Done,
+    /// A task of it is leased to a worker.
+    Rendering,
+    /// Waiting for a worker (or, once the job ended, never finished).
+    Waiting,
+}
+
+impl FrameState {
+    pub fn name(self) -> &'static str {
+        match self {
+            FrameState::Done => "done",
+            FrameState::Rendering => "rendering",
+            FrameState::Waiting => "waiting",
+        }
+    }
+}
+
+/// One failed attempt, without its log.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Attempt {
+    pub task: u32,
+    /// The frame the task renders (its first, for an Unreal chunk).
+    pub frame: Option<u32>,
+    pub worker: u64,
+    /// The worker's name, when it is still connected under that id.
+    pub worker_name: Option<String>,
+    pub unix_ms: u64,
+    pub error: String,
+}
+
+/// A worker's share of a job.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct JobWorker {
+    pub name: String,
+    pub tasks_done: u32,
+    pub render_ms: u64,
+    /// Tasks of the job it renders now (0 when it is gone or idle).
+    pub running: u32,
+}
