@@ -22,6 +22,9 @@ use tessera_protocol::telemetry::{GpuTelemetry, HostTelemetry, Telemetry};
 use tessera_protocol::unreal::{RenderRange, UnrealTask};
 use tessera_protocol::Digest;
 
+/// Decodes a v18 frame into its value's `Debug`.
+type Decoder = dyn Fn(&[u8]) -> Result<String, String>;
+
 /// One golden message: its file name (`Enum.Variant`), the bytes of its
 /// frame as this build encodes it, its value as `Debug` shows it, and a
 /// decoder of a v18 frame back into that value's `Debug`.
@@ -29,7 +32,7 @@ struct Sample {
     name: String,
     encode: Box<dyn Fn() -> Vec<u8>>,
     debug: String,
-    decode: Box<dyn Fn(&[u8]) -> Result<String, String>>,
+    decode: Box<Decoder>,
     /// The value through version 19's envelope and back, as `Debug`.
     envelope: Box<dyn Fn() -> Result<String, String>>,
 }

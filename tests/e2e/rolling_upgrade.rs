@@ -16,7 +16,6 @@ use tessera_protocol::messages::{
 };
 use tessera_protocol::Digest;
 use tessera_transport::{self as transport, Channel, Session, Timing, TransportError};
-use tokio::io::AsyncWriteExt;
 
 use crate::harness::{scenes, Farm};
 use crate::hostile::{runtime, ticket};
