@@ -409,8 +409,14 @@ fn build_image() -> String {
         Ok("release") => true,
         Ok(other) => panic!("TESSERA_TEST_WORKER_IMAGE={other}: expected `local` or `release`"),
     };
-    let script = if release { "build.sh" } else { "build-local.sh" };
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fleet/image").join(script);
+    let script = if release {
+        "build.sh"
+    } else {
+        "build-local.sh"
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fleet/image")
+        .join(script);
     let out = Command::new(&script)
         .arg(env!("CARGO_BIN_EXE_tessera"))
         .arg("t15a-tessera-worker")
