@@ -41,6 +41,11 @@ put_exe() {
     done
 }
 put_exe "$binary" /usr/local/bin/tessera
+# Without its debug info (a debug build's is most of its 300 MB); the symbols
+# stay, so a backtrace still names functions.
+if command -v strip >/dev/null 2>&1; then
+    strip --strip-debug "$root/usr/local/bin/tessera"
+fi
 put_exe "$(command -v dash || command -v sh)" /bin/sh
 for tool in ls wc cat; do
     put_exe "$(command -v "$tool")" "/bin/$tool"
