@@ -160,17 +160,7 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
         anyhow::bail!("this is a client ticket; a worker joins with DATA_DIR/worker.ticket");
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let slots = match slots {
-        Slots::Count(n) => n.max(1),
-        Slots::Auto => match tessera_worker::telemetry::gpu_count() {
-            Ok(n) if n > 0 => n.min(MAX_SLOTS),
-            found => {
-                let why = found.err().unwrap_or_else(|| "NVML finds no GPU".into());
-                tracing::info!("--slots auto: {why}; one slot per CPU core");
-                (cores as u32).clamp(1, MAX_SLOTS)
-            }
-        },
-    };
+    let slots = slot_count(slots, cores);
     let threads = threads.unwrap_or((cores / slots as usize).max(1));
     let auto = blenders.iter().any(|b| b.as_os_str() == "auto");
     let blenders: Vec<PathBuf> = (blenders.into_iter())
@@ -178,20 +168,7 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
         .collect();
     // Held for the life of the process: the default cache folder
     // (and the identity in it) belongs to one worker at a time.
-    let mut _cache_lock = None;
-    let (name, cache_dir) = match (name, cache_dir) {
-        (Some(name), Some(dir)) => (name, dir),
-        (Some(name), None) => {
-            let dir = default_cache_dir(&name);
-            (name, dir)
-        }
-        (None, Some(dir)) => (host_name(), dir),
-        (None, None) => {
-            let (name, dir, lock) = default_worker_name()?;
-            _cache_lock = Some(lock);
-            (name, dir)
-        }
-    };
+    let (name, cache_dir, _cache_lock) = name_and_cache_dir(name, cache_dir)?;
     // Absolute from here on: renderers are marked with it (a
     // sweep compares it) and their HOME is under it.
     std::fs::create_dir_all(&cache_dir)
@@ -528,6 +505,43 @@ pub(crate) fn default_cache_dir(name: &str) -> PathBuf {
         .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
         .unwrap_or_else(std::env::temp_dir);
     base.join("tessera").join(name)
+}
+
+/// `--slots`: the count given, or with `auto` one per GPU NVML finds, else
+/// one per CPU core.
+fn slot_count(slots: Slots, cores: usize) -> u32 {
+    match slots {
+        Slots::Count(n) => n.max(1),
+        Slots::Auto => match tessera_worker::telemetry::gpu_count() {
+            Ok(n) if n > 0 => n.min(MAX_SLOTS),
+            found => {
+                let why = found.err().unwrap_or_else(|| "NVML finds no GPU".into());
+                tracing::info!("--slots auto: {why}; one slot per CPU core");
+                (cores as u32).clamp(1, MAX_SLOTS)
+            }
+        },
+    }
+}
+
+/// The worker's name and cache folder from `--name` and `--cache-dir`,
+/// each defaulting from the other (or the host name); the default folder's
+/// lock when neither was given.
+fn name_and_cache_dir(
+    name: Option<String>,
+    cache_dir: Option<PathBuf>,
+) -> anyhow::Result<(String, PathBuf, Option<std::fs::File>)> {
+    Ok(match (name, cache_dir) {
+        (Some(name), Some(dir)) => (name, dir, None),
+        (Some(name), None) => {
+            let dir = default_cache_dir(&name);
+            (name, dir, None)
+        }
+        (None, Some(dir)) => (host_name(), dir, None),
+        (None, None) => {
+            let (name, dir, lock) = default_worker_name()?;
+            (name, dir, Some(lock))
+        }
+    })
 }
 
 #[cfg(test)]

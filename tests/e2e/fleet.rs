@@ -1,7 +1,10 @@
 //! `tessera fleet` end to end: the fleet process rents nodes for a submit on
 //! an empty farm, replaces a node killed mid-job and releases idle nodes;
-//! on Docker, the worker image is built here (debootstrap + `docker
-//! import`, no registry) and the providers' lifecycles are played on its
+//! on Docker, a worker image is built here from this machine's files
+//! (`fleet/image/build-local.sh`: one `docker import`, nothing downloaded,
+//! no registry; `TESSERA_TEST_WORKER_IMAGE=release` takes the release
+//! image of `fleet/image/build.sh` instead, as `.ci/nightly` does) and the
+//! providers' lifecycles are played on its
 //! containers for real: `docker pause`/`unpause` (a Vast.ai instance
 //! outbid and resumed), `docker stop` with a grace period (a RunPod spot
 //! stop, a Kubernetes eviction: SIGTERM, drain), `docker kill` (a node that
@@ -394,17 +397,37 @@ fn docker(args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// Builds the worker image with `fleet/image/build.sh` (the base is cached
-/// by its content tag, so a second run only adds the binary).
+/// Builds the worker image the Docker tests run: by default the small one
+/// of `fleet/image/build-local.sh` (this binary and its libraries, one
+/// `docker import`, cached by content: seconds, nothing downloaded); with
+/// `TESSERA_TEST_WORKER_IMAGE=release`, the release image of
+/// `fleet/image/build.sh` (a Debian base by debootstrap, cached by its
+/// content tag once built; needs root and debootstrap).
 fn build_image() -> String {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("fleet/image/build.sh");
-    let out = Command::new(script)
+    let release = match std::env::var("TESSERA_TEST_WORKER_IMAGE").as_deref() {
+        Err(_) | Ok("") | Ok("local") => false,
+        Ok("release") => true,
+        Ok(other) => panic!("TESSERA_TEST_WORKER_IMAGE={other}: expected `local` or `release`"),
+    };
+    let script = if release {
+        "build.sh"
+    } else {
+        "build-local.sh"
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("fleet/image")
+        .join(script);
+    let out = Command::new(&script)
         .arg(env!("CARGO_BIN_EXE_tessera"))
         .arg("t15a-tessera-worker")
         .stderr(Stdio::inherit())
         .output()
         .unwrap();
-    assert!(out.status.success(), "the worker image did not build");
+    assert!(
+        out.status.success(),
+        "the worker image did not build ({})",
+        script.display()
+    );
     String::from_utf8(out.stdout).unwrap().trim().to_string()
 }
 
@@ -426,7 +449,7 @@ fn busy_node(farm: &Farm, fleet: &Fleet, not: &[&String]) -> String {
 }
 
 #[test]
-#[ignore = "needs Docker, root and debootstrap"]
+#[ignore = "needs Docker"]
 fn docker_fleet_plays_pause_stop_kill_and_partition_on_worker_containers() {
     require(Need::Docker);
     let image = build_image();
@@ -709,7 +732,7 @@ fn a_fleet_killed_with_sigkill_adopts_its_local_nodes_and_orphans_leave_by_thems
 }
 
 #[test]
-#[ignore = "needs Docker, root and debootstrap"]
+#[ignore = "needs Docker"]
 fn a_fleet_killed_with_sigkill_adopts_its_containers_and_orphans_leave_by_themselves() {
     require(Need::Docker);
     let image = build_image();

@@ -257,7 +257,7 @@ fn send_report(
 /// coordinator requeues what is left at once instead of waiting for leases to
 /// expire.
 ///
-/// Longer than most functions on purpose: its select loop owns the
+/// Long because: its select loop owns the
 /// connection's state (draining, the leave-by instant, the writer and the
 /// heartbeat it started) and stops all of it on every way out; joining,
 /// heartbeats and each message's handling are functions of their own.

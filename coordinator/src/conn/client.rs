@@ -37,6 +37,9 @@ pub(super) async fn serve(
 /// tickets, garbage collection). `uploaded`: bytes this client uploaded
 /// since its last submit (counted as the next job's). A `Subscribe` is
 /// answered by the caller (a feed).
+///
+/// Long because: one arm per request kind, each a line or a call; the
+/// dispatch reads best whole.
 pub(crate) async fn handle(
     shared: &Arc<Shared>,
     request: ClientRequest,
