@@ -24,29 +24,29 @@ steps:
   dependencies:
   - dependsOn: Preview
   parameterSpace:
-taskParameterDefinitions:
-- name: Frame
-  type: INT
-  range: "1-{{Param.Last}}"
+    taskParameterDefinitions:
+    - name: Frame
+      type: INT
+      range: "1-{{Param.Last}}"
   script:
-actions:
-  onRun:
-    command: blender
-    args: ["--background", "{{Param.SceneFile}}", "--render-output", "/tmp/out/f-####", "--render-frame", "{{Task.Param.Frame}}"]
+    actions:
+      onRun:
+        command: blender
+        args: ["--background", "{{Param.SceneFile}}", "--render-output", "/tmp/out/f-####", "--render-frame", "{{Task.Param.Frame}}"]
 - name: Preview
   script:
-actions:
-  onRun:
-    command: bash
-    args: ["{{Task.File.Run}}"]
-embeddedFiles:
-- name: Run
-  type: TEXT
-  data: |
-    #!/usr/bin/env bash
-    set -euo pipefail
-    blender -b '{{Param.SceneFile}}' \
-      --render-frame 2
+    actions:
+      onRun:
+        command: bash
+        args: ["{{Task.File.Run}}"]
+    embeddedFiles:
+    - name: Run
+      type: TEXT
+      data: |
+        #!/usr/bin/env bash
+        set -euo pipefail
+        blender -b '{{Param.SceneFile}}' \
+          --render-frame 2
 "#;
 
 #[test]
@@ -131,8 +131,8 @@ fn int_range_expressions_and_blender_frames_become_frame_lists() {
 #[test]
 fn the_json_form_reads_too() {
     let json = r#"{"specificationVersion": "jobtemplate-2023-09", "name": "j",
-      "steps": [{"name": "s", "script": {"actions": {"onRun": {"command": "/usr/bin/blender",
-      "args": ["-b", "a.blend", "-a"]}}}}]}"#;
+          "steps": [{"name": "s", "script": {"actions": {"onRun": {"command": "/usr/bin/blender",
+          "args": ["-b", "a.blend", "-a"]}}}}]}"#;
     let got = import(json, Path::new("/p"), &[]).unwrap();
     assert_eq!(got.steps[0].scene, PathBuf::from("/p/a.blend"));
     assert_eq!(got.steps[0].frames, None, "the file's own range");
