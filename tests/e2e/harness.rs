@@ -357,7 +357,12 @@ impl Farm {
             (all["workers"].as_array().unwrap().iter())
                 .any(|w| w["name"] == name && w["running"].as_u64().is_some_and(|r| r >= 1))
         };
-        self.wait_for(job, &format!("{name} mid-render"), |_| {
+        self.wait_for(job, &format!("{name} mid-render"), |s| {
+            assert!(
+                s["state"] != "done",
+                "job {job} finished before {name} was caught mid-render \
+                 (its tasks are too short for this test): {s}"
+            );
             let rendered = self.log_of(i).matches("task rendered").count();
             let holds = rendered > 0 && running();
             std::thread::sleep(Duration::from_millis(50));

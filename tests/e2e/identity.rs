@@ -6,10 +6,10 @@
 use std::process::{Child, Stdio};
 use std::time::{Duration, Instant};
 
-use crate::harness::{assert_frames_match_reference, scenes, tessera, Farm};
+use crate::harness::{assert_frames_match_reference_samples, scenes, tessera, Farm};
 
 /// Submits frames of the demo scene in 4x4 tiles; returns the job id.
-fn submit(farm: &Farm, frames: &str) -> u64 {
+fn submit(farm: &Farm, frames: &str, samples: u32) -> u64 {
     let scene = scenes().join("demo.scene.json");
     let job = farm.json(&[
         "submit",
@@ -18,10 +18,19 @@ fn submit(farm: &Farm, frames: &str) -> u64 {
         frames,
         "--tiles",
         "4x4",
+        "--samples",
+        &samples.to_string(),
         "--json",
     ]);
     job["id"].as_u64().unwrap()
 }
+
+/// Tiles of a good fraction of a second, for a test that must catch a
+/// worker mid-render: at the scene's own count a 2-frame job can finish
+/// between two polls.
+const SLOW_SAMPLES: u32 = 256;
+/// The demo scene's own sample count (`scenes/demo.scene.json`).
+const SCENE_SAMPLES: u32 = 32;
 
 fn worker_names(farm: &Farm) -> Vec<String> {
     let all = farm.json(&["status", "--json"]);
@@ -68,7 +77,7 @@ fn a_revoked_worker_is_cut_off_at_once_and_refused_for_good() {
         farm.dir.join("cache-w1").join("identity").exists(),
         "w1 keeps its credential in its cache folder"
     );
-    let job = submit(&farm, "1-2");
+    let job = submit(&farm, "1-2", SLOW_SAMPLES);
     farm.wait_mid_render(job, 0, "w1");
 
     let out = farm.run(&["worker", "revoke", "w1"]);
@@ -87,7 +96,12 @@ fn a_revoked_worker_is_cut_off_at_once_and_refused_for_good() {
     // Its task was rendered elsewhere; nothing is missing.
     let out_dir = farm.dir.join("out");
     farm.wait_done(job, &out_dir);
-    assert_frames_match_reference(&out_dir, &scenes().join("demo.scene.json"), &[1, 2]);
+    assert_frames_match_reference_samples(
+        &out_dir,
+        &scenes().join("demo.scene.json"),
+        &[1, 2],
+        SLOW_SAMPLES,
+    );
 
     // Permanently: after a restart, with its credential...
     farm.kill_coordinator();
@@ -139,14 +153,14 @@ fn rotated_tickets_refuse_new_joins_and_clients_while_enrolled_workers_render_on
 
     // The enrolled worker renders on, also after a coordinator restart.
     let scene = scenes().join("demo.scene.json");
-    let first = submit(&farm, "1");
+    let first = submit(&farm, "1", SCENE_SAMPLES);
     farm.wait_done(first, &farm.dir.join("out1"));
-    assert_frames_match_reference(&farm.dir.join("out1"), &scene, &[1]);
+    assert_frames_match_reference_samples(&farm.dir.join("out1"), &scene, &[1], SCENE_SAMPLES);
     farm.kill_coordinator();
     farm.start_coordinator();
-    let second = submit(&farm, "2");
+    let second = submit(&farm, "2", SCENE_SAMPLES);
     farm.wait_done(second, &farm.dir.join("out2"));
-    assert_frames_match_reference(&farm.dir.join("out2"), &scene, &[2]);
+    assert_frames_match_reference_samples(&farm.dir.join("out2"), &scene, &[2], SCENE_SAMPLES);
     assert_eq!(worker_names(&farm), ["w1"]);
     // And a new worker joins with the new ticket.
     farm.add_worker("w2");
