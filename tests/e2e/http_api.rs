@@ -640,8 +640,18 @@ fn blocked_jobs_at_rest_cost_no_writes() {
         })
     };
     let (before, db_before) = (io_writes(pid), files());
+    let log_before = farm.coordinator_log().len();
     std::thread::sleep(Duration::from_secs(30));
     let (after, db_after) = (io_writes(pid), files());
+    // Its own log is the one file it may write at rest: on a machine loaded
+    // past its cores the runtime watch says so there. Those lines' pages
+    // are allowed (whole pages, the unit the kernel counts), nothing else.
+    let logged = farm.coordinator_log().len() - log_before;
+    let log_pages = if logged == 0 {
+        0
+    } else {
+        (logged as u64 / 4096 + 2) * 4096
+    };
     println!(
         "{JOBS} blocked jobs at rest for 30 s: database files {}, {} bytes the process sent to storage, {} write calls",
         if db_before == db_after { "unchanged" } else { "changed" },
@@ -649,13 +659,17 @@ fn blocked_jobs_at_rest_cost_no_writes() {
         after.1 - before.1
     );
     // Nothing written: not to the database's files, and no byte to storage
-    // at all. (The write-call count also holds the runtime's wake-ups
+    // but its log's. (The write-call count also holds the runtime's wake-ups
     // between threads, eventfd writes, so it is printed, not asserted.)
     assert_eq!(
         db_before, db_after,
         "the coordinator wrote to its database at rest"
     );
-    assert_eq!(after.0 - before.0, 0, "bytes written to storage at rest");
+    assert!(
+        after.0 - before.0 <= log_pages,
+        "{} bytes written to storage at rest, {logged} of them log lines",
+        after.0 - before.0
+    );
     assert_eq!(blocked(&seen), JOBS, "a job.blocked event came twice");
     receiver.shut();
 }

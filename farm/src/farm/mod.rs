@@ -685,6 +685,15 @@ impl FarmCore {
 
     /// Why a job needing `engine` cannot progress now, if it cannot.
     fn blocked(&self, job: u64, engine: Engine) -> Option<String> {
+        // Every task rendered and accepted: what is left (stitching the
+        // frames) needs no worker, so nothing blocks the job.
+        if self
+            .sched
+            .job_progress(job)
+            .is_some_and(|p| p.total > 0 && p.done == p.total)
+        {
+            return None;
+        }
         if let Some(why) = self.jobs.get(&job).and_then(|j| j.budget_reached.clone()) {
             return Some(why);
         }

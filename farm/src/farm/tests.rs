@@ -557,6 +557,26 @@ fn a_job_says_why_it_cannot_progress() {
 }
 
 #[test]
+fn a_job_whose_tasks_are_all_in_is_not_blocked_while_its_frame_is_stitched() {
+    let mut farm = Farm::new(3);
+    let mut db = BTreeSet::new();
+    let job = farm.submit(spec("a", 1, 1));
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let lease = farm.assigned(w)[0].task;
+    farm.done(w, lease);
+    farm.commit_all(&mut db);
+    // The only worker leaves before the frame is stitched.
+    farm.leave(w);
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(status.tasks_done, status.tasks_total);
+    assert_eq!(status.blocked, None, "{status:?}");
+    farm.stitch_all();
+    assert_eq!(farm.records[0].0, job);
+    assert_eq!(farm.records[0].1, JobState::Done);
+}
+
+#[test]
 fn a_lost_lease_is_canceled_and_costs_are_billed_per_lease() {
     let mut farm = Farm::new(3);
     let job = farm.submit(spec("a", 1, 1));
