@@ -33,6 +33,39 @@ pub async fn read_tagged_frame_within<T: DeserializeOwned, R: AsyncRead + Unpin>
     r: &mut R,
     max: u32,
 ) -> Result<Option<(Codec, T)>, CodecError> {
+    read_budgeted_frame(r, max, None).await
+}
+
+/// The bytes of unfinished frames one connection may have the reader hold
+/// at once, over all its streams. A peer that opens streams and leaves
+/// each frame one byte short would otherwise make the reader keep every
+/// such frame (16 MiB each, 256 streams); past this budget a frame is
+/// refused instead. Frames of at most [`UNBUDGETED_FRAME`] bytes are not
+/// counted.
+pub const CONNECTION_FRAME_BUDGET: u32 = 64 * 1024 * 1024;
+/// Frames this small need no share of the budget (256 streams of them are
+/// 16 MiB).
+pub const UNBUDGETED_FRAME: usize = 64 * 1024;
+
+/// A connection's budget of unfinished frame bytes (shared by its
+/// streams' [`crate::Channel`]s).
+pub type FrameBudget = std::sync::Arc<tokio::sync::Semaphore>;
+
+/// A full budget for a new connection.
+pub fn frame_budget() -> FrameBudget {
+    std::sync::Arc::new(tokio::sync::Semaphore::new(
+        CONNECTION_FRAME_BUDGET as usize,
+    ))
+}
+
+/// Reads one frame of at most `max` bytes; a payload over
+/// [`UNBUDGETED_FRAME`] takes its length from `budget` while it is read
+/// and decoded, and is refused when the budget has not that much left.
+pub async fn read_budgeted_frame<T: DeserializeOwned, R: AsyncRead + Unpin>(
+    r: &mut R,
+    max: u32,
+    budget: Option<&FrameBudget>,
+) -> Result<Option<(Codec, T)>, CodecError> {
     let mut prefix = [0u8; 4];
     let mut got = 0;
     while got < 4 {
@@ -47,6 +80,18 @@ pub async fn read_tagged_frame_within<T: DeserializeOwned, R: AsyncRead + Unpin>
         got += n;
     }
     let (codec, len) = check_prefix(prefix, max)?;
+    let _held = match budget {
+        Some(budget) if len > UNBUDGETED_FRAME => {
+            Some(budget.try_acquire_many(len as u32).map_err(|_| {
+                CodecError::Io(std::io::Error::other(format!(
+                    "a frame of {len} bytes would take this connection past its \
+                     {} MiB of unfinished frames",
+                    CONNECTION_FRAME_BUDGET / (1024 * 1024)
+                )))
+            })?)
+        }
+        _ => None,
+    };
     let mut payload = vec![0u8; len];
     r.read_exact(&mut payload).await.map_err(|e| {
         if e.kind() == std::io::ErrorKind::UnexpectedEof {
@@ -128,6 +173,62 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(back.secret, hello.secret);
+    }
+
+    #[test]
+    fn unfinished_frames_of_one_connection_share_one_budget() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let budget = frame_budget();
+            let per_frame = MAX_FRAME; // 16 MiB: four fill the budget
+            let mut held = Vec::new();
+            for _ in 0..CONNECTION_FRAME_BUDGET / per_frame {
+                // A peer announces a full-size frame and sends one byte of it.
+                let (mut peer, mut ours) = tokio::io::duplex(64);
+                peer.write_all(&per_frame.to_be_bytes()).await.unwrap();
+                peer.write_all(&[0]).await.unwrap();
+                let budget = budget.clone();
+                held.push((
+                    peer,
+                    tokio::spawn(async move {
+                        read_budgeted_frame::<Hello, _>(&mut ours, MAX_FRAME, Some(&budget)).await
+                    }),
+                ));
+            }
+            while budget.available_permits() > 0 {
+                tokio::task::yield_now().await;
+            }
+            // The next unfinished frame is refused at once, before its body.
+            let mut input: Vec<u8> = per_frame.to_be_bytes().to_vec();
+            input.push(0);
+            let mut reader: &[u8] = &input;
+            let err = read_budgeted_frame::<Hello, _>(&mut reader, MAX_FRAME, Some(&budget))
+                .await
+                .unwrap_err();
+            assert!(matches!(err, CodecError::Io(_)), "{err:?}");
+            assert_eq!(reader.len(), 1, "nothing past the prefix was read");
+            // Small frames need no share of it.
+            let hello = Hello {
+                version: 19,
+                role: Role::Client,
+                secret: "ab".repeat(32),
+                name: "c".into(),
+            };
+            let frame = tessera_protocol::codec::encode(&hello).unwrap();
+            let mut reader: &[u8] = &frame;
+            let back = read_budgeted_frame::<Hello, _>(&mut reader, MAX_FRAME, Some(&budget))
+                .await
+                .unwrap();
+            assert!(back.is_some());
+            // A stream that ends gives its share back.
+            let (peer, reading) = held.pop().unwrap();
+            drop(peer);
+            assert!(matches!(reading.await.unwrap(), Err(CodecError::Closed)));
+            assert_eq!(budget.available_permits(), per_frame as usize);
+        });
     }
 
     #[test]

@@ -540,6 +540,7 @@ pub struct Channel {
     pub recv: quinn::RecvStream,
     codec: Codec,
     peer_codec: Option<Codec>,
+    budget: Option<framing::FrameBudget>,
 }
 
 impl Channel {
@@ -557,7 +558,15 @@ impl Channel {
             recv,
             codec,
             peer_codec: None,
+            budget: None,
         }
+    }
+
+    /// Reads count their unfinished frames against `budget`, the one its
+    /// connection's other streams share ([`framing::frame_budget`]).
+    pub fn with_budget(mut self, budget: framing::FrameBudget) -> Channel {
+        self.budget = Some(budget);
+        self
     }
 
     /// The encoding this channel writes.
@@ -609,7 +618,7 @@ impl Channel {
         &mut self,
         max: u32,
     ) -> Result<Option<T>, CodecError> {
-        match framing::read_tagged_frame_within(&mut self.recv, max).await? {
+        match framing::read_budgeted_frame(&mut self.recv, max, self.budget.as_ref()).await? {
             Some((codec, msg)) => {
                 self.peer_codec = Some(codec);
                 Ok(Some(msg))

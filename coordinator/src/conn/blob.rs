@@ -21,10 +21,14 @@ pub(super) async fn serve_streams(
     fetch: Arc<Fetch>,
 ) {
     let mut streams = tokio::task::JoinSet::new();
+    // Frames left unfinished on all of this peer's streams at once are
+    // bounded together, not per stream.
+    let budget = tessera_transport::framing::frame_budget();
     while let Ok(pair) = conn.accept_bi().await {
         let (shared, uploaded, fetch) = (shared.clone(), uploaded.clone(), fetch.clone());
+        let budget = budget.clone();
         streams.spawn(async move {
-            let mut ch = Channel::new(pair);
+            let mut ch = Channel::new(pair).with_budget(budget);
             if let Err(e) = serve_blob(&shared, &mut ch, &uploaded, &fetch).await {
                 tracing::debug!("blob stream: {e:#}");
             }
