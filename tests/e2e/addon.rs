@@ -88,7 +88,7 @@ r["canceled"] = {"state": t.state, "job": t.job_id}
 t.frames = "not-frames"
 assert timed("submit", bpy.ops.tessera.submit) == {"FINISHED"}, "submit"
 poll_until("timer", lambda: "submit" not in addon.RUNNING, "the bad submit did not end")
-cli = subprocess.run([TESSERA, "submit", bpy.data.filepath, "--json", "--frames", "not-frames"],
+cli = subprocess.run([TESSERA] + addon.submit_args(t, bpy.data.filepath, addon.asset_roots(prefs)),
                      env=dict(os.environ, TESSERA_TICKET=TICKET), capture_output=True, text=True)
 r["bad"] = {"state": t.state, "message": t.message, "job": t.job_id,
             "cli_code": cli.returncode,
@@ -286,11 +286,16 @@ fn the_addon_submits_watches_and_fetches_a_tiled_job_in_blender_3_4() {
 /// extension build` runs).
 fn build_extension(py: &Path, out: &Path) -> PathBuf {
     let site = Command::new(py)
-        .args(["-I", "-c", "import bpy, os; print(os.path.dirname(bpy.__file__))"])
+        .args([
+            "-I",
+            "-c",
+            "import bpy; print(bpy.utils.system_resource('SCRIPTS'))",
+        ])
         .output()
         .unwrap();
-    let bpy_dir = PathBuf::from(String::from_utf8(site.stdout).unwrap().trim());
-    let tool = bpy_dir.join("4.5/scripts/addons_core/bl_pkg/cli/blender_ext.py");
+    let stdout = String::from_utf8(site.stdout).unwrap();
+    let scripts = PathBuf::from(stdout.lines().last().unwrap_or("").trim());
+    let tool = scripts.join("addons_core/bl_pkg/cli/blender_ext.py");
     let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("blender/tessera_addon");
     run_ok(Command::new(py).arg(&tool).arg("validate").arg(&source));
     std::fs::create_dir_all(out).unwrap();
