@@ -213,7 +213,10 @@ fn submit_watch_fetch(
         String::from_utf8_lossy(&out.stderr)
     );
     let r: Value = serde_json::from_slice(&std::fs::read(&result).unwrap()).unwrap();
-    println!("UI-thread holds, longest of each kind (ms): {}", r["holds_ms"]);
+    println!(
+        "UI-thread holds, longest of each kind (ms): {}",
+        r["holds_ms"]
+    );
     // No operator waits on the process it starts: each returned while the
     // process still ran.
     for key in [
@@ -308,12 +311,11 @@ fn build_extension(py: &Path, out: &Path) -> PathBuf {
             .arg("--output-dir")
             .arg(out),
     );
-    let zip = std::fs::read_dir(out)
+    std::fs::read_dir(out)
         .unwrap()
         .map(|e| e.unwrap().path())
         .find(|p| p.extension().is_some_and(|e| e == "zip"))
-        .expect("blender_ext.py build made no zip");
-    zip
+        .expect("blender_ext.py build made no zip")
 }
 
 #[test]
