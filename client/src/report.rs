@@ -1,7 +1,7 @@
 //! What client commands print: one JSON object with `--json` (the contract
 //! scripts rely on), readable lines and tables otherwise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use tessera_protocol::build::BuildInfo;
@@ -167,7 +167,15 @@ pub fn print_submitted(
 }
 
 /// A finished job; `warnings` are those of the submit that waited for it.
-pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>, json: bool) {
+/// `downloaded`: how many of `files` this run wrote (the others were in
+/// place already, with the same bytes).
+pub fn print_final(
+    s: &JobStatus,
+    files: &[PathBuf],
+    downloaded: usize,
+    warnings: Option<&[String]>,
+    json: bool,
+) {
     if json {
         let mut v = job_json(s);
         if let Some(w) = warnings {
@@ -187,7 +195,7 @@ pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>
                 s.id, s.frames_done, s.tasks_done
             );
             if let Some(dir) = files.first().and_then(|f| f.parent()) {
-                println!("{} frames written to {}", files.len(), dir.display());
+                println!("{}", frames_line("frames", files.len(), downloaded, dir));
             }
         }
         _ => eprintln!(
@@ -363,16 +371,13 @@ pub fn print_waited(
         }
         println!("{v}");
     } else {
-        for (s, files) in &w.jobs {
+        for ((s, files), &downloaded) in w.jobs.iter().zip(&w.downloaded) {
             if s.state.is_final() {
-                print_final(s, files, None, false);
+                print_final(s, files, downloaded, None, false);
                 if s.state != JobState::Done && !files.is_empty() {
                     if let Some(dir) = files.first().and_then(|f| f.parent()) {
-                        println!(
-                            "{} finished frames written to {}",
-                            files.len(),
-                            dir.display()
-                        );
+                        let line = frames_line("finished frames", files.len(), downloaded, dir);
+                        println!("{line}");
                     }
                 }
             }
@@ -714,4 +719,15 @@ mod tests {
         assert_eq!(utc(1_796_117_400_000), "2026-12-01 09:30:00 UTC");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
     }
+}
+
+/// What a fetch did, counted: `4 frames written to DIR`, or on a rerun
+/// `0 frames written to DIR (4 already there)`.
+fn frames_line(what: &str, files: usize, downloaded: usize, dir: &Path) -> String {
+    let there = files - downloaded.min(files);
+    let mut line = format!("{downloaded} {what} written to {}", dir.display());
+    if there > 0 {
+        line += &format!(" ({there} already there)");
+    }
+    line
 }
