@@ -669,9 +669,37 @@ pub async fn stream_events(
     anyhow::bail!("the coordinator closed the event feed")
 }
 
+/// What a fetch did, counted: `4 frames written to DIR`, or on a rerun
+/// `0 frames written to DIR (4 already there)`.
+fn frames_line(what: &str, files: usize, downloaded: usize, dir: &Path) -> String {
+    let there = files - downloaded.min(files);
+    let mut line = format!("{downloaded} {what} written to {}", dir.display());
+    if there > 0 {
+        line += &format!(" ({there} already there)");
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fetch_counts_the_frames_it_wrote_not_those_in_place() {
+        let dir = Path::new("shots/sh010");
+        assert_eq!(
+            frames_line("frames", 4, 4, dir),
+            "4 frames written to shots/sh010"
+        );
+        assert_eq!(
+            frames_line("frames", 4, 0, dir),
+            "0 frames written to shots/sh010 (4 already there)"
+        );
+        assert_eq!(
+            frames_line("frames", 4, 1, dir),
+            "1 frames written to shots/sh010 (3 already there)"
+        );
+    }
 
     #[test]
     fn json_figures_are_rounded_and_never_negative_zero() {
@@ -719,15 +747,4 @@ mod tests {
         assert_eq!(utc(1_796_117_400_000), "2026-12-01 09:30:00 UTC");
         assert_eq!(utc(951_782_400_000), "2000-02-29 00:00:00 UTC");
     }
-}
-
-/// What a fetch did, counted: `4 frames written to DIR`, or on a rerun
-/// `0 frames written to DIR (4 already there)`.
-fn frames_line(what: &str, files: usize, downloaded: usize, dir: &Path) -> String {
-    let there = files - downloaded.min(files);
-    let mut line = format!("{downloaded} {what} written to {}", dir.display());
-    if there > 0 {
-        line += &format!(" ({there} already there)");
-    }
-    line
 }
