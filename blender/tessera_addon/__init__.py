@@ -5,27 +5,40 @@ A "Tessera" panel in the render properties. It submits the open file
 file's dependencies, uploads what the farm lacks and queues the job:
 `tessera submit FILE --json ...`, with the coordinator's client ticket from
 the add-on preferences passed in the TESSERA_TICKET environment variable,
-never on a command line. A timer polls `tessera status JOB --json` for the
-job's progress; once it is done, `tessera wait JOB --output DIR` fetches
-the frames into the scene's output folder (the folder of Render Properties >
+never on a command line. `tessera status JOB --json` gives the job's
+progress; once it is done, `tessera wait JOB --output DIR` fetches the
+frames into the scene's output folder (the folder of Render Properties >
 Output), named as Blender would name them.
 
-Works in Blender 3.4 and later, and in the `bpy` module (4.5), where no
-timer runs: call `bpy.ops.tessera.refresh()` to poll, as the tests do.
+Nothing here waits on Blender's UI thread: every `tessera` command runs as
+a background process (`subprocess.Popen`, its output in temporary files),
+and a `bpy.app.timers` timer (`_poll`) looks at it without waiting --
+harvests the answer of one that ended, shows the last line a failing one
+wrote on stderr, starts the next status poll. The operators only start or
+stop processes. `draw()` runs nothing.
+
+A Blender 4.2+ extension (`blender_manifest.toml`) and, for Blender 3.x,
+a legacy add-on (`bl_info`). In the `bpy` module (4.5) and in background
+mode no timer runs: call `_poll()` (or `bpy.ops.tessera.refresh()`), as
+the tests do.
 """
 
 import json
 import os
-import shutil
+import signal
 import subprocess
 import sys
+import tempfile
+import time
+import shutil
+import atexit
 
 import bpy
 
 bl_info = {
     "name": "Tessera",
     "author": "Tessera",
-    "version": (0, 1, 0),
+    "version": (0, 2, 0),
     "blender": (3, 4, 0),
     "location": "Properties > Render > Tessera",
     "description": "Render the open file on a Tessera render farm",
@@ -34,9 +47,9 @@ bl_info = {
 
 # How often the panel's timer asks the farm for the job's progress.
 POLL_SECONDS = 2.0
-# The longest a `tessera` command the panel runs may take (a submit uploads
-# the file's dependencies; a fetch downloads the frames).
-COMMAND_TIMEOUT = 3600
+# How often the timer looks at a running `tessera` process (a look never
+# waits: it is `Popen.poll()` and a read of a small temporary file).
+WATCH_SECONDS = 0.2
 FINAL_STATES = ("done", "failed", "canceled")
 
 
@@ -59,9 +72,86 @@ def tessera_binary(prefs):
     return found
 
 
-def run_tessera(prefs, args, timeout=COMMAND_TIMEOUT):
-    """Runs `tessera ARGS` with the ticket in TESSERA_TICKET; returns its
-    JSON answer (the last line of stdout)."""
+def _tail(f, limit=8192):
+    """The last `limit` bytes of the temporary file `f`, as text."""
+    size = f.seek(0, os.SEEK_END)
+    f.seek(max(0, size - limit))
+    return f.read().decode("utf-8", "replace")
+
+
+class Child:
+    """One `tessera` command running in the background: its stdout and
+    stderr go to temporary files, so it never blocks on a full pipe and
+    nothing here ever waits on it."""
+
+    def __init__(self, kind, cmd, env, **extra):
+        self.kind = kind
+        self.extra = extra
+        self.started = time.monotonic()
+        self.out = tempfile.TemporaryFile()
+        self.err = tempfile.TemporaryFile()
+        posix = os.name == "posix"
+        self.proc = subprocess.Popen(
+            cmd, env=env, stdin=subprocess.DEVNULL, stdout=self.out, stderr=self.err,
+            # Its own process group, so that stopping it stops what it runs
+            # (the dependency scan's Blender) too.
+            start_new_session=posix,
+        )
+
+    @property
+    def pid(self):
+        return self.proc.pid
+
+    def running(self):
+        return self.proc.poll() is None
+
+    def last_error_line(self):
+        lines = [l.strip() for l in _tail(self.err).splitlines() if l.strip()]
+        return lines[-1] if lines else ""
+
+    def result(self):
+        """(answer, error) of an ended command: its JSON answer (the last
+        line of stdout), or the reason it failed (the last line it wrote on
+        stderr)."""
+        lines = [l for l in _tail(self.out, 1 << 20).splitlines() if l.strip()]
+        answer = None
+        if lines:
+            try:
+                answer = json.loads(lines[-1])
+            except ValueError:
+                answer = None
+        code = self.proc.returncode
+        if answer is None:
+            reason = self.last_error_line()
+            if code != 0:
+                return None, reason or f"tessera {self.kind} exited with {code}"
+            return None, reason or f"tessera {self.kind} printed no JSON"
+        return answer, None
+
+    def stop(self):
+        """Stops the command and what it runs; does not wait for it (the
+        next look reaps it)."""
+        if not self.running():
+            return
+        try:
+            if os.name == "posix":
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            else:
+                self.proc.terminate()
+        except OSError:
+            pass
+
+    def close(self):
+        self.out.close()
+        self.err.close()
+
+
+# The commands running now, by kind: "submit", "status", "fetch", "cancel".
+# At most one of each.
+RUNNING = {}
+
+
+def _env(prefs):
     ticket = (prefs.ticket or "").strip()
     if not ticket:
         raise TesseraError(
@@ -75,46 +165,30 @@ def run_tessera(prefs, args, timeout=COMMAND_TIMEOUT):
         env.setdefault("TESSERA_BLENDER", bpy.app.binary_path)
     else:
         env.setdefault("TESSERA_BLENDER_PYTHON", sys.executable)
+    return env
+
+
+def start(prefs, kind, args, **extra):
+    """Starts `tessera ARGS` in the background as `kind`; returns at once."""
+    if kind in RUNNING and RUNNING[kind].running():
+        raise TesseraError(f"a {kind} is already running")
     cmd = [tessera_binary(prefs)] + list(args)
     try:
-        done = subprocess.run(
-            cmd, env=env, capture_output=True, text=True, timeout=timeout
-        )
-    except subprocess.TimeoutExpired:
-        raise TesseraError(f"`tessera {args[0]}` took longer than {timeout} s")
-    lines = [l for l in done.stdout.splitlines() if l.strip()]
-    answer = None
-    if lines:
-        try:
-            answer = json.loads(lines[-1])
-        except ValueError:
-            answer = None
-    if done.returncode != 0 and answer is None:
-        reason = done.stderr.strip().splitlines()
-        raise TesseraError(reason[-1] if reason else f"tessera exited with {done.returncode}")
-    if answer is None:
-        raise TesseraError(f"`tessera {args[0]}` printed no JSON")
-    return answer
+        child = Child(kind, cmd, _env(prefs), **extra)
+    except OSError as e:
+        raise TesseraError(f"could not run {cmd[0]}: {e}")
+    RUNNING[kind] = child
+    _ensure_timer()
+    return child
 
 
-_HELP = {}
+def stop_all():
+    for child in list(RUNNING.values()):
+        child.stop()
 
 
-def cli_has_option(prefs, option):
-    """Whether this `tessera submit` knows `option` (e.g. --budget-usd);
-    asked once per program."""
-    try:
-        binary = tessera_binary(prefs)
-    except TesseraError:
-        return False
-    if binary not in _HELP:
-        try:
-            out = subprocess.run([binary, "submit", "--help"],
-                                 capture_output=True, text=True, timeout=30)
-            _HELP[binary] = out.stdout
-        except (OSError, subprocess.TimeoutExpired):
-            return False
-    return option in _HELP[binary]
+# Blender quitting stops the commands it started.
+atexit.register(stop_all)
 
 
 def asset_roots(prefs):
@@ -122,7 +196,7 @@ def asset_roots(prefs):
     return [r.strip() for r in (prefs.asset_roots or "").split(";") if r.strip()]
 
 
-def submit_args(settings, blend, budget_supported, roots=()):
+def submit_args(settings, blend, roots=()):
     """The `tessera submit` command line for the panel's settings; `roots`
     are the studio's asset roots (files the scene uses there are uploaded;
     `tessera submit` refuses one outside them and the file's folder)."""
@@ -133,7 +207,7 @@ def submit_args(settings, blend, budget_supported, roots=()):
     frames = settings.frames.strip()
     if frames:
         args += ["--frames", frames]
-    if budget_supported and settings.budget_usd > 0:
+    if settings.budget_usd > 0:
         args += ["--budget-usd", f"{settings.budget_usd:.2f}"]
     for root in roots:
         args += ["--asset-root", root]
@@ -155,6 +229,114 @@ def apply_status(settings, status):
     done, total = status.get("tasks_done") or 0, status.get("tasks_total") or 0
     settings.progress = (100.0 * done / total) if total else 0.0
     settings.message = status.get("error") or status.get("blocked") or ""
+
+
+def _ended(settings, child):
+    """Takes in the answer of a command that ended."""
+    answer, error = child.result()
+    child.close()
+    if child.kind == "submit":
+        if child.extra.get("stopped"):
+            settings.state = "canceled"
+            settings.message = "submission canceled: nothing was queued"
+        elif error:
+            settings.state = "failed"
+            settings.message = error
+        else:
+            settings.job_id = int(answer["id"])
+            apply_status(settings, answer)
+    elif child.kind == "status":
+        if error:
+            settings.message = error
+        elif int(answer.get("id") or settings.job_id) == settings.job_id:
+            fetched_message = settings.message if settings.fetched else ""
+            apply_status(settings, answer)
+            settings.message = settings.message or fetched_message
+    elif child.kind == "fetch":
+        if error:
+            settings.fetch_failed = True
+            settings.message = error
+        else:
+            apply_status(settings, answer)
+            if answer.get("state") == "done":
+                settings.fetched = child.extra["folder"]
+                files = answer.get("files") or []
+                settings.message = f"{len(files)} frames in {settings.fetched}"
+    elif child.kind == "cancel":
+        settings.message = error or f"job {settings.job_id} canceled"
+
+
+def _activity(child, now):
+    seconds = int(now - child.started)
+    what = {
+        "submit": "Scanning and uploading",
+        "fetch": "Fetching frames (when the job is done)",
+        "cancel": "Canceling",
+    }.get(child.kind)
+    if what is None:
+        return ""
+    line = child.last_error_line()
+    return f"{what}: {seconds} s" + (f" — {line}" if line else "")
+
+
+_LAST_STATUS = [0.0]
+
+
+def _poll():
+    """The panel's timer (and `refresh`'s first step): takes in the answers
+    of commands that ended, shows what runs, starts the next status poll
+    and the fetch of a done job. Never waits. Returns when to look again, or
+    None once nothing runs and the job is final."""
+    scene = bpy.context.scene
+    if scene is None:
+        return None
+    settings = scene.tessera
+    now = time.monotonic()
+    for kind, child in list(RUNNING.items()):
+        if not child.running():
+            del RUNNING[kind]
+            _ended(settings, child)
+    settings.activity = " · ".join(
+        a for a in (_activity(c, now) for c in RUNNING.values()) if a
+    )
+    prefs = _prefs(bpy.context)
+    job_live = settings.job_id and settings.state not in FINAL_STATES
+    try:
+        if (prefs is not None and job_live and "status" not in RUNNING
+                and now - _LAST_STATUS[0] >= POLL_SECONDS):
+            _start_status(prefs, settings)
+        if (prefs is not None and settings.state == "done" and not settings.fetched
+                and "fetch" not in RUNNING and not settings.fetch_failed):
+            _start_fetch(prefs, scene)
+    except TesseraError as e:
+        settings.message = str(e)
+    screen = bpy.context.screen
+    for area in screen.areas if screen else []:
+        area.tag_redraw()
+    if RUNNING:
+        return WATCH_SECONDS
+    if settings.job_id and settings.state not in FINAL_STATES:
+        return POLL_SECONDS
+    return None
+
+
+def _start_status(prefs, settings):
+    _LAST_STATUS[0] = time.monotonic()
+    return start(prefs, "status", ["status", str(settings.job_id), "--json"])
+
+
+def _start_fetch(prefs, scene):
+    folder = output_folder(scene)
+    settings = scene.tessera
+    return start(prefs, "fetch",
+                 ["wait", str(settings.job_id), "--json", "--output", folder], folder=folder)
+
+
+def _ensure_timer():
+    if bpy.app.background:
+        return  # no timers run: the caller polls
+    if not bpy.app.timers.is_registered(_poll):
+        bpy.app.timers.register(_poll, first_interval=WATCH_SECONDS)
 
 
 class TesseraPreferences(bpy.types.AddonPreferences):
@@ -210,11 +392,13 @@ class TesseraSettings(bpy.types.PropertyGroup):
     frames_done: bpy.props.IntProperty()
     frames_total: bpy.props.IntProperty()
     message: bpy.props.StringProperty()
+    activity: bpy.props.StringProperty()
     fetched: bpy.props.StringProperty(name="Fetched into")
+    fetch_failed: bpy.props.BoolProperty()
 
 
 class TESSERA_OT_submit(bpy.types.Operator):
-    """Save the file and render it on the Tessera farm"""
+    """Save the file and render it on the Tessera farm (uploads in the background)"""
 
     bl_idname = "tessera.submit"
     bl_label = "Submit to Tessera"
@@ -223,107 +407,104 @@ class TESSERA_OT_submit(bpy.types.Operator):
         settings = context.scene.tessera
         prefs = _prefs(context)
         try:
+            if "submit" in RUNNING:
+                raise TesseraError("a submission is already running: cancel it first")
             if not bpy.data.filepath:
                 raise TesseraError("save the file first: the farm renders the saved .blend")
             bpy.ops.wm.save_mainfile()
-            budget = settings.budget_usd > 0 and cli_has_option(prefs, "--budget-usd")
-            roots = asset_roots(prefs)
-            if roots and not cli_has_option(prefs, "--asset-root"):
-                raise TesseraError("this tessera program has no --asset-root: update it")
-            status = run_tessera(prefs, submit_args(settings, bpy.data.filepath, budget, roots))
+            args = submit_args(settings, bpy.data.filepath, asset_roots(prefs))
+            start(prefs, "submit", args)
         except TesseraError as e:
+            settings.message = str(e)
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
-        settings.job_id = int(status["id"])
+        settings.job_id = 0
+        settings.state = "submitting"
         settings.fetched = ""
-        apply_status(settings, status)
-        self.report({"INFO"}, f"Tessera job {settings.job_id} submitted")
-        if not bpy.app.background:
-            bpy.app.timers.register(_poll, first_interval=POLL_SECONDS)
+        settings.fetch_failed = False
+        settings.message = ""
+        settings.progress = 0.0
+        settings.frames_done = settings.frames_total = 0
+        self.report({"INFO"}, "Tessera: scanning and uploading in the background")
         return {"FINISHED"}
 
 
 class TESSERA_OT_refresh(bpy.types.Operator):
-    """Ask the farm how the job is doing; fetch its frames once it is done"""
+    """Ask the farm how the job is doing (in the background)"""
 
     bl_idname = "tessera.refresh"
     bl_label = "Refresh"
 
     def execute(self, context):
         settings = context.scene.tessera
+        _poll()
         if not settings.job_id:
+            if "submit" in RUNNING:
+                return {"FINISHED"}
             self.report({"ERROR"}, "no Tessera job submitted from this file yet")
             return {"CANCELLED"}
-        try:
-            status = run_tessera(_prefs(context), ["status", str(settings.job_id), "--json"], timeout=60)
-        except TesseraError as e:
-            settings.message = str(e)
-            self.report({"WARNING"}, str(e))
-            return {"CANCELLED"}
-        apply_status(settings, status)
+        if "status" not in RUNNING:
+            try:
+                _start_status(_prefs(context), settings)
+            except TesseraError as e:
+                settings.message = str(e)
+                self.report({"WARNING"}, str(e))
+                return {"CANCELLED"}
         return {"FINISHED"}
 
 
 class TESSERA_OT_fetch(bpy.types.Operator):
-    """Download the job's frames into the scene's output folder"""
+    """Download the job's frames into the scene's output folder, in the
+    background (of a running job: once it is done)"""
 
     bl_idname = "tessera.fetch"
     bl_label = "Fetch frames"
 
     def execute(self, context):
         settings = context.scene.tessera
-        folder = output_folder(context.scene)
+        if not settings.job_id:
+            self.report({"ERROR"}, "no Tessera job submitted from this file yet")
+            return {"CANCELLED"}
+        if "fetch" in RUNNING:
+            return {"FINISHED"}
         try:
-            status = run_tessera(
-                _prefs(context),
-                ["wait", str(settings.job_id), "--json", "--output", folder],
-            )
+            settings.fetched = ""
+            settings.fetch_failed = False
+            _start_fetch(_prefs(context), context.scene)
         except TesseraError as e:
+            settings.message = str(e)
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
-        apply_status(settings, status)
-        if status.get("state") != "done":
-            self.report({"ERROR"}, f"job {settings.job_id} {status.get('state')}: {settings.message}")
-            return {"CANCELLED"}
-        settings.fetched = folder
-        self.report({"INFO"}, f"{len(status.get('files') or [])} frames in {folder}")
         return {"FINISHED"}
 
 
 class TESSERA_OT_cancel(bpy.types.Operator):
-    """Cancel the job on the farm"""
+    """Stop the running submission (its upload), or cancel the job on the farm"""
 
     bl_idname = "tessera.cancel"
-    bl_label = "Cancel job"
+    bl_label = "Cancel"
 
     def execute(self, context):
         settings = context.scene.tessera
-        prefs = _prefs(context)
+        submitting = RUNNING.get("submit")
+        if submitting is not None:
+            submitting.extra["stopped"] = True
+            submitting.stop()
+            settings.activity = "Stopping the submission"
+            return {"FINISHED"}
+        if not settings.job_id:
+            self.report({"ERROR"}, "nothing to cancel")
+            return {"CANCELLED"}
+        fetching = RUNNING.get("fetch")
+        if fetching is not None:
+            fetching.stop()
         try:
-            tessera = tessera_binary(prefs)
-            env = dict(os.environ, TESSERA_TICKET=(prefs.ticket or "").strip())
-            subprocess.run([tessera, "cancel", str(settings.job_id)], env=env,
-                           capture_output=True, timeout=60, check=True)
-        except (TesseraError, subprocess.SubprocessError) as e:
+            start(_prefs(context), "cancel", ["cancel", str(settings.job_id)])
+        except TesseraError as e:
+            settings.message = str(e)
             self.report({"ERROR"}, str(e))
             return {"CANCELLED"}
-        return bpy.ops.tessera.refresh()
-
-
-def _poll():
-    """The panel's timer: refresh, fetch once done, stop when final."""
-    scene = bpy.context.scene
-    if scene is None or not scene.tessera.job_id:
-        return None
-    bpy.ops.tessera.refresh()
-    settings = scene.tessera
-    for area in bpy.context.screen.areas if bpy.context.screen else []:
-        area.tag_redraw()
-    if settings.state == "done" and not settings.fetched:
-        bpy.ops.tessera.fetch()
-    if settings.state in FINAL_STATES:
-        return None
-    return POLL_SECONDS
+        return {"FINISHED"}
 
 
 class RENDER_PT_tessera(bpy.types.Panel):
@@ -333,6 +514,7 @@ class RENDER_PT_tessera(bpy.types.Panel):
     bl_context = "render"
 
     def draw(self, context):
+        # Reads properties only: no process, no file but a stat.
         layout = self.layout
         settings = context.scene.tessera
         prefs = _prefs(context)
@@ -344,18 +526,19 @@ class RENDER_PT_tessera(bpy.types.Panel):
         row.prop(settings, "tiles_rows")
         layout.prop(settings, "sample_ranges")
         layout.prop(settings, "priority")
-        if prefs is not None and cli_has_option(prefs, "--budget-usd"):
-            layout.prop(settings, "budget_usd")
-        else:
-            layout.label(text="Budget: this tessera has no --budget-usd")
+        layout.prop(settings, "budget_usd")
         layout.operator("tessera.submit", icon="RENDER_ANIMATION")
-        if settings.job_id:
+        if settings.activity:
+            layout.label(text=settings.activity, icon="TIME")
+        if settings.job_id or settings.state or settings.message:
             box = layout.box()
-            box.label(text=f"Job {settings.job_id}: {settings.state} — "
-                           f"{settings.frames_done}/{settings.frames_total} frames, "
-                           f"{settings.progress:.0f}% of tasks")
+            if settings.job_id:
+                box.label(text=f"Job {settings.job_id}: {settings.state} — "
+                               f"{settings.frames_done}/{settings.frames_total} frames, "
+                               f"{settings.progress:.0f}% of tasks")
             if settings.message:
-                box.label(text=settings.message, icon="INFO")
+                icon = "ERROR" if settings.state in ("failed",) else "INFO"
+                box.label(text=settings.message, icon=icon)
             row = box.row()
             row.operator("tessera.refresh", icon="FILE_REFRESH")
             row.operator("tessera.fetch", icon="IMPORT")
@@ -383,6 +566,8 @@ def register():
 
 
 def unregister():
+    # The commands this add-on started end with it.
+    stop_all()
     if bpy.app.timers.is_registered(_poll):
         bpy.app.timers.unregister(_poll)
     del bpy.types.Scene.tessera

@@ -47,6 +47,9 @@ pub struct WaitOptions {
 /// it, and whether the time ran out first.
 pub struct Waited {
     pub jobs: Vec<(JobStatus, Vec<PathBuf>)>,
+    /// Of each job's files, how many this run downloaded (the others were
+    /// in place already, with the same bytes).
+    pub downloaded: Vec<usize>,
     pub timed_out: bool,
 }
 
@@ -168,14 +171,20 @@ pub async fn wait(
 }
 
 fn finish(followed: Vec<Followed>, timed_out: bool) -> Waited {
+    let mut jobs = Vec::new();
+    let mut downloaded = Vec::new();
+    for f in followed {
+        let Some(status) = f.status else { continue };
+        let (files, fresh) = f
+            .writer
+            .map(|w| (w.files(), w.downloaded))
+            .unwrap_or_default();
+        jobs.push((status, files));
+        downloaded.push(fresh);
+    }
     Waited {
-        jobs: followed
-            .into_iter()
-            .filter_map(|f| {
-                let files = f.writer.map(|w| w.files()).unwrap_or_default();
-                Some((f.status?, files))
-            })
-            .collect(),
+        jobs,
+        downloaded,
         timed_out,
     }
 }
@@ -334,6 +343,8 @@ pub struct FrameWriter {
     written: HashMap<u32, (Digest, PathBuf)>,
     /// The folder was made by this run: if no frame came, it goes again.
     made_dir: bool,
+    /// How many frames this run downloaded (not found in place).
+    pub downloaded: usize,
 }
 
 impl FrameWriter {
@@ -347,6 +358,7 @@ impl FrameWriter {
             staging: None,
             written: HashMap::new(),
             made_dir,
+            downloaded: 0,
         })
     }
 
@@ -401,6 +413,7 @@ impl FrameWriter {
             std::fs::rename(staged.path(&f.digest), &dest)
                 .with_context(|| format!("writing {}", dest.display()))?;
             self.written.insert(f.frame, (f.digest, dest));
+            self.downloaded += 1;
         }
         Ok(())
     }

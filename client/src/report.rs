@@ -1,7 +1,7 @@
 //! What client commands print: one JSON object with `--json` (the contract
 //! scripts rely on), readable lines and tables otherwise.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use serde_json::json;
 use tessera_protocol::build::BuildInfo;
@@ -167,7 +167,15 @@ pub fn print_submitted(
 }
 
 /// A finished job; `warnings` are those of the submit that waited for it.
-pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>, json: bool) {
+/// `downloaded`: how many of `files` this run wrote (the others were in
+/// place already, with the same bytes).
+pub fn print_final(
+    s: &JobStatus,
+    files: &[PathBuf],
+    downloaded: usize,
+    warnings: Option<&[String]>,
+    json: bool,
+) {
     if json {
         let mut v = job_json(s);
         if let Some(w) = warnings {
@@ -187,7 +195,7 @@ pub fn print_final(s: &JobStatus, files: &[PathBuf], warnings: Option<&[String]>
                 s.id, s.frames_done, s.tasks_done
             );
             if let Some(dir) = files.first().and_then(|f| f.parent()) {
-                println!("{} frames written to {}", files.len(), dir.display());
+                println!("{}", frames_line("frames", files.len(), downloaded, dir));
             }
         }
         _ => eprintln!(
@@ -363,16 +371,13 @@ pub fn print_waited(
         }
         println!("{v}");
     } else {
-        for (s, files) in &w.jobs {
+        for ((s, files), &downloaded) in w.jobs.iter().zip(&w.downloaded) {
             if s.state.is_final() {
-                print_final(s, files, None, false);
+                print_final(s, files, downloaded, None, false);
                 if s.state != JobState::Done && !files.is_empty() {
                     if let Some(dir) = files.first().and_then(|f| f.parent()) {
-                        println!(
-                            "{} finished frames written to {}",
-                            files.len(),
-                            dir.display()
-                        );
+                        let line = frames_line("finished frames", files.len(), downloaded, dir);
+                        println!("{line}");
                     }
                 }
             }
@@ -664,9 +669,37 @@ pub async fn stream_events(
     anyhow::bail!("the coordinator closed the event feed")
 }
 
+/// What a fetch did, counted: `4 frames written to DIR`, or on a rerun
+/// `0 frames written to DIR (4 already there)`.
+fn frames_line(what: &str, files: usize, downloaded: usize, dir: &Path) -> String {
+    let there = files - downloaded.min(files);
+    let mut line = format!("{downloaded} {what} written to {}", dir.display());
+    if there > 0 {
+        line += &format!(" ({there} already there)");
+    }
+    line
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fetch_counts_the_frames_it_wrote_not_those_in_place() {
+        let dir = Path::new("shots/sh010");
+        assert_eq!(
+            frames_line("frames", 4, 4, dir),
+            "4 frames written to shots/sh010"
+        );
+        assert_eq!(
+            frames_line("frames", 4, 0, dir),
+            "0 frames written to shots/sh010 (4 already there)"
+        );
+        assert_eq!(
+            frames_line("frames", 4, 1, dir),
+            "1 frames written to shots/sh010 (3 already there)"
+        );
+    }
 
     #[test]
     fn json_figures_are_rounded_and_never_negative_zero() {

@@ -14,6 +14,8 @@ which then prints the job spec this client posts: one content-addressed
 upload path, the CLI's, with its chunking, dedupe and .blend dependency scan.
 """
 
+from __future__ import annotations
+
 import http.client
 import json
 import os
@@ -23,6 +25,11 @@ import ssl
 import subprocess
 import time
 import urllib.parse
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Union
+
+#: A job's status as the API returns it (``id``, ``state``, ``frames_done`` …).
+Status = Dict[str, Any]
+PathLike = Union[str, "os.PathLike[str]"]
 
 from ._blake3 import blake3_hex
 
@@ -30,6 +37,7 @@ __all__ = [
     "Client", "Ticket", "TesseraError", "Unauthorized", "NotFound", "Conflict",
     "Invalid", "Unavailable", "Internal", "ERRORS",
     "Timeout", "JobFailed", "EventStream", "blake3_hex", "FINAL_STATES",
+    "TesseraNotInstalled",
 ]
 
 #: Job states a job never leaves.
@@ -45,11 +53,23 @@ class TesseraError(Exception):
     it has none), ``message`` the coordinator's reason. Catch a subclass to
     act on a kind; never match the message's words."""
 
-    def __init__(self, status, message, kind=None):
+    def __init__(self, status: int, message: str, kind: Optional[str] = None) -> None:
         super().__init__("%s (HTTP %d)" % (message, status))
         self.status = status
         self.message = message
         self.kind = kind
+
+
+class TesseraNotInstalled(FileNotFoundError):
+    """The ``tessera`` binary, which hashes and uploads scenes, was not
+    found. ``path`` is what was looked for."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(
+            "the tessera binary %r was not found: install it (cargo install --path . in a "
+            "Tessera checkout, or your studio's package) and put it on the PATH, or point "
+            "$TESSERA_BIN (or Client(tessera=...)) at it" % path)
+        self.path = path
 
 
 class Unauthorized(TesseraError):
@@ -105,7 +125,7 @@ def _error(status, raw):
 class Timeout(Exception):
     """A wait ran out of time; ``job`` is the last status seen."""
 
-    def __init__(self, message, job=None):
+    def __init__(self, message: str, job: Optional[Status] = None) -> None:
         super().__init__(message)
         self.job = job
 
@@ -113,7 +133,7 @@ class Timeout(Exception):
 class JobFailed(Exception):
     """``wait(..., check=True)``: the job failed or was canceled."""
 
-    def __init__(self, job):
+    def __init__(self, job: Status) -> None:
         super().__init__("job %s %s: %s" % (job["id"], job["state"].lower(), job.get("error")))
         self.job = job
 
@@ -139,7 +159,7 @@ class Ticket:
         self.secret = params["secret"]
 
     @classmethod
-    def resolve(cls, value=None):
+    def resolve(cls, value: Optional[str] = None) -> "Ticket":
         """A ticket from ``value`` (a line, or ``@FILE``), else $TESSERA_TICKET."""
         value = value or os.environ.get("TESSERA_TICKET")
         if not value:
@@ -207,10 +227,10 @@ class EventStream:
         self._conn, self._response = conn, response
         self._deadline = None if timeout is None else time.monotonic() + timeout
 
-    def __iter__(self):
+    def __iter__(self) -> "EventStream":
         return self
 
-    def __next__(self):
+    def __next__(self) -> Dict[str, Any]:
         while True:
             if self._conn is None:
                 raise StopIteration
@@ -231,7 +251,7 @@ class EventStream:
             if line:
                 return json.loads(line)
 
-    def close(self):
+    def close(self) -> None:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -253,14 +273,16 @@ class Client:
     (default: $TESSERA_BIN, else ``tessera`` on the PATH).
     """
 
-    def __init__(self, ticket=None, url=None, tessera=None, timeout=60.0):
+    def __init__(self, ticket: Optional[str] = None, url: Optional[str] = None,
+                 tessera: Optional[PathLike] = None, timeout: float = 60.0) -> None:
         self.ticket = Ticket.resolve(ticket)
         url = url or os.environ.get("TESSERA_HTTP_URL") or "https://" + self.ticket.addr
         parsed = urllib.parse.urlsplit(url)
         if parsed.scheme != "https" or not parsed.hostname or not parsed.port:
             raise ValueError("the API URL must be https://HOST:PORT, not %r" % url)
         self.host, self.port = parsed.hostname, parsed.port
-        self.tessera = tessera or os.environ.get("TESSERA_BIN") or shutil.which("tessera") or "tessera"
+        self.tessera: str = (os.fspath(tessera) if tessera else None) or os.environ.get(
+            "TESSERA_BIN") or shutil.which("tessera") or "tessera"
         self.timeout = timeout
         self._secret = self.ticket.secret
 
@@ -303,7 +325,8 @@ class Client:
         finally:
             conn.close()
 
-    def request(self, method, path, body=None, query=None, secret=None):
+    def request(self, method: str, path: str, body: Any = None,
+                query: Optional[Dict[str, Any]] = None, secret: Optional[str] = None) -> Any:
         """A raw request: ``(status, headers, body bytes)``; no exception on
         an error status. ``secret`` replaces the bearer secret ("" sends none)."""
         try:
@@ -320,7 +343,7 @@ class Client:
 
     # -- the farm ----------------------------------------------------------
 
-    def openapi(self):
+    def openapi(self) -> Dict[str, Any]:
         """The API's OpenAPI 3 document."""
         return self._json("GET", "/v1/openapi.json")
 
@@ -334,29 +357,34 @@ class Client:
             since = int(since)
         return {"state": state, "name": name, "since": since, "ids": ids}
 
-    def status(self, state=None, name=None, since=None, ids=None):
+    def status(self, state: Union[None, str, List[str]] = None, name: Optional[str] = None,
+               since: Optional[float] = None, ids: Union[None, str, List[int]] = None) -> Dict[str, Any]:
         """``{"jobs": [...], "workers": [...]}``, jobs filtered by state
         (``"running"`` or a list), name (a glob), since (unix ms) and ids."""
         return self._json("GET", "/v1/status", query=self._filters(state, name, since, ids))
 
-    def jobs(self, state=None, name=None, since=None, ids=None):
+    def jobs(self, state: Union[None, str, List[str]] = None, name: Optional[str] = None,
+             since: Optional[float] = None, ids: Union[None, str, List[int]] = None) -> Any:
         """The jobs alone, filtered as in :meth:`status`."""
         return self._json("GET", "/v1/jobs", query=self._filters(state, name, since, ids))
 
-    def job(self, job):
+    def job(self, job: int) -> Status:
         return self._json("GET", "/v1/jobs/%d" % job)
 
-    def submit_spec(self, spec):
+    def submit_spec(self, spec: Dict[str, Any]) -> Status:
         """Submits a job spec whose files are uploaded already."""
         return self._json("POST", "/v1/jobs", body=spec)
 
-    def upload(self, scene, **options):
+    def upload(self, scene: PathLike, **options: Any) -> Dict[str, Any]:
         """Hashes and uploads ``scene`` and what it uses with the ``tessera``
         binary; returns the job spec to submit. Options are ``tessera
         submit``'s flags (see :meth:`submit`)."""
         cmd = [self.tessera, "submit", "--upload-only", "--ticket", self.ticket.line]
         cmd += _flags(options) + [os.fspath(scene)]
-        run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        try:
+            run = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        except FileNotFoundError:
+            raise TesseraNotInstalled(self.tessera) from None
         if run.returncode != 0:
             message = (run.stderr.decode("utf-8", "replace").strip()
                        or "tessera submit --upload-only failed")
@@ -366,7 +394,7 @@ class Client:
             raise Invalid(400, message, "invalid")
         return json.loads(run.stdout)
 
-    def submit(self, scene, **options):
+    def submit(self, scene: PathLike, **options: Any) -> Status:
         """Submits a ``.blend``, a builtin ``*.scene.json`` or an Unreal
         project. Every ``tessera submit`` option is a keyword: ``frames="1-24"``,
         ``tiles="2x2"``, ``sample_ranges=4``, ``samples=64``, ``verify=10``,
@@ -380,34 +408,34 @@ class Client:
         (:class:`TesseraError`, naming each). Returns the job's status."""
         return self.submit_spec(self.upload(scene, **options))
 
-    def cancel(self, job):
+    def cancel(self, job: int) -> Status:
         """Cancels a queued or running job; returns its status. A finished
         job (done, failed or canceled) raises :class:`Conflict`."""
         return self._json("POST", "/v1/jobs/%d/cancel" % job)
 
-    def pause(self, job):
+    def pause(self, job: int) -> Status:
         """Pauses a queued or running job (:class:`Conflict` once it is
         finished); returns its status."""
         return self._json("POST", "/v1/jobs/%d/pause" % job)
 
-    def resume(self, job):
+    def resume(self, job: int) -> Status:
         """Resumes a paused job (:class:`Conflict` once it is finished)."""
         return self._json("POST", "/v1/jobs/%d/resume" % job)
 
-    def retry(self, job):
+    def retry(self, job: int) -> Status:
         """Puts a failed job back in the queue (its tasks without a result)."""
         return self._json("POST", "/v1/jobs/%d/retry" % job)
 
-    def detail(self, job):
+    def detail(self, job: int) -> Status:
         """The job with its frames (runs of one state), latest failed
         attempts and workers, as ``tessera status JOB --json``."""
         return self._json("GET", "/v1/jobs/%d/detail" % job)
 
-    def frames(self, job):
+    def frames(self, job: int) -> List[Dict[str, Any]]:
         """The job's stitched frames so far: frame, digest, size, format, name."""
         return self._json("GET", "/v1/jobs/%d/frames" % job)
 
-    def frame_bytes(self, job, frame):
+    def frame_bytes(self, job: int, frame: int) -> bytes:
         """One stitched frame's file, checked against its digest when small."""
         conn, response = self._open("GET", "/v1/jobs/%d/frames/%d" % (job, frame))
         try:
@@ -419,25 +447,25 @@ class Client:
             raise TesseraError(502, "frame %d of job %d does not match its digest" % (frame, job))
         return data
 
-    def tiles(self, job, frame):
+    def tiles(self, job: int, frame: int) -> Any:
         return self._json("GET", "/v1/jobs/%d/frames/%d/tiles" % (job, frame))
 
-    def logs(self, job, task=None):
+    def logs(self, job: int, task: Optional[int] = None) -> Any:
         """The job's failed attempts: task, worker, error and the renderer's log."""
         return self._json("GET", "/v1/jobs/%d/logs" % job, query={"task": task})
 
-    def workers(self):
+    def workers(self) -> Any:
         return self._json("GET", "/v1/workers")
 
-    def drain(self, worker):
+    def drain(self, worker: int) -> Any:
         """Asks a worker (by id) to finish its tasks and leave."""
         return self._json("POST", "/v1/workers/%d/drain" % worker)
 
-    def missing_blobs(self, digests):
+    def missing_blobs(self, digests: Iterable[str]) -> List[str]:
         """Which of these digests (hex) the coordinator lacks."""
         return self._json("POST", "/v1/blobs/missing", body={"digests": list(digests)})["missing"]
 
-    def metrics(self):
+    def metrics(self) -> str:
         """The Prometheus text page."""
         conn, response = self._open("GET", "/metrics")
         try:
@@ -445,7 +473,7 @@ class Client:
         finally:
             conn.close()
 
-    def events(self, job=None, timeout=None):
+    def events(self, job: Optional[int] = None, timeout: Optional[float] = None) -> "EventStream":
         """Farm events from now on, as dicts (``event["type"]``:
         ``task.finished``, ``job.done``, …; see the README), of one job when
         ``job`` is given. The stream is open when this returns, so nothing
@@ -456,7 +484,8 @@ class Client:
                                     timeout=None if timeout is None else min(timeout, 15.0))
         return EventStream(conn, response, timeout)
 
-    def wait(self, job, timeout=None, poll=0.5, check=False):
+    def wait(self, job: int, timeout: Optional[float] = None, poll: float = 0.5,
+             check: bool = False) -> Status:
         """Waits until the job is done, failed or canceled; returns its
         status. Raises :class:`Timeout` after ``timeout`` seconds, and with
         ``check`` :class:`JobFailed` when it did not finish."""
@@ -471,7 +500,8 @@ class Client:
                 raise Timeout("job %d is still %s after %ss" % (job, status["state"].lower(), timeout), status)
             time.sleep(poll)
 
-    def download_frames(self, job, dest, timeout=None, poll=0.5, overwrite=False):
+    def download_frames(self, job: int, dest: PathLike, timeout: Optional[float] = None,
+                        poll: float = 0.5, overwrite: bool = False) -> Iterator[str]:
         """Writes each frame into ``dest`` as soon as it is stitched, and
         yields its path; returns once the job is final and every frame it
         has is on disk (the finished frames of a failed or canceled job

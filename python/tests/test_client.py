@@ -218,6 +218,21 @@ class Jobs(FarmTest):
             self.farm.submit_spec(spec)
         self.assertEqual((e.exception.status, e.exception.kind), (409, "conflict"))
 
+    def test_a_missing_tessera_binary_is_named_with_how_to_get_it(self):
+        missing = os.path.join(os.path.dirname(os.path.abspath(__file__)), "no-such-tessera")
+        farm = Client(self.farm.ticket.line, tessera=missing)
+        with self.assertRaises(tessera_client.TesseraNotInstalled) as e:
+            farm.submit(SCENE, frames="1")
+        self.assertEqual(e.exception.path, missing)
+        self.assertIsInstance(e.exception, FileNotFoundError)
+        self.assertIn("TESSERA_BIN", str(e.exception))
+
+    def test_the_package_is_typed(self):
+        package = os.path.dirname(tessera_client.__file__)
+        self.assertTrue(os.path.isfile(os.path.join(package, "py.typed")))
+        hints = tessera_client.Client.submit.__annotations__
+        self.assertEqual(hints.get("return"), "Status")
+
     def test_a_finished_job_is_not_canceled_paused_or_resumed(self):
         for call in (self.farm.cancel, self.farm.pause, self.farm.resume):
             with self.assertRaises(tessera_client.Conflict) as e:
