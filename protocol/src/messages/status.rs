@@ -226,6 +226,19 @@ pub enum FarmEvent {
         job: u64,
         state: JobState,
     },
+    /// A live job was paused (`paused`) or resumed. Version 18 peers
+    /// (bincode, strict) do not know it and are not sent it.
+    JobHeld {
+        job: u64,
+        paused: bool,
+    },
+}
+
+impl FarmEvent {
+    /// Whether a peer at version 18 knows this event.
+    pub fn known_to_version_18(&self) -> bool {
+        !matches!(self, FarmEvent::JobHeld { .. })
+    }
 }
 
 /// A whole picture of the farm.
