@@ -157,6 +157,7 @@ fn job_events_follow_a_jobs_life_and_webhooks_carry_its_state() {
     assert_eq!(done["tasks_done"], 4, "{done}");
     assert!(done["finished_unix_ms"].is_u64(), "{done}");
     assert_same("job.done", &done, &status);
+    http_json_is_the_documents_and_the_clis(&farm, job, &status);
     let expected = [
         "job.queued",
         "job.paused",
@@ -203,4 +204,48 @@ fn job_events_follow_a_jobs_life_and_webhooks_carry_its_state() {
     let _ = cli.kill();
     let _ = cli.wait();
     receiver.shut();
+}
+
+/// `GET /v1/jobs/ID` of a finished job: exactly the fields the OpenAPI
+/// document's `JobStatus` lists (each it requires present), each value the
+/// one `status --json` shows; `?state=finished` lists it, `?state=active`
+/// does not.
+fn http_json_is_the_documents_and_the_clis(farm: &Farm, job: u64, cli: &Value) {
+    let ticket = crate::hostile::ticket(farm, "client.ticket");
+    let addr = http_addr(farm);
+    let get = |path: &str| -> Value {
+        let (code, body) = crate::harness::http_call(&ticket, addr, "GET", path, "");
+        assert_eq!(code, 200, "{path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    };
+    let http = get(&format!("/v1/jobs/{job}"));
+    let doc: Value = serde_json::from_str(tessera_coordinator::http::OPENAPI).unwrap();
+    let schema = &doc["components"]["schemas"]["JobStatus"];
+    let documented: std::collections::BTreeSet<&str> =
+        (schema["properties"].as_object().unwrap().keys())
+            .map(String::as_str)
+            .collect();
+    let served: std::collections::BTreeSet<&str> = http
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(served, documented, "GET /v1/jobs/{job} against JobStatus");
+    for r in schema["required"].as_array().unwrap() {
+        assert!(served.contains(r.as_str().unwrap()), "{r} required");
+    }
+    assert_eq!(http["after_failure"], "fail", "{http}");
+    for (k, v) in http.as_object().unwrap() {
+        if let Some(c) = cli.get(k) {
+            assert_eq!(v, c, "`{k}`: HTTP {http} vs CLI {cli}");
+        }
+    }
+    let listed = |state: &str| -> bool {
+        let page = get(&format!("/v1/jobs?state={state}"));
+        let jobs = page.get("jobs").unwrap_or(&page).as_array().cloned();
+        jobs.unwrap_or_default().iter().any(|j| j["id"] == job)
+    };
+    assert!(listed("finished"), "?state=finished lists the done job");
+    assert!(!listed("active"), "?state=active does not list it");
 }
