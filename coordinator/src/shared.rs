@@ -38,8 +38,11 @@ pub(crate) struct Locked {
 /// What the farm core tells of besides its events (see [`Effect::Blocked`]).
 #[derive(Debug, Clone)]
 pub(crate) enum Notice {
-    Blocked(u64),
+    /// A job was found blocked: its status at that moment.
+    Blocked(Box<JobStatus>),
     BudgetReached(Box<JobStatus>),
+    /// A job ended: its final status.
+    Ended(Box<JobStatus>),
 }
 
 /// Everything the coordinator's tasks share.
@@ -265,8 +268,11 @@ impl Shared {
                             .send(CommitMsg::Withdraw { job, tasks, frames });
                     }
                     Effect::Wake => self.wake.notify_one(),
-                    Effect::Blocked { job } => {
-                        let _ = self.notices.send(Notice::Blocked(job));
+                    Effect::Blocked { status, .. } => {
+                        let _ = self.notices.send(Notice::Blocked(status));
+                    }
+                    Effect::Ended { status } => {
+                        let _ = self.notices.send(Notice::Ended(status));
                     }
                     Effect::BudgetReached { status } => {
                         let _ = self.notices.send(Notice::BudgetReached(status));

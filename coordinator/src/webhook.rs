@@ -22,7 +22,7 @@ use bytes::Bytes;
 use rusqlite::{params, OptionalExtension};
 use serde_json::{json, Value};
 use tessera_protocol::events::job_event_type;
-use tessera_protocol::messages::{FarmEvent, JobState, JobStatus};
+use tessera_protocol::messages::{JobState, JobStatus};
 use tokio::sync::broadcast;
 
 use crate::config::Webhook;
@@ -151,18 +151,19 @@ fn job_body(kind: &str, state: JobState, status: Option<&JobStatus>, job: u64) -
     v
 }
 
-fn job_finished(shared: &Shared, job: u64, state: JobState) -> anyhow::Result<()> {
+/// Queues the `done` or `failed` event of a job that ended, built from
+/// its final status (counts, error, end time) as the farm core told it.
+fn job_ended(shared: &Shared, status: &JobStatus) -> anyhow::Result<()> {
     // (A budget reached is told by the farm core, with the status of that
     // moment: see `noticed`.)
-    if !matches!(state, JobState::Done | JobState::Failed) {
+    if !matches!(status.state, JobState::Done | JobState::Failed) {
         return Ok(());
     }
-    let status = shared.job_status(job)?;
-    let kind = job_event_type(state);
+    let kind = job_event_type(status.state);
     enqueue(
         shared,
-        &format!("{kind}:{job}"),
-        &job_body(&kind, state, status.as_ref(), job),
+        &format!("{kind}:{}", status.id),
+        &job_body(&kind, status.state, Some(status), status.id),
     )?;
     Ok(())
 }
@@ -204,21 +205,20 @@ fn enqueue_budget_reached(shared: &Shared, job: &JobStatus) -> anyhow::Result<()
     Ok(())
 }
 
-/// Queues the `blocked` or `budget_reached` event the farm core told of.
+/// Queues the event the farm core told of, with the job's status at that
+/// moment: `blocked` (its reason), `budget_reached`, `done` or `failed`.
 fn noticed(shared: &Shared, notice: Notice) -> anyhow::Result<()> {
     match notice {
-        // Its status as it was when the budget was reached: a job the
-        // budget canceled is gone from the core before it is recorded.
+        // A job the budget canceled is gone from the core before it is
+        // recorded: its status is the one of that moment.
         Notice::BudgetReached(status) => enqueue_budget_reached(shared, &status),
-        Notice::Blocked(job) => {
-            let Some(status) = shared.job_status(job)? else {
-                return Ok(());
-            };
+        Notice::Ended(status) => job_ended(shared, &status),
+        Notice::Blocked(status) => {
             if status.blocked.is_some() && !status.state.is_final() {
                 enqueue(
                     shared,
-                    &format!("job.blocked:{job}"),
-                    &job_body("job.blocked", status.state, Some(&status), job),
+                    &format!("job.blocked:{}", status.id),
+                    &job_body("job.blocked", status.state, Some(&status), status.id),
                 )?;
             }
             Ok(())
@@ -359,7 +359,6 @@ pub(crate) async fn deliver(shared: Arc<Shared>, hook: Webhook) {
 
 async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
     let target = parse_url(&hook.url)?;
-    let mut events = shared.events();
     let since_ms = shared
         .blocking(|shared| -> anyhow::Result<u64> {
             let db = shared.db();
@@ -379,27 +378,20 @@ async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
     // Jobs blocked before this task listened; from here on the farm core
     // tells of each newly blocked job.
     shared.blocking(|s| blocked(s)).await??;
-    // Nothing is looked at on a timer: the loop wakes for an event, a
-    // notice, or when the next delivery (or retry) is due. The database
+    // Nothing is looked at on a timer: the loop wakes for a notice (the
+    // farm core's, with the job's status of that moment), or when the next delivery (or retry) is due. The database
     // is read and written on the blocking pool.
     loop {
         deliver_due(shared, hook, &target).await?;
         let due = shared.blocking(|s| next_due(s)).await??;
         let wait = due.map(|at| Duration::from_millis(at.saturating_sub(unix_ms())));
         tokio::select! {
-            event = events.recv() => match event {
-                Ok((_, FarmEvent::JobChanged { job, state })) => {
-                    shared.blocking(move |s| job_finished(s, job, state)).await??
-                }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    shared.blocking(move |s| catch_up(s, since_ms)).await??
-                }
-                Err(broadcast::error::RecvError::Closed) => return Ok(()),
-            },
             notice = notices.recv() => match notice {
                 Ok(notice) => shared.blocking(move |s| noticed(s, notice)).await??,
+                // Missed notices: the jobs that ended are in the database,
+                // the blocked ones in the core.
                 Err(broadcast::error::RecvError::Lagged(_)) => {
+                    shared.blocking(move |s| catch_up(s, since_ms)).await??;
                     shared.blocking(|s| blocked(s)).await??
                 }
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),

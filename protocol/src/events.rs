@@ -8,8 +8,9 @@ use serde_json::{json, Value};
 
 use crate::messages::{FarmEvent, JobState};
 
-/// The `type` of a job event in `state`: `job.queued`, `job.running`,
-/// `job.done`, `job.failed`, `job.canceled`.
+/// The `type` of a job event in `state`: `job.queued` (submitted),
+/// `job.running` (its first task started), `job.done`, `job.failed`,
+/// `job.canceled`. A pause or resume is `job.paused` or `job.resumed`.
 pub fn job_event_type(state: JobState) -> String {
     format!("job.{}", state.name())
 }
@@ -46,6 +47,10 @@ pub fn event_json(unix_ms: u64, event: &FarmEvent) -> Value {
         FarmEvent::JobChanged { job, state } => {
             json!({"type": job_event_type(*state), "job": job, "state": state.name()})
         }
+        FarmEvent::JobHeld { job, paused } => {
+            let kind = if *paused { "job.paused" } else { "job.resumed" };
+            json!({"type": kind, "job": job, "paused": paused})
+        }
     };
     v["unix_ms"] = json!(unix_ms);
     v
@@ -58,7 +63,8 @@ pub fn event_job(event: &FarmEvent) -> Option<u64> {
         FarmEvent::TaskStarted { job, .. }
         | FarmEvent::TaskFinished { job, .. }
         | FarmEvent::TaskFailed { job, .. }
-        | FarmEvent::JobChanged { job, .. } => Some(*job),
+        | FarmEvent::JobChanged { job, .. }
+        | FarmEvent::JobHeld { job, .. } => Some(*job),
     }
 }
 
@@ -77,5 +83,9 @@ mod tests {
         assert_eq!(v["job"], 3);
         assert_eq!(v["unix_ms"], 7);
         assert_eq!(event_job(&e), Some(3));
+        let held = |paused| event_json(7, &FarmEvent::JobHeld { job: 3, paused });
+        assert_eq!(held(true)["type"], "job.paused");
+        assert_eq!(held(false)["type"], "job.resumed");
+        assert_eq!(held(false)["job"], 3);
     }
 }

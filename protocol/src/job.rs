@@ -359,8 +359,10 @@ pub struct JobSpec {
 pub const MAX_AFTER: usize = 256;
 
 /// What a job does when a job it runs after (`--after`) fails or is
-/// canceled.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+/// canceled. In JSON (the HTTP API, `--json`) lowercase like every other
+/// name, `Fail` and `Hold` still read; on the wire (bincode, MessagePack)
+/// as it always was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum AfterFailure {
     /// It fails too, saying which job it waited for (the default).
     #[default]
@@ -368,6 +370,51 @@ pub enum AfterFailure {
     /// It stays held: `tessera resume` runs it anyway, `tessera cancel`
     /// drops it.
     Hold,
+}
+
+/// `AfterFailure` as the wire has always carried it.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "AfterFailure")]
+enum AfterFailureWire {
+    Fail,
+    Hold,
+}
+
+/// `AfterFailure` in JSON: lowercase, the capitalised names still read.
+#[derive(Serialize, Deserialize)]
+#[serde(rename = "AfterFailure", rename_all = "lowercase")]
+enum AfterFailureText {
+    #[serde(alias = "Fail")]
+    Fail,
+    #[serde(alias = "Hold")]
+    Hold,
+}
+
+impl Serialize for AfterFailure {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match (s.is_human_readable(), self) {
+            (true, AfterFailure::Fail) => AfterFailureText::Fail.serialize(s),
+            (true, AfterFailure::Hold) => AfterFailureText::Hold.serialize(s),
+            (false, AfterFailure::Fail) => AfterFailureWire::Fail.serialize(s),
+            (false, AfterFailure::Hold) => AfterFailureWire::Hold.serialize(s),
+        }
+    }
+}
+
+impl<'de> Deserialize<'de> for AfterFailure {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        Ok(if d.is_human_readable() {
+            match AfterFailureText::deserialize(d)? {
+                AfterFailureText::Fail => AfterFailure::Fail,
+                AfterFailureText::Hold => AfterFailure::Hold,
+            }
+        } else {
+            match AfterFailureWire::deserialize(d)? {
+                AfterFailureWire::Fail => AfterFailure::Fail,
+                AfterFailureWire::Hold => AfterFailure::Hold,
+            }
+        })
+    }
 }
 
 impl AfterFailure {
@@ -790,5 +837,28 @@ mod tests {
             msg,
             "manifest path `../../x` climbs out of the job folder with `..`"
         );
+    }
+}
+
+#[cfg(test)]
+mod after_failure_tests {
+    use super::AfterFailure;
+
+    #[test]
+    fn after_failure_is_lowercase_in_json_and_reads_either_case() {
+        assert_eq!(
+            serde_json::to_string(&AfterFailure::Hold).unwrap(),
+            "\"hold\""
+        );
+        assert_eq!(
+            serde_json::to_string(&AfterFailure::Fail).unwrap(),
+            "\"fail\""
+        );
+        for (text, want) in [
+            ("\"Fail\"", AfterFailure::Fail),
+            ("\"hold\"", AfterFailure::Hold),
+        ] {
+            assert_eq!(serde_json::from_str::<AfterFailure>(text).unwrap(), want);
+        }
     }
 }

@@ -284,8 +284,11 @@ class Jobs(FarmTest):
         later = self.done["submitted_unix_ms"] + 1
         self.assertNotIn(done_id, [j["id"] for j in self.farm.jobs(since=later)])
         self.assertIn(done_id, [j["id"] for j in self.farm.jobs(state=["done", "failed"], since=later - 1)])
+        # The CLI's names for several states: `finished`, `active`.
+        self.assertIn(done_id, [j["id"] for j in self.farm.jobs(state="finished")])
+        self.assertNotIn(done_id, [j["id"] for j in self.farm.jobs(state="active")])
         with self.assertRaises(tessera_client.Invalid) as e:
-            self.farm.jobs(state="finished")
+            self.farm.jobs(state="finishd")
         self.assertEqual(e.exception.status, 400)
 
     def test_detail_and_retry(self):

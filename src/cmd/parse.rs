@@ -7,21 +7,13 @@ use super::*;
 pub(crate) struct States(pub(crate) Vec<JobState>);
 
 pub(crate) fn parse_states(s: &str) -> Result<States, String> {
-    use JobState::*;
-    Ok(States(match s.trim().to_ascii_lowercase().as_str() {
-        "queued" => vec![Queued],
-        "running" => vec![Running],
-        "done" => vec![Done],
-        "failed" => vec![Failed],
-        "canceled" | "cancelled" => vec![Canceled],
-        "active" => vec![Queued, Running],
-        "finished" => vec![Done, Failed, Canceled],
-        other => {
-            return Err(format!(
-                "`{other}` is not a job state: queued, running, done, failed, canceled, active or finished"
-            ))
-        }
-    }))
+    match JobState::named(s) {
+        Some(states) => Ok(States(states)),
+        None => Err(format!(
+            "`{}` is not a job state: queued, running, done, failed, canceled, active or finished",
+            s.trim().to_ascii_lowercase()
+        )),
+    }
 }
 
 /// `--since`: a duration ago (`2h`) or a UTC date or time

@@ -231,7 +231,9 @@ impl App {
                     | FarmEvent::TaskFailed { job, worker, .. } => {
                         (self.worker_names.get(worker).cloned(), self.job_name(*job))
                     }
-                    FarmEvent::JobChanged { job, .. } => (None, self.job_name(*job)),
+                    FarmEvent::JobChanged { job, .. } | FarmEvent::JobHeld { job, .. } => {
+                        (None, self.job_name(*job))
+                    }
                 };
                 self.push_log(unix_ms, LogItem::Farm { event, worker, job });
                 None

@@ -524,6 +524,11 @@ fn event_line(event: &FarmEvent, worker: Option<&str>, job_name: Option<&str>) -
             };
             (format!("job {job}{name} is {}", state.name()), style)
         }
+        FarmEvent::JobHeld { job, paused } => {
+            let name = job_name.map(|n| format!(" ({n})")).unwrap_or_default();
+            let what = if *paused { "paused" } else { "resumed" };
+            (format!("job {job}{name} is {what}"), Style::new().bold())
+        }
     }
 }
 

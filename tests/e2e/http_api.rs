@@ -160,18 +160,18 @@ fn readme_python_three_shot_script_runs() {
 
 /// What the receiver saw of one delivery.
 #[derive(Debug, Clone)]
-struct Delivery {
-    id: String,
-    kind: String,
-    signature: String,
-    body: Vec<u8>,
-    answered: u16,
+pub(crate) struct Delivery {
+    pub id: String,
+    pub kind: String,
+    pub signature: String,
+    pub body: Vec<u8>,
+    pub answered: u16,
 }
 
 /// A webhook receiver on 127.0.0.1 that answers `status` to every POST
 /// (503: an outage that answers), and can stop listening altogether.
-struct Receiver {
-    port: u16,
+pub(crate) struct Receiver {
+    pub port: u16,
     status: Arc<Mutex<u16>>,
     seen: Arc<Mutex<Vec<Delivery>>>,
     stop: Arc<AtomicBool>,
@@ -179,7 +179,7 @@ struct Receiver {
 }
 
 impl Receiver {
-    fn start(port: u16, status: u16, seen: Arc<Mutex<Vec<Delivery>>>) -> Receiver {
+    pub fn start(port: u16, status: u16, seen: Arc<Mutex<Vec<Delivery>>>) -> Receiver {
         let listener = TcpListener::bind(("127.0.0.1", port)).unwrap();
         listener.set_nonblocking(true).unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -211,7 +211,7 @@ impl Receiver {
     }
 
     /// Stops listening: connections are refused from now on.
-    fn shut(mut self) -> (u16, Arc<Mutex<Vec<Delivery>>>) {
+    pub fn shut(mut self) -> (u16, Arc<Mutex<Vec<Delivery>>>) {
         self.stop.store(true, Ordering::Relaxed);
         self.thread.take().unwrap().join().unwrap();
         (self.port, self.seen.clone())
@@ -259,7 +259,7 @@ fn serve_one(conn: TcpStream, answer: u16) -> Option<Delivery> {
     })
 }
 
-fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+pub(crate) fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
     let deadline = Instant::now() + limit;
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");

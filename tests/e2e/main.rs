@@ -27,6 +27,7 @@ mod hostile_worker;
 mod http_api;
 mod http_limits;
 mod identity;
+mod job_events;
 mod migration;
 mod monitor;
 mod openjd;

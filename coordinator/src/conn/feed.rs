@@ -26,11 +26,13 @@ pub(super) async fn feed(shared: &Arc<Shared>, mut control: Channel) -> anyhow::
         anyhow::Ok(ClientResponse::Snapshot(snapshot))
     };
     let mut events = shared.events();
+    let legacy = control.codec() == tessera_protocol::codec::Codec::Legacy;
     let mut tick = tokio::time::interval(SNAPSHOT_EVERY);
     loop {
         let msg = tokio::select! {
             _ = tick.tick() => snapshot().await?,
             event = events.recv() => match event {
+                Ok((_, event)) if legacy && !event.known_to_version_18() => continue,
                 Ok((unix_ms, event)) => ClientResponse::Event { unix_ms, event },
                 Err(broadcast::error::RecvError::Lagged(_)) => snapshot().await?,
                 Err(broadcast::error::RecvError::Closed) => return Ok(()),

@@ -431,17 +431,14 @@ fn filter(pairs: &[(String, String)]) -> Result<JobFilter, Response<Body>> {
         match k.as_str() {
             "state" => {
                 for s in v.split(',').filter(|s| !s.is_empty()) {
-                    let state = [
-                        JobState::Queued,
-                        JobState::Running,
-                        JobState::Done,
-                        JobState::Failed,
-                        JobState::Canceled,
-                    ]
-                    .into_iter()
-                    .find(|st| st.name() == s)
-                    .ok_or_else(|| bad(k, v, "queued, running, done, failed or canceled"))?;
-                    f.states.push(state);
+                    let states = JobState::named(s).ok_or_else(|| {
+                        bad(
+                            k,
+                            v,
+                            "queued, running, done, failed, canceled, active or finished",
+                        )
+                    })?;
+                    f.states.extend(states);
                 }
             }
             "name" => f.name = Some(v.clone()),

@@ -231,6 +231,10 @@ impl FarmCore {
             bytes_to_workers: job.bytes_to_workers,
         };
         let status = self.job_status(id, now);
+        if let Some(status) = &status {
+            let status = Box::new(status.clone());
+            self.effects.push(Effect::Ended { status });
+        }
         let cost_usd = self.ledger.job_cost(id, now.ms);
         let job = self.jobs.get(&id)?;
         self.effects.push(Effect::Record {
@@ -269,6 +273,7 @@ impl FarmCore {
         }
         let released = j.released;
         tracing::info!(job, paused, "job paused or resumed");
+        self.emit(now, FarmEvent::JobHeld { job, paused });
         self.effects.push(Effect::Holds {
             job,
             paused,

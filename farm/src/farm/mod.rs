@@ -97,7 +97,10 @@ pub enum Effect {
     Wake,
     /// A live job is blocked, first time this run (the reason is in its
     /// status): for the `job.blocked` webhook.
-    Blocked { job: u64 },
+    Blocked { job: u64, status: Box<JobStatus> },
+    /// A job ended (done, failed, canceled): its final status, counts,
+    /// error and end time, for the webhooks that tell of it.
+    Ended { status: Box<JobStatus> },
     /// A job's cost reached its budget: for the `job.budget_reached`
     /// webhook, with the job's status at that moment (a job canceled by it
     /// is gone from the core before its record is written).
@@ -305,6 +308,19 @@ impl FarmCore {
         }
     }
 
+    /// A task of `job` started (leased or adopted): the first this run
+    /// tells that the job runs (`job.running`).
+    pub(super) fn job_started(&mut self, job: u64, now: Now) {
+        let Some(j) = self.jobs.get_mut(&job) else {
+            return;
+        };
+        if j.started.is_none() {
+            j.started = Some((now.ms, j.tasks_done));
+            let state = JobState::Running;
+            self.emit(now, FarmEvent::JobChanged { job, state });
+        }
+    }
+
     fn emit(&mut self, now: Now, event: FarmEvent) {
         self.effects.push(Effect::Event {
             unix_ms: now.unix_ms,
@@ -440,6 +456,8 @@ impl FarmCore {
         self.add_to_scheduler(id, &job, pending, now);
         let status = job.status(id, 0, self.blocked(id, job.spec.engine));
         self.jobs.insert(id, job);
+        let state = JobState::Queued;
+        self.emit(now, FarmEvent::JobChanged { job: id, state });
         self.blocked_check = true;
         self.apply_holds(id, now);
         self.effects.push(Effect::Wake);
@@ -499,7 +517,7 @@ impl FarmCore {
         if !hold {
             // While workers rejoin (or leave with the coordinator) a job
             // lacking them is not blocked: looked at once the hold ends.
-            self.tell_blocked();
+            self.tell_blocked(now);
         }
         let next = (self.sched.next_deadline().into_iter())
             .chain(self.lost.next_deadline())
@@ -533,7 +551,7 @@ impl FarmCore {
     /// Tells ([`Effect::Blocked`]) of each live job blocked now that was not
     /// told of before, when something changed since the last look: work
     /// per change, never per tick.
-    fn tell_blocked(&mut self) {
+    fn tell_blocked(&mut self, now: Now) {
         if !std::mem::take(&mut self.blocked_check) {
             return;
         }
@@ -545,7 +563,12 @@ impl FarmCore {
             .collect();
         for job in newly {
             self.blocked_told.insert(job);
-            self.effects.push(Effect::Blocked { job });
+            // The status of this moment: what the `job.blocked` webhook
+            // tells, the reason included.
+            if let Some(status) = self.job_status(job, now) {
+                let status = Box::new(status);
+                self.effects.push(Effect::Blocked { job, status });
+            }
         }
     }
 
@@ -614,15 +637,13 @@ impl FarmCore {
         } else {
             self.ledger.lease_started(a.task, a.worker, price, now.ms);
         }
+        self.job_started(a.task.job, now);
         let event = FarmEvent::TaskStarted {
             job: a.task.job,
             index: a.task.index,
             worker: a.worker,
         };
         self.emit(now, event);
-        if let Some(job) = self.jobs.get_mut(&a.task.job) {
-            job.started.get_or_insert((now.ms, job.tasks_done));
-        }
         let (Some(job), Some(worker)) =
             (self.jobs.get(&a.task.job), self.workers.get_mut(&a.worker))
         else {

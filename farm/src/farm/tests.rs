@@ -149,7 +149,8 @@ impl Farm {
                     self.finals.insert(job, counts);
                 }
                 Effect::Wake => self.wakes += 1,
-                Effect::Blocked { job } => self.blocked.push(job),
+                Effect::Blocked { job, .. } => self.blocked.push(job),
+                Effect::Ended { .. } => {}
                 Effect::BudgetReached { status } => self.budgets.push(status.id),
                 Effect::Leased { .. } => {}
                 Effect::Quarantine { identity, .. } => self.quarantined.push(identity),

@@ -140,9 +140,7 @@ impl FarmCore {
                     );
                     let price = self.workers.get(&id).map_or(0.0, |w| w.info.price_per_hour);
                     self.ledger.lease_adopted(key(task), id, price, now.ms);
-                    if let Some(job) = self.jobs.get_mut(&task.job) {
-                        job.started.get_or_insert((now.ms, job.tasks_done));
-                    }
+                    self.job_started(task.job, now);
                     if let Some(w) = self.workers.get_mut(&id) {
                         w.jobs_sent.insert(task.job);
                     }

@@ -31,6 +31,23 @@ impl JobState {
         }
     }
 
+    /// The states a filter word names (`tessera status --state`, HTTP
+    /// `?state=`): a state, `cancelled`, `active` (queued and running) or
+    /// `finished` (done, failed and canceled); case-insensitive.
+    pub fn named(word: &str) -> Option<Vec<JobState>> {
+        use JobState::*;
+        Some(match word.trim().to_ascii_lowercase().as_str() {
+            "queued" => vec![Queued],
+            "running" => vec![Running],
+            "done" => vec![Done],
+            "failed" => vec![Failed],
+            "canceled" | "cancelled" => vec![Canceled],
+            "active" => vec![Queued, Running],
+            "finished" => vec![Done, Failed, Canceled],
+            _ => return None,
+        })
+    }
+
     pub fn is_final(self) -> bool {
         matches!(self, JobState::Done | JobState::Failed | JobState::Canceled)
     }
@@ -226,6 +243,19 @@ pub enum FarmEvent {
         job: u64,
         state: JobState,
     },
+    /// A live job was paused (`paused`) or resumed. Version 18 peers
+    /// (bincode, strict) do not know it and are not sent it.
+    JobHeld {
+        job: u64,
+        paused: bool,
+    },
+}
+
+impl FarmEvent {
+    /// Whether a peer at version 18 knows this event.
+    pub fn known_to_version_18(&self) -> bool {
+        !matches!(self, FarmEvent::JobHeld { .. })
+    }
 }
 
 /// A whole picture of the farm.
