@@ -35,12 +35,22 @@ pub use worker::*;
 /// fields it does not know, so a coordinator serves peers one version
 /// behind (see [`crate::codec`]).
 ///
-/// How to change a message from now on: a new field gets
-/// `#[serde(default)]` (an older peer leaves it out) and the version is
-/// bumped; a new variant is sent only to peers whose version knows it.
-/// While [`MIN_PROTOCOL_VERSION`] is 18, no message may change its bincode
-/// shape at all: version 18 peers are served in bincode, and the golden
-/// files in `protocol/golden/v18/` check that they still decode.
+/// How to change a message. While [`MIN_PROTOCOL_VERSION`] is 18, no
+/// message may change its version-18 (bincode) shape: 18's peers are served
+/// in bincode, which has no room for a new field, and the golden files in
+/// `protocol/golden/v18/` fail (`UnexpectedEnd`) when a shape moved. A new
+/// enum variant may be added at the end if it is never sent to a version-18
+/// peer (see `conn/feed.rs`). So the first new field goes with the bump to
+/// 20, which drops 18 (`MIN_PROTOCOL_VERSION` is always one behind), and
+/// takes three steps: (1) before changing any message, write version 19's
+/// golden files (`protocol/golden/v19/`: every message as this release's
+/// envelope encodes it; the writer in `protocol/tests/golden.rs` writes
+/// v18 today — point it at 19 and `Codec::Envelope`, never rerun it for
+/// 18); (2) make the golden test and `tests/e2e/rolling_upgrade.rs` read
+/// `MIN_PROTOCOL_VERSION`'s folder and codec; (3) bump, then add the field
+/// with `#[serde(default)]` (the envelope skips fields it does not know and
+/// defaults missing ones). From then on each change is just step 3, with
+/// the previous version's golden files written first.
 pub const PROTOCOL_VERSION: u32 = 19;
 
 /// The oldest peer a coordinator of this release serves: one version
