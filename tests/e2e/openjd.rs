@@ -2,8 +2,9 @@
 //! `scenes/openjd/blender-render.template.yaml` (a Blender template in our
 //! own words after the OpenJD specifications' Blender sample) becomes two
 //! jobs, the second `--after` the first, whose frames equal Blender's own
-//! render; `blender-ffmpeg.template.yaml` is refused with its reason and
-//! submits nothing.
+//! render, named as its `--render-output` names them;
+//! `blender-ffmpeg.template.yaml` is refused with its reason and submits
+//! nothing.
 
 use std::path::Path;
 use std::process::Command;
@@ -93,19 +94,14 @@ fn a_blender_openjd_template_imports_as_dependent_jobs_and_renders_like_blender(
         (Some(1), Some(3))
     );
     assert_eq!(render["after"][0], preview["id"], "the step dependency");
-    // The render output the template names is not used, and it says so.
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        stderr.contains("--render-output ./frames/frame-####` is not used"),
-        "{stderr}"
-    );
+    // Named as the template's --render-output names them, under --output.
     assert_same_pixels(
-        &frames.join("Preview/frame_0002.png"),
+        &frames.join("preview/frame-0002.png"),
         &refs.join("ref_0002.png"),
     );
     for f in 1..=3 {
         assert_same_pixels(
-            &frames.join(format!("Render/frame_{f:04}.png")),
+            &frames.join(format!("output_{f:04}.png")),
             &refs.join(format!("ref_{f:04}.png")),
         );
     }
