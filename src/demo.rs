@@ -180,6 +180,7 @@ pub async fn run(
         engine: None,
         allow_missing: false,
         builtin_frame_names: true,
+        output_pattern: None,
         progress: true,
         blender: None,
         blender_python: None,

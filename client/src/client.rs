@@ -418,6 +418,9 @@ pub struct SubmitOptions {
     pub engine: Option<Engine>,
     /// `--frame-names frame`: name frames `frame_NNNN.EXT`, not as the scene does.
     pub builtin_frame_names: bool,
+    /// A template's `--render-output` frame-name template (`output_####`)
+    /// and whether the format's extension is appended (`--use-extension`).
+    pub output_pattern: Option<(String, bool)>,
     pub allow_missing: bool,
     pub progress: bool,
     /// `--blender`: which Blender versions may render it (default: the

@@ -164,11 +164,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
         ticket,
     } = args;
     if !wait && (output.is_some() || timeout.is_some()) {
-        let what = if output.is_some() {
-            "--output"
-        } else {
-            "--timeout"
-        };
+        let what = ["--timeout", "--output"][usize::from(output.is_some())];
         return Err(exit::usage(format!(
             "{what} needs --wait (submit returns at once without it; use `tessera wait JOB {what} …` later)"
         )));
@@ -193,6 +189,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
         engine,
         allow_missing,
         builtin_frame_names: frame_names == "frame",
+        output_pattern: None,
         progress: !json,
         blender,
         blender_python,
@@ -336,7 +333,9 @@ pub(crate) fn parse_resolution(s: &str) -> Result<(u32, u32), String> {
 /// `submit TEMPLATE.yaml`: one job per step of an Open Job Description
 /// template, each `--after` the steps it depends on (and the command
 /// line's `--after`, for the steps that depend on none); with `--wait`,
-/// waits for each and downloads its frames (into `--output`, or a folder
+/// waits for each and downloads its frames (into `--output`, or the
+/// template's output-directory parameter when none is given: in the folder
+/// and with the names the step's `--render-output` gives, or else a folder
 /// per step when there are several).
 pub(crate) async fn submit_template(
     ticket: &tessera_protocol::ticket::Ticket,
@@ -370,6 +369,7 @@ pub(crate) async fn submit_template(
         });
         step_opts.request_id = (opts.request_id.as_ref()).map(|r| format!("{r}/{}", step.name));
         step_opts.after = after;
+        step_opts.output_pattern = (step.output.as_ref()).map(|o| (o.name.clone(), o.extension));
         let client::Submitted {
             status, warnings, ..
         } = client::submit(client, &step_opts)
@@ -400,11 +400,19 @@ pub(crate) async fn submit_template(
         return Ok(0);
     }
     let mut code = 0;
-    for (name, id) in &jobs {
-        let out = output.as_ref().map(|(dir, o)| {
-            let dir = if several { dir.join(name) } else { dir.clone() };
-            (dir, *o)
-        });
+    let overwrite = output.as_ref().is_some_and(|(_, o)| *o);
+    for ((name, id), step) in jobs.iter().zip(&template.steps) {
+        let out = match (&output, &step.output) {
+            (Some((dir, _)), Some(pattern)) => Some(dir.join(&pattern.subdir)),
+            (Some((dir, _)), None) if several => Some(dir.join(name)),
+            (Some((dir, _)), None) => Some(dir.clone()),
+            // No --output: the folder the template names.
+            (None, Some(pattern)) => (pattern.root.as_ref())
+                .or(template.output_dir.as_ref())
+                .map(|root| root.join(&pattern.subdir)),
+            (None, None) => None,
+        }
+        .map(|dir| (dir, overwrite));
         let opts = follow::WaitOptions {
             output: out,
             ..wait_opts.clone()

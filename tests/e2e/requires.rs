@@ -32,10 +32,13 @@ pub enum Need {
     /// this machine's files; `TESSERA_TEST_WORKER_IMAGE=release` also needs
     /// root and debootstrap, which `fleet/image/build.sh` checks).
     Docker,
+    /// `$TESSERA_TEST_OPENJD` names the reference implementation's CLI
+    /// (`openjd`, from PyPI's openjd-cli; `.ci/run` installs it).
+    OpenJd,
 }
 
 impl Need {
-    const ALL: [Need; 8] = [
+    const ALL: [Need; 9] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
@@ -44,6 +47,7 @@ impl Need {
         Need::Bpy,
         Need::PyClient,
         Need::Docker,
+        Need::OpenJd,
     ];
 
     fn what(self) -> &'static str {
@@ -59,6 +63,9 @@ impl Need {
                 "TESSERA_TEST_PYTHON naming a Python 3.9+ with prometheus_client (.ci/run makes it in $HOME/.cache/tessera-ci/pyclient)"
             }
             Need::Docker => "a running Docker Engine (`docker info` answers)",
+            Need::OpenJd => {
+                "TESSERA_TEST_OPENJD naming openjd-cli's `openjd` (.ci/run installs openjd-cli==0.8.0 in $HOME/.cache/tessera-ci/openjd-cli-0.8.0)"
+            }
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
             }
@@ -89,6 +96,8 @@ impl Need {
                 .is_some_and(|py| runs(Command::new(py).args(["-c", "import bpy"]))),
             Need::WanBench => crate::wan::unavailable().is_none(),
             Need::Docker => runs(Command::new("docker").arg("info")),
+            Need::OpenJd => std::env::var_os("TESSERA_TEST_OPENJD")
+                .is_some_and(|cli| runs(Command::new(cli).arg("--help"))),
             Need::RootNetns => {
                 let root = (Command::new("id").arg("-u").output())
                     .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");

@@ -24,6 +24,28 @@ pub(super) struct Scan {
     pub(super) unreal: Option<tessera_protocol::unreal::UnrealJob>,
     /// Frames end with a finishing task (see [`JobSpec::finish`]).
     pub(super) finish: bool,
+    /// The extension Blender gives the output format (`.png`), for names
+    /// a template's `--render-output` sets.
+    pub(super) extension: &'static str,
+}
+
+/// The extension Blender appends for an image format (`file_format`).
+pub(super) fn blender_extension(file_format: &str) -> &'static str {
+    match file_format {
+        "PNG" => ".png",
+        "JPEG" => ".jpg",
+        "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => ".exr",
+        "BMP" => ".bmp",
+        "TARGA" | "TARGA_RAW" => ".tga",
+        "TIFF" => ".tif",
+        "JPEG2000" => ".jp2",
+        "WEBP" => ".webp",
+        "HDR" => ".hdr",
+        "CINEON" => ".cin",
+        "DPX" => ".dpx",
+        "IRIS" => ".rgb",
+        _ => "",
+    }
 }
 
 pub struct SceneFile {
@@ -126,6 +148,7 @@ pub(super) async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::R
                 output_name: None,
                 unreal: None,
                 finish: false,
+                extension: ".png",
             })
         }
         Engine::Blender => scan_blend(client, opts, path, file_name, &sharing).await,
@@ -144,6 +167,7 @@ pub(super) async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::R
                 output_name: None,
                 unreal: Some(p.unreal),
                 finish: false,
+                extension: "", // templates render Blender only
             })
         }
     }
@@ -245,6 +269,7 @@ pub(super) async fn scan_blend(
         output_name: s.output_name.clone(),
         unreal: None,
         finish,
+        extension: blender_extension(&s.file_format),
     })
 }
 

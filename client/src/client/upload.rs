@@ -74,7 +74,11 @@ pub async fn upload_scene(
         priority: opts.priority,
         output: scan.output,
         blender: scan.blender,
-        output_name: scan.output_name.filter(|_| !opts.builtin_frame_names),
+        output_name: match &opts.output_pattern {
+            Some((name, true)) => Some(format!("{name}{}", scan.extension)),
+            Some((name, false)) => Some(name.clone()),
+            None => scan.output_name.filter(|_| !opts.builtin_frame_names),
+        },
         unreal: scan.unreal.map(Box::new),
         finish: scan.finish,
         verify_percent: opts.verify,

@@ -3,7 +3,9 @@
 //! steps run Blender, becomes one Tessera job per step. Job parameters are
 //! substituted (a value given with `--job-param NAME=VALUE`, else the
 //! default); an INT task parameter that `--render-frame` names becomes the
-//! job's frames; `dependencies` between steps become `--after`.
+//! job's frames; `dependencies` between steps become `--after`;
+//! `--render-output DIR/NAME####` (with `--use-extension`) names the frames
+//! and the folder under the output directory they are fetched into.
 //!
 //! A step's command is Blender itself, or a shell running one embedded
 //! script whose only command (besides `set`, `mkdir` and `echo`) is
@@ -48,8 +50,12 @@ pub struct Imported {
     pub name: String,
     /// In an order where every step comes after the steps it depends on.
     pub steps: Vec<Step>,
-    /// What was read but has no effect here (a render output path, say).
+    /// What was read but has no effect here (a thread count, say).
     pub notes: Vec<String>,
+    /// The template's output-directory parameter (a PATH of `dataFlow:
+    /// OUT`), the first when several: frames are fetched under it when no
+    /// `--output` is given.
+    pub output_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -61,6 +67,26 @@ pub struct Step {
     pub frames: Option<String>,
     /// Indices into [`Imported::steps`] of the steps it runs after.
     pub after: Vec<usize>,
+    /// How `--render-output` names its frames, when given.
+    pub output: Option<RenderOutput>,
+}
+
+/// A step's `--render-output DIR/NAME####` (with `--use-extension`): the
+/// frames are named `NAME####` (plus the format's extension) in `DIR`,
+/// which lies under `--output`, or under the template's output-directory
+/// parameter when no `--output` is given; never outside it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RenderOutput {
+    /// The output-directory parameter's value the pattern was written
+    /// under (`{{Param.OutputDir}}/...`); `None` for a relative pattern.
+    pub root: Option<PathBuf>,
+    /// The folder under that root (`""` for the root itself), `/`-separated.
+    pub subdir: String,
+    /// The file-name template, one run of `#` for the frame (`output_####`).
+    pub name: String,
+    /// `--use-extension`: the format's extension is appended (Blender's
+    /// default, 1).
+    pub extension: bool,
 }
 
 /// Whether `path` names an OpenJD template rather than a scene: a `.yaml`
@@ -149,7 +175,18 @@ pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, St
         mapped.push(map_step(i, step, &values, base, &mut notes)?);
     }
     let steps = order(mapped)?;
-    Ok(Imported { name, steps, notes })
+    let output_dir = (root.get("parameterDefinitions").and_then(Value::as_array))
+        .into_iter()
+        .flatten()
+        .filter_map(|d| d.get("name").and_then(Value::as_str))
+        .find_map(|n| values.get(n).filter(|v| v.out_dir))
+        .map(|v| PathBuf::from(&v.value));
+    Ok(Imported {
+        name,
+        steps,
+        notes,
+        output_dir,
+    })
 }
 
 /// A value of a job parameter: as given (`raw`) and as used (`value`; a
@@ -157,6 +194,9 @@ pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, St
 struct ParamValue {
     raw: String,
     value: String,
+    /// A PATH parameter of `dataFlow: OUT` naming a directory: where the
+    /// frames go when no `--output` is given.
+    out_dir: bool,
 }
 
 fn text_of(v: Option<&Value>, field: &str) -> Result<String, String> {

@@ -2,15 +2,26 @@
 
 use super::*;
 
-/// The `.blend` and frames of a Blender command line.
+/// What a Blender command line renders: its `.blend`, frames, and how
+/// `--render-output` names them.
+pub(super) struct Rendered {
+    pub(super) scene: PathBuf,
+    pub(super) frames: Option<String>,
+    pub(super) output: Option<RenderOutput>,
+}
+
+/// The `.blend`, frames and output names of a Blender command line;
+/// `out_dirs` are the values of the template's output-directory parameters.
 pub(super) fn blender_options(
     field: &str,
     args: &[String],
     frame: Option<&(String, Vec<u32>)>,
     base: &Path,
+    out_dirs: &[PathBuf],
     notes: &mut Vec<String>,
-) -> Result<(PathBuf, Option<String>), String> {
+) -> Result<Rendered, String> {
     let mut scene: Option<PathBuf> = None;
+    let (mut output, mut extension) = (None, true);
     let mut render_frames: Option<String> = None;
     let (mut anim, mut start, mut end, mut jump) = (false, None, None, None);
     let mut it = args.iter();
@@ -24,12 +35,13 @@ pub(super) fn blender_options(
             "-b" | "--background" | "--factory-startup" | "--disable-autoexec" | "-noaudio"
             | "--noaudio" => {}
             "-x" | "--use-extension" => {
-                value(&mut it, arg)?;
+                extension = match value(&mut it, arg)?.trim() {
+                    "1" => true,
+                    "0" => false,
+                    v => return Err(format!("{field}: `{arg} {v}`: expected 0 or 1")),
+                };
             }
-            "-o" | "--render-output" => {
-                let out = value(&mut it, arg)?;
-                notes.push(format!("{field}: `{arg} {}` is not used: frames are named as the .blend names them and land in --output", out.replace(FRAME, "#")));
-            }
+            "-o" | "--render-output" => output = Some(value(&mut it, arg)?),
             "-t" | "--threads" => {
                 value(&mut it, arg)?;
                 notes.push(format!("{field}: `{arg}` is not used: each worker sets its own render threads"));
@@ -92,7 +104,82 @@ pub(super) fn blender_options(
     if let (Some((name, _)), false) = (frame, args.iter().any(|a| a.contains(FRAME))) {
         return Err(format!("{field}: the task parameter {name} is not used by the Blender command, so every task would render the same frames"));
     }
-    Ok((scene, frames))
+    let output = match output {
+        Some(o) => Some(render_output(field, &o, out_dirs, extension)?),
+        None => None,
+    };
+    Ok(Rendered {
+        scene,
+        frames,
+        output,
+    })
+}
+
+/// `--render-output PATTERN`: a path under one of `out_dirs` (the
+/// template's output-directory parameters) or relative (`./frames/f-####`,
+/// Blender's `//frames/f-####`), without `..`; its last part names the
+/// frames (`####` appended when it has no `#`, as Blender does).
+pub(super) fn render_output(
+    field: &str,
+    pattern: &str,
+    out_dirs: &[PathBuf],
+    extension: bool,
+) -> Result<RenderOutput, String> {
+    let shown = pattern.replace(FRAME, "{{frame}}");
+    if pattern.contains(FRAME) || pattern.contains('\u{0}') {
+        return Err(format!("{field}: --render-output `{shown}` must not depend on the task parameter; `#` stands for the frame"));
+    }
+    let path = Path::new(pattern);
+    let (root, rest) = if let Some(r) = pattern.strip_prefix("//") {
+        (None, r.to_string())
+    } else if path.is_absolute() {
+        let dir = out_dirs.iter().find(|d| path.starts_with(d)).ok_or_else(|| {
+            format!("{field}: --render-output `{shown}` lies outside the template's output directory; write it under an output-directory parameter (a PATH with dataFlow: OUT, e.g. `{{{{Param.OutputDir}}}}/output_####`) or as a relative path")
+        })?;
+        // As a string, so that a trailing `/` (a folder, frames `####`) stays.
+        let rest = match pattern.strip_prefix(&*dir.to_string_lossy()) {
+            Some(r) => r.to_string(),
+            None => path
+                .strip_prefix(dir)
+                .expect("checked")
+                .to_string_lossy()
+                .into_owned(),
+        };
+        (Some(dir.clone()), rest)
+    } else {
+        (None, pattern.to_string())
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in rest.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                return Err(format!(
+                "{field}: --render-output `{shown}` climbs out of the output directory with `..`"
+            ))
+            }
+            p => parts.push(p),
+        }
+    }
+    let mut name = if rest.ends_with('/') || parts.is_empty() {
+        String::new()
+    } else {
+        parts.pop().expect("not empty").to_string()
+    };
+    if !name.contains('#') {
+        name.push_str("####");
+    }
+    if name.len() > tessera_protocol::job::MAX_OUTPUT_NAME - 8 {
+        return Err(format!(
+            "{field}: --render-output `{shown}`: the file name is too long"
+        ));
+    }
+    Ok(RenderOutput {
+        root,
+        subdir: parts.join("/"),
+        name,
+        extension,
+    })
 }
 
 /// What follows `--` on a Blender command line: Cycles' own options, of

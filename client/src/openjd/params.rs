@@ -60,7 +60,17 @@ pub(super) fn job_parameters(
         } else {
             raw.clone()
         };
-        out.insert(name, ParamValue { raw, value });
+        let out_dir = kind == "PATH"
+            && def.get("dataFlow").and_then(Value::as_str) == Some("OUT")
+            && def.get("objectType").and_then(Value::as_str) != Some("FILE");
+        out.insert(
+            name,
+            ParamValue {
+                raw,
+                value,
+                out_dir,
+            },
+        );
     }
     if let Some((name, _)) = overrides.into_iter().next() {
         return Err(format!(

@@ -81,7 +81,22 @@ pub(super) fn map_step(
         args.push(scope.resolve(&text_of(Some(a), &field)?, &field)?);
     }
     let (field, blender_args) = blender_command(&at, &command, &args, &files, &scope)?;
-    let (scene, frames) = blender_options(&field, &blender_args, frame.as_ref(), base, notes)?;
+    let out_dirs: Vec<PathBuf> = (params.values())
+        .filter(|p| p.out_dir && !p.value.is_empty())
+        .map(|p| PathBuf::from(&p.value))
+        .collect();
+    let Rendered {
+        scene,
+        frames,
+        output,
+    } = blender_options(
+        &field,
+        &blender_args,
+        frame.as_ref(),
+        base,
+        &out_dirs,
+        notes,
+    )?;
     let mut after = Vec::new();
     if let Some(deps) = step.get("dependencies") {
         for (k, d) in deps.as_array().into_iter().flatten().enumerate() {
@@ -97,6 +112,7 @@ pub(super) fn map_step(
             scene,
             frames,
             after: Vec::new(),
+            output,
         },
         after,
     ))

@@ -19,6 +19,11 @@ parameterDefinitions:
 - name: Last
   type: INT
   default: 3
+- name: OutputDir
+  type: PATH
+  objectType: DIRECTORY
+  dataFlow: OUT
+  default: /renders
 steps:
 - name: Final
   dependencies:
@@ -32,7 +37,7 @@ steps:
     actions:
       onRun:
         command: blender
-        args: ["--background", "{{Param.SceneFile}}", "--render-output", "/tmp/out/f-####", "--render-frame", "{{Task.Param.Frame}}"]
+        args: ["--background", "{{Param.SceneFile}}", "--render-output", "{{Param.OutputDir}}/frames/f-####", "--use-extension", "1", "--render-frame", "{{Task.Param.Frame}}"]
 - name: Preview
   script:
     actions:
@@ -61,16 +66,24 @@ fn a_blender_template_maps_to_jobs_in_dependency_order() {
                 scene: "/shots/tree.blend".into(),
                 frames: Some("2".into()),
                 after: vec![],
+                output: None,
             },
             Step {
                 name: "Final".into(),
                 scene: "/shots/tree.blend".into(),
                 frames: Some("1-3".into()),
                 after: vec![0],
+                output: Some(RenderOutput {
+                    root: Some("/renders".into()),
+                    subdir: "frames".into(),
+                    name: "f-####".into(),
+                    extension: true,
+                }),
             },
         ]
     );
-    assert_eq!(got.notes.len(), 1, "{:?}", got.notes);
+    assert_eq!(got.output_dir, Some(PathBuf::from("/renders")));
+    assert!(got.notes.is_empty(), "{:?}", got.notes);
     let more = import(
         TEMPLATE,
         Path::new("/shots"),
@@ -94,7 +107,9 @@ fn what_cannot_be_mapped_is_refused_naming_its_field() {
         ("- dependsOn: Preview", "- dependsOn: Nothing", "no step is named `Nothing`"),
         ("  default: 3\n", "\n", "parameterDefinitions[2] (Last): no default; pass --job-param Last=VALUE"),
         ("jobtemplate-2023-09", "jobtemplate-2099-01", "specificationVersion: `jobtemplate-2099-01` is not supported"),
-        ("--render-frame 2", "--render-frame 2 --render-format PNG", "`--render-format` cannot be mapped"),
+        ("{{Param.OutputDir}}/frames", "/tmp/out", "`/tmp/out/f-####` lies outside the template's output directory"),
+        ("{{Param.OutputDir}}/frames", "{{Param.OutputDir}}/../x", "climbs out of the output directory"),
+        ("\"--use-extension\", \"1\"", "\"--use-extension\", \"yes\"", "`--use-extension yes`: expected 0 or 1"),
     ];
     for (from, to, want) in cases {
         assert!(TEMPLATE.contains(from), "{from}");
@@ -109,6 +124,44 @@ fn what_cannot_be_mapped_is_refused_naming_its_field() {
     assert!(steps_of(&cycle).unwrap_err().contains("form a cycle"));
     let unknown = import(TEMPLATE, Path::new("/"), &["Nope=1".into()]).unwrap_err();
     assert!(unknown.contains("--job-param Nope: the template defines no such parameter"));
+}
+
+#[test]
+fn render_output_patterns_name_frames_under_the_output_directory() {
+    let dirs = [PathBuf::from("/renders")];
+    let out = |p: &str, ext| render_output("f", p, &dirs, ext);
+    let named = |p: &str| {
+        let o = out(p, true).unwrap();
+        (
+            o.root.map(|r| r.to_string_lossy().into_owned()),
+            o.subdir,
+            o.name,
+        )
+    };
+    assert_eq!(
+        named("/renders/output_####"),
+        (Some("/renders".into()), "".into(), "output_####".into())
+    );
+    assert_eq!(
+        named("./frames/f-##"),
+        (None, "frames".into(), "f-##".into())
+    );
+    assert_eq!(
+        named("//shots/a/b_"),
+        (None, "shots/a".into(), "b_####".into())
+    );
+    assert_eq!(
+        named("/renders/seq/"),
+        (Some("/renders".into()), "seq".into(), "####".into())
+    );
+    assert!(!out("f_####", false).unwrap().extension);
+    assert!(out("/elsewhere/f_####", true)
+        .unwrap_err()
+        .contains("outside"));
+    assert!(out("/renders/../etc/f_####", true)
+        .unwrap_err()
+        .contains("`..`"));
+    assert!(out("a/../../f_####", true).unwrap_err().contains("`..`"));
 }
 
 #[test]
