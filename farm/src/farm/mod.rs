@@ -706,8 +706,7 @@ impl FarmCore {
 
     /// Why a job needing `engine` cannot progress now, if it cannot.
     fn blocked(&self, job: u64, engine: Engine) -> Option<String> {
-        // Every task rendered and accepted: what is left (stitching the
-        // frames) needs no worker, so nothing blocks the job.
+        // Every task accepted: stitching what is left needs no worker.
         if self
             .sched
             .job_progress(job)
