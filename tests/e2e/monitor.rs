@@ -234,9 +234,13 @@ fn monitor_follows_a_real_farm_from_first_task_to_last_tile() {
         tasks_done(s, "mon-textured", 64).is_some_and(|d| d > 0)
     });
     tmux.keys(&["p"]);
+    // The action's own message and the jobs table's row: the events pane's
+    // `job N (mon-textured) is paused` can come before either.
     let paused = tmux.wait_for("the job paused", |s| {
-        s.lines()
-            .any(|l| l.contains("mon-textured") && l.contains("paused"))
+        s.contains(&format!("job {id} paused"))
+            && s.lines().any(|l| {
+                l.contains("mon-textured") && l.contains("paused") && !l.contains("(mon-textured)")
+            })
     });
     assert!(paused.contains(&format!("job {id} paused")), "{paused}");
     seen.screen(&paused, id);
