@@ -628,7 +628,8 @@ pub fn print_builds(builds: &[BuildInfo], json: bool) {
 
 /// `tessera events`: every farm event from the feed (of one job, with
 /// `job`), one line each: NDJSON with `json`, else `TYPE key=value …`.
-/// Ends when the coordinator closes the feed.
+/// One job's ends after the event that finishes the job; every job's when
+/// the coordinator closes the feed.
 pub async fn stream_events(
     mut feed: crate::client::Feed,
     job: Option<u64>,
@@ -636,7 +637,7 @@ pub async fn stream_events(
 ) -> anyhow::Result<i32> {
     use std::io::Write;
     use tessera_protocol::events::{event_job, event_json};
-    use tessera_protocol::messages::ClientResponse;
+    use tessera_protocol::messages::{ClientResponse, FarmEvent};
     let mut out = std::io::stdout();
     while let Some(msg) = feed.next().await? {
         let ClientResponse::Event { unix_ms, event } = msg else {
@@ -645,6 +646,9 @@ pub async fn stream_events(
         if job.is_some() && event_job(&event) != job {
             continue;
         }
+        // One job's stream ends with the event that finishes it.
+        let last = job.is_some()
+            && matches!(&event, FarmEvent::JobChanged { state, .. } if state.is_final());
         let value = event_json(unix_ms, &event);
         let line = if json {
             value.to_string()
@@ -662,7 +666,7 @@ pub async fn stream_events(
             line
         };
         // A closed stdout (`| head`) ends the stream quietly.
-        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() {
+        if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() || last {
             return Ok(0);
         }
     }

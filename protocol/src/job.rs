@@ -372,50 +372,10 @@ pub enum AfterFailure {
     Hold,
 }
 
-/// `AfterFailure` as the wire has always carried it.
-#[derive(Serialize, Deserialize)]
-#[serde(rename = "AfterFailure")]
-enum AfterFailureWire {
-    Fail,
-    Hold,
-}
-
-/// `AfterFailure` in JSON: lowercase, the capitalised names still read.
-#[derive(Serialize, Deserialize)]
-#[serde(rename = "AfterFailure", rename_all = "lowercase")]
-enum AfterFailureText {
-    #[serde(alias = "Fail")]
-    Fail,
-    #[serde(alias = "Hold")]
-    Hold,
-}
-
-impl Serialize for AfterFailure {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        match (s.is_human_readable(), self) {
-            (true, AfterFailure::Fail) => AfterFailureText::Fail.serialize(s),
-            (true, AfterFailure::Hold) => AfterFailureText::Hold.serialize(s),
-            (false, AfterFailure::Fail) => AfterFailureWire::Fail.serialize(s),
-            (false, AfterFailure::Hold) => AfterFailureWire::Hold.serialize(s),
-        }
-    }
-}
-
-impl<'de> Deserialize<'de> for AfterFailure {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        Ok(if d.is_human_readable() {
-            match AfterFailureText::deserialize(d)? {
-                AfterFailureText::Fail => AfterFailure::Fail,
-                AfterFailureText::Hold => AfterFailure::Hold,
-            }
-        } else {
-            match AfterFailureWire::deserialize(d)? {
-                AfterFailureWire::Fail => AfterFailure::Fail,
-                AfterFailureWire::Hold => AfterFailure::Hold,
-            }
-        })
-    }
-}
+crate::json_lowercase!(AfterFailure {
+    Fail = "fail" | "Fail",
+    Hold = "hold" | "Hold",
+});
 
 impl AfterFailure {
     pub fn name(self) -> &'static str {

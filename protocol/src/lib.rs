@@ -13,6 +13,7 @@ pub mod events;
 pub mod float_tile;
 pub mod job;
 pub mod messages;
+pub mod names;
 pub mod sums;
 pub mod telemetry;
 pub mod text;

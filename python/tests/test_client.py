@@ -291,6 +291,47 @@ class Jobs(FarmTest):
             self.farm.jobs(state="finishd")
         self.assertEqual(e.exception.status, 400)
 
+    def test_the_cli_http_and_the_client_agree_on_a_jobs_fields_and_filters(self):
+        """One finished job as `tessera status --json`, raw HTTP and the
+        client show it: the same fields with the same values; and each
+        state filter lists the same jobs on all three."""
+        job = self.done["id"]
+        code, _, raw = self.farm.request("GET", "/v1/jobs/%d" % job)
+        self.assertEqual(code, 200)
+        http = json.loads(raw)
+        client = self.farm.job(job)
+        self.assertEqual(client, http)
+        # `status --json ID` is the job's detail, its status fields flat.
+        cli = json.loads(tessera("status", "--json", str(job)))
+        detail = self.farm.detail(job)
+        flat = dict(detail.pop("status"), **detail)
+        self.assertEqual(sorted(cli), sorted(flat), "the CLI's fields against HTTP's")
+        for key, value in flat.items():
+            self.assertEqual(cli[key], value, key)
+        for key, value in http.items():
+            self.assertEqual(cli[key], value, key)
+        def ids(jobs):
+            return sorted(j["id"] for j in jobs)
+
+        def by_http(state):
+            code, _, raw = self.farm.request("GET", "/v1/jobs", query={"state": state})
+            self.assertEqual(code, 200, state)
+            page = json.loads(raw)
+            return ids(page.get("jobs", []) if isinstance(page, dict) else page)
+
+        for state in ("done", "finished", "active", "failed", "queued,running"):
+            # Other tests' jobs may change state meanwhile: compared at a
+            # moment HTTP shows the same list before and after.
+            for _ in range(20):
+                before = by_http(state)
+                cli = ids(json.loads(tessera("status", "--json", "--state", state))["jobs"])
+                client = ids(self.farm.jobs(state=state.split(",")))
+                if by_http(state) == before:
+                    break
+                time.sleep(0.5)
+            self.assertEqual(cli, before, state)
+            self.assertEqual(client, before, state)
+
     def test_detail_and_retry(self):
         detail = self.valid(self.schema_of("/v1/jobs/{job}/detail", "get"), self.farm.detail(self.done["id"]))
         self.assertEqual(detail["status"]["id"], self.done["id"])
@@ -364,6 +405,40 @@ class Events(FarmTest):
         cli.wait()
         cli_kinds = [e["type"] for e in cli_lines if e.get("job") == job["id"]]
         self.assertEqual(cli_kinds, kinds)
+
+    def test_one_jobs_stream_ends_with_the_job_over_http_the_client_and_the_cli(self):
+        job = self.farm.submit(SCENE, frames="1", samples=8, name="py-one-stream", paused=True)
+        seen = []
+
+        def follow():
+            for e in self.farm.events(job=job["id"]):  # no timeout: it ends itself
+                seen.append(e)
+
+        t = threading.Thread(target=follow)
+        t.start()
+        cli = subprocess.Popen([os.environ["TESSERA_BIN"], "events", "--json", "--job", str(job["id"])],
+                               stdout=subprocess.PIPE)
+        time.sleep(0.5)  # both streams are open before the job runs
+        self.farm.resume(job["id"])
+        t.join(WAIT)
+        self.assertFalse(t.is_alive(), "the stream of a finished job did not end")
+        out, _ = cli.communicate(timeout=WAIT)
+        self.assertEqual(cli.returncode, 0)
+        kinds = [e["type"] for e in seen]
+        self.assertEqual(kinds[-1], "job.done", kinds)
+        self.assertIn("job.resumed", kinds)
+        self.assertTrue(all(e["job"] == job["id"] for e in seen), seen)
+        cli_events = [json.loads(line) for line in out.decode().splitlines()]
+        self.assertEqual([e["type"] for e in cli_events][-1], "job.done", cli_events)
+        # A finished job's stream is over at once; an unknown job is refused.
+        status, _, body = self.farm.request("GET", "/v1/events", query={"job": job["id"]})
+        self.assertEqual((status, body.strip()), (200, b""))
+        self.assertEqual(tessera("events", "--json", "--job", str(job["id"])), "")
+        with self.assertRaises(tessera_client.NotFound):
+            next(iter(self.farm.events(job=987654)))
+        missing = subprocess.run([os.environ["TESSERA_BIN"], "events", "--job", "987654"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=WAIT)
+        self.assertNotEqual(missing.returncode, 0)
 
 
 class Metrics(FarmTest):

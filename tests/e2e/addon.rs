@@ -335,6 +335,11 @@ fn the_addon_submits_watches_and_fetches_a_tiled_job_in_the_bpy_45_module() {
         ],
     );
     let zip = build_extension(&py, &farm.dir.join("extension"));
+    // Joined before anything is submitted: this machine's Blender (3.4)
+    // cannot read the 4.5 file, so submit asks a 4.5 worker to scan it,
+    // and without one it refuses even a submit it should refuse for its
+    // frames (the refusal the add-on is checked to show).
+    farm.wait_workers(1);
     // The extension installs into a user folder of the test's own.
     let user = farm.dir.join("blender-user");
     submit_watch_fetch(&farm, &project, EXTENSION, Some(&zip), |blend, src| {

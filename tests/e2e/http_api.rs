@@ -881,6 +881,12 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
             cases.push((method, template, concrete(&d), "".into(), 409));
         }
     }
+    // One job's events: a finished job's stream ends at once (its body
+    // is not read here); an unknown job is 404.
+    for (job, want) in [(d.as_str(), 200), ("999999", 404)] {
+        let path = format!("/v1/events?job={job}");
+        cases.push(("GET", "/v1/events", path, "".into(), want));
+    }
     let frame7 = at("/v1/jobs/{job}/frames/7", &d, "");
     cases.push((
         "GET",

@@ -12,6 +12,7 @@ mod blender_builds;
 mod blender_control;
 mod blender_versions;
 mod bounds;
+mod contract;
 mod doc_scripts;
 mod durability;
 mod faithful;

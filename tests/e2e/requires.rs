@@ -35,10 +35,13 @@ pub enum Need {
     /// `$TESSERA_TEST_OPENJD` names the reference implementation's CLI
     /// (`openjd`, from PyPI's openjd-cli; `.ci/run` installs it).
     OpenJd,
+    /// `$TESSERA_TEST_SCHEMATHESIS` names schemathesis (PyPI; `.ci/run`
+    /// installs it).
+    Schemathesis,
 }
 
 impl Need {
-    const ALL: [Need; 9] = [
+    const ALL: [Need; 10] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
@@ -48,6 +51,7 @@ impl Need {
         Need::PyClient,
         Need::Docker,
         Need::OpenJd,
+        Need::Schemathesis,
     ];
 
     fn what(self) -> &'static str {
@@ -65,6 +69,9 @@ impl Need {
             Need::Docker => "a running Docker Engine (`docker info` answers)",
             Need::OpenJd => {
                 "TESSERA_TEST_OPENJD naming openjd-cli's `openjd` (.ci/run installs openjd-cli==0.8.0 in $HOME/.cache/tessera-ci/openjd-cli-0.8.0)"
+            }
+            Need::Schemathesis => {
+                "TESSERA_TEST_SCHEMATHESIS naming schemathesis (.ci/run installs schemathesis==4.32.5 in $HOME/.cache/tessera-ci/schemathesis-4.32.5)"
             }
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
@@ -98,6 +105,8 @@ impl Need {
             Need::Docker => runs(Command::new("docker").arg("info")),
             Need::OpenJd => std::env::var_os("TESSERA_TEST_OPENJD")
                 .is_some_and(|cli| runs(Command::new(cli).arg("--help"))),
+            Need::Schemathesis => std::env::var_os("TESSERA_TEST_SCHEMATHESIS")
+                .is_some_and(|cli| runs(Command::new(cli).arg("--version"))),
             Need::RootNetns => {
                 let root = (Command::new("id").arg("-u").output())
                     .is_ok_and(|o| o.status.success() && o.stdout.trim_ascii() == b"0");

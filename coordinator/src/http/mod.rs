@@ -34,14 +34,18 @@ use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Frame, Incoming};
-use hyper::header::{HeaderValue, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::header::{
+    HeaderValue, ACCEPT, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
+};
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use serde_json::json;
 use tessera_protocol::events::{event_job, event_json};
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::{ClientError, ErrorKind, JobFilter, JobState, JobStatus};
+use tessera_protocol::messages::{
+    ClientError, ErrorKind, FarmEvent, JobFilter, JobState, JobStatus,
+};
 use tessera_protocol::Digest;
 use tessera_store::BlobStore;
 use tokio::net::TcpListener;
@@ -153,10 +157,15 @@ fn find(method: &Method, path: &str) -> Result<(Handler, Params), Response<Body>
         return Err(error(StatusCode::NOT_FOUND, &format!("no route {path}")));
     };
     let Some(route) = found.value.iter().find(|r| r.method == method.as_str()) else {
-        return Err(error(
+        let mut r = error(
             StatusCode::METHOD_NOT_ALLOWED,
             &format!("{method} is not served at {path}"),
-        ));
+        );
+        // The methods that are (RFC 9110: a 405 names them).
+        let allowed: Vec<&str> = found.value.iter().map(|r| r.method).collect();
+        let allowed = HeaderValue::from_str(&allowed.join(", ")).expect("method names");
+        r.headers_mut().insert(ALLOW, allowed);
+        return Err(r);
     };
     let params = Params {
         job: found.params.get("job").map(str::to_string),
@@ -566,10 +575,22 @@ async fn route(
             )
         }
         Handler::BlobsMissing => blobs_missing(shared, req).await?,
-        Handler::Events => match one_number(&req, "job") {
-            Ok(job) => events(shared, job),
-            Err(r) => return Ok(r),
-        },
+        Handler::Events => {
+            let sse = (req.headers().get_all(ACCEPT).iter())
+                .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
+            // Subscribed before the job is read, so that no event falls
+            // between the two; an unknown job is 404, a finished one's
+            // stream ends at once.
+            let rx = service::events(shared);
+            match one_number(&req, "job") {
+                Ok(None) => events(rx, None, false, sse),
+                Ok(Some(job)) => match off(shared, move |s| service::job(s, job)).await {
+                    Ok(status) => events(rx, Some(job), status.state.is_final(), sse),
+                    Err(e) => refused(&e),
+                },
+                Err(r) => return Ok(r),
+            }
+        }
     })
 }
 
@@ -690,23 +711,42 @@ impl hyper::body::Body for ChannelBody {
     }
 }
 
-/// Every farm event from now on (of one job, when `job` is given), one JSON
-/// object a line, after an empty line. A reader that falls behind gets
-/// `{"type":"lagged","missed":N}` in place of the events it missed.
-fn events(shared: &Arc<Shared>, job: Option<u64>) -> Response<Body> {
-    let mut rx = service::events(shared);
+/// Every farm event from `rx` (of one job, when `job` is given), one JSON
+/// object a line after an empty line, or as Server-Sent Events (`data:
+/// JSON`, comments to keep alive) when `sse`. A reader that falls behind
+/// gets `{"type":"lagged","missed":N}` in place of the events it missed.
+/// One job's stream ends after the event that finishes it (done, failed,
+/// canceled), or at once when `ended` (it had finished when asked for).
+fn events(
+    mut rx: broadcast::Receiver<(u64, FarmEvent)>,
+    job: Option<u64>,
+    ended: bool,
+    sse: bool,
+) -> Response<Body> {
     let (tx, body) = mpsc::channel::<Bytes>(64);
-    // An empty line at once: the headers go out with it, so a client knows
-    // it is subscribed before it submits anything.
-    let _ = tx.try_send(Bytes::from_static(b"\n"));
+    let frame = move |json: String| -> Bytes {
+        match (sse, json.is_empty()) {
+            (false, _) => Bytes::from(json + "\n"),
+            (true, true) => Bytes::from_static(b":\n\n"),
+            (true, false) => Bytes::from(format!("data: {json}\n\n")),
+        }
+    };
+    // Something at once: the headers go out with it, so a client knows it
+    // is subscribed before it submits anything.
+    let _ = tx.try_send(frame(String::new()));
     tokio::spawn(async move {
+        if ended {
+            return;
+        }
         loop {
+            let mut last = false;
             let line = tokio::select! {
                 event = rx.recv() => match event {
                     Ok((unix_ms, event)) => {
                         if job.is_some() && event_job(&event) != job {
                             continue;
                         }
+                        last = job.is_some() && finishes(&event);
                         event_json(unix_ms, &event).to_string()
                     }
                     Err(broadcast::error::RecvError::Lagged(n)) => {
@@ -716,17 +756,25 @@ fn events(shared: &Arc<Shared>, job: Option<u64>) -> Response<Body> {
                 },
                 _ = tokio::time::sleep(KEEPALIVE) => String::new(),
             };
-            if tx.send(Bytes::from(line + "\n")).await.is_err() {
+            if tx.send(frame(line)).await.is_err() || last {
                 return;
             }
         }
     });
     let mut r = Response::new(ChannelBody(body).boxed());
-    r.headers_mut().insert(
-        CONTENT_TYPE,
-        HeaderValue::from_static("application/x-ndjson"),
-    );
+    let kind = if sse {
+        "text/event-stream"
+    } else {
+        "application/x-ndjson"
+    };
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
     r
+}
+
+/// Whether `event` finishes its job (done, failed or canceled).
+fn finishes(event: &FarmEvent) -> bool {
+    matches!(event, FarmEvent::JobChanged { state, .. } if state.is_final())
 }
 
 #[cfg(test)]
@@ -756,6 +804,9 @@ mod tests {
             Handler::Resume
         );
         assert_eq!(status(Method::DELETE, "/v1/jobs/1"), Some(405));
+        let allow = |m: Method, p: &str| find(&m, p).err().unwrap().headers()[ALLOW].clone();
+        assert_eq!(allow(Method::DELETE, "/v1/jobs"), "GET, POST");
+        assert_eq!(allow(Method::TRACE, "/v1/jobs/1/cancel"), "POST");
         assert_eq!(status(Method::POST, "/metrics"), Some(405));
         assert_eq!(status(Method::GET, "/v1/nothing"), Some(404));
         assert_eq!(status(Method::GET, "/v1/jobs/1/cancel/more"), Some(404));

@@ -326,7 +326,8 @@ pub struct FrameRun {
     pub state: FrameState,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// A frame's state; lowercase in JSON, like every other name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FrameState {
     /// Stitched: downloadable.
     Done,
@@ -335,6 +336,12 @@ pub enum FrameState {
     /// Waiting for a worker (or, once the job ended, never finished).
     Waiting,
 }
+
+crate::json_lowercase!(FrameState {
+    Done = "done" | "Done",
+    Rendering = "rendering" | "Rendering",
+    Waiting = "waiting" | "Waiting",
+});
 
 impl FrameState {
     pub fn name(self) -> &'static str {
