@@ -8,7 +8,8 @@
 # (tests/e2e/finishing.rs): OUT_DIR/scene.blend, Blender's own full render
 # OUT_DIR/ref.png, and the old per-tile way OUT_DIR/per_tile.png. With
 # --multilayer as well, the scene writes a half-float multilayer OpenEXR
-# (PIZ) of two view layers with depth, normal, mist and Cryptomatte passes,
+# (PIZ) of two view layers (the second in clay) with depth, normal, mist
+# and Cryptomatte passes,
 # and Blender's own render is OUT_DIR/ref.exr (no per-tile frame).
 #
 # Builds a small Cycles scene with a compositor (glare, lens distortion,
@@ -88,7 +89,12 @@ def build():
         im.file_format, im.color_depth, im.exr_codec = "OPEN_EXR_MULTILAYER", "16", "PIZ"
         s.view_layers[0].use_pass_z = True
         s.view_layers[0].use_pass_cryptomatte_object = True
-        second = s.view_layers.new("Second")
+        clay = bpy.data.materials.new("clay")
+        clay.use_nodes = True
+        clay.node_tree.nodes["Principled BSDF"].inputs["Base Color"].default_value = (
+            0.8, 0.3, 0.2, 1)
+        second = s.view_layers.new("Second")  # every object in clay
+        second.material_override = clay
         second.use_pass_normal = True
         second.use_pass_mist = True
     return s

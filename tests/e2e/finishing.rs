@@ -17,6 +17,10 @@ use crate::requires::{require, Need};
 /// Side of the tile grid the boundary figure is measured along.
 const GRID: u32 = 4;
 
+/// Mean |d| along the boundaries (in 1/255) below which no seam can be
+/// seen, whatever the figure elsewhere.
+const SEAM_FLOOR: f64 = 0.01;
+
 /// How far a frame is from Blender's own: PSNR over RGB, and the mean
 /// absolute difference (in 1/255) of the pixels within 2 px of an internal
 /// edge of the 4x4 grid ("boundary") and of all the others ("elsewhere").
@@ -265,7 +269,8 @@ fn a_tiled_multilayer_exr_with_compositor_and_denoising_is_finished_whole_with_e
     let py_s = py.to_str().unwrap();
     let mut farm = Farm::start("finishing-layers", &[]);
     // The probe's scene as a half-float multilayer OpenEXR (PIZ) of two
-    // view layers with depth, normal, mist and Cryptomatte passes, and
+    // view layers (the second in clay) with depth, normal, mist and
+    // Cryptomatte passes, and
     // Blender's own full render of it.
     let dir = farm.dir.join("probe");
     let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/finishing_probe.py");
@@ -329,12 +334,31 @@ fn a_tiled_multilayer_exr_with_compositor_and_denoising_is_finished_whole_with_e
     assert_eq!(got.keys, want.keys, "metadata keys (Blender's stamp)");
     assert_eq!(got.size, want.size);
     let (w, h) = got.size;
-    for pass in ["ViewLayer.Combined", "Second.Combined", "Composite.Combined"] {
-        let f = figures_of(w, h, &pass_rgb(&got, pass), &pass_rgb(&want, pass));
+    assert_ne!(
+        pass_rgb(&want, "ViewLayer.Combined"),
+        pass_rgb(&want, "Second.Combined"),
+        "the view layers differ, so a mix-up shows"
+    );
+    let passes = [
+        "ViewLayer.Combined",
+        "Second.Combined",
+        "Composite.Combined",
+        "ViewLayer.Noisy Image",
+    ];
+    for pass in passes {
+        let (a, b) = (pass_rgb(&got, pass), pass_rgb(&want, pass));
+        let f = figures_of(w, h, &a, &b);
+        let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        let max = (a.iter().zip(&b)).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
         eprintln!(
-            "{pass} (4x4 tiles, 2 sample ranges): PSNR {:.2} dB, mean |d| along tile boundaries {:.4}/255, elsewhere {:.4}/255",
-            f.psnr, f.boundary, f.elsewhere
+            "{pass} (4x4 tiles, 2 sample ranges): PSNR {:.2} dB, mean |d| along tile boundaries {:.6}/255, elsewhere {:.6}/255; {differ} of {} samples differ, by at most {max:.4}/255",
+            f.psnr, f.boundary, f.elsewhere, a.len()
         );
-        assert!(f.holds(), "{pass}: {f:?}");
+        // Half floats: a difference of a few ulps in the float values
+        // flips a sample's last half bit (1/8 of an 8-bit level near 1) here
+        // and there; a seam is more than a hundredth of an 8-bit level
+        // along the boundaries on average.
+        let seamless = f.boundary <= f.elsewhere || f.boundary < SEAM_FLOOR;
+        assert!(f.psnr >= 45.0 && seamless, "{pass}: {f:?}");
     }
 }

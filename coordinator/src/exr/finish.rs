@@ -138,7 +138,9 @@ fn take_plan(done: &mut ExrLayer) -> Result<Plan, StitchError> {
     let other = &mut done.attributes.other;
     other.remove(&Text::from(CODEC_ATTRIBUTE));
     let Some(AttributeValue::Text(json)) = other.remove(&Text::from(PLAN_ATTRIBUTE)) else {
-        return Err(bad(format!("the finished frame has no {PLAN_ATTRIBUTE} text")));
+        return Err(bad(format!(
+            "the finished frame has no {PLAN_ATTRIBUTE} text"
+        )));
     };
     if json.as_slice().len() > MAX_PLAN {
         return Err(bad(format!(
@@ -230,7 +232,12 @@ mod tests {
         stitched.extend(["R", "G", "B"].map(|c| (format!("View.Layer.Denoising Albedo.{c}"), 0.5)));
         stitched.push(("View.Layer.Depth.Z".into(), 70000.0));
         let named: Vec<(&str, f32)> = stitched.iter().map(|(n, v)| (n.as_str(), *v)).collect();
-        let passes = exr(4, 3, &named, &[("Frame", "7"), ("cycles.View.Layer.samples", "16")]);
+        let passes = exr(
+            4,
+            3,
+            &named,
+            &[("Frame", "7"), ("cycles.View.Layer.samples", "16")],
+        );
         let plan = r#"{"codec":"PIZ","half":true,"drop":["View.Layer.Denoising Normal","View.Layer.Denoising Albedo"],"noisy":["View.Layer"]}"#;
         let mut made: Vec<(String, f32)> = Vec::new();
         made.extend(rgba("View.Layer.Combined", 1.0));
@@ -241,7 +248,10 @@ mod tests {
 
         let frame = complete(&passes, &finished).unwrap();
         let layer = read_layer(0, &frame).unwrap();
-        assert_eq!(layer.encoding.compression, exr::compression::Compression::PIZ);
+        assert_eq!(
+            layer.encoding.compression,
+            exr::compression::Compression::PIZ
+        );
         let other = &layer.attributes.other;
         assert!(other.contains_key(&Text::from("cycles.View.Layer.samples")));
         assert!(!other.contains_key(&Text::from(PLAN_ATTRIBUTE)));
@@ -271,11 +281,21 @@ mod tests {
         assert_eq!(got, want);
 
         // A plan that is not one is refused, naming it.
-        let bad = exr(4, 3, &[("Composite.Combined.R", 1.0)], &[(PLAN_ATTRIBUTE, "{")]);
+        let bad = exr(
+            4,
+            3,
+            &[("Composite.Combined.R", 1.0)],
+            &[(PLAN_ATTRIBUTE, "{")],
+        );
         let err = complete(&passes, &bad).unwrap_err().to_string();
         assert!(err.contains(PLAN_ATTRIBUTE), "{err}");
         // So is a finished frame of another size.
-        let small = exr(2, 3, &[("Composite.Combined.R", 1.0)], &[(PLAN_ATTRIBUTE, plan)]);
+        let small = exr(
+            2,
+            3,
+            &[("Composite.Combined.R", 1.0)],
+            &[(PLAN_ATTRIBUTE, plan)],
+        );
         assert!(matches!(
             complete(&passes, &small),
             Err(StitchError::WrongSize { .. })
