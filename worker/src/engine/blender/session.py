@@ -1029,6 +1029,9 @@ def finishing_layers(scene, image, done, base_path):
     cycles = scene.cycles if r.engine == "CYCLES" else None
     layers = [bpy.context.view_layer] if r.use_single_layer else [
         vl for vl in scene.view_layers if vl.use]
+    # The layers Blender writes: a Render Layers node of another one
+    # composites, but its Combined is not in the file.
+    done = {vl.name: done[vl.name] for vl in layers if vl.name in done}
     for vl in layers:
         if vl.name not in done and denoises(cycles, vl):
             done[vl.name] = denoised(t, cycles, vl, stitched_layer(t, image, vl.name))
