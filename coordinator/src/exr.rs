@@ -3,7 +3,10 @@
 //! ranges and stitches the tiles that carry every channel of the scene's
 //! OpenEXR output (all view layers, passes and Cryptomatte layers, each in
 //! its own precision) with the `exr` crate, and writes the scene's codec and
-//! metadata.
+//! metadata. `finish` completes a finished multilayer frame with its
+//! stitched passes.
+
+pub mod finish;
 
 /// Encodes `rgba` (width × height × 4 floats, rows top to bottom) as EXR.
 pub fn encode_rgba_f32(width: u32, height: u32, rgba: &[f32]) -> Vec<u8> {

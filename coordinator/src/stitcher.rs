@@ -50,13 +50,24 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
     let frame = spec.frames[frame_pos];
     let image = match plan.stage {
         StitchStage::Finished => {
-            // The finishing task wrote the frame, as Blender writes it.
+            // The finishing task wrote the frame, as Blender writes it; a
+            // multilayer one is completed with the frame's stitched passes.
             let finishing = plan.first + plan.renders;
             let output = shared.db().result_range(job_id, finishing, 1)?;
             let Some(digest) = output.first() else {
                 bail!("frame {frame}: its finishing task's result is not stored");
             };
-            shared.store.get(digest)?
+            let finished = shared.store.get(digest)?;
+            if exr::finish::needs_passes(&finished) {
+                let passes = plan.passes.with_context(|| {
+                    format!("frame {frame}: its stitched passes are not recorded")
+                })?;
+                let stitched = shared.store.get(&passes.digest)?;
+                exr::finish::complete(&stitched, &finished)
+                    .with_context(|| format!("frame {frame}: completing the finished frame"))?
+            } else {
+                finished
+            }
         }
         StitchStage::Frame | StitchStage::Passes => {
             stitch_results(shared, job_id, &spec, frame_pos, plan.first, plan.renders)?

@@ -2,11 +2,15 @@
 # before the farm is wired to it. Run with a Blender that has
 # OpenImageDenoise (the bpy 4.5 runtime):
 #
-#   $TESSERA_TEST_BPY scenes/blender/finishing_probe.py [OUT_DIR] [--for-farm]
+#   $TESSERA_TEST_BPY scenes/blender/finishing_probe.py [OUT_DIR] [--for-farm [--multilayer]]
 #
 # With --for-farm it only writes what the farm's end-to-end test compares
 # (tests/e2e/finishing.rs): OUT_DIR/scene.blend, Blender's own full render
-# OUT_DIR/ref.png, and the old per-tile way OUT_DIR/per_tile.png.
+# OUT_DIR/ref.png, and the old per-tile way OUT_DIR/per_tile.png. With
+# --multilayer as well, the scene writes a half-float multilayer OpenEXR
+# (PIZ) of two view layers (the second in clay) with depth, normal, mist
+# and Cryptomatte passes,
+# and Blender's own render is OUT_DIR/ref.exr (no per-tile frame).
 #
 # Builds a small Cycles scene with a compositor (glare, lens distortion,
 # colour balance) and OpenImageDenoise denoising, renders Blender's own full
@@ -36,7 +40,8 @@ import numpy as np
 
 argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else sys.argv[1:]
 FOR_FARM = "--for-farm" in argv
-argv = [a for a in argv if a != "--for-farm"]
+MULTILAYER = "--multilayer" in argv
+argv = [a for a in argv if a not in ("--for-farm", "--multilayer")]
 OUT = argv[0] if argv else "/tmp/tessera-finishing-probe"
 W, H, G = 128, 96, 4
 
@@ -79,6 +84,19 @@ def build():
     chain += [glare, lens, balance, t.nodes.new("CompositorNodeComposite")]
     for a, b in zip(chain, chain[1:]):
         t.links.new(a.outputs["Image"], b.inputs["Image"])
+    if MULTILAYER:
+        im = s.render.image_settings
+        im.file_format, im.color_depth, im.exr_codec = "OPEN_EXR_MULTILAYER", "16", "PIZ"
+        s.view_layers[0].use_pass_z = True
+        s.view_layers[0].use_pass_cryptomatte_object = True
+        clay = bpy.data.materials.new("clay")
+        clay.use_nodes = True
+        clay.node_tree.nodes["Principled BSDF"].inputs["Base Color"].default_value = (
+            0.8, 0.3, 0.2, 1)
+        second = s.view_layers.new("Second")  # every object in clay
+        second.material_override = clay
+        second.use_pass_normal = True
+        second.use_pass_mist = True
     return s
 
 
@@ -208,6 +226,9 @@ def main():
     os.makedirs(OUT, exist_ok=True)
     s = build()
     bpy.ops.wm.save_as_mainfile(filepath=OUT + "/scene.blend")
+    if MULTILAYER:
+        render(s, OUT + "/ref.exr")
+        return
     render(s, OUT + "/ref.png")
     ref = load(OUT + "/ref.png")
     if FOR_FARM:

@@ -17,6 +17,10 @@ use crate::requires::{require, Need};
 /// Side of the tile grid the boundary figure is measured along.
 const GRID: u32 = 4;
 
+/// Mean |d| along the boundaries (in 1/255) below which no seam can be
+/// seen, whatever the figure elsewhere.
+const SEAM_FLOOR: f64 = 0.01;
+
 /// How far a frame is from Blender's own: PSNR over RGB, and the mean
 /// absolute difference (in 1/255) of the pixels within 2 px of an internal
 /// edge of the 4x4 grid ("boundary") and of all the others ("elsewhere").
@@ -51,6 +55,14 @@ fn figures(got: &Path, want: &Path) -> Figures {
     let (w, h, a) = rgb(got);
     let (w2, h2, b) = rgb(want);
     assert_eq!((w, h), (w2, h2), "{} vs {}", got.display(), want.display());
+    let f = |v: &[u8]| v.iter().map(|&x| f64::from(x)).collect::<Vec<_>>();
+    figures_of(w, h, &f(&a), &f(&b))
+}
+
+/// [`Figures`] of two RGB images of `w` x `h` pixels, rows top to bottom,
+/// on a scale of 0 to 255.
+fn figures_of(w: u32, h: u32, a: &[f64], b: &[f64]) -> Figures {
+    assert_eq!(a.len(), b.len());
     let near_edge = |x: u32, y: u32| {
         (1..GRID).any(|i| {
             let (ex, ey) = (w * i / GRID, h * i / GRID);
@@ -62,9 +74,7 @@ fn figures(got: &Path, want: &Path) -> Figures {
     for y in 0..h {
         for x in 0..w {
             let i = 3 * (y * w + x) as usize;
-            let d: Vec<f64> = (0..3)
-                .map(|c| f64::from(a[i + c]) - f64::from(b[i + c]))
-                .collect();
+            let d: Vec<f64> = (0..3).map(|c| a[i + c] - b[i + c]).collect();
             sq += d.iter().map(|v| v * v).sum::<f64>();
             let mad = d.iter().map(|v| v.abs()).sum::<f64>() / 3.0;
             let bucket = if near_edge(x, y) {
@@ -189,4 +199,166 @@ fn compositor_and_denoising_on_4x4_tiles_and_4_sample_ranges_match_blenders_full
         per_tile.psnr < 45.0,
         "the per-tile way is far from Blender's own: {per_tile:?}"
     );
+}
+
+/// An OpenEXR read with the `exr` crate: its size, codec, metadata keys,
+/// and each channel's pixel type and samples (rows top to bottom).
+struct Exr {
+    size: (u32, u32),
+    codec: String,
+    keys: Vec<String>,
+    channels: std::collections::BTreeMap<String, (&'static str, Vec<f32>)>,
+}
+
+fn read_exr(path: &Path) -> Exr {
+    use exr::prelude::*;
+    let image = read()
+        .no_deep_data()
+        .largest_resolution_level()
+        .all_channels()
+        .first_valid_layer()
+        .all_attributes()
+        .from_file(path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let layer = &image.layer_data;
+    let channels = (layer.channel_data.list.iter())
+        .map(|c| {
+            let samples = match &c.sample_data {
+                FlatSamples::F16(v) => ("half", v.iter().map(|x| x.to_f32()).collect()),
+                FlatSamples::F32(v) => ("float", v.clone()),
+                FlatSamples::U32(v) => ("uint", v.iter().map(|&x| x as f32).collect()),
+            };
+            (c.name.to_string(), samples)
+        })
+        .collect();
+    let mut keys: Vec<String> = (image.attributes.other.keys())
+        .chain(layer.attributes.other.keys())
+        .map(|k| k.to_string())
+        .collect();
+    keys.sort();
+    Exr {
+        size: (layer.size.0 as u32, layer.size.1 as u32),
+        codec: format!("{:?}", layer.encoding.compression),
+        keys,
+        channels,
+    }
+}
+
+/// The RGB of pass `pass` (`ViewLayer.Combined`): scene-linear values
+/// clamped to [0, 1] (full scale), on a scale of 0 to 255.
+fn pass_rgb(e: &Exr, pass: &str) -> Vec<f64> {
+    let c = |id: &str| {
+        let name = format!("{pass}.{id}");
+        &(e.channels.get(&name))
+            .unwrap_or_else(|| panic!("no channel {name}"))
+            .1
+    };
+    let (r, g, b) = (c("R"), c("G"), c("B"));
+    (0..r.len())
+        .flat_map(|i| [r[i], g[i], b[i]])
+        .map(|v| f64::from(v.clamp(0.0, 1.0)) * 255.0)
+        .collect()
+}
+
+#[test]
+#[ignore = "needs bpy 4.5 (TESSERA_TEST_BPY)"]
+fn a_tiled_multilayer_exr_with_compositor_and_denoising_is_finished_whole_with_every_layer_and_pass_of_blenders_own(
+) {
+    require(Need::Bpy);
+    let py = PathBuf::from(std::env::var_os("TESSERA_TEST_BPY").expect("checked"));
+    let py_s = py.to_str().unwrap();
+    let mut farm = Farm::start("finishing-layers", &[]);
+    // The probe's scene as a half-float multilayer OpenEXR (PIZ) of two
+    // view layers (the second in clay) with depth, normal, mist and
+    // Cryptomatte passes, and
+    // Blender's own full render of it.
+    let dir = farm.dir.join("probe");
+    let probe = Path::new(env!("CARGO_MANIFEST_DIR")).join("scenes/blender/finishing_probe.py");
+    let src = format!(
+        "import sys\nsys.argv = ['probe', {:?}, '--for-farm', '--multilayer']\nP = {:?}\nexec(compile(open(P).read(), P, 'exec'))",
+        dir.to_str().unwrap(),
+        probe.to_str().unwrap()
+    );
+    run_ok(&mut in_bpy(&py, None, &src));
+    farm.add_worker_with("b1", &["--engine", "blender", "--blender-python", py_s]);
+    farm.wait_workers(1);
+    let submitted = farm.json(&[
+        "submit",
+        dir.join("scene.blend").to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "4x4",
+        "--sample-ranges",
+        "2",
+        "--blender-python",
+        py_s,
+        "--json",
+    ]);
+    let id = submitted["id"].as_u64().unwrap();
+    let warnings = submitted["warnings"]
+        .as_array()
+        .expect("warnings as a list");
+    assert!(
+        !warnings.iter().any(|w| {
+            let w = w.as_str().unwrap_or_default();
+            w.contains("denoised on its own") || w.contains("compositing")
+        }),
+        "per-tile warnings for a finished frame: {warnings:?}"
+    );
+    let out = farm.dir.join("out");
+    let job = farm.wait_done(id, &out);
+    assert_eq!(job["state"], "done", "{job}");
+    // 16 tiles x 2 sample ranges of passes, and one finishing task.
+    assert_eq!(job["tasks_total"], 33, "{job}");
+    let mut names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    assert_eq!(names, ["0001.exr"]);
+    let got = read_exr(&out.join("0001.exr"));
+    let want = read_exr(&dir.join("ref.exr"));
+    let kinds = |e: &Exr| {
+        (e.channels.iter())
+            .map(|(n, (kind, _))| format!("{n}:{kind}"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(kinds(&got), kinds(&want), "the channels Blender writes");
+    eprintln!(
+        "multilayer, finished: {} channels as Blender writes them, codec {}",
+        got.channels.len(),
+        got.codec
+    );
+    assert_eq!(got.codec, want.codec, "codec");
+    assert_eq!(got.keys, want.keys, "metadata keys (Blender's stamp)");
+    assert_eq!(got.size, want.size);
+    let (w, h) = got.size;
+    assert_ne!(
+        pass_rgb(&want, "ViewLayer.Combined"),
+        pass_rgb(&want, "Second.Combined"),
+        "the view layers differ, so a mix-up shows"
+    );
+    let passes = [
+        "ViewLayer.Combined",
+        "Second.Combined",
+        "Composite.Combined",
+        "ViewLayer.Noisy Image",
+    ];
+    for pass in passes {
+        let (a, b) = (pass_rgb(&got, pass), pass_rgb(&want, pass));
+        let f = figures_of(w, h, &a, &b);
+        let differ = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+        let max = (a.iter().zip(&b)).fold(0f64, |m, (x, y)| m.max((x - y).abs()));
+        eprintln!(
+            "{pass} (4x4 tiles, 2 sample ranges): PSNR {:.2} dB, mean |d| along tile boundaries {:.6}/255, elsewhere {:.6}/255; {differ} of {} samples differ, by at most {max:.4}/255",
+            f.psnr, f.boundary, f.elsewhere, a.len()
+        );
+        // Half floats: a difference of a few ulps in the float values
+        // flips a sample's last half bit (1/8 of an 8-bit level near 1) here
+        // and there; a seam is more than a hundredth of an 8-bit level
+        // along the boundaries on average.
+        let seamless = f.boundary <= f.elsewhere || f.boundary < SEAM_FLOOR;
+        assert!(f.psnr >= 45.0 && seamless, "{pass}: {f:?}");
+    }
 }

@@ -338,13 +338,9 @@ fn split(
     let whole = opts.tiles.count() == 1 && opts.sample_ranges <= 1;
     // Whole-frame effects on a split frame: the tiles render their passes,
     // and one finishing task per frame composites and denoises the whole
-    // frame and writes the scene's output. A multilayer OpenEXR keeps every
-    // rendered pass, which a finishing compositor does not give back.
-    let finish = cycles
-        && !whole
-        && (s.compositing || s.use_denoising)
-        && !s.is_movie
-        && s.file_format != "OPEN_EXR_MULTILAYER";
+    // frame and writes the scene's output (a multilayer OpenEXR: what it
+    // made, completed with the stitched passes by the coordinator).
+    let finish = cycles && !whole && (s.compositing || s.use_denoising) && !s.is_movie;
     let output = match s.file_format.as_str() {
         "PNG" => OutputFormat::Png,
         "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => OutputFormat::Exr,

@@ -27,6 +27,8 @@ pub struct StitchPlan {
     pub first: u32,
     pub renders: u32,
     pub stage: StitchStage,
+    /// A frame with a finishing task: its stitched passes, once stored.
+    pub passes: Option<StitchedPasses>,
 }
 
 impl FarmCore {
@@ -130,6 +132,7 @@ impl FarmCore {
                 (true, true) => StitchStage::Passes,
                 (true, false) => StitchStage::Finished,
             },
+            passes: job.passes.get(frame_pos).copied().flatten(),
         })
     }
 

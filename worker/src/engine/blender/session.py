@@ -923,6 +923,47 @@ def set_passes_only(scene):
     return restore
 
 
+def denoises(cycles, layer):
+    """Whether Cycles (`scene.cycles`, None for other engines) denoises
+    view layer `layer`'s render."""
+    return bool(cycles is not None and cycles.use_denoising and layer is not None
+                and getattr(layer.cycles, "use_denoising", True))
+
+
+def denoised(t, cycles, layer, outs):
+    """The Combined output of an Image node of the stitched passes (`outs`,
+    its outputs by name), denoised as Cycles denoises view layer `layer`'s
+    render (the scene's denoising passes, prefilter and quality); None
+    where Cycles does not denoise that layer."""
+    if not denoises(cycles, layer):
+        return None
+    dn = t.nodes.new("CompositorNodeDenoise")
+    dn.prefilter = cycles.denoising_prefilter
+    if hasattr(dn, "quality"):
+        dn.quality = cycles.denoising_quality
+    dn.use_hdr = True
+    t.links.new(outs["Combined"], dn.inputs["Image"])
+    wants = getattr(cycles, "denoising_input_passes", "RGB_ALBEDO_NORMAL")
+    if "ALBEDO" in wants:
+        t.links.new(outs["Denoising Albedo"], dn.inputs["Albedo"])
+    if "NORMAL" in wants:
+        t.links.new(outs["Denoising Normal"], dn.inputs["Normal"])
+    return dn.outputs["Image"]
+
+
+def stitched_layer(t, image, layer_name):
+    """An Image node of view layer `layer_name` of the stitched passes, and
+    its outputs by name."""
+    src = t.nodes.new("CompositorNodeImage")
+    src.image = image
+    src.layer = layer_name
+    outs = {o.name: o for o in src.outputs if o.enabled}
+    if "Combined" not in outs:
+        raise RuntimeError("the stitched passes lack view layer %r's Combined pass (%s)" % (
+            layer_name, image.type))
+    return outs
+
+
 def finishing_compositor(scene, passes):
     """Rebuilds the scene's compositor to run on the stitched passes
     (a multilayer OpenEXR at `passes`) instead of a render: each Render
@@ -930,7 +971,9 @@ def finishing_compositor(scene, passes):
     denoised as Cycles would have (the scene's denoising passes, prefilter
     and quality). A scene without a compositor gets Image -> Denoise ->
     Composite. With no Render Layers node left Blender renders nothing: it
-    composites and writes the scene's output, with its dither and stamp."""
+    composites and writes the scene's output, with its dither and stamp.
+    Returns the stitched passes' image, whether the scene composites, and
+    the denoised Combined output of each view layer it denoised."""
     r = scene.render
     if not hasattr(scene, "node_tree"):
         raise Unsupported("the finishing step drives the compositor of Blender 4.x; "
@@ -949,31 +992,13 @@ def finishing_compositor(scene, passes):
     t = scene.node_tree
     image = bpy.data.images.load(passes, check_existing=False)
     cycles = scene.cycles if r.engine == "CYCLES" else None
+    done = {}
     for rl in [n for n in t.nodes if n.bl_idname == "CompositorNodeRLayers"]:
         layer = scene.view_layers.get(rl.layer)
-        src = t.nodes.new("CompositorNodeImage")
-        src.image = image
-        src.layer = rl.layer
-        outs = {o.name: o for o in src.outputs if o.enabled}
-        if "Combined" not in outs:
-            raise RuntimeError("the stitched passes lack view layer %r's Combined pass (%s)" % (
-                rl.layer, image.type))
-        image_out = outs["Combined"]
-        denoise = (cycles is not None and cycles.use_denoising and layer is not None
-                   and getattr(layer.cycles, "use_denoising", True))
-        if denoise:
-            dn = t.nodes.new("CompositorNodeDenoise")
-            dn.prefilter = cycles.denoising_prefilter
-            if hasattr(dn, "quality"):
-                dn.quality = cycles.denoising_quality
-            dn.use_hdr = True
-            t.links.new(outs["Combined"], dn.inputs["Image"])
-            wants = getattr(cycles, "denoising_input_passes", "RGB_ALBEDO_NORMAL")
-            if "ALBEDO" in wants:
-                t.links.new(outs["Denoising Albedo"], dn.inputs["Albedo"])
-            if "NORMAL" in wants:
-                t.links.new(outs["Denoising Normal"], dn.inputs["Normal"])
-            image_out = dn.outputs["Image"]
+        outs = stitched_layer(t, image, rl.layer)
+        if rl.layer not in done:
+            done[rl.layer] = denoised(t, cycles, layer, outs)
+        image_out = done[rl.layer] or outs["Combined"]
         for sock in rl.outputs:
             if not sock.links:
                 continue
@@ -989,6 +1014,118 @@ def finishing_compositor(scene, passes):
             for link in list(sock.links):
                 t.links.new(src_sock, link.to_socket)
         t.nodes.remove(rl)
+    return image, compositing, {k: v for k, v in done.items() if v is not None}
+
+
+def finishing_layers(scene, image, done, base_path):
+    """For a multilayer OpenEXR output: a File Output node writes the
+    Combined pass of every view layer Cycles denoises, denoised, to one
+    float multilayer OpenEXR at `base_path` (`ViewLayer.Combined.R`, …),
+    and returns the plan that completes the finished frame with the
+    stitched passes (coordinator/src/exr/finish.rs): the scene's codec and
+    precision, the denoising data the tiles kept for this step only, and
+    the layers whose noisy Combined is also their Noisy Image."""
+    r, im, t = scene.render, scene.render.image_settings, scene.node_tree
+    cycles = scene.cycles if r.engine == "CYCLES" else None
+    layers = [bpy.context.view_layer] if r.use_single_layer else [
+        vl for vl in scene.view_layers if vl.use]
+    # The layers Blender writes: a Render Layers node of another one
+    # composites, but its Combined is not in the file.
+    done = {vl.name: done[vl.name] for vl in layers if vl.name in done}
+    for vl in layers:
+        if vl.name not in done and denoises(cycles, vl):
+            done[vl.name] = denoised(t, cycles, vl, stitched_layer(t, image, vl.name))
+    if done:
+        fo = t.nodes.new("CompositorNodeOutputFile")
+        fo.format.file_format = "OPEN_EXR_MULTILAYER"
+        fo.format.color_depth = "32"
+        fo.format.exr_codec = "NONE"
+        fo.base_path = base_path
+        fo.layer_slots.clear()
+        for name, sock in sorted(done.items()):
+            fo.layer_slots.new(name + ".Combined")
+            t.links.new(sock, fo.inputs[-1])
+    drop = ["%s.%s" % (vl.name, p) for vl in layers
+            if not getattr(vl.cycles, "denoising_store_passes", False)
+            for p in ("Denoising Normal", "Denoising Albedo", "Denoising Depth")]
+    return {"codec": im.exr_codec, "half": im.color_depth == "16", "drop": drop,
+            "noisy": sorted(done)}
+
+
+def exr_parts(path):
+    """(header attributes as (name, type, value) bytes, [(channel name,
+    bytes per sample, chlist entry tail)], width, height, scanline offsets,
+    file bytes) of an uncompressed single-part scanline EXR."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if data[:4] != b"\x76\x2f\x31\x01" or data[5] & 0x1A:
+        raise ValueError("%s is not a single-part scanline EXR" % path)
+    pos, attrs = 8, []
+    while data[pos] != 0:
+        e = data.index(b"\0", pos)
+        e2 = data.index(b"\0", e + 1)
+        n = struct.unpack_from("<i", data, e2 + 1)[0]
+        attrs.append((data[pos:e], data[e + 1:e2], data[e2 + 5:e2 + 5 + n]))
+        pos = e2 + 5 + n
+    pos += 1
+    a = {k: v for k, _t, v in attrs}
+    if a[b"compression"] != b"\0":
+        raise ValueError("%s is compressed" % path)
+    chans, cl, p = [], a[b"channels"], 0
+    while cl[p] != 0:
+        q = cl.index(b"\0", p)
+        ptype = struct.unpack_from("<i", cl, q + 1)[0]
+        chans.append((cl[p:q], 2 if ptype == 1 else 4, cl[q + 1:q + 17]))
+        p = q + 17
+    x0, y0, x1, y1 = struct.unpack("<iiii", a[b"dataWindow"])
+    w, h = x1 - x0 + 1, y1 - y0 + 1
+    return attrs, chans, w, h, struct.unpack_from("<%dQ" % h, data, pos), data
+
+
+def merge_exr(sources, out, extra):
+    """Writes to `out` one uncompressed scanline EXR of the channels that
+    `keep(name)` picks from each `(path, keep)` of `sources` (uncompressed
+    scanline EXRs of one size), samples copied as they are, with the first
+    source's header attributes plus the string attributes `extra`."""
+    parts = [exr_parts(path) for path, _keep in sources]
+    w, h = parts[0][2], parts[0][3]
+    picked = []
+    for k, ((_path, keep), (_a, chans, pw, ph, _o, _d)) in enumerate(zip(sources, parts)):
+        if (pw, ph) != (w, h):
+            raise RuntimeError("Blender wrote a %dx%d and a %dx%d image" % (w, h, pw, ph))
+        start = 0
+        for name, size, tail in chans:
+            if keep(name.decode("utf-8", "replace")):
+                picked.append((name, k, start, size, tail))
+            start += size * w
+    picked.sort()
+    chlist = b"".join(name + b"\0" + tail for name, _k, _s, _z, tail in picked) + b"\0"
+    version = struct.unpack_from("<I", parts[0][5], 4)[0]
+    if any(len(name) > 31 for name, *_rest in picked):
+        version |= 0x400  # long names
+    head = bytearray(b"\x76\x2f\x31\x01") + struct.pack("<I", version)
+    for name, kind, value in parts[0][0]:
+        if name == b"channels":
+            value = chlist
+        head += name + b"\0" + kind + b"\0" + struct.pack("<i", len(value)) + value
+    for name, value in sorted(extra.items()):
+        value = value.encode()
+        head += name.encode() + b"\0string\0" + struct.pack("<i", len(value)) + value
+    head += b"\0"
+    line = sum(size * w for _n, _k, _s, size, _t in picked)
+    table = len(head) + 8 * h
+    body = bytearray()
+    first = parts[0]
+    for row in range(h):
+        body += struct.pack("<ii", struct.unpack_from("<i", first[5], first[4][row])[0], line)
+        for _name, k, start, size, _tail in picked:
+            q = parts[k][4][row] + 8 + start
+            body += parts[k][5][q:q + size * w]
+    offs = b"".join(struct.pack("<Q", table + row * (8 + line)) for row in range(h))
+    tmp = out + ".part"
+    with open(tmp, "wb") as f:
+        f.write(bytes(head) + offs + bytes(body))
+    os.replace(tmp, out)
 
 
 class Session:
@@ -1208,9 +1345,21 @@ class Session:
         r.use_crop_to_border = False
         if r.engine == "CYCLES":
             set_sample_subset(scene.cycles, None, None)
-        finishing_compositor(scene, passes)
+        image, compositing, done = finishing_compositor(scene, passes)
         if self.scratch is None:
             self.scratch = tempfile.mkdtemp(prefix="tessera-out-")
+        im = r.image_settings
+        multilayer = im.file_format == "OPEN_EXR_MULTILAYER"
+        if multilayer:
+            # Blender writes what this step made (the composite, each
+            # denoised layer's Combined) in float; the coordinator completes
+            # it with the stitched passes, in the scene's codec and depth.
+            layers_dir = os.path.join(self.scratch, "layers")
+            shutil.rmtree(layers_dir, ignore_errors=True)
+            os.makedirs(layers_dir)
+            plan = finishing_layers(scene, image, done, os.path.join(layers_dir, "layers_"))
+            codec = im.exr_codec
+            im.color_depth, im.exr_codec = "32", "NONE"
         parent = os.path.dirname(out)
         if parent:
             os.makedirs(parent, exist_ok=True)
@@ -1222,6 +1371,14 @@ class Session:
         self._render(scene, write_still=True)
         if not os.path.isfile(full):
             raise RuntimeError("Blender wrote no image")
+        if multilayer:
+            # The step's own render result holds the composite; its view
+            # layers rendered nothing.
+            sources = [(full, lambda c: compositing and c.startswith("Composite."))]
+            sources += [(os.path.join(layers_dir, f), lambda c: True)
+                        for f in sorted(os.listdir(layers_dir))]
+            merge_exr(sources, full, {"tessera.compression": codec,
+                                      "tessera.finish": json.dumps(plan, sort_keys=True)})
         ev = evidence(full)
         os.replace(full, out)
         return {"ok": True, "out": out, "width": W, "height": H,
