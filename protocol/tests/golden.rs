@@ -1,10 +1,15 @@
-//! Golden files: every message exactly as protocol version 18 encoded it
-//! (bincode, before the tolerant encoding of 19), in `protocol/golden/v18/`.
-//! They were written once, from the code at commit 4519774, by
-//! `TESSERA_WRITE_GOLDEN=1 cargo test -p tessera-protocol --test golden -- --ignored`;
-//! the normal run only reads them. A coordinator at version N serves peers
-//! at N−1, so these bytes must keep decoding (into today's types, to the
-//! values below) for as long as `MIN_PROTOCOL_VERSION` is 18.
+//! Golden files: every message exactly as a protocol version encoded it,
+//! in `protocol/golden/vN/`. A coordinator at version N serves peers at
+//! N−1 (`MIN_PROTOCOL_VERSION`), so that version's bytes must keep
+//! decoding into today's types, to the values below: the normal run reads
+//! `MIN_PROTOCOL_VERSION`'s folder in that version's codec. `v18/` is
+//! bincode, written from commit 4519774; `v19/` is version 19's envelope
+//! (MessagePack with named fields; `Hello` and `Welcome` stay bincode),
+//! written before the bump to 20. Each was written once, at the release
+//! whose encoding it freezes, by
+//! `TESSERA_WRITE_GOLDEN=1 cargo test -p tessera-protocol --test golden -- --ignored`,
+//! which writes `PROTOCOL_VERSION`'s folder: run it before a bump, never
+//! again for a folder that exists.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -22,22 +27,40 @@ use tessera_protocol::telemetry::{GpuTelemetry, HostTelemetry, Telemetry};
 use tessera_protocol::unreal::{RenderRange, UnrealTask};
 use tessera_protocol::Digest;
 
-/// Decodes a v18 frame into its value's `Debug`.
+/// Decodes a golden frame into its value's `Debug`.
 type Decoder = dyn Fn(&[u8]) -> Result<String, String>;
 
-/// One golden message: its file name (`Enum.Variant`), the bytes of its
-/// frame as this build encodes it, its value as `Debug` shows it, and a
-/// decoder of a v18 frame back into that value's `Debug`.
+/// One golden message: its file name (`Enum.Variant`), the codec its
+/// version wrote it in, the bytes of its frame as this build encodes it in
+/// that codec, its value as `Debug` shows it, and a decoder of a golden
+/// frame back into that value's `Debug`.
 struct Sample {
     name: String,
+    codec: Codec,
     encode: Box<dyn Fn() -> Vec<u8>>,
     debug: String,
     decode: Box<Decoder>,
-    /// The value through version 19's envelope and back, as `Debug`.
+    /// The value through this release's envelope and back, as `Debug`.
     envelope: Box<dyn Fn() -> Result<String, String>>,
 }
 
+/// A message of the golden set's version, in that version's codec.
 fn sample<T>(name: &str, value: T) -> Sample
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
+{
+    sample_in(message_codec(), name, value)
+}
+
+/// `Hello` and `Welcome`: bincode in every version.
+fn handshake<T>(name: &str, value: T) -> Sample
+where
+    T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
+{
+    sample_in(Codec::Legacy, name, value)
+}
+
+fn sample_in<T>(codec: Codec, name: &str, value: T) -> Sample
 where
     T: serde::Serialize + serde::de::DeserializeOwned + std::fmt::Debug + 'static,
 {
@@ -46,6 +69,7 @@ where
     let again = value.clone();
     Sample {
         name: name.to_string(),
+        codec,
         debug,
         envelope: Box::new(move || {
             let frame = tessera_protocol::codec::encode_as(Codec::Envelope, &*again)
@@ -54,19 +78,28 @@ where
                 .map(|v| format!("{v:?}"))
                 .map_err(|e| e.to_string())
         }),
-        encode: Box::new(move || v18_encode(&*value)),
-        decode: Box::new(|bytes| v18_decode::<T>(bytes).map(|v| format!("{v:?}"))),
+        encode: Box::new(move || tessera_protocol::codec::encode_as(codec, &*value).unwrap()),
+        decode: Box::new(move |bytes| {
+            tessera_protocol::codec::decode_frame_as::<T>(codec, bytes)
+                .map(|v| format!("{v:?}"))
+                .map_err(|e| e.to_string())
+        }),
     }
 }
 
-/// Version 18's frame: a `u32` big-endian length and bincode (standard
-/// configuration) of the value.
-fn v18_encode<T: serde::Serialize>(value: &T) -> Vec<u8> {
-    tessera_protocol::codec::encode_as(Codec::Legacy, value).unwrap()
+/// The version whose golden files a run reads (`MIN_PROTOCOL_VERSION`),
+/// or, with `TESSERA_WRITE_GOLDEN` set, writes (`PROTOCOL_VERSION`).
+fn golden_version() -> u32 {
+    if std::env::var_os("TESSERA_WRITE_GOLDEN").is_some() {
+        PROTOCOL_VERSION
+    } else {
+        MIN_PROTOCOL_VERSION
+    }
 }
 
-fn v18_decode<T: serde::de::DeserializeOwned>(frame: &[u8]) -> Result<T, String> {
-    tessera_protocol::codec::decode_frame_as(Codec::Legacy, frame).map_err(|e| e.to_string())
+/// The codec messages after the handshake travel in at that version.
+fn message_codec() -> Codec {
+    Codec::for_version(golden_version()).expect("a served version")
 }
 
 fn d(n: u8) -> Digest {
@@ -304,26 +337,31 @@ fn chunks() -> Vec<ChunkRef> {
 /// Every golden message, with representative values.
 fn samples() -> Vec<Sample> {
     let mut s = vec![
-        sample(
+        handshake(
             "Hello.Worker",
             Hello {
-                version: 18,
+                version: golden_version(),
                 role: Role::Worker,
                 secret: "ab".repeat(32),
                 name: "gpu-1".into(),
             },
         ),
-        sample(
+        handshake(
             "Hello.Client",
             Hello {
-                version: 18,
+                version: golden_version(),
                 role: Role::Client,
                 secret: "cd".repeat(32),
                 name: "artist".into(),
             },
         ),
-        sample("Welcome.Accepted", Welcome::Accepted { version: 18 }),
-        sample(
+        handshake(
+            "Welcome.Accepted",
+            Welcome::Accepted {
+                version: golden_version(),
+            },
+        ),
+        handshake(
             "Welcome.Refused",
             Welcome::Refused {
                 reason: "wrong worker ticket secret".into(),
@@ -817,18 +855,24 @@ fn samples() -> Vec<Sample> {
 }
 
 fn dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("golden/v18")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("golden/v{}", golden_version()))
 }
 
-/// Writes the golden files. Run once, at the release whose encoding they
-/// freeze; never by the normal test run.
+/// Writes `PROTOCOL_VERSION`'s golden files. Run once, at the release
+/// whose encoding they freeze (before the next bump); never by the normal
+/// test run, and never over a folder that exists.
 #[test]
-#[ignore = "writes protocol/golden/v18: run once with TESSERA_WRITE_GOLDEN=1"]
+#[ignore = "writes protocol/golden/vPROTOCOL_VERSION: run once with TESSERA_WRITE_GOLDEN=1"]
 fn write_golden_files() {
     if std::env::var_os("TESSERA_WRITE_GOLDEN").is_none() {
         eprintln!("TESSERA_WRITE_GOLDEN is not set: nothing written");
         return;
     }
+    assert!(
+        !dir().exists(),
+        "{} exists: golden files are written once",
+        dir().display()
+    );
     std::fs::create_dir_all(dir()).unwrap();
     for s in samples() {
         std::fs::write(dir().join(format!("{}.bin", s.name)), (s.encode)()).unwrap();
@@ -840,24 +884,36 @@ fn golden(name: &str) -> Vec<u8> {
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Every golden file decodes with the v18 codec into today's types, to the
-/// value it was written from, and today's v18 codec writes the same bytes.
+/// Every golden file of `MIN_PROTOCOL_VERSION` decodes in its codec into
+/// today's types, to the value it was written from (a field added since
+/// takes its default). Bincode (version 18) has no room for change, so
+/// today's bincode must write the same bytes; an envelope names the
+/// version that wrote it, which must be the golden one.
 #[test]
 fn every_golden_file_decodes_to_its_value() {
+    assert_eq!(golden_version(), MIN_PROTOCOL_VERSION);
     for s in samples() {
         let bytes = golden(&s.name);
         let got = (s.decode)(&bytes).unwrap_or_else(|e| panic!("{}: {e}", s.name));
         assert_eq!(got, s.debug, "{}", s.name);
-        assert_eq!(
-            (s.encode)(),
-            bytes,
-            "{}: v18 encodes it differently now",
-            s.name
-        );
+        match s.codec {
+            Codec::Legacy => assert_eq!(
+                (s.encode)(),
+                bytes,
+                "{}: bincode encodes it differently now",
+                s.name
+            ),
+            Codec::Envelope => assert_eq!(
+                u32::from(u16::from_be_bytes([bytes[4], bytes[5]])),
+                MIN_PROTOCOL_VERSION,
+                "{}: the envelope's version",
+                s.name
+            ),
+        }
     }
 }
 
-/// Every message also survives version 19's envelope unchanged.
+/// Every message also survives this release's envelope unchanged.
 #[test]
 fn every_message_round_trips_through_the_envelope() {
     for s in samples() {

@@ -1,10 +1,10 @@
 //! Rolling upgrades: a coordinator at protocol version N serves workers and
 //! clients at N−1 and refuses N−2 with both versions named. The old peers
-//! here speak version 18 over real QUIC to a real coordinator process:
-//! their `Hello` says 18, they send the golden bytes version 18 wrote
-//! (`protocol/golden/v18/`) where a fixed message does, and version 18's
-//! bincode for the rest; every answer must come back in version 18's
-//! encoding and decode into today's types.
+//! here speak `MIN_PROTOCOL_VERSION` over real QUIC to a real coordinator
+//! process: their `Hello` says it, they send the golden bytes that version
+//! wrote (`protocol/golden/vN/`) where a fixed message does, and that
+//! version's codec for the rest; every answer must come back in that
+//! version's encoding and decode into today's types.
 
 use std::time::{Duration, Instant};
 
@@ -20,48 +20,56 @@ use tessera_transport::{self as transport, Channel, Session, Timing, TransportEr
 use crate::harness::{scenes, Farm};
 use crate::hostile::{runtime, ticket};
 
-/// What version 18 wrote for `name` (`Enum.Variant`).
+/// The old peers' version: the oldest the coordinator serves.
+const OLD: u32 = MIN_PROTOCOL_VERSION;
+
+/// The codec the old version speaks after its handshake.
+fn old_codec() -> Codec {
+    Codec::for_version(OLD).expect("served")
+}
+
+/// What the old version wrote for `name` (`Enum.Variant`).
 fn golden(name: &str) -> Vec<u8> {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("protocol/golden/v18")
+        .join(format!("protocol/golden/v{OLD}"))
         .join(format!("{name}.bin"));
     std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
-/// Connects saying `Hello` at version 18; the session speaks bincode.
-async fn connect_v18(farm: &Farm, file: &str, name: &str) -> Session {
-    let s = transport::connect_at(&ticket(farm, file), name, Timing::default(), 18)
+/// Connects saying `Hello` at the old version; the session speaks its codec.
+async fn connect_old(farm: &Farm, file: &str, name: &str) -> Session {
+    let s = transport::connect_at(&ticket(farm, file), name, Timing::default(), OLD)
         .await
         .unwrap();
-    assert_eq!(s.control.codec(), Codec::Legacy, "accepted at version 18");
+    assert_eq!(s.control.codec(), old_codec(), "accepted at version {OLD}");
     s
 }
 
-/// Sends frames exactly as version 18 wrote them.
+/// Sends frames exactly as the old version wrote them.
 async fn send_golden(ch: &mut Channel, name: &str) {
     ch.send.write_all(&golden(name)).await.unwrap();
 }
 
-/// The next message, which must have come in version 18's encoding.
-async fn recv_v18<T: serde::de::DeserializeOwned>(ch: &mut Channel) -> T {
+/// The next message, which must have come in the old version's encoding.
+async fn recv_old<T: serde::de::DeserializeOwned>(ch: &mut Channel) -> T {
     let msg = tokio::time::timeout(Duration::from_secs(30), ch.recv::<T>())
         .await
         .expect("an answer within 30 s")
-        .expect("a message version 18 decodes")
+        .expect("a message the old version decodes")
         .expect("the stream open");
-    assert_eq!(ch.peer_codec(), Some(Codec::Legacy), "answered in bincode");
+    assert_eq!(ch.peer_codec(), Some(old_codec()), "answered in its codec");
     msg
 }
 
-async fn ask_v18(s: &mut Session, request: &ClientRequest) -> ClientResponse {
+async fn ask_old(s: &mut Session, request: &ClientRequest) -> ClientResponse {
     s.control.send(request).await.unwrap();
-    recv_v18(&mut s.control).await
+    recv_old(&mut s.control).await
 }
 
-/// Uploads `bytes` on a blob stream of its own, in version 18's encoding.
-async fn put_v18(s: &Session, bytes: &[u8]) -> Digest {
+/// Uploads `bytes` on a blob stream of its own, in the old encoding.
+async fn put_old(s: &Session, bytes: &[u8]) -> Digest {
     let digest = Digest::of(bytes);
-    let mut ch = Channel::with_codec(s.connection.open_bi().await.unwrap(), Codec::Legacy);
+    let mut ch = Channel::with_codec(s.connection.open_bi().await.unwrap(), old_codec());
     ch.send(&BlobRequest::Put {
         digest,
         len: bytes.len() as u64,
@@ -70,21 +78,21 @@ async fn put_v18(s: &Session, bytes: &[u8]) -> Digest {
     .unwrap();
     ch.send.write_all(bytes).await.unwrap();
     ch.send.finish().unwrap();
-    match recv_v18::<BlobReply>(&mut ch).await {
+    match recv_old::<BlobReply>(&mut ch).await {
         BlobReply::Stored => digest,
         other => panic!("upload: {other:?}"),
     }
 }
 
-/// Downloads a blob on a stream of its own, in version 18's encoding.
-async fn get_v18(s: &Session, digest: Digest) -> Vec<u8> {
+/// Downloads a blob on a stream of its own, in the old encoding.
+async fn get_old(s: &Session, digest: Digest) -> Vec<u8> {
     use tokio::io::AsyncReadExt;
-    let mut ch = Channel::with_codec(s.connection.open_bi().await.unwrap(), Codec::Legacy);
+    let mut ch = Channel::with_codec(s.connection.open_bi().await.unwrap(), old_codec());
     ch.send(&BlobRequest::Get { digest, job: None })
         .await
         .unwrap();
     ch.send.finish().unwrap();
-    let len = match recv_v18::<BlobReply>(&mut ch).await {
+    let len = match recv_old::<BlobReply>(&mut ch).await {
         BlobReply::Found { len } => len,
         other => panic!("download: {other:?}"),
     };
@@ -109,41 +117,46 @@ fn png(width: u32, height: u32) -> Vec<u8> {
     out
 }
 
-/// A version 18 client submits (golden bytes first: refused with its kind,
-/// then a real job), a version 18 worker joins with golden bytes, takes the
-/// task and returns a result the coordinator accepts, the client sees the
-/// job done and downloads its frame; a version 19 CLI works beside them.
+/// A client one version behind submits (golden bytes first: refused with
+/// its kind, then a real job), a worker one version behind joins with
+/// golden bytes, takes the task and returns a result the coordinator
+/// accepts, the client sees the job done and downloads its frame; today's
+/// CLI works beside them.
 #[test]
 fn a_coordinator_serves_a_worker_and_a_client_one_version_behind() {
-    assert_eq!(MIN_PROTOCOL_VERSION, 18, "these peers speak 18");
-    let farm = Farm::start("rolling-v18", &[]);
+    assert_eq!(
+        OLD,
+        PROTOCOL_VERSION - 1,
+        "these peers are one version behind"
+    );
+    let farm = Farm::start("rolling-old", &[]);
     let rt = runtime();
     let scene = std::fs::read(scenes().join("spheres.scene.json")).unwrap();
     let (mut client, job) = rt.block_on(async {
-        let mut c = connect_v18(&farm, "client.ticket", "artist-v18").await;
-        // Version 18's own bytes of a submit whose files were never
+        let mut c = connect_old(&farm, "client.ticket", "artist-old").await;
+        // The old version's own bytes of a submit whose files were never
         // uploaded: refused, and the refusal keeps its kind.
         send_golden(&mut c.control, "ClientRequest.Submit").await;
-        match recv_v18::<ClientResponse>(&mut c.control).await {
+        match recv_old::<ClientResponse>(&mut c.control).await {
             ClientResponse::Error(e) => assert_eq!(e.kind, ErrorKind::Invalid, "{e:?}"),
             other => panic!("{other:?}"),
         }
         send_golden(&mut c.control, "ClientRequest.Status").await;
-        match recv_v18::<ClientResponse>(&mut c.control).await {
+        match recv_old::<ClientResponse>(&mut c.control).await {
             ClientResponse::Status { jobs, .. } => assert!(jobs.is_empty(), "{jobs:?}"),
             ClientResponse::Error(e) => assert_eq!(e.kind, ErrorKind::NotFound, "{e:?}"),
             other => panic!("{other:?}"),
         }
-        // A real job: its scene uploaded on a version 18 blob stream.
+        // A real job: its scene uploaded on an old version's blob stream.
         let digest = Digest::of(&scene);
-        match ask_v18(&mut c, &ClientRequest::MissingBlobs(vec![digest])).await {
+        match ask_old(&mut c, &ClientRequest::MissingBlobs(vec![digest])).await {
             ClientResponse::Missing(m) => assert_eq!(m, vec![digest]),
             other => panic!("{other:?}"),
         }
-        assert_eq!(put_v18(&c, &scene).await, digest);
+        assert_eq!(put_old(&c, &scene).await, digest);
         let spec = JobSpec {
             request_id: None,
-            name: "from-v18".into(),
+            name: "from-old".into(),
             engine: Engine::Builtin,
             scene: "spheres.scene.json".into(),
             manifest: vec![ManifestEntry {
@@ -172,23 +185,23 @@ fn a_coordinator_serves_a_worker_and_a_client_one_version_behind() {
             budget: None,
             task_timeout_ms: None,
         };
-        let job = match ask_v18(&mut c, &ClientRequest::Submit(spec)).await {
+        let job = match ask_old(&mut c, &ClientRequest::Submit(spec)).await {
             ClientResponse::Submitted(s) => s.id,
             other => panic!("{other:?}"),
         };
         (c, job)
     });
 
-    // The version 18 worker: golden `Join` and `Heartbeat`, then a result.
+    // The old worker: golden `Join` and `Heartbeat`, then a result.
     rt.block_on(async {
-        let mut w = connect_v18(&farm, "worker.ticket", "worker-v18").await;
+        let mut w = connect_old(&farm, "worker.ticket", "worker-old").await;
         send_golden(&mut w.control, "WorkerMsg.Join").await;
         send_golden(&mut w.control, "WorkerMsg.Heartbeat").await;
         let deadline = Instant::now() + Duration::from_secs(60);
         let mut joined = false;
         loop {
             assert!(Instant::now() < deadline, "no accepted result within 60 s");
-            match recv_v18::<CoordMsg>(&mut w.control).await {
+            match recv_old::<CoordMsg>(&mut w.control).await {
                 CoordMsg::Joined { .. } => joined = true,
                 CoordMsg::Assign(spec) => {
                     assert!(joined, "joined before its first task");
@@ -214,12 +227,12 @@ fn a_coordinator_serves_a_worker_and_a_client_one_version_behind() {
         }
     });
 
-    // The version 18 client sees it done and downloads the frame; the
-    // version 19 CLI beside it agrees.
+    // The old client sees it done and downloads the frame; today's CLI
+    // beside it agrees.
     rt.block_on(async {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
-            match ask_v18(&mut client, &ClientRequest::Status(Some(job))).await {
+            match ask_old(&mut client, &ClientRequest::Status(Some(job))).await {
                 ClientResponse::Status { jobs, .. } if jobs[0].state == JobState::Done => break,
                 ClientResponse::Status { .. } => {}
                 other => panic!("{other:?}"),
@@ -227,12 +240,12 @@ fn a_coordinator_serves_a_worker_and_a_client_one_version_behind() {
             assert!(Instant::now() < deadline, "job {job} not done within 60 s");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        let frames = match ask_v18(&mut client, &ClientRequest::Frames(job)).await {
+        let frames = match ask_old(&mut client, &ClientRequest::Frames(job)).await {
             ClientResponse::Frames(f) => f,
             other => panic!("{other:?}"),
         };
         assert_eq!(frames.len(), 1, "{frames:?}");
-        let bytes = get_v18(&client, frames[0].digest).await;
+        let bytes = get_old(&client, frames[0].digest).await;
         assert_eq!(Digest::of(&bytes), frames[0].digest);
         assert!(bytes.starts_with(b"\x89PNG"), "a PNG frame");
     });
