@@ -410,15 +410,17 @@ fn monitor_quits_on_q_and_leaves_the_terminal_usable() {
     tmux.keys(&["-l", &line]);
     tmux.keys(&["Enter"]);
 
-    let screen = tmux.wait_for("the workers and the job", |s| {
+    // The tiles pane loads after the lists (it was seen still "loading
+    // tiles…" on the first screen that had both).
+    let screen = tmux.wait_for("the workers, the job and its tiles", |s| {
         shows_workers(s, &["tty-w1", "tty-w2"])
             && s.contains("tty-spheres")
             && s.contains("4/4")
             && s.matches("no NVIDIA driver").count() == 2
+            && s.contains("frame 1 · 4/4 done")
     });
     assert!(screen.contains("● connected"), "{screen}");
     assert!(screen.contains("burn $0.00/h"), "{screen}");
-    assert!(screen.contains("frame 1 · 4/4 done"), "{screen}");
     assert_eq!(
         tmux.display("#{alternate_on}"),
         "1",
