@@ -349,18 +349,23 @@ mod tests {
 
     #[test]
     fn versions_one_behind_are_served_and_older_ones_refused_by_name() {
-        assert_eq!(Codec::for_version(PROTOCOL_VERSION), Some(Codec::Envelope));
-        assert_eq!(Codec::for_version(18), Some(Codec::Legacy));
-        assert_eq!(Codec::for_version(17), None);
+        assert_eq!(PROTOCOL_VERSION, 20);
+        assert_eq!(Codec::for_version(20), Some(Codec::Envelope));
+        assert_eq!(Codec::for_version(19), Some(Codec::Envelope));
+        assert_eq!(
+            Codec::for_version(18),
+            None,
+            "bincode peers are no longer served"
+        );
+        assert_eq!(version_refusal(20), None);
         assert_eq!(version_refusal(19), None);
-        assert_eq!(version_refusal(18), None);
-        let r = version_refusal(17).unwrap();
+        let r = version_refusal(18).unwrap();
         assert!(
-            r.contains("19 and 18") && r.contains("17") && r.contains("upgrade the peer"),
+            r.contains("20 and 19") && r.contains("18") && r.contains("upgrade the peer"),
             "{r}"
         );
-        let r = version_refusal(20).unwrap();
-        assert!(r.contains("20") && r.contains("coordinator first"), "{r}");
+        let r = version_refusal(21).unwrap();
+        assert!(r.contains("21") && r.contains("coordinator first"), "{r}");
     }
 
     #[test]

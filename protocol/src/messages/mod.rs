@@ -33,25 +33,24 @@ pub use worker::*;
 /// [`ErrorKind`]; 19: every message after the handshake travels in a
 /// versioned envelope of MessagePack with named fields, which skips the
 /// fields it does not know, so a coordinator serves peers one version
-/// behind (see [`crate::codec`]).
+/// behind (see [`crate::codec`]); 20: version 18's bincode peers are no
+/// longer served, and fields are added with `#[serde(default)]`).
 ///
-/// How to change a message. While [`MIN_PROTOCOL_VERSION`] is 18, no
-/// message may change its version-18 (bincode) shape: 18's peers are served
-/// in bincode, which has no room for a new field, and the golden files in
-/// `protocol/golden/v18/` fail (`UnexpectedEnd`) when a shape moved. A new
-/// enum variant may be added at the end if it is never sent to a version-18
-/// peer (see `conn/feed.rs`). So the first new field goes with the bump to
-/// 20, which drops 18 (`MIN_PROTOCOL_VERSION` is always one behind), and
-/// takes three steps: (1) before changing any message, write version 19's
-/// golden files (`protocol/golden/v19/`: every message as this release's
-/// envelope encodes it; the writer in `protocol/tests/golden.rs` writes
-/// v18 today — point it at 19 and `Codec::Envelope`, never rerun it for
-/// 18); (2) make the golden test and `tests/e2e/rolling_upgrade.rs` read
-/// `MIN_PROTOCOL_VERSION`'s folder and codec; (3) bump, then add the field
-/// with `#[serde(default)]` (the envelope skips fields it does not know and
-/// defaults missing ones). From then on each change is just step 3, with
-/// the previous version's golden files written first.
-pub const PROTOCOL_VERSION: u32 = 19;
+/// How to change a message. A version-19 peer reads and writes envelopes:
+/// a field it does not know is skipped, one it does not send takes its
+/// `#[serde(default)]`, so a new field needs no new version of its own
+/// while [`MIN_PROTOCOL_VERSION`] is 19. The golden files in
+/// `protocol/golden/v19/` (every message as version 19's envelope wrote
+/// it) must keep decoding into today's types (`protocol/tests/golden.rs`,
+/// and `tests/e2e/rolling_upgrade.rs` sends them to a real coordinator).
+/// Never remove or rename a field, never change its type, and add an enum
+/// variant only at the end and only where it is never sent to a peer that
+/// does not know it. The next bump (to 21, dropping 19) takes three steps:
+/// (1) write version 20's golden files (`TESSERA_WRITE_GOLDEN=1`, which
+/// writes `PROTOCOL_VERSION`'s folder); (2) the tests then read
+/// `MIN_PROTOCOL_VERSION`'s folder by themselves; (3) bump. `v18/` stays as
+/// the record of version 18's bincode.
+pub const PROTOCOL_VERSION: u32 = 20;
 
 /// The oldest peer a coordinator of this release serves: one version
 /// behind, so a farm upgrades node by node (coordinator first, then each
