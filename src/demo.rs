@@ -181,6 +181,8 @@ pub async fn run(
         allow_missing: false,
         builtin_frame_names: true,
         output_pattern: None,
+        render_format: None,
+        host: None,
         progress: true,
         blender: None,
         blender_python: None,

@@ -38,7 +38,7 @@ pub use scan::SceneFile;
 use upload::hash_file;
 use upload::missing;
 pub(crate) use upload::{hash_files, real_path, send_missing};
-pub use upload::{submit, upload_scene, JobFile, Submitted};
+pub use upload::{submit, submit_encode, upload_scene, JobFile, Submitted};
 
 /// Reads a ticket given as text, or as `@FILE`.
 pub fn resolve_ticket(value: Option<&str>) -> anyhow::Result<Ticket> {
@@ -421,6 +421,12 @@ pub struct SubmitOptions {
     /// A template's `--render-output` frame-name template (`output_####`)
     /// and whether the format's extension is appended (`--use-extension`).
     pub output_pattern: Option<(String, bool)>,
+    /// A template's `--render-format`: the frames are written in it
+    /// instead of the `.blend` file's own format.
+    pub render_format: Option<tessera_protocol::blender::ImageFormat>,
+    /// A template step's `hostRequirements`: what the machine rendering
+    /// its tasks must have.
+    pub host: Option<tessera_protocol::host::HostNeeds>,
     pub allow_missing: bool,
     pub progress: bool,
     /// `--blender`: which Blender versions may render it (default: the

@@ -20,6 +20,7 @@ mod conn;
 mod data_dir;
 pub mod db;
 mod dispatch;
+pub mod encode;
 pub mod exr;
 mod gc;
 pub mod http;

@@ -232,8 +232,10 @@ fn frame_outputs(
 ) -> Vec<FrameOutput> {
     let (format, template) = (spec.output, spec.output_name.as_deref());
     // Unreal frames are named as Movie Render Queue names them.
+    // An encode job's one output is the movie, under its own name.
     let name = |frame: u32| match &spec.unreal {
         Some(u) => Some(u.frame_file_name(&spec.frames, frame, format)),
+        None if spec.encode.is_some() => template.map(str::to_string),
         None => template.and_then(|t| tessera_protocol::job::frame_file_name(t, frame)),
     };
     (frames.into_iter())

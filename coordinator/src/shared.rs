@@ -384,6 +384,11 @@ impl Shared {
                         }
                     }
                 }
+                Effect::ResolveInputs { job, input } => {
+                    // The database's lock is let go before the core's is taken.
+                    let inputs = crate::encode::inputs(&self.db(), input);
+                    self.update(|core, now| core.inputs_resolved(job, inputs, now));
+                }
                 _ => unreachable!("sent under the lock"),
             }
         }

@@ -64,6 +64,7 @@ pub(crate) fn submit(
         }
     }
     let after = after_states(shared, &spec)?;
+    crate::encode::prepare(shared, &mut spec)?;
     if spec.sample_ranges == SAMPLE_RANGES_AUTO {
         let interruptible = shared.read(|core, now| core.has_interruptible_worker(now));
         spec.sample_ranges = auto_sample_ranges(interruptible, &spec);
@@ -199,6 +200,21 @@ pub fn validate(
             spec.engine
         );
     }
+    if let Some(format) = spec.render_format {
+        if spec.engine != Engine::Blender {
+            bail!(
+                "render_format {format} is for Blender jobs; the {} engine writes its own format",
+                spec.engine
+            );
+        }
+        if spec.output != format.output() {
+            bail!(
+                "render_format {format} makes `{}` frames; the job says output `{}`",
+                format.output().extension(),
+                spec.output.extension()
+            );
+        }
+    }
     if spec.finish && spec.tiles.count() == 1 && spec.sample_ranges == 1 {
         bail!("a finishing step is only for frames split into tiles or sample ranges; a whole frame is rendered as it is");
     }
@@ -216,7 +232,11 @@ pub fn validate(
             );
         }
     }
-    if !seen.contains(spec.scene.as_str()) {
+    crate::encode::check(spec)?;
+    if let Some(host) = &spec.host {
+        host.check().map_err(anyhow::Error::msg)?;
+    }
+    if !seen.contains(spec.scene.as_str()) && spec.engine != Engine::Ffmpeg {
         bail!("the scene `{}` is not in the manifest", spec.scene);
     }
     Ok(())

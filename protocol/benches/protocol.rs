@@ -213,6 +213,9 @@ fn manifest() -> ClientRequest {
         deadline_unix_ms: None,
         budget: None,
         task_timeout_ms: None,
+        render_format: None,
+        encode: None,
+        host: None,
     })
 }
 

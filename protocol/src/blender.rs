@@ -273,3 +273,58 @@ mod tests {
         assert_eq!(VersionReq::AtLeast(4, 2).to_string(), ">=4.2");
     }
 }
+
+/// An image format a job's frames may be written in instead of the
+/// `.blend` file's own (an OpenJD template's `--render-format`), by
+/// Blender's own name for it (`image_settings.file_format`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum ImageFormat {
+    #[serde(rename = "JPEG")]
+    Jpeg,
+    #[serde(rename = "PNG")]
+    Png,
+    #[serde(rename = "OPEN_EXR")]
+    OpenExr,
+}
+
+impl ImageFormat {
+    pub const ALL: [ImageFormat; 3] = [ImageFormat::Jpeg, ImageFormat::Png, ImageFormat::OpenExr];
+
+    /// Blender's name (`JPEG`, `PNG`, `OPEN_EXR`).
+    pub fn blender_name(self) -> &'static str {
+        match self {
+            ImageFormat::Jpeg => "JPEG",
+            ImageFormat::Png => "PNG",
+            ImageFormat::OpenExr => "OPEN_EXR",
+        }
+    }
+
+    /// How the farm collects frames of this format: PNG and OpenEXR
+    /// tiles are stitched; a JPEG is any image, whole frames only.
+    pub fn output(self) -> crate::job::OutputFormat {
+        match self {
+            ImageFormat::Jpeg => crate::job::OutputFormat::Image,
+            ImageFormat::Png => crate::job::OutputFormat::Png,
+            ImageFormat::OpenExr => crate::job::OutputFormat::Exr,
+        }
+    }
+}
+
+impl fmt::Display for ImageFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.blender_name())
+    }
+}
+
+impl FromStr for ImageFormat {
+    type Err = String;
+
+    /// Blender's name, as `blender --render-format` takes it.
+    fn from_str(s: &str) -> Result<ImageFormat, String> {
+        (ImageFormat::ALL.into_iter())
+            .find(|f| f.blender_name() == s.trim())
+            .ok_or_else(|| {
+                format!("`{s}` is not a format Tessera writes frames in: JPEG, PNG or OPEN_EXR")
+            })
+    }
+}

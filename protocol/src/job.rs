@@ -26,6 +26,10 @@ pub enum Engine {
     /// Renders nothing: a one-byte result per task. For dispatch benchmarks.
     #[serde(alias = "Noop")]
     Noop,
+    /// ffmpeg, encoding the frames of another job into a movie
+    /// ([`crate::encode`]). Since version 20: sent only to workers that
+    /// offer it, and to clients of version 20.
+    Ffmpeg,
 }
 
 impl Engine {
@@ -35,6 +39,7 @@ impl Engine {
             Engine::Blender => "blender",
             Engine::Unreal => "unreal",
             Engine::Noop => "noop",
+            Engine::Ffmpeg => "ffmpeg",
         }
     }
 }
@@ -53,8 +58,9 @@ impl FromStr for Engine {
             "blender" => Ok(Engine::Blender),
             "unreal" => Ok(Engine::Unreal),
             "noop" => Ok(Engine::Noop),
+            "ffmpeg" => Ok(Engine::Ffmpeg),
             _ => Err(format!(
-                "unknown engine `{s}` (expected builtin, blender, unreal or noop)"
+                "unknown engine `{s}` (expected builtin, blender, unreal, ffmpeg or noop)"
             )),
         }
     }
@@ -353,6 +359,20 @@ pub struct JobSpec {
     /// the coordinator's `--task-timeout` default when not given.
     #[serde(default)]
     pub task_timeout_ms: Option<u64>,
+    /// For Blender jobs: the format the frames are written in instead of
+    /// the file's own (an OpenJD template's `--render-format`), by the
+    /// task that writes the whole frame (a frame's only task, or its
+    /// finishing task). `None`: the file's own. Since version 20.
+    #[serde(default)]
+    pub render_format: Option<crate::blender::ImageFormat>,
+    /// For ffmpeg jobs: the frames of which job are encoded, and how
+    /// (an OpenJD template's `ffmpeg` step). Since version 20.
+    #[serde(default)]
+    pub encode: Option<Box<crate::encode::EncodeSpec>>,
+    /// What the machine that runs its tasks must have (an OpenJD
+    /// template's `hostRequirements`). Since version 20.
+    #[serde(default)]
+    pub host: Option<Box<crate::host::HostNeeds>>,
 }
 
 /// The most jobs one job may run after (`--after`).
@@ -487,6 +507,9 @@ impl JobSpec {
             deadline_unix_ms: None,
             budget: None,
             task_timeout_ms: None,
+            render_format: None,
+            encode: None,
+            host: None,
         }
     }
 

@@ -222,6 +222,9 @@ fn job_spec() -> JobSpec {
             on_reached: OnBudget::StopDispatch,
         }),
         task_timeout_ms: Some(600_000),
+        render_format: None,
+        encode: None,
+        host: None,
     }
 }
 
@@ -383,6 +386,7 @@ fn samples() -> Vec<Sample> {
                 blenders: vec![offer()],
                 fetches_builds: true,
                 draining: false,
+                host: None,
             }),
         ),
         sample(
@@ -463,6 +467,8 @@ fn samples() -> Vec<Sample> {
                 unreal: None,
                 finish: true,
                 task_timeout_ms: Some(600_000),
+                render_format: None,
+                encode: None,
             }),
         ),
         sample(

@@ -190,6 +190,8 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
         allow_missing,
         builtin_frame_names: frame_names == "frame",
         output_pattern: None,
+        render_format: None,
+        host: None,
         progress: !json,
         blender,
         blender_python,
@@ -370,11 +372,22 @@ pub(crate) async fn submit_template(
         step_opts.request_id = (opts.request_id.as_ref()).map(|r| format!("{r}/{}", step.name));
         step_opts.after = after;
         step_opts.output_pattern = (step.output.as_ref()).map(|o| (o.name.clone(), o.extension));
-        let client::Submitted {
-            status, warnings, ..
-        } = client::submit(client, &step_opts)
-            .await
-            .with_context(|| format!("step {} of the template", step.name))?;
+        step_opts.render_format = step.format;
+        step_opts.host = step.host.clone();
+        let (status, warnings) = match &step.encode {
+            Some(encode) => {
+                let input = jobs[step.after[0]].1;
+                // `submit_encode` adds the frames' job to its `after`.
+                step_opts.after.retain(|&j| j != input);
+                let status = client::submit_encode(client, &step_opts, encode, input).await;
+                (status.map(|s| (s, Vec::new())))
+                    .with_context(|| format!("step {} of the template", step.name))?
+            }
+            None => client::submit(client, &step_opts)
+                .await
+                .map(|s| (s.status, s.warnings))
+                .with_context(|| format!("step {} of the template", step.name))?,
+        };
         if json {
             let mut v = report::job_json(&status);
             v["step"] = serde_json::json!(step.name);
@@ -402,7 +415,13 @@ pub(crate) async fn submit_template(
     let mut code = 0;
     let overwrite = output.as_ref().is_some_and(|(_, o)| *o);
     for ((name, id), step) in jobs.iter().zip(&template.steps) {
-        let out = match (&output, &step.output) {
+        // An encode step's movie is fetched as the steps' frames are.
+        let named = step
+            .encode
+            .as_ref()
+            .map(|e| &e.movie)
+            .or(step.output.as_ref());
+        let out = match (&output, named) {
             (Some((dir, _)), Some(pattern)) => Some(dir.join(&pattern.subdir)),
             (Some((dir, _)), None) if several => Some(dir.join(name)),
             (Some((dir, _)), None) => Some(dir.clone()),

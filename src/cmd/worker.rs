@@ -25,7 +25,9 @@ pub(crate) struct Args {
     /// used assets are evicted, never those of a running task.
     #[arg(long, value_parser = parse_size)]
     pub cache_max: Option<u64>,
-    /// Engine to offer: auto (every engine available here), builtin, blender, unreal.
+    /// Engine to offer: auto (every engine available here), builtin,
+    /// blender, unreal, ffmpeg. With auto and blender, ffmpeg is offered
+    /// too where it is installed (encode steps of OpenJD templates).
     #[arg(long, default_value = "auto")]
     pub engine: String,
     /// Concurrent tasks: a count, or `auto` (one per GPU that NVML
@@ -430,7 +432,16 @@ pub(crate) fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Engines> {
         ))
     });
     let blender = || blender_engine.clone().map(|b| b as Arc<dyn engine::Engine>);
-    let engines = match c.choice {
+    // ffmpeg, where it is installed, encodes beside a renderer.
+    let ffmpeg = || {
+        let found = engine::ffmpeg::Ffmpeg::find();
+        match &found {
+            Some(f) => tracing::info!(path = %f.program().display(), "ffmpeg found"),
+            None => tracing::info!("ffmpeg not found (install it, or set TESSERA_FFMPEG); not offering the ffmpeg engine"),
+        }
+        found.map(|f| Arc::new(f) as Arc<dyn engine::Engine>)
+    };
+    let mut engines = match c.choice {
         "auto" => {
             let mut engines = vec![builtin()];
             match blender() {
@@ -450,8 +461,14 @@ pub(crate) fn worker_engines(c: EngineChoice<'_>) -> anyhow::Result<Engines> {
         "unreal" => vec![c.unreal.clone().context(
             "--engine unreal needs --unreal-editor PATH (Unreal's UnrealEditor-Cmd)",
         )?],
-        other => anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender or unreal)"),
+        "ffmpeg" => vec![ffmpeg().context(
+            "--engine ffmpeg: ffmpeg is not installed here (apt-get install ffmpeg, or set TESSERA_FFMPEG)",
+        )?],
+        other => anyhow::bail!("unknown engine `{other}` (expected auto, builtin, blender, unreal or ffmpeg)"),
     };
+    if matches!(c.choice, "auto" | "blender") {
+        engines.extend(ffmpeg());
+    }
     Ok((engines, blender_engine))
 }
 

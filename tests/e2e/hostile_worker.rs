@@ -25,6 +25,7 @@ pub mod rogue {
             blenders: Vec::new(),
             fetches_builds: false,
             draining: false,
+            host: None,
         }
     }
 

@@ -32,6 +32,7 @@ mod job_events;
 mod migration;
 mod monitor;
 mod openjd;
+mod openjd_encode;
 mod operate;
 mod partition;
 mod passes;

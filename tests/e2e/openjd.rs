@@ -2,9 +2,12 @@
 //! `scenes/openjd/blender-render.template.yaml` (a Blender template in our
 //! own words after the OpenJD specifications' Blender sample) becomes two
 //! jobs, the second `--after` the first, whose frames equal Blender's own
-//! render, named as its `--render-output` names them;
-//! `blender-ffmpeg.template.yaml` is refused with its reason and submits
-//! nothing.
+//! render, named as its `--render-output` names them; a step with another
+//! command is refused with its reason and submits nothing.
+//! `blender-ffmpeg.template.yaml`, a Deadline-style template, renders JPEG
+//! frames and encodes them into a movie with real ffmpeg on a worker that
+//! has it; PNG and OpenEXR frames, tiled or not, and the refusal of tiled
+//! JPEG frames, with the same template.
 
 use std::path::Path;
 use std::process::Command;
@@ -48,14 +51,20 @@ fn a_blender_openjd_template_imports_as_dependent_jobs_and_renders_like_blender(
     reference(&project.join("shot.blend"), &refs, &[1, 2, 3]);
 
     // Unmappable: refused with the step and field, nothing submitted.
-    let bad = project.join("blender-ffmpeg.template.yaml");
-    std::fs::copy(scenes().join("openjd/blender-ffmpeg.template.yaml"), &bad).unwrap();
+    let bad = project.join("blender-convert.template.yaml");
+    let text = std::fs::read_to_string(scenes().join("openjd/blender-ffmpeg.template.yaml"));
+    std::fs::write(
+        &bad,
+        text.unwrap().replace("command: ffmpeg", "command: convert"),
+    )
+    .unwrap();
     let out = farm.run(&["submit", bad.to_str().unwrap()]);
     assert!(!out.status.success());
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        err.contains("steps[1] (EncodeVideo).script.embeddedFiles (Encode): `ffmpeg -y -r 24")
-            && err.contains("is not a Blender command"),
+        err.contains(
+            "steps[1] (EncodeVideo).script.actions.onRun.command: `convert` is not Blender or ffmpeg"
+        ),
         "{err}"
     );
     let none = farm.json(&["status", "--json"]);

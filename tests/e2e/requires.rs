@@ -38,6 +38,8 @@ pub enum Need {
     /// `$TESSERA_TEST_SCHEMATHESIS` names schemathesis (PyPI; `.ci/run`
     /// installs it).
     Schemathesis,
+    /// `ffmpeg` and `ffprobe` run (Debian's `ffmpeg` package).
+    Ffmpeg,
 }
 
 impl Need {
@@ -52,6 +54,7 @@ impl Need {
         Need::Docker,
         Need::OpenJd,
         Need::Schemathesis,
+        Need::Ffmpeg,
     ];
 
     fn what(self) -> &'static str {
@@ -73,6 +76,7 @@ impl Need {
             Need::Schemathesis => {
                 "TESSERA_TEST_SCHEMATHESIS naming schemathesis (.ci/run installs schemathesis==4.32.5 in $HOME/.cache/tessera-ci/schemathesis-4.32.5)"
             }
+            Need::Ffmpeg => "ffmpeg and ffprobe on the PATH (apt-get install ffmpeg)",
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
             }
@@ -93,6 +97,10 @@ impl Need {
             }
             Need::Tmux => runs(Command::new("tmux").arg("-V")),
             Need::Python3 => runs(Command::new("python3").arg("--version")),
+            Need::Ffmpeg => {
+                runs(Command::new("ffmpeg").arg("-version"))
+                    && runs(Command::new("ffprobe").arg("-version"))
+            }
             Need::PyClient => std::env::var_os("TESSERA_TEST_PYTHON").is_some_and(|py| {
                 runs(Command::new(py).args([
                     "-c",

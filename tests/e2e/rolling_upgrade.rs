@@ -184,6 +184,9 @@ fn a_coordinator_serves_a_worker_and_a_client_one_version_behind() {
             deadline_unix_ms: None,
             budget: None,
             task_timeout_ms: None,
+            render_format: None,
+            encode: None,
+            host: None,
         };
         let job = match ask_old(&mut c, &ClientRequest::Submit(spec)).await {
             ClientResponse::Submitted(s) => s.id,

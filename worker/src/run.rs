@@ -117,6 +117,8 @@ pub async fn run(config: Config, mut shutdown: watch::Receiver<bool>) -> anyhow:
         slots,
         idle: IdleExit::new(config.exit_after_idle),
         draining: false,
+        // NVML and `/proc`, read once, off the runtime.
+        host: tokio::task::spawn_blocking(crate::telemetry::host_facts).await?,
     };
     let mut backoff = reconnect_backoff();
     loop {
@@ -213,6 +215,8 @@ struct Held {
     /// Asked to drain (`tessera drain`): kept across connections, so a
     /// worker that reconnects mid-drain says so again and is given nothing.
     draining: bool,
+    /// What this machine has, said at every join.
+    host: tessera_protocol::host::HostFacts,
 }
 
 type Link = Arc<Mutex<Option<mpsc::UnboundedSender<WorkerMsg>>>>;
@@ -428,6 +432,7 @@ async fn join(
             .collect(),
         fetches_builds: config.builds.is_some(),
         draining: held.draining,
+        host: Some(Box::new(held.host.clone())),
     }))?;
     let mut first = framing::read_frame::<CoordMsg, _>(recv).await?;
     if let Some(CoordMsg::Enrolled { credential }) = &first {

@@ -247,6 +247,8 @@ mod tests {
             unreal: None,
             finish: false,
             task_timeout_ms: None,
+            render_format: None,
+            encode: None,
         }
     }
 

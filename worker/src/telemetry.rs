@@ -55,6 +55,26 @@ impl Default for Sampler {
     }
 }
 
+/// What this machine has, as a worker says when it joins (for jobs with
+/// host needs): its GPUs as NVML finds them (none without a driver), the
+/// memory of the smallest, its cores, memory, OS and architecture.
+pub fn host_facts() -> tessera_protocol::host::HostFacts {
+    let t = Sampler::new().sample();
+    let mib = |bytes: u64| bytes >> 20;
+    let (os, arch) = tessera_protocol::host::HostFacts::this_build();
+    tessera_protocol::host::HostFacts {
+        gpus: t.gpus.len() as u64,
+        gpu_memory_mib: (t.gpus.iter())
+            .map(|g| mib(g.memory_total_bytes))
+            .min()
+            .unwrap_or(0),
+        cpus: u64::from(t.host.cores),
+        memory_mib: mib(t.host.memory_total_bytes),
+        os,
+        arch,
+    }
+}
+
 /// How many GPUs NVML finds, or why none (`--slots auto`).
 pub fn gpu_count() -> Result<u32, String> {
     let nvml = init_nvml(NVML_LIBS)?;

@@ -152,6 +152,9 @@ pub(super) async fn scan(client: &mut Client, opts: &SubmitOptions) -> anyhow::R
             })
         }
         Engine::Blender => scan_blend(client, opts, path, file_name, &sharing).await,
+        Engine::Ffmpeg => {
+            bail!("the ffmpeg engine encodes the frames of another job: submit an OpenJD template with an ffmpeg step")
+        }
         Engine::Unreal => {
             let p = crate::uproject::scan(path, opts.frames.as_deref(), &opts.unreal, &sharing)?;
             Ok(Scan {
@@ -212,6 +215,11 @@ pub(super) async fn scan_blend(
     };
     // Files Blender ships: the worker's own Blender has them.
     s.files.retain(|f| !share::blender_own(Path::new(&f.path)));
+    if let Some(format) = opts.render_format {
+        // Blender writes the frames in it, as `--render-format` would.
+        s.file_format = format.blender_name().to_string();
+        s.is_movie = false;
+    }
     let mut real_paths = shared_paths(&s, opts, sharing, nothing)?;
     let frames = frames_in_range(opts.frames.as_deref(), s.frame_start, s.frame_end)?;
     let cycles = s.render_engine == "CYCLES";
@@ -346,9 +354,10 @@ fn split(
         "OPEN_EXR" | "OPEN_EXR_MULTILAYER" => OutputFormat::Exr,
         _ if s.is_movie => OutputFormat::Image, // refused below, with the reason
         _ if whole || finish => OutputFormat::Image,
-        other => {
-            bail!("the scene's output format {other} can only be rendered as whole frames: submit without --tiles and --sample-ranges, or set it to PNG or OpenEXR")
-        }
+        other => match opts.render_format {
+            Some(_) => bail!("--render-format {other} is written only where Blender renders the whole frame, and this split renders tiles without a finishing step: submit without --tiles and --sample-ranges, or ask for --render-format PNG or OPEN_EXR, whose tiles are stitched"),
+            None => bail!("the scene's output format {other} can only be rendered as whole frames: submit without --tiles and --sample-ranges, or set it to PNG or OpenEXR"),
+        },
     };
     // `auto` splits only what merges exactly: Cycles to EXR, not denoised,
     // and not composited unless a finishing task composites the whole
@@ -372,7 +381,10 @@ fn split(
     }
     if sample_ranges > 1 {
         if output != OutputFormat::Exr && !finish {
-            bail!("--sample-ranges merges float images: set the scene's output format to OpenEXR");
+            match opts.render_format {
+                Some(f) => bail!("--sample-ranges merges float images, which --render-format {f} cannot hold: ask for --render-format OPEN_EXR, or submit without --sample-ranges"),
+                None => bail!("--sample-ranges merges float images: set the scene's output format to OpenEXR"),
+            }
         }
         if s.use_denoising && !finish {
             bail!("--sample-ranges cannot merge denoised renders exactly: turn denoising off in the scene");

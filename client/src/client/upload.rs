@@ -43,6 +43,72 @@ pub async fn submit(client: &mut Client, opts: &SubmitOptions) -> anyhow::Result
     }
 }
 
+fn deadline_unix_ms(opts: &SubmitOptions) -> Option<u64> {
+    opts.deadline.map(|d| {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |t| t.as_millis() as u64);
+        now.saturating_add(d.as_millis().min(u128::from(u64::MAX / 2)) as u64)
+    })
+}
+
+fn task_timeout_ms(opts: &SubmitOptions) -> Option<u64> {
+    (opts.task_timeout).map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Submits an OpenJD template's ffmpeg step: an encode job of the frames
+/// of job `input` (already submitted), which it runs after. Nothing is
+/// uploaded: its inputs are that job's frames.
+pub async fn submit_encode(
+    client: &mut Client,
+    opts: &SubmitOptions,
+    encode: &crate::openjd::Encode,
+    input: u64,
+) -> anyhow::Result<JobStatus> {
+    let mut after = opts.after.clone();
+    after.push(input);
+    let spec = JobSpec {
+        request_id: opts.request_id.clone(),
+        name: opts
+            .name
+            .clone()
+            .unwrap_or_else(|| encode.movie.name.clone()),
+        engine: Engine::Ffmpeg,
+        scene: String::new(),
+        manifest: Vec::new(),
+        frames: vec![1],
+        tiles: TileGrid::WHOLE,
+        sample_ranges: 1,
+        samples: 1,
+        // The coordinator gives it the frame size of the job it encodes.
+        resolution: (1, 1),
+        priority: opts.priority,
+        output: OutputFormat::Image,
+        blender: None,
+        output_name: Some(encode.movie.name.clone()),
+        unreal: None,
+        finish: false,
+        verify_percent: 0,
+        after,
+        after_failure: opts.after_failure,
+        paused: opts.paused,
+        deadline_unix_ms: deadline_unix_ms(opts),
+        budget: opts.budget,
+        task_timeout_ms: task_timeout_ms(opts),
+        render_format: None,
+        encode: Some(Box::new(tessera_protocol::encode::EncodeSpec {
+            input,
+            input_options: encode.input_options.clone(),
+            output_options: encode.output_options.clone(),
+        })),
+        host: opts.host.clone().map(Box::new),
+    };
+    match client.call(&ClientRequest::Submit(spec)).await? {
+        ClientResponse::Submitted(status) => Ok(status),
+        other => bail!("unexpected reply {other:?}"),
+    }
+}
+
 /// Scans, hashes and uploads what is missing: the job spec to submit (by
 /// [`submit`], or by `submit --upload-only` for the HTTP API), its
 /// warnings (printed once on stderr), and where each manifest entry's file
@@ -85,16 +151,14 @@ pub async fn upload_scene(
         after: opts.after.clone(),
         after_failure: opts.after_failure,
         paused: opts.paused,
-        deadline_unix_ms: opts.deadline.map(|d| {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |t| t.as_millis() as u64);
-            now.saturating_add(d.as_millis().min(u128::from(u64::MAX / 2)) as u64)
-        }),
+        deadline_unix_ms: deadline_unix_ms(opts),
         budget: opts.budget,
-        task_timeout_ms: opts
-            .task_timeout
-            .map(|t| u64::try_from(t.as_millis()).unwrap_or(u64::MAX)),
+        task_timeout_ms: task_timeout_ms(opts),
+        render_format: opts
+            .render_format
+            .filter(|_| scan.engine == Engine::Blender),
+        encode: None,
+        host: opts.host.clone().map(Box::new),
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.

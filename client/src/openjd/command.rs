@@ -1,21 +1,28 @@
-//! A step's command: Blender itself, or a shell script running it, split
-//! into words as a shell would.
+//! A step's command: Blender or ffmpeg itself, or a shell script running
+//! one of them, split into words as a shell would.
 
 use super::*;
 
-/// The Blender arguments a step runs, and the field they came from: its
-/// command is Blender, or a shell running an embedded script whose one
-/// command is Blender.
-pub(super) fn blender_command(
+/// The programs a step may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Program {
+    Blender,
+    Ffmpeg,
+}
+
+/// The program a step runs, its arguments, and the field they came from:
+/// its command is Blender or ffmpeg, or a shell running an embedded script
+/// whose one command is one of them.
+pub(super) fn step_command(
     at: &str,
     command: &str,
     args: &[String],
     files: &HashMap<String, String>,
     scope: &Scope<'_>,
-) -> Result<(String, Vec<String>), String> {
+) -> Result<(Program, String, Vec<String>), String> {
     let field = format!("{at}.script.actions.onRun");
-    if is_blender(command) {
-        return Ok((format!("{field}.args"), args.to_vec()));
+    if let Some(p) = known(command) {
+        return Ok((p, format!("{field}.args"), args.to_vec()));
     }
     let shell = matches!(program(command), "bash" | "sh" | "zsh" | "dash");
     let script_file: Option<String> = if shell {
@@ -29,7 +36,7 @@ pub(super) fn blender_command(
         .and_then(|a| a.strip_suffix('\u{0}'))
     else {
         return Err(format!(
-            "{field}.command: `{command}` is not Blender; Tessera runs Blender steps only"
+            "{field}.command: `{command}` is not Blender or ffmpeg; Tessera runs Blender and ffmpeg steps only"
         ));
     };
     let field = format!("{at}.script.embeddedFiles ({file})");
@@ -41,25 +48,37 @@ pub(super) fn blender_command(
             continue;
         }
         let words = shell_words(line).map_err(|e| format!("{field}: `{line}`: {e}"))?;
-        match words.first().map(|w| program(w)) {
-            Some("set" | "mkdir" | "echo") => continue,
-            Some(p) if is_blender(p) => {
+        match words.first().map(|w| (program(w), known(w))) {
+            Some(("set" | "mkdir" | "echo", _)) => continue,
+            Some((_, Some(p))) => {
                 if command.is_some() {
                     return Err(format!(
-                        "{field}: runs Blender twice; make each render a step of its own"
+                        "{field}: runs two commands; make each a step of its own"
                     ));
                 }
-                command = Some(words[1..].to_vec());
+                command = Some((p, words[1..].to_vec()));
             }
             _ => {
                 return Err(format!(
-                    "{field}: `{line}` is not a Blender command; Tessera runs Blender steps only"
+                    "{field}: `{line}` is not a Blender or ffmpeg command; Tessera runs Blender and ffmpeg steps only"
                 ))
             }
         }
     }
-    let args = command.ok_or_else(|| format!("{field}: runs no Blender"))?;
-    Ok((field, args))
+    let (p, args) = command.ok_or_else(|| format!("{field}: runs no Blender or ffmpeg"))?;
+    Ok((p, field, args))
+}
+
+/// The program `command` names, if it is one a step may run.
+fn known(command: &str) -> Option<Program> {
+    let p = program(command).to_ascii_lowercase();
+    if is_blender(command) {
+        Some(Program::Blender)
+    } else if p == "ffmpeg" || p == "ffmpeg.exe" {
+        Some(Program::Ffmpeg)
+    } else {
+        None
+    }
 }
 
 pub(super) fn program(command: &str) -> &str {

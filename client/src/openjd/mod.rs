@@ -1,27 +1,34 @@
 //! Open Job Description import (`tessera submit job.template.yaml`): a job
 //! template of specification `jobtemplate-2023-09`, in YAML or JSON, whose
-//! steps run Blender, becomes one Tessera job per step. Job parameters are
-//! substituted (a value given with `--job-param NAME=VALUE`, else the
-//! default); an INT task parameter that `--render-frame` names becomes the
-//! job's frames; `dependencies` between steps become `--after`;
-//! `--render-output DIR/NAME####` (with `--use-extension`) names the frames
-//! and the folder under the output directory they are fetched into.
+//! steps run Blender or encode with ffmpeg, becomes one Tessera job per
+//! step. Job parameters are substituted (a value given with `--job-param
+//! NAME=VALUE`, else the default); an INT task parameter that
+//! `--render-frame` names becomes the job's frames; `dependencies` between
+//! steps become `--after`; `--render-output DIR/NAME####` (with
+//! `--use-extension`) names the frames and the folder under the output
+//! directory they are fetched into; `--render-format` is the format they
+//! are written in; `hostRequirements` become the job's host needs.
 //!
-//! A step's command is Blender itself, or a shell running one embedded
-//! script whose only command (besides `set`, `mkdir` and `echo`) is
-//! Blender. Whatever has no meaning on Tessera — environments, host
-//! requirements, other commands, other task parameters, Blender options
-//! that change what the `.blend` file says or run Python — is refused with
-//! the field it was found in, never dropped silently. Nothing of the
-//! template runs: it is read, and Blender is started by the workers as for
-//! any `.blend` (scripts off).
+//! A step's command is Blender or ffmpeg itself, or a shell running one
+//! embedded script whose only command (besides `set`, `mkdir` and `echo`)
+//! is one of them. An ffmpeg step encodes the frames of the one Blender
+//! step it depends on ([`Encode`]). Whatever has no meaning on Tessera —
+//! environments, host requirements workers do not report, other commands,
+//! other task parameters, Blender options that change what the `.blend`
+//! file says or run Python, ffmpeg options beyond an encode's — is refused
+//! with the field it was found in, never dropped silently. Nothing of the
+//! template runs: it is read; Blender is started by the workers as for any
+//! `.blend` (scripts off), ffmpeg with arguments they build.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+use tessera_protocol::blender::ImageFormat;
 
 mod command;
+mod encode;
+mod host;
 mod options;
 mod params;
 mod step;
@@ -29,6 +36,9 @@ mod step;
 mod tests;
 
 use command::*;
+pub use encode::Encode;
+use encode::*;
+use host::*;
 use options::*;
 use params::*;
 use step::*;
@@ -58,6 +68,9 @@ pub struct Imported {
     pub output_dir: Option<PathBuf>,
 }
 
+/// A step: a Blender render (its `.blend`, frames and output names), or
+/// an ffmpeg encode of the frames of the step it depends on (`encode`;
+/// its `scene` is then empty and it renders nothing).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Step {
     pub name: String,
@@ -69,6 +82,13 @@ pub struct Step {
     pub after: Vec<usize>,
     /// How `--render-output` names its frames, when given.
     pub output: Option<RenderOutput>,
+    /// `--render-format`: the frames are written in it instead of the
+    /// `.blend` file's own format.
+    pub format: Option<ImageFormat>,
+    /// An ffmpeg step: what it encodes, how, and where the movie goes.
+    pub encode: Option<Encode>,
+    /// Its `hostRequirements`: what a worker's machine must have.
+    pub host: Option<tessera_protocol::host::HostNeeds>,
 }
 
 /// A step's `--render-output DIR/NAME####` (with `--use-extension`): the
@@ -151,7 +171,7 @@ pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, St
             "specificationVersion" | "$schema" | "name" | "description"
             | "parameterDefinitions" | "steps" => {}
             "jobEnvironments" => {
-                return Err("jobEnvironments: environments run their own commands around every task; Tessera runs only Blender (drop them, or render those steps elsewhere)".into())
+                return Err("jobEnvironments: environments run their own commands around every task; Tessera runs only Blender and ffmpeg (drop them, or render those steps elsewhere)".into())
             }
             other => return Err(format!("{other}: unknown field of a job template")),
         }
@@ -175,6 +195,17 @@ pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, St
         mapped.push(map_step(i, step, &values, base, &mut notes)?);
     }
     let steps = order(mapped)?;
+    for step in &steps {
+        let Some(encode) = &step.encode else {
+            continue;
+        };
+        let at = format!("steps ({})", step.name);
+        let input = match step.after[..] {
+            [d] if steps[d].encode.is_none() => &steps[d],
+            _ => return Err(format!("{at}.dependencies: an ffmpeg step depends on exactly one step, the Blender step whose frames it encodes")),
+        };
+        check_input(&at, encode, input)?;
+    }
     let output_dir = (root.get("parameterDefinitions").and_then(Value::as_array))
         .into_iter()
         .flatten()

@@ -1,13 +1,15 @@
-//! The `.blend` and frames of a Blender command line.
+//! The `.blend`, frames, output names and format of a Blender command
+//! line.
 
 use super::*;
 
-/// What a Blender command line renders: its `.blend`, frames, and how
-/// `--render-output` names them.
+/// What a Blender command line renders: its `.blend`, frames, how
+/// `--render-output` names them and the `--render-format` they are in.
 pub(super) struct Rendered {
     pub(super) scene: PathBuf,
     pub(super) frames: Option<String>,
     pub(super) output: Option<RenderOutput>,
+    pub(super) format: Option<ImageFormat>,
 }
 
 /// The `.blend`, frames and output names of a Blender command line;
@@ -23,6 +25,7 @@ pub(super) fn blender_options(
     let mut scene: Option<PathBuf> = None;
     let (mut output, mut extension) = (None, true);
     let mut render_frames: Option<String> = None;
+    let mut format = None;
     let (mut anim, mut start, mut end, mut jump) = (false, None, None, None);
     let mut it = args.iter();
     let value = |it: &mut std::slice::Iter<'_, String>, opt: &str| {
@@ -52,7 +55,13 @@ pub(super) fn blender_options(
             "-e" | "--frame-end" => end = Some(value(&mut it, arg)?),
             "-j" | "--frame-jump" => jump = Some(value(&mut it, arg)?),
             "-F" | "--render-format" => {
-                return Err(format!("{field}: `{arg}` cannot be mapped: Tessera renders the format the .blend file sets; set it there"))
+                let v = value(&mut it, arg)?;
+                if v.contains(FRAME) {
+                    return Err(format!("{field}: `{arg}` must not depend on the task parameter"));
+                }
+                format = Some(v.parse::<ImageFormat>().map_err(|e| {
+                    format!("{field}: `{arg}` {e} (other formats: set them in the .blend file and drop `{arg}`)")
+                })?);
             }
             "-E" | "--engine" | "-S" | "--scene" => {
                 return Err(format!("{field}: `{arg}` cannot be mapped: Tessera renders the .blend file's own scene and engine; set them there"))
@@ -112,6 +121,7 @@ pub(super) fn blender_options(
         scene,
         frames,
         output,
+        format,
     })
 }
 
@@ -125,16 +135,39 @@ pub(super) fn render_output(
     out_dirs: &[PathBuf],
     extension: bool,
 ) -> Result<RenderOutput, String> {
+    let (root, subdir, mut name) = output_path(field, "--render-output", pattern, out_dirs)?;
+    if !name.contains('#') {
+        name.push_str("####");
+    }
+    Ok(RenderOutput {
+        root,
+        subdir,
+        name,
+        extension,
+    })
+}
+
+/// A path a step writes (`opt` names the option it came with, for
+/// errors): under one of `out_dirs` or relative (`./x`, Blender's `//x`),
+/// without `..`. Its root (the output-directory parameter's value, `None`
+/// for a relative path), the folder under it (`/`-separated) and its last
+/// part (empty for a path ending in `/`).
+pub(super) fn output_path(
+    field: &str,
+    opt: &str,
+    pattern: &str,
+    out_dirs: &[PathBuf],
+) -> Result<(Option<PathBuf>, String, String), String> {
     let shown = pattern.replace(FRAME, "{{frame}}");
     if pattern.contains(FRAME) || pattern.contains('\u{0}') {
-        return Err(format!("{field}: --render-output `{shown}` must not depend on the task parameter; `#` stands for the frame"));
+        return Err(format!("{field}: {opt} `{shown}` must not depend on the task parameter; `#` stands for the frame"));
     }
     let path = Path::new(pattern);
     let (root, rest) = if let Some(r) = pattern.strip_prefix("//") {
         (None, r.to_string())
     } else if path.is_absolute() {
         let dir = out_dirs.iter().find(|d| path.starts_with(d)).ok_or_else(|| {
-            format!("{field}: --render-output `{shown}` lies outside the template's output directory; write it under an output-directory parameter (a PATH with dataFlow: OUT, e.g. `{{{{Param.OutputDir}}}}/output_####`) or as a relative path")
+            format!("{field}: {opt} `{shown}` lies outside the template's output directory; write it under an output-directory parameter (a PATH with dataFlow: OUT, e.g. `{{{{Param.OutputDir}}}}/output_####`) or as a relative path")
         })?;
         // As a string, so that a trailing `/` (a folder, frames `####`) stays.
         let rest = match pattern.strip_prefix(&*dir.to_string_lossy()) {
@@ -155,31 +188,23 @@ pub(super) fn render_output(
             "" | "." => {}
             ".." => {
                 return Err(format!(
-                "{field}: --render-output `{shown}` climbs out of the output directory with `..`"
-            ))
+                    "{field}: {opt} `{shown}` climbs out of the output directory with `..`"
+                ))
             }
             p => parts.push(p),
         }
     }
-    let mut name = if rest.ends_with('/') || parts.is_empty() {
+    let name = if rest.ends_with('/') || parts.is_empty() {
         String::new()
     } else {
         parts.pop().expect("not empty").to_string()
     };
-    if !name.contains('#') {
-        name.push_str("####");
-    }
     if name.len() > tessera_protocol::job::MAX_OUTPUT_NAME - 8 {
         return Err(format!(
-            "{field}: --render-output `{shown}`: the file name is too long"
+            "{field}: {opt} `{shown}`: the file name is too long"
         ));
     }
-    Ok(RenderOutput {
-        root,
-        subdir: parts.join("/"),
-        name,
-        extension,
-    })
+    Ok((root, parts.join("/"), name))
 }
 
 /// What follows `--` on a Blender command line: Cycles' own options, of

@@ -1,4 +1,5 @@
-//! One step: its task parameters (the frame range) and its command.
+//! One step: its task parameters (the frame range) and its command
+//! (Blender, or an ffmpeg encode).
 
 use super::*;
 
@@ -16,40 +17,23 @@ pub(super) fn map_step(
         .ok_or_else(|| format!("{at}: expected a mapping"))?;
     for key in obj.keys() {
         match key.as_str() {
-            "name" | "description" | "dependencies" | "parameterSpace" | "script" => {}
+            "name" | "description" | "dependencies" | "parameterSpace" | "script"
+            | "hostRequirements" => {}
             "stepEnvironments" => {
-                return Err(format!("{at}.stepEnvironments: environments run their own commands around every task; Tessera runs only Blender"))
-            }
-            "hostRequirements" => {
-                return Err(format!("{at}.hostRequirements: Tessera matches jobs to workers by their Blender, not by host attributes or amounts; drop them"))
+                return Err(format!("{at}.stepEnvironments: environments run their own commands around every task; Tessera runs only Blender and ffmpeg"))
             }
             other => return Err(format!("{at}.{other}: unknown field of a step")),
         }
     }
     let frame = frame_parameter(&at, step.get("parameterSpace"), params)?;
+    let host = match step.get("hostRequirements") {
+        Some(v) => Some(host_requirements(&at, v)?).filter(|h| !h.is_empty()),
+        None => None,
+    };
     let script = step
         .get("script")
         .ok_or_else(|| format!("{at}.script: missing"))?;
-    let mut files = HashMap::new();
-    if let Some(list) = script.get("embeddedFiles") {
-        for (k, f) in list.as_array().into_iter().flatten().enumerate() {
-            let fname = text_of(
-                f.get("name"),
-                &format!("{at}.script.embeddedFiles[{k}].name"),
-            )?;
-            let kind = f.get("type").and_then(Value::as_str).unwrap_or("TEXT");
-            if kind != "TEXT" {
-                return Err(format!(
-                    "{at}.script.embeddedFiles[{k}] ({fname}).type: `{kind}` is not TEXT"
-                ));
-            }
-            let data = text_of(
-                f.get("data"),
-                &format!("{at}.script.embeddedFiles[{k}] ({fname}).data"),
-            )?;
-            files.insert(fname, data);
-        }
-    }
+    let files = embedded_files(&at, script)?;
     let on_run = script
         .get("actions")
         .and_then(|a| a.get("onRun"))
@@ -80,32 +64,54 @@ pub(super) fn map_step(
         let field = format!("{at}.script.actions.onRun.args[{k}]");
         args.push(scope.resolve(&text_of(Some(a), &field)?, &field)?);
     }
-    let (field, blender_args) = blender_command(&at, &command, &args, &files, &scope)?;
+    let (program, field, program_args) = step_command(&at, &command, &args, &files, &scope)?;
     let out_dirs: Vec<PathBuf> = (params.values())
         .filter(|p| p.out_dir && !p.value.is_empty())
         .map(|p| PathBuf::from(&p.value))
         .collect();
+    let (rendered, encode) = match program {
+        Program::Blender => {
+            let r = blender_options(
+                &field,
+                &program_args,
+                frame.as_ref(),
+                base,
+                &out_dirs,
+                notes,
+            )?;
+            (r, None)
+        }
+        Program::Ffmpeg => {
+            if let Some((name, _)) = &frame {
+                return Err(format!("{at}.parameterSpace: an ffmpeg step encodes once; its task parameter {name} cannot be mapped (drop the parameterSpace)"));
+            }
+            let nothing = Rendered {
+                scene: PathBuf::new(),
+                frames: None,
+                output: None,
+                format: None,
+            };
+            let e = ffmpeg_options(&field, &program_args, &out_dirs)?;
+            (nothing, Some(e))
+        }
+    };
     let Rendered {
         scene,
         frames,
         output,
-    } = blender_options(
-        &field,
-        &blender_args,
-        frame.as_ref(),
-        base,
-        &out_dirs,
-        notes,
-    )?;
-    let mut after = Vec::new();
-    if let Some(deps) = step.get("dependencies") {
-        for (k, d) in deps.as_array().into_iter().flatten().enumerate() {
-            after.push(text_of(
+        format,
+    } = rendered;
+    let after = (step.get("dependencies").and_then(Value::as_array))
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(k, d)| {
+            text_of(
                 d.get("dependsOn"),
                 &format!("{at}.dependencies[{k}].dependsOn"),
-            )?);
-        }
-    }
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     Ok((
         Step {
             name,
@@ -113,9 +119,37 @@ pub(super) fn map_step(
             frames,
             after: Vec::new(),
             output,
+            format,
+            encode,
+            host,
         },
         after,
     ))
+}
+
+/// A step script's `embeddedFiles` (TEXT only), by name.
+fn embedded_files(at: &str, script: &Value) -> Result<HashMap<String, String>, String> {
+    let mut files = HashMap::new();
+    if let Some(list) = script.get("embeddedFiles") {
+        for (k, f) in list.as_array().into_iter().flatten().enumerate() {
+            let fname = text_of(
+                f.get("name"),
+                &format!("{at}.script.embeddedFiles[{k}].name"),
+            )?;
+            let kind = f.get("type").and_then(Value::as_str).unwrap_or("TEXT");
+            if kind != "TEXT" {
+                return Err(format!(
+                    "{at}.script.embeddedFiles[{k}] ({fname}).type: `{kind}` is not TEXT"
+                ));
+            }
+            let data = text_of(
+                f.get("data"),
+                &format!("{at}.script.embeddedFiles[{k}] ({fname}).data"),
+            )?;
+            files.insert(fname, data);
+        }
+    }
+    Ok(files)
 }
 
 /// The step's frame task parameter and its frames, if it has one: one INT

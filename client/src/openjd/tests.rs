@@ -67,6 +67,9 @@ fn a_blender_template_maps_to_jobs_in_dependency_order() {
                 frames: Some("2".into()),
                 after: vec![],
                 output: None,
+                format: None,
+                encode: None,
+                host: None,
             },
             Step {
                 name: "Final".into(),
@@ -79,6 +82,9 @@ fn a_blender_template_maps_to_jobs_in_dependency_order() {
                     name: "f-####".into(),
                     extension: true,
                 }),
+                format: None,
+                encode: None,
+                host: None,
             },
         ]
     );
@@ -97,12 +103,14 @@ fn a_blender_template_maps_to_jobs_in_dependency_order() {
 #[test]
 fn what_cannot_be_mapped_is_refused_naming_its_field() {
     let cases: &[(&str, &str, &str)] = &[
-        ("command: blender", "command: ffmpeg", "steps[0] (Final).script.actions.onRun.command: `ffmpeg` is not Blender"),
-        ("        set -euo pipefail\n", "        set -euo pipefail\n        ffmpeg -i x.png out.mp4\n", "steps[1] (Preview).script.embeddedFiles (Run): `ffmpeg -i x.png out.mp4` is not a Blender command"),
+        ("command: blender", "command: convert", "steps[0] (Final).script.actions.onRun.command: `convert` is not Blender or ffmpeg"),
+        ("        set -euo pipefail\n", "        set -euo pipefail\n        convert x.png out.jpg\n", "steps[1] (Preview).script.embeddedFiles (Run): `convert x.png out.jpg` is not a Blender or ffmpeg command"),
+        ("        set -euo pipefail\n", "        set -euo pipefail\n        ffmpeg -i x.png out.mp4\n", "steps[1] (Preview).script.embeddedFiles (Run): runs two commands"),
+        ("command: blender", "command: ffmpeg", "steps[0] (Final).parameterSpace: an ffmpeg step encodes once"),
         ("      type: INT\n      range", "      type: STRING\n      range", "taskParameterDefinitions[0] (Frame).type: a STRING task parameter cannot be mapped"),
         ("\"--render-frame\", \"{{Task.Param.Frame}}\"", "\"--render-frame\", \"1\"", "the task parameter Frame is not used"),
         ("\"--background\",", "\"--python-expr\", \"x\",", "`--python-expr` runs Python"),
-        ("- name: Preview\n", "- name: Preview\n  hostRequirements:\n    attributes: []\n", "steps[1] (Preview).hostRequirements"),
+        ("- name: Preview\n", "- name: Preview\n  hostRequirements:\n    attributes:\n    - name: attr.custom.renderer\n      anyOf: [x]\n", "steps[1] (Preview).hostRequirements.attributes[0] (attr.custom.renderer): `attr.custom.renderer` cannot be mapped"),
         ("steps:\n", "jobEnvironments: []\nsteps:\n", "jobEnvironments: environments run their own commands"),
         ("- dependsOn: Preview", "- dependsOn: Nothing", "no step is named `Nothing`"),
         ("  default: 3\n", "\n", "parameterDefinitions[2] (Last): no default; pass --job-param Last=VALUE"),
@@ -228,4 +236,138 @@ fn shell_lines_split_as_posix_and_what_only_a_shell_evaluates_is_refused() {
         "`>`: only one plain command can be mapped"
     );
     assert_eq!(err("blender 'x.blend"), "an unclosed quote");
+}
+
+/// A Deadline-style template: frames as a task parameter, `--render-format`,
+/// `--render-output` under the output directory, host requirements, and an
+/// ffmpeg step over the render step's frames.
+const DEADLINE: &str = r#"
+specificationVersion: jobtemplate-2023-09
+name: Deadline
+parameterDefinitions:
+- {name: BlenderSceneFile, type: PATH, objectType: FILE, dataFlow: IN, default: shot.blend}
+- {name: OutputDir, type: PATH, objectType: DIRECTORY, dataFlow: OUT, default: /renders}
+- {name: OutputPattern, type: STRING, default: output_####}
+- {name: Format, type: STRING, default: JPEG}
+- {name: Frames, type: STRING, default: 1-3}
+steps:
+- name: EncodeVideo
+  dependencies:
+  - dependsOn: RenderBlender
+  script:
+    actions:
+      onRun:
+        command: ffmpeg
+        args: [-y, -r, "24", -start_number, "1", -f, image2, -i, "{{Param.OutputDir}}/output_%04d.jpg", -c:v, libx264, -pix_fmt, yuv420p, -crf, "18", "{{Param.OutputDir}}/movies/shot.mp4"]
+- name: RenderBlender
+  parameterSpace:
+    taskParameterDefinitions:
+    - {name: Frame, type: INT, range: "{{Param.Frames}}"}
+  hostRequirements:
+    amounts:
+    - {name: amount.worker.gpu, min: 1, max: 2}
+    - {name: amount.worker.memory, min: 8192}
+    attributes:
+    - {name: attr.worker.os.family, anyOf: [linux]}
+    - {name: attr.worker.cpu.arch, allOf: [x86_64]}
+  script:
+    actions:
+      onRun:
+        command: blender
+        args: [--background, "{{Param.BlenderSceneFile}}", --render-output, "{{Param.OutputDir}}/{{Param.OutputPattern}}", --render-format, "{{Param.Format}}", --use-extension, "1", --render-frame, "{{Task.Param.Frame}}"]
+"#;
+
+#[test]
+fn a_deadline_style_template_maps_its_format_encode_and_host_requirements() {
+    use tessera_protocol::host::{Amount, HostNeeds};
+    let got = steps_of(DEADLINE).unwrap();
+    let (render, encode) = (&got.steps[0], &got.steps[1]);
+    assert_eq!(render.name, "RenderBlender", "ordered by dependency");
+    assert_eq!(render.format, Some(ImageFormat::Jpeg));
+    assert_eq!(render.frames.as_deref(), Some("1-3"));
+    assert_eq!(
+        render.output,
+        Some(RenderOutput {
+            root: Some("/renders".into()),
+            subdir: "".into(),
+            name: "output_####".into(),
+            extension: true,
+        })
+    );
+    assert_eq!(
+        render.host,
+        Some(HostNeeds {
+            gpus: Some(Amount {
+                min: 1,
+                max: Some(2)
+            }),
+            memory_mib: Some(Amount {
+                min: 8192,
+                max: None
+            }),
+            os: vec!["linux".into()],
+            arch: vec!["x86_64".into()],
+            ..HostNeeds::default()
+        })
+    );
+    assert_eq!(encode.after, vec![0]);
+    assert_eq!(
+        encode.encode,
+        Some(Encode {
+            input: RenderOutput {
+                root: Some("/renders".into()),
+                subdir: "".into(),
+                name: "output_####.jpg".into(),
+                extension: false,
+            },
+            input_options: vec!["-r".into(), "24".into()],
+            output_options: ["-c:v", "libx264", "-pix_fmt", "yuv420p", "-crf", "18"]
+                .map(String::from)
+                .to_vec(),
+            movie: RenderOutput {
+                root: Some("/renders".into()),
+                subdir: "movies".into(),
+                name: "shot.mp4".into(),
+                extension: false,
+            },
+        })
+    );
+    for (format, want) in [
+        ("PNG", ImageFormat::Png),
+        ("OPEN_EXR", ImageFormat::OpenExr),
+    ] {
+        let other = DEADLINE.replace(
+            "output_%04d.jpg",
+            &format!("output_%04d.{}", format_extension(want)),
+        );
+        let got = import(&other, Path::new("/shots"), &[format!("Format={format}")]).unwrap();
+        assert_eq!(got.steps[0].format, Some(want));
+    }
+}
+
+#[test]
+fn what_a_deadline_style_template_cannot_map_is_refused_naming_it() {
+    let cases: &[(&str, &str, &str)] = &[
+        ("-pix_fmt, yuv420p", "-vf, \"movie=/etc/passwd\"", "ffmpeg's `-vf` cannot be mapped"),
+        ("-crf, \"18\"", "-crf, \"99\"", "`-crf 99`: not a value"),
+        ("\"{{Param.OutputDir}}/output_%04d.jpg\"", "\"{{Param.OutputDir}}/other_%04d.jpg\"", "ffmpeg's input `/renders/other_####.jpg` is not the frames of step RenderBlender (`/renders/output_####.jpg`)"),
+        ("\"{{Param.OutputDir}}/output_%04d.jpg\"", "\"{{Param.OutputDir}}/output_%04d.png\"", "is not the frames of step RenderBlender"),
+        ("\"{{Param.OutputDir}}/output_%04d.jpg\"", "\"/tmp/output_%04d.jpg\"", "ffmpeg's input `/tmp/output_%04d.jpg` lies outside the template's output directory"),
+        ("\"{{Param.OutputDir}}/output_%04d.jpg\"", "\"{{Param.OutputDir}}/output_%d.jpg\"", "the pattern is `%0Nd`"),
+        ("\"{{Param.OutputDir}}/movies/shot.mp4\"", "\"/tmp/shot.mp4\"", "ffmpeg's output `/tmp/shot.mp4` lies outside"),
+        ("\"{{Param.OutputDir}}/movies/shot.mp4\"", "\"{{Param.OutputDir}}/../shot.mp4\"", "climbs out of the output directory"),
+        ("\"{{Param.OutputDir}}/movies/shot.mp4\"", "\"{{Param.OutputDir}}/shot.sh\"", "the movie's file name ends in one of .mp4"),
+        ("-c:v, libx264,", "-i, \"/renders/output_%04d.jpg\", -c:v, libx264,", "a second input `-i` cannot be mapped"),
+        ("  dependencies:\n  - dependsOn: RenderBlender\n", "", "steps (EncodeVideo).dependencies: an ffmpeg step depends on exactly one step"),
+        ("default: JPEG", "default: TIFF", "`--render-format` `TIFF` is not a format Tessera writes frames in: JPEG, PNG or OPEN_EXR"),
+        ("amount.worker.memory", "amount.worker.disk.scratch", "`amount.worker.disk.scratch` cannot be mapped"),
+        ("anyOf: [linux]", "anyOf: [beos]", "`beos` is not one of linux, windows, macos"),
+        ("allOf: [x86_64]", "allOf: [x86_64, arm64]", "a machine has one attr.worker.cpu.arch"),
+        ("min: 1, max: 2", "min: 3, max: 2", "max is below min"),
+    ];
+    for (from, to, want) in cases {
+        assert!(DEADLINE.contains(from), "{from}");
+        let err = steps_of(&DEADLINE.replacen(from, to, 1)).unwrap_err();
+        assert!(err.contains(want), "{from} → {err}");
+    }
 }

@@ -88,6 +88,9 @@ fn spec(request_id: Option<&str>) -> JobSpec {
         deadline_unix_ms: None,
         budget: None,
         task_timeout_ms: None,
+        render_format: None,
+        encode: None,
+        host: None,
     }
 }
 

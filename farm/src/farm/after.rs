@@ -71,6 +71,10 @@ impl FarmCore {
             self.fail_job(id, error, now);
             return;
         }
+        self.ask_inputs(id);
+        let Some(job) = self.jobs.get(&id) else {
+            return;
+        };
         let held = job.held();
         self.sched.pause_job(id, held);
         self.cancel_handed_back("the job is paused or held");

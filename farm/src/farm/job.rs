@@ -5,8 +5,10 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use tessera_protocol::job::{sample_range, JobSpec, TileRect};
-use tessera_protocol::messages::{JobState, JobStatus, StitchedPasses, TaskRef, TaskSpec};
+use tessera_protocol::job::{sample_range, JobSpec, ManifestEntry, TileRect};
+use tessera_protocol::messages::{
+    EncodeJob, JobInfo, JobState, JobStatus, StitchedPasses, TaskRef, TaskSpec,
+};
 use tessera_protocol::unreal::Chunk;
 
 use crate::scheduler::Millis;
@@ -52,9 +54,39 @@ pub(crate) struct Job {
     /// Its budget was reached under `--on-budget stop-dispatch`: why no
     /// more tasks are handed out.
     pub budget_reached: Option<String>,
+    /// For an encode job: its input frames as job files, once the
+    /// coordinator has read them (the job is held until then).
+    pub inputs: Option<Vec<ManifestEntry>>,
+    /// For an encode job: its inputs were asked for this run.
+    pub inputs_asked: bool,
 }
 
 impl Job {
+    /// What a worker is told of the job (`id`) before its first task.
+    pub fn info(&self, id: u64) -> JobInfo {
+        let spec = &self.spec;
+        JobInfo {
+            job: id,
+            engine: spec.engine,
+            scene: spec.scene.clone(),
+            manifest: (spec.manifest.iter())
+                .chain(self.inputs.iter().flatten())
+                .cloned()
+                .collect(),
+            resolution: spec.resolution,
+            output: spec.output,
+            blender: spec.blender,
+            unreal: spec.unreal.clone(),
+            finish: spec.finish,
+            task_timeout_ms: spec.task_timeout_ms,
+            render_format: spec.render_format,
+            encode: spec.encode.clone().map(|spec| EncodeJob {
+                spec: *spec,
+                movie: self.spec.output_name.clone().unwrap_or_default(),
+            }),
+        }
+    }
+
     pub fn new(
         spec: JobSpec,
         submitted_unix_ms: u64,
@@ -91,6 +123,8 @@ impl Job {
             failed_deps: Vec::new(),
             released: false,
             budget_reached: None,
+            inputs: None,
+            inputs_asked: false,
         }
     }
 
@@ -101,9 +135,13 @@ impl Job {
     }
 
     /// Whether it may hand out no task now: paused, waiting for a job it
-    /// runs after, or held by one that failed.
+    /// runs after, held by one that failed, or an encode job whose input
+    /// frames are not known yet.
     pub fn held(&self) -> bool {
-        self.paused || !self.waiting.is_empty() || self.held_by_failure()
+        self.paused
+            || !self.waiting.is_empty()
+            || self.held_by_failure()
+            || (self.spec.encode.is_some() && self.inputs.is_none())
     }
 
     /// Why it waits for the jobs it runs after, if it does.

@@ -12,6 +12,7 @@
 
 mod after;
 mod builds;
+mod encode;
 mod job;
 mod jobs;
 mod lost;
@@ -28,7 +29,7 @@ pub use lost::{GONE_AFTER_MS, LOST_IN_A_ROW_FAILS};
 
 use tessera_protocol::job::{Engine, JobSpec, OnBudget};
 use tessera_protocol::messages::{
-    CoordMsg, FarmEvent, JobInfo, JobState, JobStatus, StitchedPasses, TaskRef, WorkerInfo,
+    CoordMsg, FarmEvent, JobState, JobStatus, StitchedPasses, TaskRef, WorkerInfo,
 };
 use tessera_protocol::telemetry::Telemetry;
 use tessera_protocol::Digest;
@@ -129,6 +130,9 @@ pub enum Effect {
         paused: bool,
         released: bool,
     },
+    /// An encode job may run: read the frames of job `input`, then report
+    /// them with [`FarmCore::inputs_resolved`].
+    ResolveInputs { job: u64, input: u64 },
 }
 
 /// A job read back from the database on start.
@@ -439,6 +443,9 @@ impl FarmCore {
         if let Some(needs) = job.spec.blender {
             self.sched.set_job_blender(id, needs);
         }
+        if let Some(needs) = &job.spec.host {
+            self.sched.set_job_host(id, (**needs).clone());
+        }
     }
 
     /// Adds a validated job the database has just recorded under `id`.
@@ -671,19 +678,7 @@ impl FarmCore {
             );
         }
         if worker.jobs_sent.insert(a.task.job) {
-            let spec = &job.spec;
-            let info = CoordMsg::Job(JobInfo {
-                job: a.task.job,
-                engine: spec.engine,
-                scene: spec.scene.clone(),
-                manifest: spec.manifest.clone(),
-                resolution: spec.resolution,
-                output: spec.output,
-                blender: spec.blender,
-                unreal: spec.unreal.clone(),
-                finish: spec.finish,
-                task_timeout_ms: spec.task_timeout_ms,
-            });
+            let info = CoordMsg::Job(job.info(a.task.job));
             self.effects.push(Effect::Send {
                 worker: a.worker,
                 msg: info,
@@ -729,7 +724,7 @@ impl FarmCore {
         if offering.is_empty() {
             return Some(format!("no connected worker offers the {engine} engine"));
         }
-        if let Some(reason) = self.sched.blender_blocked(job) {
+        if let Some(reason) = (self.sched.blender_blocked(job)).or(self.sched.host_blocked(job)) {
             return Some(reason);
         }
         if let Some(reason) = self.check_blocked(job) {

@@ -71,6 +71,7 @@ fn worker_info(slots: u32, engine: Engine, holding: Vec<TaskRef>) -> WorkerInfo 
         blenders: Vec::new(),
         fetches_builds: false,
         draining: false,
+        host: None,
     }
 }
 
@@ -95,6 +96,8 @@ struct Farm {
     /// Jobs told blocked, and whose budget was reached.
     blocked: Vec<u64>,
     budgets: Vec<u64>,
+    /// Encode jobs whose inputs were asked for: (job, input job).
+    resolve: Vec<(u64, u64)>,
 }
 
 impl Farm {
@@ -115,6 +118,7 @@ impl Farm {
             holds: Vec::new(),
             blocked: Vec::new(),
             budgets: Vec::new(),
+            resolve: Vec::new(),
         }
     }
 
@@ -160,6 +164,7 @@ impl Farm {
                     paused,
                     released,
                 } => self.holds.push((job, paused, released)),
+                Effect::ResolveInputs { job, input } => self.resolve.push((job, input)),
             }
         }
     }
@@ -1899,5 +1904,127 @@ fn no_job_is_told_blocked_while_workers_rejoin_or_leave_with_the_coordinator() {
     assert!(
         farm.assigned(w).len() <= 1,
         "no work goes out while stopping"
+    );
+}
+
+/// An encode job of job `input`'s frames into `shot.mp4`.
+fn encode_of(input: u64) -> JobSpec {
+    JobSpec {
+        manifest: Vec::new(),
+        frames: vec![1],
+        after: vec![input],
+        output: tessera_protocol::job::OutputFormat::Image,
+        output_name: Some("shot.mp4".into()),
+        encode: Some(Box::new(tessera_protocol::encode::EncodeSpec {
+            input,
+            input_options: vec!["-r".into(), "24".into()],
+            output_options: vec![],
+        })),
+        ..JobSpec::new("encode", Engine::Ffmpeg, "")
+    }
+}
+
+#[test]
+fn an_encode_job_waits_for_its_input_frames_and_its_worker_reads_only_them() {
+    let mut farm = Farm::new(1);
+    let render = farm.submit(spec("render", 2, 1));
+    let encode = farm.submit(encode_of(render));
+    let failing = farm.submit(encode_of(render));
+    let w = farm.join("w1", worker_info(4, Engine::Builtin, vec![]));
+    let f = farm.join("f1", worker_info(1, Engine::Ffmpeg, vec![]));
+    farm.read(f);
+    let mut db = BTreeSet::new();
+    render_until_done(&mut farm, w, render, &mut db);
+    assert!(farm.assigned(f).is_empty(), "no task before its inputs");
+    farm.resolve.sort_unstable();
+    assert_eq!(farm.resolve, vec![(encode, render), (failing, render)]);
+    assert_eq!(farm.state(encode), JobState::Queued);
+    farm.dispatch();
+    assert!(farm.assigned(f).is_empty(), "held until they are read");
+    let frame = ManifestEntry {
+        path: tessera_protocol::encode::input_path(0, "jpg"),
+        digest: Digest::of(b"frame 1"),
+        size: 7,
+        origin: None,
+        frame: None,
+    };
+    let now = farm.now();
+    farm.core
+        .inputs_resolved(encode, Ok(vec![frame.clone()]), now);
+    farm.core
+        .inputs_resolved(failing, Err("job 1 has no frames".into()), now);
+    farm.collect();
+    farm.dispatch();
+    let msgs = farm.read(f);
+    let info = msgs.iter().find_map(|m| match m {
+        CoordMsg::Job(info) => Some(info.clone()),
+        _ => None,
+    });
+    let info = info.expect("the job's info");
+    assert_eq!(
+        info.manifest,
+        vec![frame.clone()],
+        "its inputs are its files"
+    );
+    assert_eq!(info.encode.unwrap().movie, "shot.mp4");
+    assert!(msgs
+        .iter()
+        .any(|m| matches!(m, CoordMsg::Assign(t) if t.task.job == encode)));
+    assert!(
+        farm.core.task_needs(f, &frame.digest),
+        "it may read its inputs"
+    );
+    assert!(!farm.core.task_needs(w, &frame.digest), "nobody else may");
+    let failed = farm.records.iter().find(|r| r.0 == failing).unwrap();
+    assert_eq!(
+        (failed.1, failed.2.as_deref()),
+        (JobState::Failed, Some("job 1 has no frames"))
+    );
+}
+
+#[test]
+fn a_job_with_host_needs_goes_only_to_a_worker_whose_machine_meets_them() {
+    use tessera_protocol::host::{Amount, HostFacts, HostNeeds};
+    let mut farm = Farm::new(1);
+    let job = farm.submit(JobSpec {
+        host: Some(Box::new(HostNeeds {
+            gpus: Some(Amount { min: 1, max: None }),
+            os: vec!["linux".into()],
+            ..HostNeeds::default()
+        })),
+        ..spec("gpu", 1, 1)
+    });
+    let machine = |gpus| HostFacts {
+        gpus,
+        gpu_memory_mib: 8192,
+        cpus: 8,
+        memory_mib: 16384,
+        os: "linux".into(),
+        arch: "x86_64".into(),
+    };
+    let mut cpu_only = worker_info(1, Engine::Builtin, vec![]);
+    cpu_only.host = Some(Box::new(machine(0)));
+    let a = farm.join("a", cpu_only);
+    let b = farm.join("b", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    assert!(farm.assigned(a).is_empty() && farm.assigned(b).is_empty());
+    let blocked = farm
+        .core
+        .job_status(job, farm.now())
+        .unwrap()
+        .blocked
+        .unwrap();
+    assert!(
+        blocked.contains("needs at least 1 GPUs; has 0"),
+        "{blocked}"
+    );
+    let mut gpu = worker_info(1, Engine::Builtin, vec![]);
+    gpu.host = Some(Box::new(machine(2)));
+    let c = farm.join("c", gpu);
+    farm.dispatch();
+    assert_eq!(
+        farm.assigned(c).len(),
+        1,
+        "the machine with a GPU renders it"
     );
 }

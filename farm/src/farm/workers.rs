@@ -39,6 +39,8 @@ impl FarmCore {
         }
         self.sched.worker_holds(id, &info.cached, &[]);
         self.sched.set_worker_blenders(id, self.offers_of(&info));
+        self.sched
+            .set_worker_host(id, info.host.as_deref().cloned());
         let fetches_builds = info.fetches_builds;
         let draining = info.draining;
         let holding = info.holding.clone();
@@ -397,7 +399,8 @@ impl FarmCore {
             let Some(job) = self.jobs.get(&t.job) else {
                 return false;
             };
-            if job.spec.manifest.iter().any(|m| m.digest == *digest) {
+            let files = job.spec.manifest.iter().chain(job.inputs.iter().flatten());
+            if files.into_iter().any(|m| m.digest == *digest) {
                 return true;
             }
             // A finishing task reads its frame's stitched passes.

@@ -53,7 +53,7 @@ impl Scheduler {
             wk.has_room(self.ahead_of(wk))
                 && !wk.is_silent(now, self.config.lease_ms)
                 && wk.engines.contains(&j.engine)
-                && self.blender_fits(*w, job)
+                && self.fits(*w, job)
                 && !j.blocklist.contains(w)
                 && j.has_task_for(wk.tag)
         };

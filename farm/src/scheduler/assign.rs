@@ -94,7 +94,7 @@ impl Scheduler {
                     && job.backoff.is_empty()
                     && job.done_ms_count >= STRAGGLER_MIN_SAMPLES
                     && engines.contains(&job.engine)
-                    && self.blender_fits(worker, task.job)
+                    && self.fits(worker, task.job)
                     && !job.blocklist.contains(&worker)
                     && !job.is_excluded(task.index, self.workers[&worker].tag)
                     && running >= STRAGGLER_MIN_MS
@@ -113,7 +113,7 @@ impl Scheduler {
                 self.ready.get(engine)?.iter().find(|&&(_, _, job)| {
                     let j = &self.jobs[&job];
                     !j.blocklist.contains(&worker)
-                        && self.blender_fits(worker, job)
+                        && self.fits(worker, job)
                         && j.has_task_for(self.workers[&worker].tag)
                 })
             })

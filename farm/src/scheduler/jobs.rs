@@ -68,6 +68,7 @@ impl Scheduler {
         }
         self.jobs.remove(&job);
         self.affinity.assets.remove(&job);
+        self.host_needs.remove(&job);
         self.retries.retain(|(_, task)| task.job != job);
         // Tables sized for a peak of live jobs give the room back once most
         // of them are over.

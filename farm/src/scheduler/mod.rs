@@ -37,6 +37,7 @@ use tessera_protocol::Digest;
 mod affinity;
 mod assign;
 pub mod blender;
+mod host;
 mod jobs;
 mod pipeline;
 mod results;
@@ -440,6 +441,10 @@ pub struct Scheduler {
     /// that can render it (see [`blender`]).
     blender_needs: HashMap<JobId, BlenderNeeds>,
     blender_offers: HashMap<WorkerId, Vec<BlenderOffer>>,
+    /// What each job with host needs asks of a machine, and what each
+    /// worker's machine has (see [`host`]).
+    host_needs: HashMap<JobId, tessera_protocol::host::HostNeeds>,
+    host_facts: HashMap<WorkerId, tessera_protocol::host::HostFacts>,
     /// Pipelined leases: a worker also holds the next tasks of each slot
     /// (see [`Scheduler::set_pipelining`]).
     pipelining: bool,
@@ -498,6 +503,8 @@ impl Scheduler {
             affinity: Affinity::default(),
             blender_needs: HashMap::new(),
             blender_offers: HashMap::new(),
+            host_needs: HashMap::new(),
+            host_facts: HashMap::new(),
             pipelining: false,
             clock: 0,
             promoted: Vec::new(),

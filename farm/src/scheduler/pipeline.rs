@@ -165,7 +165,7 @@ impl Scheduler {
                     && job.state.is_live()
                     && !job.paused
                     && w.engines.contains(&job.engine)
-                    && self.blender_fits(thief, task.job)
+                    && self.fits(thief, task.job)
                     && !job.blocklist.contains(&thief)
                     && !job.is_excluded(task.index, w.tag)
             })

@@ -39,6 +39,7 @@ impl Scheduler {
         self.tick(now);
         self.affinity.held.remove(&worker);
         self.blender_offers.remove(&worker);
+        self.host_facts.remove(&worker);
         let Some(removed) = self.workers.remove(&worker) else {
             return Vec::new();
         };

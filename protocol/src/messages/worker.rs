@@ -69,6 +69,11 @@ pub struct WorkerInfo {
     /// Asked to drain over an earlier connection: it takes no new work and
     /// leaves once what it holds is done.
     pub draining: bool,
+    /// Its machine (GPUs, memory, cores, OS), for jobs with host needs.
+    /// Since version 20; `None` from older workers, which get no job that
+    /// has host needs.
+    #[serde(default)]
+    pub host: Option<Box<crate::host::HostFacts>>,
 }
 
 /// Worker → coordinator, on the control stream.
@@ -148,6 +153,22 @@ pub struct JobInfo {
     /// A task running longer fails with that reason (`submit
     /// --task-timeout`, or the coordinator's default).
     pub task_timeout_ms: Option<u64>,
+    /// For Blender jobs: the format Blender writes whole frames in instead
+    /// of the file's own ([`crate::job::JobSpec::render_format`]).
+    #[serde(default)]
+    pub render_format: Option<crate::blender::ImageFormat>,
+    /// For ffmpeg jobs: how the frames (laid out under
+    /// [`crate::encode::INPUT_DIR`]) are encoded, and the movie's name.
+    #[serde(default)]
+    pub encode: Option<EncodeJob>,
+}
+
+/// An encode job as a worker runs it: the options, and the movie's file
+/// name (its extension picks the container).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EncodeJob {
+    pub spec: crate::encode::EncodeSpec,
+    pub movie: String,
 }
 
 /// What a finishing task composites: its frame's stitched passes, a

@@ -679,6 +679,8 @@ mod runtime_tests {
             unreal: None,
             finish: false,
             task_timeout_ms: None,
+            render_format: None,
+            encode: None,
         };
         let tile = TileRect {
             x: 0,

@@ -6,6 +6,7 @@
 pub mod blender;
 pub use tessera_scan::blender_runtime;
 pub mod builtin;
+pub mod ffmpeg;
 pub mod unreal;
 
 use std::collections::HashMap;

@@ -9,7 +9,8 @@
 #    "device": "CPU" | "CUDA" | "OPTIX" | "HIP" | "METAL" | "ONEAPI",
 #    "gpu_index": null | N,            # index among Cycles' devices of that type
 #    "gpu_pci_bus_id": "0000:41:00.0", # optional, wins over gpu_index (NVML's busId)
-#    "persistent_data": true}          # optional, default true
+#    "persistent_data": true,          # optional, default true
+#    "file_format": "JPEG"}            # optional: JPEG, PNG or OPEN_EXR instead of the file's
 #
 # Setup: every external reference (images incl. sequences and UDIM tiles,
 # libraries at any depth and the data inside them, fonts, sounds, movie clips,
@@ -1404,6 +1405,21 @@ class Session:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
 
+# The formats a job may write its frames in instead of the file's own.
+_FILE_FORMATS = ("JPEG", "PNG", "OPEN_EXR")
+
+
+def set_file_format(scene, fmt):
+    """The job's format for whole frames (an OpenJD template's
+    --render-format), as `blender --render-format` sets it; None keeps the
+    file's own. Tiles still travel in float and finishing tasks write this."""
+    if fmt is None:
+        return
+    if fmt not in _FILE_FORMATS:
+        raise ValueError("file_format must be one of %s" % ", ".join(_FILE_FORMATS))
+    scene.render.image_settings.file_format = fmt
+
+
 def main():
     t_setup = time.monotonic()
     argv = sys.argv[sys.argv.index("--") + 1:] if "--" in sys.argv else []
@@ -1425,6 +1441,7 @@ def main():
             device = configure_device(scene, cfg.get("device"), cfg.get("gpu_index"),
                                       cfg.get("gpu_pci_bus_id"))
         scene.render.use_persistent_data = bool(cfg.get("persistent_data", True))
+        set_file_format(scene, cfg.get("file_format"))
         sess = Session(cfg)
         setup_ms = int((time.monotonic() - t_setup) * 1000)
         for w in remap.warnings:

@@ -20,6 +20,8 @@ pub(super) struct SessionConfig<'a> {
     pub(super) files: std::collections::BTreeMap<&'a str, &'a str>,
     pub(super) device: &'static str,
     pub(super) gpu_index: Option<usize>,
+    /// The job's format instead of the file's (`JobInfo::render_format`).
+    pub(super) file_format: Option<&'static str>,
 }
 
 #[derive(Serialize)]
@@ -200,6 +202,7 @@ impl Session {
             files,
             device: blender.device.name(),
             gpu_index: (blender.device != Device::Cpu).then_some(0),
+            file_format: job.render_format.map(|f| f.blender_name()),
         };
         let config_path = job_dir.with_extension(format!("session-{slot}.json"));
         std::fs::write(&config_path, serde_json::to_vec(&config)?)?;
