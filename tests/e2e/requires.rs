@@ -43,7 +43,7 @@ pub enum Need {
 }
 
 impl Need {
-    const ALL: [Need; 10] = [
+    const ALL: [Need; 11] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
