@@ -138,17 +138,20 @@ fn a_three_shot_sequence_split_into_chunks_on_two_workers_equals_the_continuous_
     require(Need::Python3);
     let mut farm = Farm::start("unreal-shots", &[]);
     let uproject = project(&farm.dir.join("Film"), &[]);
-    // Each worker's first task compiles shaders for about a second while
-    // the silence limit is 0.6 s: shader progress is not a hang. The
-    // compiled shaders stay in the worker's derived data cache.
-    std::fs::write(farm.dir.join("Film/Content/StandIn/ShaderCompile"), "2400")
+    // Each worker's first task compiles shaders for 4 s (a line every
+    // 0.2 s) while the silence limit is 3 s: shader progress is not a hang.
+    // The compiled shaders stay in the worker's derived data cache. (A
+    // limit under a second was too short at load: the stand-in's start
+    // alone outlasted it, each worker was stopped as hung until the job
+    // blocklisted both and waited, blocked, for a third.)
+    std::fs::write(farm.dir.join("Film/Content/StandIn/ShaderCompile"), "8000")
         .or_else(|_| {
             std::fs::create_dir_all(farm.dir.join("Film/Content/StandIn"))?;
-            std::fs::write(farm.dir.join("Film/Content/StandIn/ShaderCompile"), "2400")
+            std::fs::write(farm.dir.join("Film/Content/StandIn/ShaderCompile"), "8000")
         })
         .unwrap();
     let reference = continuous_render(&uproject);
-    let silence = [("TESSERA_UNREAL_SILENCE_MS", "600")];
+    let silence = [("TESSERA_UNREAL_SILENCE_MS", "3000")];
     unreal_worker(&mut farm, "ue-a", &silence);
     unreal_worker(&mut farm, "ue-b", &silence);
     farm.wait_workers(2);

@@ -493,8 +493,8 @@ impl Engine for Unreal {
                 stopped = Some(CANCELED.into());
             } else if heard.elapsed() > silence {
                 stopped = Some(format!(
-                    "Unreal printed nothing for {} s and was stopped as hung",
-                    silence.as_secs()
+                    "Unreal printed nothing for {} and was stopped as hung",
+                    seconds(silence)
                 ));
             }
             if stopped.is_some() {
@@ -546,6 +546,16 @@ impl Engine for Unreal {
             return Err(fail(message).into());
         }
         collect(&state, &out.join("frames"), job, unreal, chunk, &fail)
+    }
+}
+
+/// `d` as the hang message says it: whole seconds as `600 s`, a limit
+/// under a second or with a fraction as `0.6 s` (never `0 s`).
+fn seconds(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{} s", d.as_secs())
+    } else {
+        format!("{:.1} s", d.as_secs_f64())
     }
 }
 
@@ -632,6 +642,13 @@ mod tests {
             read_line(&mut s, l);
         }
         s
+    }
+
+    #[test]
+    fn a_hang_limit_is_said_in_seconds_never_as_zero() {
+        assert_eq!(seconds(Duration::from_secs(600)), "600 s");
+        assert_eq!(seconds(Duration::from_millis(600)), "0.6 s");
+        assert_eq!(seconds(Duration::from_millis(2500)), "2.5 s");
     }
 
     #[test]
