@@ -191,6 +191,10 @@ const NOT_BOUNDED: &[(&str, &str)] = &[
     ),
     ("after", "job ids: checked to exist"),
     (
+        "encode",
+        "its `input` is a job id: checked to be one of `after`",
+    ),
+    (
         "deadline_unix_ms",
         "any time; the CLI gives it relative to now",
     ),

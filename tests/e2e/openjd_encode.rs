@@ -51,7 +51,9 @@ fn entry(probed: &[(String, String)], key: &str) -> String {
 fn finals(out: &std::process::Output) -> Vec<Value> {
     assert!(
         out.status.success(),
-        "{}",
+        "{}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout)

@@ -12,19 +12,7 @@ pub(super) fn map_step(
 ) -> Result<(Step, Vec<String>), String> {
     let name = text_of(step.get("name"), &format!("steps[{i}].name"))?;
     let at = format!("steps[{i}] ({name})");
-    let obj = step
-        .as_object()
-        .ok_or_else(|| format!("{at}: expected a mapping"))?;
-    for key in obj.keys() {
-        match key.as_str() {
-            "name" | "description" | "dependencies" | "parameterSpace" | "script"
-            | "hostRequirements" => {}
-            "stepEnvironments" => {
-                return Err(format!("{at}.stepEnvironments: environments run their own commands around every task; Tessera runs only Blender and ffmpeg"))
-            }
-            other => return Err(format!("{at}.{other}: unknown field of a step")),
-        }
-    }
+    check_step_fields(&at, step)?;
     let frame = frame_parameter(&at, step.get("parameterSpace"), params)?;
     let host = match step.get("hostRequirements") {
         Some(v) => Some(host_requirements(&at, v)?).filter(|h| !h.is_empty()),
@@ -101,17 +89,7 @@ pub(super) fn map_step(
         output,
         format,
     } = rendered;
-    let after = (step.get("dependencies").and_then(Value::as_array))
-        .into_iter()
-        .flatten()
-        .enumerate()
-        .map(|(k, d)| {
-            text_of(
-                d.get("dependsOn"),
-                &format!("{at}.dependencies[{k}].dependsOn"),
-            )
-        })
-        .collect::<Result<Vec<_>, _>>()?;
+    let after = dependencies(&at, step)?;
     Ok((
         Step {
             name,
@@ -125,6 +103,39 @@ pub(super) fn map_step(
         },
         after,
     ))
+}
+
+/// A step holds only the fields Tessera maps.
+fn check_step_fields(at: &str, step: &Value) -> Result<(), String> {
+    let obj = step
+        .as_object()
+        .ok_or_else(|| format!("{at}: expected a mapping"))?;
+    for key in obj.keys() {
+        match key.as_str() {
+            "name" | "description" | "dependencies" | "parameterSpace" | "script"
+            | "hostRequirements" => {}
+            "stepEnvironments" => {
+                return Err(format!("{at}.stepEnvironments: environments run their own commands around every task; Tessera runs only Blender and ffmpeg"))
+            }
+            other => return Err(format!("{at}.{other}: unknown field of a step")),
+        }
+    }
+    Ok(())
+}
+
+/// The names of the steps a step depends on.
+fn dependencies(at: &str, step: &Value) -> Result<Vec<String>, String> {
+    (step.get("dependencies").and_then(Value::as_array))
+        .into_iter()
+        .flatten()
+        .enumerate()
+        .map(|(k, d)| {
+            text_of(
+                d.get("dependsOn"),
+                &format!("{at}.dependencies[{k}].dependsOn"),
+            )
+        })
+        .collect()
 }
 
 /// A step script's `embeddedFiles` (TEXT only), by name.

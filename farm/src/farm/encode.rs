@@ -12,13 +12,20 @@ impl FarmCore {
     /// Asks for an encode job's input frames once nothing else holds it
     /// back from them (the job it encodes has ended), once per run.
     pub(super) fn ask_inputs(&mut self, id: u64) {
-        let Some(job) = self.jobs.get_mut(&id) else {
+        let Some(job) = self.jobs.get(&id) else {
             return;
         };
         let Some(input) = job.spec.encode.as_ref().map(|e| e.input) else {
             return;
         };
-        if job.inputs.is_some()
+        // A job just submitted is not linked to those it runs after yet
+        // (its `waiting` is still empty): the input's own state decides.
+        let input_live = (self.jobs.get(&input)).is_some_and(|j| j.final_state.is_none());
+        let Some(job) = self.jobs.get_mut(&id) else {
+            return;
+        };
+        if input_live
+            || job.inputs.is_some()
             || job.inputs_asked
             || !job.waiting.is_empty()
             || job.held_by_failure()

@@ -1930,6 +1930,10 @@ fn an_encode_job_waits_for_its_input_frames_and_its_worker_reads_only_them() {
     let render = farm.submit(spec("render", 2, 1));
     let encode = farm.submit(encode_of(render));
     let failing = farm.submit(encode_of(render));
+    assert!(
+        farm.resolve.is_empty(),
+        "no frames asked for while the job they come from is live"
+    );
     let w = farm.join("w1", worker_info(4, Engine::Builtin, vec![]));
     let f = farm.join("f1", worker_info(1, Engine::Ffmpeg, vec![]));
     farm.read(f);
