@@ -482,6 +482,35 @@ fn a_job_reaching_its_budget_sends_one_budget_event() {
         ["running", "canceled"].contains(&body["state"].as_str().unwrap()),
         "{body}"
     );
+    // Field by field against `status --json` now that the cancel froze
+    // the job: what cannot change is equal; the counts and the cost are
+    // those of the moment the budget was reached, never more than now.
+    let status = farm.status(job);
+    for f in [
+        "name",
+        "frames_total",
+        "tasks_total",
+        "budget_usd",
+        "blocked",
+    ] {
+        assert_eq!(body[f], status[f], "`{f}` in {body} vs {status}");
+    }
+    for f in ["frames_done", "tasks_done"] {
+        assert!(
+            body[f].as_u64().unwrap() <= status[f].as_u64().unwrap(),
+            "`{f}` in {body} vs {status}"
+        );
+    }
+    assert!(
+        body["cost_usd"].as_f64().unwrap() <= status["cost_usd"].as_f64().unwrap() + 1e-4,
+        "{body} vs {status}"
+    );
+    let finished = if body["state"] == "running" {
+        Value::Null
+    } else {
+        status["finished_unix_ms"].clone()
+    };
+    assert_eq!(body["finished_unix_ms"], finished, "{body} vs {status}");
 }
 
 /// `tessera drain`: an idle worker leaves at once; a busy one finishes its

@@ -176,6 +176,13 @@ pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, St
             other => return Err(format!("{other}: unknown field of a job template")),
         }
     }
+    // Relative PATH values are resolved against the template's folder made
+    // absolute: a pattern `{{Param.OutputDir}}/output_####` is then seen to
+    // lie under OutputDir also when the template was named relatively
+    // (`submit shot.yaml`), not taken for a folder `out/` under it.
+    let base =
+        std::path::absolute(base).map_err(|e| format!("cannot resolve {}: {e}", base.display()))?;
+    let base = base.as_path();
     let values = job_parameters(root.get("parameterDefinitions"), base, params)?;
     let scope = Scope {
         params: &values,

@@ -277,6 +277,25 @@ steps:
         args: [--background, "{{Param.BlenderSceneFile}}", --render-output, "{{Param.OutputDir}}/{{Param.OutputPattern}}", --render-format, "{{Param.Format}}", --use-extension, "1", --render-frame, "{{Task.Param.Frame}}"]
 "#;
 
+/// A relative OutputDir (`out`) of a template named relatively (its folder
+/// `.`): the frames go to `./out/output_0001.jpg`, never `./out/out/`.
+#[test]
+fn a_relative_output_dir_of_a_template_named_relatively_is_the_frames_own_folder() {
+    let relative = DEADLINE.replace("default: /renders", "default: out");
+    let got = import(&relative, Path::new("."), &[]).unwrap();
+    let out = std::env::current_dir().unwrap().join("out");
+    assert_eq!(got.output_dir.as_deref(), Some(out.as_path()));
+    let render = got.steps[0].output.as_ref().unwrap();
+    assert_eq!(render.root.as_deref(), Some(out.as_path()));
+    assert_eq!(
+        (render.subdir.as_str(), render.name.as_str()),
+        ("", "output_####")
+    );
+    let movie = &got.steps[1].encode.as_ref().unwrap().movie;
+    assert_eq!(movie.root.as_deref(), Some(out.as_path()));
+    assert_eq!(movie.subdir, "movies");
+}
+
 #[test]
 fn a_deadline_style_template_maps_its_format_encode_and_host_requirements() {
     use tessera_protocol::host::{Amount, HostNeeds};
