@@ -79,6 +79,7 @@ pub fn check_movie_name(name: &str) -> Result<(), String> {
     if name.is_empty()
         || name.len() > crate::job::MAX_OUTPUT_NAME
         || name.contains(['/', '\\', '\0', '#'])
+        || name.chars().any(char::is_control)
         || name.starts_with('.')
     {
         return Err(format!("`{name}` is not a plain file name for the movie"));

@@ -203,6 +203,9 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
         share: share.options()?,
     };
     if openjd::is_template(&opts.scene) {
+        if upload_only {
+            anyhow::bail!("--upload-only prints one job's spec; a template is a job per step: submit it (with --paused to hold its jobs), or --upload-only each step's scene");
+        }
         let template = openjd::load(&opts.scene, &job_params)?;
         let mut client = Client::connect(&ticket).await?;
         let wait_opts = follow::WaitOptions {
@@ -356,38 +359,38 @@ pub(crate) async fn submit_template(
     let base_name = opts.name.clone().unwrap_or_else(|| template.name.clone());
     let mut jobs: Vec<(String, u64)> = Vec::new();
     let mut printed = Vec::new();
+    let mut submitted_steps = Vec::new();
+    // Every step's job is submitted paused and released once all are in:
+    // a step refused halfway (a frame outside the scene, a missing file)
+    // then cancels the jobs before it, none of which has rendered.
     for step in &template.steps {
-        let mut after: Vec<u64> = step.after.iter().map(|&i| jobs[i].1).collect();
-        if step.after.is_empty() {
-            after.extend(&opts.after);
-        }
-        let mut step_opts = opts.clone();
-        step_opts.scene = step.scene.clone();
-        step_opts.frames = step.frames.clone().or_else(|| opts.frames.clone());
-        step_opts.name = Some(if several {
+        let name = if several {
             format!("{base_name} / {}", step.name)
         } else {
             base_name.clone()
-        });
-        step_opts.request_id = (opts.request_id.as_ref()).map(|r| format!("{r}/{}", step.name));
-        step_opts.after = after;
-        step_opts.output_pattern = (step.output.as_ref()).map(|o| (o.name.clone(), o.extension));
-        step_opts.render_format = step.format;
-        step_opts.host = step.host.clone();
-        let (status, warnings) = match &step.encode {
-            Some(encode) => {
-                let input = jobs[step.after[0]].1;
-                // `submit_encode` adds the frames' job to its `after`.
-                step_opts.after.retain(|&j| j != input);
-                let status = client::submit_encode(client, &step_opts, encode, input).await;
-                (status.map(|s| (s, Vec::new())))
-                    .with_context(|| format!("step {} of the template", step.name))?
-            }
-            None => client::submit(client, &step_opts)
-                .await
-                .map(|s| (s.status, s.warnings))
-                .with_context(|| format!("step {} of the template", step.name))?,
         };
+        let submitted = submit_step(client, step, &opts, &jobs, name).await;
+        match submitted {
+            Ok((status, warnings)) => submitted_steps.push((step, status, warnings)),
+            Err(e) => return Err(roll_back(client, &jobs, e).await),
+        }
+        jobs.push((
+            step.name.clone(),
+            submitted_steps.last().expect("pushed").1.id,
+        ));
+    }
+    for (_, status, _) in &mut submitted_steps {
+        if !opts.paused {
+            client.pause(status.id, false).await.with_context(|| {
+                format!(
+                    "cannot release job {}, submitted paused with the template's others",
+                    status.id
+                )
+            })?;
+        }
+        status.paused = opts.paused;
+    }
+    for (step, status, warnings) in submitted_steps {
         if json {
             let mut v = report::job_json(&status);
             v["step"] = serde_json::json!(step.name);
@@ -401,7 +404,6 @@ pub(crate) async fn submit_template(
                 report::summary_line(&status)
             );
         }
-        jobs.push((step.name.clone(), status.id));
     }
     if json && !wait {
         println!(
@@ -444,6 +446,70 @@ pub(crate) async fn submit_template(
         }
     }
     Ok(code)
+}
+
+/// Submits one step of a template, paused, `--after` the jobs of the steps
+/// it depends on (`jobs`, those submitted before it).
+async fn submit_step(
+    client: &mut Client,
+    step: &openjd::Step,
+    opts: &SubmitOptions,
+    jobs: &[(String, u64)],
+    name: String,
+) -> anyhow::Result<(JobStatus, Vec<String>)> {
+    let mut step_opts = opts.clone();
+    step_opts.after = step.after.iter().map(|&i| jobs[i].1).collect();
+    if step.after.is_empty() {
+        step_opts.after.extend(&opts.after);
+    }
+    step_opts.paused = true;
+    step_opts.scene = step.scene.clone();
+    step_opts.frames = step.frames.clone().or_else(|| opts.frames.clone());
+    step_opts.name = Some(name);
+    step_opts.request_id = (opts.request_id.as_ref()).map(|r| format!("{r}/{}", step.name));
+    step_opts.output_pattern = (step.output.as_ref()).map(|o| (o.name.clone(), o.extension));
+    step_opts.render_format = step.format;
+    step_opts.host = step.host.clone();
+    let submitted = match &step.encode {
+        Some(encode) => {
+            let input = jobs[step.after[0]].1;
+            // `submit_encode` adds the frames' job to its `after`.
+            step_opts.after.retain(|&j| j != input);
+            let status = client::submit_encode(client, &step_opts, encode, input).await;
+            status.map(|s| (s, Vec::new()))
+        }
+        None => client::submit(client, &step_opts)
+            .await
+            .map(|s| (s.status, s.warnings)),
+    };
+    submitted.with_context(|| format!("step {} of the template", step.name))
+}
+
+/// A step was refused: cancels the jobs of the steps submitted before it
+/// (paused, so none has rendered) and says so with the step's error.
+async fn roll_back(client: &mut Client, jobs: &[(String, u64)], e: anyhow::Error) -> anyhow::Error {
+    if jobs.is_empty() {
+        return e;
+    }
+    let mut canceled = Vec::new();
+    let mut kept = Vec::new();
+    for (_, id) in jobs {
+        match client.cancel(*id).await {
+            Ok(_) => canceled.push(id.to_string()),
+            Err(_) => kept.push(id.to_string()),
+        }
+    }
+    let mut said = format!(
+        "{e:#}; the jobs of the steps before it were canceled before any task ran: {}",
+        canceled.join(", ")
+    );
+    if !kept.is_empty() {
+        said.push_str(&format!(
+            "; these could not be canceled and are held paused: {} (tessera cancel them)",
+            kept.join(", ")
+        ));
+    }
+    anyhow::anyhow!(said)
 }
 
 /// `auto` or a count of at least 1.

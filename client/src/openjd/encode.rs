@@ -102,6 +102,20 @@ pub(super) fn ffmpeg_options(
                         "{field}: `{path}`: an encode step writes one movie"
                     ));
                 }
+                // `http:`, `tee:`, `pipe:`…: ffmpeg reads a protocol, not a
+                // file (the worker writes its own file; the name would only
+                // make odd folders here).
+                let protocol = path.split_once(':').is_some_and(|(p, _)| {
+                    !p.is_empty()
+                        && !p.contains('/')
+                        && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                });
+                if protocol || path.chars().any(char::is_control) {
+                    return Err(format!(
+                        "{field}: `{}` is not a movie file: ffmpeg's output is a file under the output directory",
+                        path.escape_debug()
+                    ));
+                }
                 let (root, subdir, name) = output_path(field, "ffmpeg's output", path, out_dirs)?;
                 wire::check_movie_name(&name).map_err(|e| format!("{field}: {e}"))?;
                 movie = Some(RenderOutput {

@@ -14,6 +14,11 @@ pub(super) fn host_requirements(at: &str, v: &Value) -> Result<HostNeeds, String
     let obj = v
         .as_object()
         .ok_or_else(|| format!("{at}: expected a mapping with amounts and attributes"))?;
+    if obj.is_empty() {
+        return Err(format!(
+            "{at}: lists neither amounts nor attributes (drop it, or give one)"
+        ));
+    }
     let mut needs = HostNeeds::default();
     for (key, list) in obj {
         let amounts = match key.as_str() {
@@ -37,6 +42,10 @@ pub(super) fn host_requirements(at: &str, v: &Value) -> Result<HostNeeds, String
     Ok(needs)
 }
 
+/// The largest amount a template may ask for (GPUs, cores, MiB): more
+/// than any machine has, far less than where numbers wrap.
+const MAX_AMOUNT: u64 = u32::MAX as u64;
+
 fn amount(field: &str, name: &str, item: &Value, needs: &mut HostNeeds) -> Result<(), String> {
     let slot = match name {
         "amount.worker.gpu" => &mut needs.gpus,
@@ -57,13 +66,18 @@ fn amount(field: &str, name: &str, item: &Value, needs: &mut HostNeeds) -> Resul
                     .as_f64()
                     .or_else(|| v.as_str().and_then(|s| s.trim().parse().ok()));
                 match n {
-                    Some(n) if n >= 0.0 && n.is_finite() => Ok(Some(n.ceil() as u64)),
-                    _ => Err(format!("{field}.{key}: expected a number of at least 0")),
+                    Some(n) if (0.0..=MAX_AMOUNT as f64).contains(&n) => Ok(Some(n.ceil() as u64)),
+                    _ => Err(format!(
+                        "{field}.{key}: expected a number from 0 to {MAX_AMOUNT}"
+                    )),
                 }
             }
         }
     };
     let (min, max) = (number("min")?.unwrap_or(0), number("max")?);
+    if max == Some(0) {
+        return Err(format!("{field}.max: 0 allows no machine; at least 1"));
+    }
     if max.is_some_and(|m| m < min) {
         return Err(format!("{field}: max is below min"));
     }

@@ -50,6 +50,15 @@ pub const SPECIFICATION: &str = "jobtemplate-2023-09";
 /// the whole).
 pub const MAX_TEMPLATE_BYTES: u64 = 1 << 20;
 
+/// The most steps a template may have (each becomes a job; a template
+/// file's 1 MiB would otherwise hold thousands).
+pub const MAX_STEPS: usize = 100;
+
+/// The deepest nesting of flow collections (`[`, `{`) read: a template
+/// nests a handful; thousands of `[` make the YAML parser's work grow far
+/// faster than the file before it reaches its own limit.
+const MAX_FLOW_DEPTH: usize = 64;
+
 /// Stands for the frame task parameter inside a resolved argument.
 const FRAME: &str = "\u{0}FRAME\u{0}";
 
@@ -149,6 +158,7 @@ pub fn load(path: &Path, params: &[String]) -> anyhow::Result<Imported> {
 
 /// Maps a template's text (YAML or JSON); see [`load`].
 pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, String> {
+    check_flow_depth(text)?;
     let doc: Value = serde_yaml_ng::from_str(text)
         .map_err(|e| format!("not a YAML or JSON job template: {e}"))?;
     let root = doc
@@ -196,6 +206,12 @@ pub fn import(text: &str, base: &Path, params: &[String]) -> Result<Imported, St
         .and_then(Value::as_array)
         .filter(|s| !s.is_empty())
         .ok_or("steps: a job template needs at least one step")?;
+    if steps.len() > MAX_STEPS {
+        return Err(format!(
+            "steps: {} steps; a template may have at most {MAX_STEPS} (each is a job)",
+            steps.len()
+        ));
+    }
     let mut notes = Vec::new();
     let mut mapped = Vec::new();
     for (i, step) in steps.iter().enumerate() {
@@ -245,6 +261,28 @@ fn text_of(v: Option<&Value>, field: &str) -> Result<String, String> {
         Some(_) => Err(format!("{field}: expected a string")),
         None => Err(format!("{field}: missing")),
     }
+}
+
+/// Refuses text whose brackets nest deeper than [`MAX_FLOW_DEPTH`],
+/// counted over the whole text (quotes too: it is a bound, not a parse).
+fn check_flow_depth(text: &str) -> Result<(), String> {
+    let mut depth = 0usize;
+    for (line, l) in text.lines().enumerate() {
+        for c in l.chars() {
+            match c {
+                '[' | '{' => depth += 1,
+                ']' | '}' => depth = depth.saturating_sub(1),
+                _ => {}
+            }
+            if depth > MAX_FLOW_DEPTH {
+                return Err(format!(
+                    "line {}: brackets nest deeper than {MAX_FLOW_DEPTH}; a job template nests a few",
+                    line + 1
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Orders steps so that each comes after those it depends on; refuses

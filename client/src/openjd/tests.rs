@@ -383,10 +383,31 @@ fn what_a_deadline_style_template_cannot_map_is_refused_naming_it() {
         ("anyOf: [linux]", "anyOf: [beos]", "`beos` is not one of linux, windows, macos"),
         ("allOf: [x86_64]", "allOf: [x86_64, arm64]", "a machine has one attr.worker.cpu.arch"),
         ("min: 1, max: 2", "min: 3, max: 2", "max is below min"),
+        ("min: 1, max: 2", "min: 0, max: 0", "(amount.worker.gpu).max: 0 allows no machine"),
+        ("min: 8192}", "min: 1e308}", "(amount.worker.memory).min: expected a number from 0 to 4294967295"),
+        ("  hostRequirements:\n    amounts:\n    - {name: amount.worker.gpu, min: 1, max: 2}\n    - {name: amount.worker.memory, min: 8192}\n    attributes:\n    - {name: attr.worker.os.family, anyOf: [linux]}\n    - {name: attr.worker.cpu.arch, allOf: [x86_64]}\n", "  hostRequirements: {}\n", "hostRequirements: lists neither amounts nor attributes"),
+        ("\"{{Param.OutputDir}}/movies/shot.mp4\"", "\"http://127.0.0.1:9/leak.mp4\"", "`http://127.0.0.1:9/leak.mp4` is not a movie file"),
+        ("\"{{Param.OutputDir}}/movies/shot.mp4\"", "\"{{Param.OutputDir}}/a\\nb.mp4\"", "is not a movie file"),
+        ("steps:\n", "x: [[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\nsteps:\n", "line 10: brackets nest deeper than 64"),
     ];
     for (from, to, want) in cases {
         assert!(DEADLINE.contains(from), "{from}");
         let err = steps_of(&DEADLINE.replacen(from, to, 1)).unwrap_err();
         assert!(err.contains(want), "{from} → {err}");
     }
+    // A template may have 100 steps (each a job), not more.
+    let step = &DEADLINE[DEADLINE.find("- name: RenderBlender").unwrap()..];
+    let many = |n: usize| {
+        let mut t = DEADLINE[..DEADLINE.find("- name: EncodeVideo").unwrap()].to_string();
+        for i in 0..n {
+            t.push_str(&step.replacen("RenderBlender", &format!("R{i}"), 1));
+        }
+        t
+    };
+    assert_eq!(steps_of(&many(100)).unwrap().steps.len(), 100);
+    let err = steps_of(&many(101)).unwrap_err();
+    assert!(
+        err.contains("101 steps; a template may have at most 100"),
+        "{err}"
+    );
 }
