@@ -636,7 +636,7 @@ pub async fn stream_events(
     json: bool,
 ) -> anyhow::Result<i32> {
     use std::io::Write;
-    use tessera_protocol::events::{event_job, event_json};
+    use tessera_protocol::events::event_job;
     use tessera_protocol::messages::{ClientResponse, FarmEvent};
     let mut out = std::io::stdout();
     while let Some(msg) = feed.next().await? {
@@ -649,28 +649,36 @@ pub async fn stream_events(
         // One job's stream ends with the event that finishes it.
         let last = job.is_some()
             && matches!(&event, FarmEvent::JobChanged { state, .. } if state.is_final());
-        let value = event_json(unix_ms, &event);
-        let line = if json {
-            value.to_string()
-        } else {
-            let mut line = value["type"].as_str().unwrap_or("event").to_string();
-            for (k, v) in value.as_object().into_iter().flatten() {
-                if k != "type" && k != "unix_ms" {
-                    let v = match v {
-                        serde_json::Value::String(s) => crate::shown::text(s),
-                        other => other.to_string(),
-                    };
-                    line += &format!(" {k}={v}");
-                }
-            }
-            line
-        };
+        let line = event_line(unix_ms, &event, json);
         // A closed stdout (`| head`) ends the stream quietly.
         if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() || last {
             return Ok(0);
         }
     }
     anyhow::bail!("the coordinator closed the event feed")
+}
+
+/// One event as `events` prints it: its JSON, or its type and fields.
+pub fn event_line(
+    unix_ms: u64,
+    event: &tessera_protocol::messages::FarmEvent,
+    json: bool,
+) -> String {
+    let value = tessera_protocol::events::event_json(unix_ms, event);
+    if json {
+        return value.to_string();
+    }
+    let mut line = value["type"].as_str().unwrap_or("event").to_string();
+    for (k, v) in value.as_object().into_iter().flatten() {
+        if k != "type" && k != "unix_ms" {
+            let v = match v {
+                serde_json::Value::String(s) => crate::shown::text(s),
+                other => other.to_string(),
+            };
+            line += &format!(" {k}={v}");
+        }
+    }
+    line
 }
 
 /// What a fetch did, counted: `4 frames written to DIR`, or on a rerun

@@ -430,10 +430,17 @@ class Events(FarmTest):
         self.assertTrue(all(e["job"] == job["id"] for e in seen), seen)
         cli_events = [json.loads(line) for line in out.decode().splitlines()]
         self.assertEqual([e["type"] for e in cli_events][-1], "job.done", cli_events)
-        # A finished job's stream is over at once; an unknown job is refused.
+        # A finished job's stream is its final event alone, at its end time,
+        # on all three; an unknown job is refused.
+        done = self.farm.job(job["id"])
+        final = {"type": "job.done", "job": job["id"], "state": "done",
+                 "unix_ms": done["finished_unix_ms"]}
         status, _, body = self.farm.request("GET", "/v1/events", query={"job": job["id"]})
-        self.assertEqual((status, body.strip()), (200, b""))
-        self.assertEqual(tessera("events", "--json", "--job", str(job["id"])), "")
+        self.assertEqual(status, 200)
+        self.assertEqual([json.loads(line) for line in body.decode().splitlines() if line.strip()], [final])
+        self.assertEqual(list(self.farm.events(job=job["id"])), [final])
+        cli_final = tessera("events", "--json", "--job", str(job["id"]))
+        self.assertEqual([json.loads(line) for line in cli_final.splitlines()], [final])
         with self.assertRaises(tessera_client.NotFound):
             next(iter(self.farm.events(job=987654)))
         missing = subprocess.run([os.environ["TESSERA_BIN"], "events", "--job", "987654"],

@@ -1,11 +1,12 @@
 //! `tessera events`.
 
 use super::*;
+use tessera_protocol::messages::FarmEvent;
 
 #[derive(clap::Args)]
 pub(crate) struct Args {
     /// Only this job's events; the stream ends when the job is done, failed
-    /// or canceled (at once if it already is).
+    /// or canceled, with that event (alone, if it already is).
     #[arg(long)]
     pub job: Option<u64>,
     #[arg(long)]
@@ -20,15 +21,16 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
     let client = Client::connect(&ticket).await?;
     let feed = client.subscribe().await?;
     // Subscribed first, so that nothing falls between: an unknown job is
-    // an error, a finished one's stream is already over.
+    // an error; a finished one's stream is its final event alone.
     if let Some(job) = job {
-        if Client::connect(&ticket)
-            .await?
-            .job(job)
-            .await?
-            .state
-            .is_final()
-        {
+        let status = Client::connect(&ticket).await?.job(job).await?;
+        if status.state.is_final() {
+            let event = FarmEvent::JobChanged {
+                job,
+                state: status.state,
+            };
+            let at = status.finished_unix_ms.unwrap_or(status.submitted_unix_ms);
+            println!("{}", report::event_line(at, &event, json));
             return Ok(0);
         }
     }

@@ -289,14 +289,17 @@ fn error(status: StatusCode, message: &str) -> Response<Body> {
     }
 }
 
-/// The bearer secret the request carries, if any.
+/// The bearer secret the request carries, if any (the scheme's name in
+/// any case, RFC 9110 §11.1).
 fn bearer(req: &Request<Incoming>) -> Option<&str> {
-    let value = req.headers().get(AUTHORIZATION)?;
-    value
-        .to_str()
-        .ok()
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim)
+    bearer_of(req.headers().get(AUTHORIZATION)?.to_str().ok()?)
+}
+
+fn bearer_of(value: &str) -> Option<&str> {
+    let (scheme, secret) = value.split_once(' ')?;
+    scheme
+        .eq_ignore_ascii_case("bearer")
+        .then_some(secret.trim())
 }
 
 async fn respond(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) -> Response<Body> {
@@ -583,9 +586,16 @@ async fn route(
             // stream ends at once.
             let rx = service::events(shared);
             match one_number(&req, "job") {
-                Ok(None) => events(rx, None, false, sse),
+                Ok(None) => events(rx, None, None, sse),
                 Ok(Some(job)) => match off(shared, move |s| service::job(s, job)).await {
-                    Ok(status) => events(rx, Some(job), status.state.is_final(), sse),
+                    Ok(status) => {
+                        let ended = status.state.is_final().then(|| {
+                            let at = (status.finished_unix_ms).unwrap_or(status.submitted_unix_ms);
+                            let state = status.state;
+                            (at, FarmEvent::JobChanged { job, state })
+                        });
+                        events(rx, Some(job), ended, sse)
+                    }
                     Err(e) => refused(&e),
                 },
                 Err(r) => return Ok(r),
@@ -716,11 +726,12 @@ impl hyper::body::Body for ChannelBody {
 /// JSON`, comments to keep alive) when `sse`. A reader that falls behind
 /// gets `{"type":"lagged","missed":N}` in place of the events it missed.
 /// One job's stream ends after the event that finishes it (done, failed,
-/// canceled), or at once when `ended` (it had finished when asked for).
+/// canceled), or, when it had finished when asked for, is that event
+/// alone (`ended`, as its status tells it).
 fn events(
     mut rx: broadcast::Receiver<(u64, FarmEvent)>,
     job: Option<u64>,
-    ended: bool,
+    ended: Option<(u64, FarmEvent)>,
     sse: bool,
 ) -> Response<Body> {
     let (tx, body) = mpsc::channel::<Bytes>(64);
@@ -734,10 +745,12 @@ fn events(
     // Something at once: the headers go out with it, so a client knows it
     // is subscribed before it submits anything.
     let _ = tx.try_send(frame(String::new()));
+    if let Some((unix_ms, event)) = ended {
+        let _ = tx.try_send(frame(event_json(unix_ms, &event).to_string()));
+        drop(tx);
+        return stream_response(body, sse);
+    }
     tokio::spawn(async move {
-        if ended {
-            return;
-        }
         loop {
             let mut last = false;
             let line = tokio::select! {
@@ -761,6 +774,11 @@ fn events(
             }
         }
     });
+    stream_response(body, sse)
+}
+
+/// The response whose body is what `body` receives: NDJSON, or SSE.
+fn stream_response(body: mpsc::Receiver<Bytes>, sse: bool) -> Response<Body> {
     let mut r = Response::new(ChannelBody(body).boxed());
     let kind = if sse {
         "text/event-stream"
@@ -780,6 +798,15 @@ fn finishes(event: &FarmEvent) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bearer_scheme_is_read_in_any_case() {
+        assert_eq!(bearer_of("Bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_of("bearer s3cret"), Some("s3cret"));
+        assert_eq!(bearer_of("BEARER  s3cret "), Some("s3cret"));
+        assert_eq!(bearer_of("Basic czNjcmV0"), None);
+        assert_eq!(bearer_of("Bearer"), None);
+    }
 
     #[test]
     fn queries_are_percent_decoded() {

@@ -712,6 +712,11 @@ impl FarmCore {
         if let Some(why) = self.jobs.get(&job).and_then(|j| j.budget_reached.clone()) {
             return Some(why);
         }
+        // Paused, or waiting for the jobs it runs after: held, not blocked
+        // (no `job.blocked` for it while the workers rejoin a restart).
+        if self.jobs.get(&job).is_some_and(|j| j.held()) {
+            return None;
+        }
         if self.workers.is_empty() {
             return Some("no workers are connected".into());
         }

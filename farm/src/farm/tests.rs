@@ -555,6 +555,17 @@ fn check_blocked(workers: &[Engine], expected: Option<&str>) {
 #[test]
 fn a_job_says_why_it_cannot_progress() {
     check_blocked(&[], Some("no workers are connected"));
+    // Paused, it is held, not blocked; resumed, blocked again.
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 1, 1));
+    let now = farm.now();
+    assert!(farm.core.pause(job, true, now));
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(status.blocked, None, "{status:?}");
+    let now = farm.now();
+    assert!(farm.core.pause(job, false, now));
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(status.blocked.as_deref(), Some("no workers are connected"));
     check_blocked(
         &[Engine::Builtin],
         Some("no connected worker offers the blender engine"),
