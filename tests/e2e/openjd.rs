@@ -70,6 +70,30 @@ fn a_blender_openjd_template_imports_as_dependent_jobs_and_renders_like_blender(
     let none = farm.json(&["status", "--json"]);
     assert_eq!(none["jobs"].as_array().unwrap().len(), 0, "{none}");
 
+    // The second step refused (frames 7-9 the scene lacks) after the first was
+    // submitted: the first's job is canceled, none of it having run.
+    let out = farm.run(&[
+        "submit",
+        template.to_str().unwrap(),
+        "--job-param",
+        "LastFrame=9",
+    ]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("step Render of the template")
+            && err.contains("the jobs of the steps before it were canceled before any task ran: 1"),
+        "{err}"
+    );
+    let first = farm.status(1);
+    assert_eq!(
+        (first["state"].as_str(), first["tasks_done"].as_u64()),
+        (Some("canceled"), Some(0)),
+        "{first}"
+    );
+    let all = farm.json(&["status", "--json"]);
+    assert_eq!(all["jobs"].as_array().unwrap().len(), 1, "{all}");
+
     farm.add_worker_with("b1", &["--engine", "blender"]);
     let frames = farm.dir.join("frames");
     let out = farm.run(&[
