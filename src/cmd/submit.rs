@@ -456,7 +456,7 @@ async fn submit_step(
     opts: &SubmitOptions,
     jobs: &[(String, u64)],
     name: String,
-) -> anyhow::Result<(JobStatus, Vec<String>)> {
+) -> anyhow::Result<(tessera_protocol::messages::JobStatus, Vec<String>)> {
     let mut step_opts = opts.clone();
     step_opts.after = step.after.iter().map(|&i| jobs[i].1).collect();
     if step.after.is_empty() {
