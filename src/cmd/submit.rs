@@ -203,9 +203,7 @@ pub(crate) async fn run(args: Args) -> anyhow::Result<i32> {
         share: share.options()?,
     };
     if openjd::is_template(&opts.scene) {
-        if upload_only {
-            anyhow::bail!("--upload-only prints one job's spec; a template is a job per step: submit it (with --paused to hold its jobs), or --upload-only each step's scene");
-        }
+        anyhow::ensure!(!upload_only, "--upload-only prints one job's spec; a template is a job per step: submit it (with --paused to hold its jobs), or --upload-only each step's scene");
         let template = openjd::load(&opts.scene, &job_params)?;
         let mut client = Client::connect(&ticket).await?;
         let wait_opts = follow::WaitOptions {
