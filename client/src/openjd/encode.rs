@@ -33,11 +33,6 @@ pub(super) fn ffmpeg_options(
     let (mut input, mut movie) = (None, None);
     let (mut input_options, mut output_options) = (Vec::new(), Vec::new());
     let mut it = args.iter();
-    let value = |it: &mut std::slice::Iter<'_, String>, opt: &str| {
-        it.next()
-            .cloned()
-            .ok_or_else(|| format!("{field}: `{opt}` needs a value"))
-    };
     while let Some(arg) = it.next() {
         if arg.contains(FRAME) {
             return Err(format!(
@@ -49,15 +44,15 @@ pub(super) fn ffmpeg_options(
         match arg.as_str() {
             "-y" | "-hide_banner" | "-nostdin" | "-nostats" | "-stats" => {}
             "-loglevel" | "-v" => {
-                value(&mut it, arg)?;
+                next_value(&mut it, field, arg)?;
             }
             // The worker numbers the frames it lays out from 1.
             "-start_number" => {
-                let v = value(&mut it, arg)?;
+                let v = next_value(&mut it, field, arg)?;
                 frame_number(v.trim()).map_err(|e| format!("{field}: `{arg}` {e}"))?;
             }
             "-f" | "-pattern_type" if before_input => {
-                let v = value(&mut it, arg)?;
+                let v = next_value(&mut it, field, arg)?;
                 if !matches!(v.as_str(), "image2" | "sequence") {
                     return Err(format!(
                         "{field}: `{arg} {v}`: the input is an image sequence (image2)"
@@ -68,12 +63,12 @@ pub(super) fn ffmpeg_options(
                 if !before_input {
                     return Err(format!("{field}: a second input `-i` cannot be mapped: an encode reads the frames of the step it depends on"));
                 }
-                let v = value(&mut it, arg)?;
+                let v = next_value(&mut it, field, arg)?;
                 input = Some(input_pattern(field, &v, out_dirs)?);
             }
             flag if flag.starts_with('-') => {
                 let v = match wire::takes_value(flag, before_input) {
-                    Some(true) => Some(value(&mut it, flag)?),
+                    Some(true) => Some(next_value(&mut it, field, flag)?),
                     Some(false) => None,
                     None => {
                         return Err(format!(

@@ -263,6 +263,18 @@ fn text_of(v: Option<&Value>, field: &str) -> Result<String, String> {
     }
 }
 
+/// The value after option `opt` of a command line (`field` names where it
+/// is, for the error).
+fn next_value(
+    it: &mut std::slice::Iter<'_, String>,
+    field: &str,
+    opt: &str,
+) -> Result<String, String> {
+    it.next()
+        .cloned()
+        .ok_or_else(|| format!("{field}: `{opt}` needs a value"))
+}
+
 /// Refuses text whose brackets nest deeper than [`MAX_FLOW_DEPTH`],
 /// counted over the whole text (quotes too: it is a bound, not a parse).
 fn check_flow_depth(text: &str) -> Result<(), String> {

@@ -28,34 +28,29 @@ pub(super) fn blender_options(
     let mut format = None;
     let (mut anim, mut start, mut end, mut jump) = (false, None, None, None);
     let mut it = args.iter();
-    let value = |it: &mut std::slice::Iter<'_, String>, opt: &str| {
-        it.next()
-            .cloned()
-            .ok_or_else(|| format!("{field}: `{opt}` needs a value"))
-    };
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "-b" | "--background" | "--factory-startup" | "--disable-autoexec" | "-noaudio"
             | "--noaudio" => {}
             "-x" | "--use-extension" => {
-                extension = match value(&mut it, arg)?.trim() {
+                extension = match next_value(&mut it, field, arg)?.trim() {
                     "1" => true,
                     "0" => false,
                     v => return Err(format!("{field}: `{arg} {v}`: expected 0 or 1")),
                 };
             }
-            "-o" | "--render-output" => output = Some(value(&mut it, arg)?),
+            "-o" | "--render-output" => output = Some(next_value(&mut it, field, arg)?),
             "-t" | "--threads" => {
-                value(&mut it, arg)?;
+                next_value(&mut it, field, arg)?;
                 notes.push(format!("{field}: `{arg}` is not used: each worker sets its own render threads"));
             }
-            "-f" | "--render-frame" => render_frames = Some(value(&mut it, arg)?),
+            "-f" | "--render-frame" => render_frames = Some(next_value(&mut it, field, arg)?),
             "-a" | "--render-anim" => anim = true,
-            "-s" | "--frame-start" => start = Some(value(&mut it, arg)?),
-            "-e" | "--frame-end" => end = Some(value(&mut it, arg)?),
-            "-j" | "--frame-jump" => jump = Some(value(&mut it, arg)?),
+            "-s" | "--frame-start" => start = Some(next_value(&mut it, field, arg)?),
+            "-e" | "--frame-end" => end = Some(next_value(&mut it, field, arg)?),
+            "-j" | "--frame-jump" => jump = Some(next_value(&mut it, field, arg)?),
             "-F" | "--render-format" => {
-                let v = value(&mut it, arg)?;
+                let v = next_value(&mut it, field, arg)?;
                 if v.contains(FRAME) {
                     return Err(format!("{field}: `{arg}` must not depend on the task parameter"));
                 }
