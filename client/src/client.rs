@@ -86,10 +86,14 @@ pub struct Client {
 
 impl Client {
     pub async fn connect(ticket: &Ticket) -> anyhow::Result<Client> {
-        if ticket.role != Role::Client {
-            bail!(
+        match ticket.role {
+            Role::Client => {}
+            Role::Worker => bail!(
                 "this is a worker ticket; it can only join workers. Use the client ticket (DATA_DIR/client.ticket) to submit or administer"
-            );
+            ),
+            Role::Viewer => bail!(
+                "this is a viewer ticket; it opens the web dashboard and the HTTP API to look, nothing else. Use the client ticket (DATA_DIR/client.ticket) to submit or administer"
+            ),
         }
         let name = format!("client-{}", std::process::id());
         let session = transport::connect(ticket, &name, Timing::default()).await?;

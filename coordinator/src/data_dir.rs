@@ -40,45 +40,51 @@ fn read_ticket(path: &Path) -> Option<Ticket> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()
 }
 
-/// Writes `worker.ticket` and `client.ticket` for `addr` and `fingerprint`,
-/// keeping each one's secret from the previous run. Returns (worker, client).
+/// The coordinator's three tickets: the worker's, the client's, and the
+/// viewer's (the dashboard's and the HTTP API's read-only role).
+#[derive(Debug, Clone)]
+pub struct Tickets {
+    pub worker: Ticket,
+    pub client: Ticket,
+    pub viewer: Ticket,
+}
+
+/// The roles with a ticket file, and its name in the data dir.
+const TICKET_FILES: [(Role, &str); 3] = [
+    (Role::Worker, "worker.ticket"),
+    (Role::Client, "client.ticket"),
+    (Role::Viewer, "viewer.ticket"),
+];
+
+/// Writes `worker.ticket`, `client.ticket` and `viewer.ticket` for `addr`
+/// and `fingerprint`, keeping each one's secret from the previous run
+/// (`fresh`: new secrets for all three, as `rotate-tickets` asks).
 pub fn write_tickets(
     dir: &Path,
     addr: SocketAddr,
     fingerprint: &str,
-) -> anyhow::Result<(Ticket, Ticket)> {
-    let ticket = |role, file: &str| Ticket {
+    fresh: bool,
+) -> anyhow::Result<Tickets> {
+    let [worker, client, viewer] = TICKET_FILES.map(|(role, file)| Ticket {
         role,
         addr,
         fingerprint: fingerprint.to_string(),
         secret: read_ticket(&dir.join(file))
-            .filter(|t| t.role == role)
+            .filter(|t| t.role == role && !fresh)
             .map_or_else(Ticket::new_secret, |t| t.secret),
+    });
+    let tickets = Tickets {
+        worker,
+        client,
+        viewer,
     };
-    let worker = ticket(Role::Worker, "worker.ticket");
-    let client = ticket(Role::Client, "client.ticket");
-    write_secret_file(&dir.join("worker.ticket"), &format!("{worker}\n"))?;
-    write_secret_file(&dir.join("client.ticket"), &format!("{client}\n"))?;
-    Ok((worker, client))
-}
-
-/// Writes `worker.ticket` and `client.ticket` with fresh secrets. Returns
-/// (worker, client).
-pub fn rotate_tickets(
-    dir: &Path,
-    addr: SocketAddr,
-    fingerprint: &str,
-) -> anyhow::Result<(Ticket, Ticket)> {
-    let ticket = |role| Ticket {
-        role,
-        addr,
-        fingerprint: fingerprint.to_string(),
-        secret: Ticket::new_secret(),
-    };
-    let (worker, client) = (ticket(Role::Worker), ticket(Role::Client));
-    write_secret_file(&dir.join("worker.ticket"), &format!("{worker}\n"))?;
-    write_secret_file(&dir.join("client.ticket"), &format!("{client}\n"))?;
-    Ok((worker, client))
+    for (ticket, (_, file)) in [&tickets.worker, &tickets.client, &tickets.viewer]
+        .into_iter()
+        .zip(TICKET_FILES)
+    {
+        write_secret_file(&dir.join(file), &format!("{ticket}\n"))?;
+    }
+    Ok(tickets)
 }
 
 /// Writes a file readable by its owner only, whole: a temporary file

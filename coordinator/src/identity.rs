@@ -19,6 +19,7 @@ use rusqlite::{params, Connection, OptionalExtension};
 use tessera_protocol::messages::{serves, Hello, Role};
 use tessera_protocol::ticket::Ticket;
 
+use crate::data_dir::Tickets;
 use crate::db::DbError;
 
 /// How a peer was admitted.
@@ -55,6 +56,36 @@ pub(crate) struct Identities {
 struct Secrets {
     worker: String,
     client: String,
+    viewer: String,
+}
+
+/// What a secret shown to the HTTP API (a bearer, or a dashboard sign-in)
+/// may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The client ticket's: everything a client may.
+    Act,
+    /// The viewer ticket's: look, never change anything.
+    Look,
+}
+
+impl Access {
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Act => "client",
+            Access::Look => "viewer",
+        }
+    }
+}
+
+impl Secrets {
+    fn of(t: &Tickets) -> Secrets {
+        Secrets {
+            worker: t.worker.secret.clone(),
+            client: t.client.secret.clone(),
+            viewer: t.viewer.secret.clone(),
+        }
+    }
 }
 
 /// Removes a registered connection when its session ends.
@@ -77,12 +108,9 @@ impl Drop for Registered<'_> {
 }
 
 impl Identities {
-    pub fn new(worker: &Ticket, client: &Ticket) -> Identities {
+    pub fn new(tickets: &Tickets) -> Identities {
         Identities {
-            secrets: RwLock::new(Secrets {
-                worker: worker.secret.clone(),
-                client: client.secret.clone(),
-            }),
+            secrets: RwLock::new(Secrets::of(tickets)),
             connected: Mutex::new(HashMap::new()),
             next_conn: std::sync::atomic::AtomicU64::new(0),
         }
@@ -101,18 +129,24 @@ impl Identities {
             .clone()
     }
 
-    /// Whether `secret` is the client ticket's (in constant time).
-    pub fn client_secret_is(&self, secret: &str) -> bool {
-        tessera_transport::constant_time_eq(secret, &self.secrets().client)
+    /// What `secret` may do over HTTP: the client ticket's acts, the
+    /// viewer ticket's looks (each compared in constant time); `None` for
+    /// any other.
+    pub fn http_access(&self, secret: &str) -> Option<Access> {
+        let secrets = self.secrets();
+        let client = tessera_transport::constant_time_eq(secret, &secrets.client);
+        let viewer = tessera_transport::constant_time_eq(secret, &secrets.viewer);
+        match (client, viewer) {
+            (true, _) => Some(Access::Act),
+            (false, true) => Some(Access::Look),
+            (false, false) => None,
+        }
     }
 
     /// Replaces the tickets' secrets (the ticket files are written by the
     /// caller first).
-    pub fn rotate(&self, worker: &Ticket, client: &Ticket) {
-        *self.secrets.write().unwrap_or_else(|e| e.into_inner()) = Secrets {
-            worker: worker.secret.clone(),
-            client: client.secret.clone(),
-        };
+    pub fn rotate(&self, tickets: &Tickets) {
+        *self.secrets.write().unwrap_or_else(|e| e.into_inner()) = Secrets::of(tickets);
     }
 
     /// Checks a hello: the protocol version, then the secret against the
@@ -123,6 +157,8 @@ impl Identities {
         // The version and the tickets, as before identities.
         match tessera_transport::check_hello(hello, &secrets.worker, &secrets.client) {
             Ok(Role::Client) => Ok(Admission::Client),
+            // check_hello refuses a viewer's hello; the arm keeps it so.
+            Ok(Role::Viewer) => Err("a viewer ticket opens no QUIC session".into()),
             Ok(Role::Worker) => match revoked_name(db, &hello.name) {
                 Ok(false) => Ok(Admission::Enroll),
                 Ok(true) => Err(format!(
@@ -281,12 +317,24 @@ mod tests {
         }
     }
 
+    fn tickets(w: &Ticket, c: &Ticket, v: &Ticket) -> Tickets {
+        Tickets {
+            worker: w.clone(),
+            client: c.clone(),
+            viewer: v.clone(),
+        }
+    }
+
     #[test]
     fn enroll_join_revoke_and_rotate() {
         let mut db = Connection::open_in_memory().unwrap();
         crate::db::migrate(&mut db).unwrap();
-        let (w, c) = (ticket(Role::Worker), ticket(Role::Client));
-        let ids = Identities::new(&w, &c);
+        let (w, c, v) = (
+            ticket(Role::Worker),
+            ticket(Role::Client),
+            ticket(Role::Viewer),
+        );
+        let ids = Identities::new(&tickets(&w, &c, &v));
         assert_eq!(
             ids.admit(&db, &hello(Role::Worker, &w.secret, "a")),
             Ok(Admission::Enroll)
@@ -313,8 +361,22 @@ mod tests {
             .is_err());
         assert!(ids.admit(&db, &hello(Role::Worker, "nope", "a")).is_err());
         // Rotation: the old tickets are refused, the credential still works.
-        let (w2, c2) = (ticket(Role::Worker), ticket(Role::Client));
-        ids.rotate(&w2, &c2);
+        assert_eq!(ids.http_access(&c.secret), Some(Access::Act));
+        assert_eq!(ids.http_access(&v.secret), Some(Access::Look));
+        assert_eq!(ids.http_access(&w.secret), None);
+        // A viewer ticket opens no QUIC session.
+        assert!(ids
+            .admit(&db, &hello(Role::Viewer, &v.secret, "v"))
+            .is_err());
+        let (w2, c2, v2) = (
+            ticket(Role::Worker),
+            ticket(Role::Client),
+            ticket(Role::Viewer),
+        );
+        ids.rotate(&tickets(&w2, &c2, &v2));
+        assert_eq!(ids.http_access(&v.secret), None);
+        assert_eq!(ids.http_access(&c.secret), None);
+        assert_eq!(ids.http_access(&v2.secret), Some(Access::Look));
         assert!(ids
             .admit(&db, &hello(Role::Worker, &w.secret, "b"))
             .is_err());

@@ -64,8 +64,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         }
         None => bound,
     };
-    let (worker_ticket, client_ticket) =
-        data_dir::write_tickets(dir, advertised, &identity.fingerprint())?;
+    let tickets = data_dir::write_tickets(dir, advertised, &identity.fingerprint(), false)?;
 
     let mut db = Db::open(&dir.join("state.sqlite"))
         .with_context(|| format!("cannot open the database in {}", dir.display()))?;
@@ -89,7 +88,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         db,
         store,
         config.clone(),
-        Identities::new(&worker_ticket, &client_ticket),
+        Identities::new(&tickets),
         advertised,
         identity.fingerprint(),
     );
@@ -159,8 +158,8 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     Ok(Coordinator {
         http_addr,
         addr: bound,
-        worker_ticket,
-        client_ticket,
+        worker_ticket: tickets.worker,
+        client_ticket: tickets.client,
         endpoint,
         shared,
         tasks,

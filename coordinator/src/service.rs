@@ -25,6 +25,7 @@ use tessera_protocol::messages::{
 use tokio::sync::broadcast;
 
 use crate::db::StoredFrame;
+use crate::identity::Access;
 use crate::server::Shared;
 
 /// A service answer: the value, or why not.
@@ -354,15 +355,16 @@ pub(crate) async fn scan(
     crate::conn::scan::scan(shared, blend, path, version).await
 }
 
-/// Whether `secret` is the client ticket's current one (compared in
-/// constant time): `Unauthorized` when it is missing or wrong. The HTTP
-/// API asks this of every request; a QUIC client proved it in its hello.
-pub(crate) fn authorize(shared: &Shared, secret: Option<&str>) -> Answer<()> {
-    match secret {
-        Some(secret) if shared.identities.client_secret_is(secret) => Ok(()),
-        _ => Err(ClientError::new(
+/// What `secret` may do: the client ticket's current one acts, the viewer
+/// ticket's looks (compared in constant time); `Unauthorized` when it is
+/// missing or neither. The HTTP API asks this of every request with a
+/// bearer; a QUIC client proved its ticket in its hello.
+pub(crate) fn authorize(shared: &Shared, secret: Option<&str>) -> Answer<Access> {
+    match secret.and_then(|s| shared.identities.http_access(s)) {
+        Some(access) => Ok(access),
+        None => Err(ClientError::new(
             ErrorKind::Unauthorized,
-            "missing or wrong bearer secret: send `Authorization: Bearer SECRET`, SECRET being the client ticket's secret= part",
+            "missing or wrong bearer secret: send `Authorization: Bearer SECRET`, SECRET being the client (or viewer) ticket's secret= part",
         )),
     }
 }
@@ -456,19 +458,23 @@ mod tests {
             fingerprint: "ab".repeat(32),
             secret: Ticket::new_secret(),
         };
-        let (worker, client) = (ticket(Role::Worker), ticket(Role::Client));
+        let tickets = crate::data_dir::Tickets {
+            worker: ticket(Role::Worker),
+            client: ticket(Role::Client),
+            viewer: ticket(Role::Viewer),
+        };
         let (shared, commits, stitches) = Shared::new(
             core,
             db,
             store,
             Config::new(dir.clone(), addr),
-            Identities::new(&worker, &client),
+            Identities::new(&tickets),
             addr,
             "ab".repeat(32),
         );
         Farm {
             shared: Arc::new(shared),
-            secret: client.secret,
+            secret: tickets.client.secret.clone(),
             dir,
             _inboxes: (commits, stitches),
         }
@@ -622,7 +628,7 @@ mod tests {
         // Unauthorized: a missing or wrong secret.
         check(kind(authorize(s, None)), Unauthorized, "no secret");
         check(kind(authorize(s, Some("wrong"))), Unauthorized, "wrong");
-        assert!(authorize(s, Some(&f.secret)).is_ok());
+        assert_eq!(authorize(s, Some(&f.secret)), Ok(Access::Act));
 
         // Unavailable: no worker can scan an uploaded .blend now.
         let blend = upload(s, b"BLENDER-v402");

@@ -76,6 +76,10 @@ pub(crate) struct Shared {
     pub metrics: crate::http::metrics::Counters,
     /// Blocking calls on runtime threads, stalls, heartbeat gaps.
     pub watch: crate::watch::Watch,
+    /// The dashboard's signed-in sessions (ended by `rotate-tickets`).
+    pub sessions: crate::http::session::Sessions,
+    /// Frame previews made so far, by the frame's digest.
+    pub previews: crate::http::preview::Previews,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -139,6 +143,8 @@ impl Shared {
             scans: Default::default(),
             metrics: Default::default(),
             watch: Default::default(),
+            sessions: Default::default(),
+            previews: Default::default(),
         };
         (shared, commit_rx, stitch_rx)
     }

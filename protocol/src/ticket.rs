@@ -36,6 +36,7 @@ impl fmt::Display for Ticket {
         let role = match self.role {
             Role::Worker => "worker",
             Role::Client => "client",
+            Role::Viewer => "viewer",
         };
         write!(
             f,
@@ -59,6 +60,7 @@ impl FromStr for Ticket {
         let role = match role {
             "worker" => Role::Worker,
             "client" => Role::Client,
+            "viewer" => Role::Viewer,
             other => return Err(TicketError(format!("unknown role `{other}`"))),
         };
         let (addr, query) = rest

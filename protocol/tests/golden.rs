@@ -993,7 +993,9 @@ fn every_message_variant_has_a_golden_file() {
             }
         }
     }
-    for role in variants::<Role>() {
+    // A viewer ticket never sends a Hello: it is the HTTP API's and the
+    // dashboard's alone, and the client refuses to connect with it.
+    for role in variants::<Role>().iter().filter(|r| **r != "Viewer") {
         if !dir().join(format!("Hello.{role}.bin")).exists() {
             missing.push(format!("Hello.{role}"));
         }

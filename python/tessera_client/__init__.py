@@ -450,6 +450,14 @@ class Client:
     def tiles(self, job: int, frame: int) -> Any:
         return self._json("GET", "/v1/jobs/%d/frames/%d/tiles" % (job, frame))
 
+    def preview(self, job: int, frame: int) -> bytes:
+        """A stitched frame scaled down to at most 320 pixels a side (PNG)."""
+        conn, response = self._open("GET", "/v1/jobs/%d/frames/%d/preview" % (job, frame))
+        try:
+            return response.read()
+        finally:
+            conn.close()
+
     def logs(self, job: int, task: Optional[int] = None) -> Any:
         """The job's failed attempts: task, worker, error and the renderer's log."""
         return self._json("GET", "/v1/jobs/%d/logs" % job, query={"task": task})

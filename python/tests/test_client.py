@@ -174,7 +174,8 @@ class Document(FarmTest):
 
     def test_routes_outside_the_document_are_not_served(self):
         for method, path in (("GET", "/v1/nothing"), ("DELETE", "/v1/jobs/1"),
-                             ("GET", "/v1/jobs/1/cancel"), ("PUT", "/metrics"), ("GET", "/")):
+                             ("GET", "/v1/jobs/1/cancel"), ("PUT", "/metrics"), ("GET", "/ui/nothing"),
+                             ("DELETE", "/")):
             status, _, body = self.farm.request(method, path)
             self.assertIn(status, (404, 405), (method, path, body))
 
@@ -193,6 +194,8 @@ class Jobs(FarmTest):
         tiles = self.valid(self.schema_of("/v1/jobs/{job}/frames/{frame}/tiles", "get"),
                            self.farm.tiles(done["id"], 1))
         self.assertEqual([t["state"] for t in tiles], ["done", "done"])
+        preview = self.farm.preview(done["id"], 1)
+        self.assertEqual(preview[:8], b"\x89PNG\r\n\x1a\n")
         # request_id makes a retried submit idempotent.
         spec = self.farm.upload(SCENE, frames="3", samples=4, name="py-rid", request_id="t14a-rid-1",
                                 sample_ranges=2, verify=0, frame_names="frame", allow_missing=True)

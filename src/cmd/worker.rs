@@ -159,7 +159,14 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     // Required by clap unless a subcommand is given.
     let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
     if ticket.role != tessera_protocol::messages::Role::Worker {
-        anyhow::bail!("this is a client ticket; a worker joins with DATA_DIR/worker.ticket");
+        anyhow::bail!(
+            "this is a {} ticket; a worker joins with DATA_DIR/worker.ticket",
+            if ticket.role == tessera_protocol::messages::Role::Viewer {
+                "viewer"
+            } else {
+                "client"
+            }
+        );
     }
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let slots = slot_count(slots, cores);

@@ -334,9 +334,11 @@ impl Farm {
         self.json(&["status", &job.to_string(), "--json"])
     }
 
-    /// Waits until `n` workers have joined.
+    /// Waits until `n` workers have joined. A worker joins once it has
+    /// probed its Blender: importing `bpy` took over 60 s on the 2-core
+    /// machine under a load of 12, hence the long deadline.
     pub fn wait_workers(&self, n: usize) {
-        let deadline = Instant::now() + Duration::from_secs(60);
+        let deadline = Instant::now() + Duration::from_secs(180);
         loop {
             let s = self.json(&["status", "--json"]);
             if s["workers"].as_array().unwrap().len() >= n {

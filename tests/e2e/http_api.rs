@@ -896,6 +896,7 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
         ("GET", "/v1/jobs/{job}/frames", &d),
         ("GET", "/v1/jobs/{job}/frames/{frame}", &d),
         ("GET", "/v1/jobs/{job}/frames/{frame}/tiles", &d),
+        ("GET", "/v1/jobs/{job}/frames/{frame}/preview", &d),
         ("GET", "/v1/jobs/{job}/logs", &f),
         ("POST", "/v1/jobs/{job}/pause", &q),
         ("POST", "/v1/jobs/{job}/resume", &q),
@@ -927,7 +928,14 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
     cases.push((
         "GET",
         "/v1/jobs/{job}/frames/{frame}/tiles",
-        frame7 + "/tiles",
+        frame7.clone() + "/tiles",
+        "".into(),
+        404,
+    ));
+    cases.push((
+        "GET",
+        "/v1/jobs/{job}/frames/{frame}/preview",
+        frame7 + "/preview",
         "".into(),
         404,
     ));
@@ -969,7 +977,11 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
         );
         if status >= 400 && status != 413 {
             let v: Value = serde_json::from_str(body).unwrap();
-            assert_eq!(v["kind"], kind_of(status), "{what}: {body}");
+            match status {
+                // The HTTP layer's own refusal: no kind.
+                403 => assert!(v.get("kind").is_none(), "{what}: {body}"),
+                _ => assert_eq!(v["kind"], kind_of(status), "{what}: {body}"),
+            }
             assert!(v["error"].is_string(), "{what}: {body}");
         }
         answered
@@ -977,8 +989,16 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
             .or_default()
             .insert(status.to_string());
     };
+    let viewer = crate::hostile::ticket(&farm, "viewer.ticket").secret;
     for (method, template, path, body, want) in &cases {
         let what = format!("{method} {path}");
+        // The viewer ticket looks: its POSTs are refused before anything
+        // is read or done (403), its GETs answered as the client's.
+        if *method == "POST" {
+            let (status, answer) = http(&ticket, addr, (method, path, body), &viewer, None);
+            assert_eq!(status, 403, "{what} as the viewer: {answer}");
+            record(method, template, status, &answer, &what);
+        }
         let (status, answer) = http(&ticket, addr, (method, path, body), &secret, None);
         assert_eq!(status, *want, "{what}: {answer}");
         record(method, template, status, &answer, &what);

@@ -40,10 +40,13 @@ pub enum Need {
     Schemathesis,
     /// `ffmpeg` and `ffprobe` run (Debian's `ffmpeg` package).
     Ffmpeg,
+    /// Debian's `chromium` and its `chromedriver` (the dashboard's browser
+    /// tests).
+    Chromium,
 }
 
 impl Need {
-    const ALL: [Need; 11] = [
+    const ALL: [Need; 12] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
@@ -55,6 +58,7 @@ impl Need {
         Need::OpenJd,
         Need::Schemathesis,
         Need::Ffmpeg,
+        Need::Chromium,
     ];
 
     fn what(self) -> &'static str {
@@ -77,6 +81,9 @@ impl Need {
                 "TESSERA_TEST_SCHEMATHESIS naming schemathesis (.ci/run installs schemathesis==4.32.5 in $HOME/.cache/tessera-ci/schemathesis-4.32.5)"
             }
             Need::Ffmpeg => "ffmpeg and ffprobe on the PATH (apt-get install ffmpeg)",
+            Need::Chromium => {
+                "/usr/bin/chromium and chromedriver (apt-get install chromium chromium-driver)"
+            }
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
             }
@@ -100,6 +107,10 @@ impl Need {
             Need::Ffmpeg => {
                 runs(Command::new("ffmpeg").arg("-version"))
                     && runs(Command::new("ffprobe").arg("-version"))
+            }
+            Need::Chromium => {
+                runs(Command::new("/usr/bin/chromium").arg("--version"))
+                    && runs(Command::new("chromedriver").arg("--version"))
             }
             Need::PyClient => std::env::var_os("TESSERA_TEST_PYTHON").is_some_and(|py| {
                 runs(Command::new(py).args([

@@ -742,9 +742,13 @@ pub fn check_hello(
     let secret_ok = match hello.role {
         Role::Worker => constant_time_eq(&hello.secret, worker_secret),
         Role::Client => constant_time_eq(&hello.secret, client_secret),
+        Role::Viewer => false,
     };
     if !secret_ok {
         return Err(match hello.role {
+            Role::Viewer => {
+                "a viewer ticket opens the dashboard and the HTTP API to look, not a QUIC session: use the client ticket".into()
+            }
             Role::Worker => {
                 "wrong worker ticket secret: use DATA_DIR/worker.ticket of this coordinator".into()
             }

@@ -229,19 +229,25 @@ async fn revoke(shared: &Shared, name: &str) -> ClientResponse {
     }
 }
 
-/// New secrets for both tickets, written to the data dir first, then used.
+/// New secrets for the three tickets, written to the data dir first, then
+/// used; every dashboard session ends (it was signed in with an old one).
 fn rotate_tickets(shared: &Shared) -> ClientResponse {
-    match data_dir::rotate_tickets(
+    match data_dir::write_tickets(
         &shared.config.data_dir,
         shared.advertised,
         &shared.fingerprint,
+        true,
     ) {
-        Ok((worker, client)) => {
-            shared.identities.rotate(&worker, &client);
-            tracing::warn!("tickets rotated: the old ones are refused from now on");
+        Ok(tickets) => {
+            shared.identities.rotate(&tickets);
+            let ended = shared.sessions.end_all();
+            tracing::warn!(
+                sessions_ended = ended,
+                "tickets rotated: the old ones are refused from now on"
+            );
             ClientResponse::Tickets {
-                worker: worker.to_string(),
-                client: client.to_string(),
+                worker: tickets.worker.to_string(),
+                client: tickets.client.to_string(),
             }
         }
         Err(e) => ClientResponse::Error(internal(e.context("cannot rotate the tickets"))),

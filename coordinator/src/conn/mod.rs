@@ -164,9 +164,12 @@ async fn serve_connection(
         .as_deref()
         .map(|id| shared.identities.register(id, conn.clone()));
     let uploaded = Arc::new(AtomicU64::new(0));
-    let fetch = Arc::new(match role {
-        Role::Worker => fetch::Fetch::worker(),
-        Role::Client => fetch::Fetch::client(),
+    // Admitted as a worker or a client (a viewer never is, over QUIC).
+    let is_worker = role == Role::Worker;
+    let fetch = Arc::new(if is_worker {
+        fetch::Fetch::worker()
+    } else {
+        fetch::Fetch::client()
     });
     // Blob streams run beside the session, in this same task, until the
     // peer closes the connection.
@@ -177,8 +180,8 @@ async fn serve_connection(
         fetch.clone(),
     );
     let session = async {
-        match role {
-            Role::Worker => {
+        match is_worker {
+            true => {
                 // Every worker is enrolled by now; its identity is what the
                 // farm trusts it by.
                 let identity = identity.clone().unwrap_or_else(|| name.clone());
@@ -192,7 +195,7 @@ async fn serve_connection(
                 )
                 .await
             }
-            Role::Client => client::serve(shared.clone(), control, uploaded.clone()).await,
+            false => client::serve(shared.clone(), control, uploaded.clone()).await,
         }
     };
     let (result, ()) = tokio::join!(session, streams);

@@ -22,8 +22,12 @@
 // per request: its size does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod dashboard;
+mod events;
 pub mod metrics;
 pub mod places;
+pub mod preview;
+pub mod session;
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -33,7 +37,7 @@ use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Frame, Incoming};
+use hyper::body::Incoming;
 use hyper::header::{
     HeaderValue, ACCEPT, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
 };
@@ -41,7 +45,6 @@ use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use serde_json::json;
-use tessera_protocol::events::{event_job, event_json};
 use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{
     ClientError, ErrorKind, FarmEvent, JobFilter, JobState, JobStatus,
@@ -49,9 +52,9 @@ use tessera_protocol::messages::{
 use tessera_protocol::Digest;
 use tessera_store::BlobStore;
 use tokio::net::TcpListener;
-use tokio::sync::{broadcast, mpsc};
 use tokio::task::JoinSet;
 
+use crate::identity::Access;
 use crate::server::Shared;
 use crate::service::{self, off_runtime as off, Answer};
 use places::{Place, Places};
@@ -75,6 +78,7 @@ enum Handler {
     Frames,
     Frame,
     Tiles,
+    Preview,
     Logs,
     Workers,
     Drain,
@@ -116,6 +120,11 @@ pub const ROUTES: &[Route] = &[
     at("GET", "/v1/jobs/{job}/frames", Handler::Frames),
     at("GET", "/v1/jobs/{job}/frames/{frame}", Handler::Frame),
     at("GET", "/v1/jobs/{job}/frames/{frame}/tiles", Handler::Tiles),
+    at(
+        "GET",
+        "/v1/jobs/{job}/frames/{frame}/preview",
+        Handler::Preview,
+    ),
     at("GET", "/v1/jobs/{job}/logs", Handler::Logs),
     at("GET", "/v1/workers", Handler::Workers),
     at("POST", "/v1/workers/{worker}/drain", Handler::Drain),
@@ -191,9 +200,6 @@ const BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// a request's headers; also how long a kept-alive connection may sit idle
 /// between requests.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// An event stream with nothing to say sends an empty line this often, so
-/// a client that went away is noticed.
-const KEEPALIVE: Duration = Duration::from_secs(10);
 
 type Body = BoxBody<Bytes, Infallible>;
 
@@ -303,25 +309,61 @@ fn bearer_of(value: &str) -> Option<&str> {
 }
 
 async fn respond(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) -> Response<Body> {
+    if dashboard::serves(req.uri().path()) {
+        return dashboard::respond(shared, place, req).await;
+    }
     let found = find(req.method(), req.uri().path());
     if let Ok((Handler::OpenApi, _)) = found {
         return full(StatusCode::OK, "application/json", OPENAPI);
     }
-    if let Err(e) = service::authorize(shared, bearer(&req)) {
-        let mut r = refused(&e);
-        r.headers_mut()
-            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return r;
-    }
+    let access = match authenticate(shared, &req) {
+        Ok(access) => access,
+        Err(r) => return r,
+    };
     place.authenticated();
     let (handler, params) = match found {
         Ok(found) => found,
         Err(r) => return r,
     };
+    if access == Access::Look && req.method() != Method::GET {
+        return error(
+            StatusCode::FORBIDDEN,
+            "refused: the viewer ticket looks and acts on nothing; use the client ticket",
+        );
+    }
     match route(shared, handler, params, req).await {
         Ok(r) => r,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
     }
+}
+
+/// What the request may do: its bearer's (client or viewer ticket), or,
+/// without one, its dashboard session's, whose requests that change
+/// something must also carry the session's CSRF token. 401 (or 403 for a
+/// missing CSRF token) otherwise.
+fn authenticate(shared: &Shared, req: &Request<Incoming>) -> Result<Access, Response<Body>> {
+    let unauthorized = |e: &ClientError| {
+        let mut r = refused(e);
+        r.headers_mut()
+            .insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        r
+    };
+    let signed_in = (req.headers().get(AUTHORIZATION).is_none())
+        .then(|| session::token(req.headers()))
+        .flatten();
+    let Some(token) = signed_in else {
+        return service::authorize(shared, bearer(req)).map_err(|e| unauthorized(&e));
+    };
+    let Some(s) = shared.sessions.find(token) else {
+        return Err(unauthorized(&ClientError::new(
+            ErrorKind::Unauthorized,
+            "the dashboard session ended (signed out, expired, the coordinator restarted or the tickets were rotated): sign in again",
+        )));
+    };
+    if req.method() != Method::GET && !session::csrf_ok(req.headers(), &s) {
+        return Err(dashboard::csrf_refused());
+    }
+    Ok(s.access)
 }
 
 /// The query's `key=value` pairs, percent-decoded.
@@ -363,6 +405,14 @@ fn percent_decode(s: &str) -> String {
 async fn body_json<T: serde::de::DeserializeOwned>(
     req: Request<Incoming>,
 ) -> Result<T, Response<Body>> {
+    body_json_within(req, MAX_BODY).await
+}
+
+/// The request's body as JSON, refused past `limit` bytes.
+async fn body_json_within<T: serde::de::DeserializeOwned>(
+    req: Request<Incoming>,
+    limit: usize,
+) -> Result<T, Response<Body>> {
     // A declared size over the bound is refused before any of the body is
     // read; a body that grows past it while read, likewise.
     let declared = (req.headers().get(CONTENT_LENGTH))
@@ -370,7 +420,10 @@ async fn body_json<T: serde::de::DeserializeOwned>(
     let too_large = || {
         error(
             StatusCode::PAYLOAD_TOO_LARGE,
-            &format!("the body is over the {} MiB limit", MAX_BODY >> 20),
+            &match limit >> 20 {
+                0 => format!("the body is over the {} KiB limit", limit >> 10),
+                mib => format!("the body is over the {mib} MiB limit"),
+            },
         )
     };
     match declared {
@@ -380,14 +433,11 @@ async fn body_json<T: serde::de::DeserializeOwned>(
                 "Content-Length is not a number",
             ))
         }
-        Some(Some(n)) if n > MAX_BODY as u64 => return Err(too_large()),
+        Some(Some(n)) if n > limit as u64 => return Err(too_large()),
         _ => {}
     }
     // A body that trickles in holds its connection no longer than this.
-    let read = tokio::time::timeout(
-        BODY_TIMEOUT,
-        Limited::new(req.into_body(), MAX_BODY).collect(),
-    );
+    let read = tokio::time::timeout(BODY_TIMEOUT, Limited::new(req.into_body(), limit).collect());
     let body = match read.await {
         Err(_) => {
             return Err(error(
@@ -559,6 +609,7 @@ async fn route(
                 off(shared, move |s| service::tiles(s, job, frame)).await,
             )
         }
+        Handler::Preview => preview(shared, id!(job, "job"), id!(frame, "frame")).await?,
         Handler::Logs => {
             let job = id!(job, "job");
             let task = match one_number(&req, "task") {
@@ -586,7 +637,7 @@ async fn route(
             // stream ends at once.
             let rx = service::events(shared);
             match one_number(&req, "job") {
-                Ok(None) => events(rx, None, None, sse),
+                Ok(None) => events::events(rx, None, None, sse),
                 Ok(Some(job)) => match off(shared, move |s| service::job(s, job)).await {
                     Ok(status) => {
                         let ended = status.state.is_final().then(|| {
@@ -594,7 +645,7 @@ async fn route(
                             let state = status.state;
                             (at, FarmEvent::JobChanged { job, state })
                         });
-                        events(rx, Some(job), ended, sse)
+                        events::events(rx, Some(job), ended, sse)
                     }
                     Err(e) => refused(&e),
                 },
@@ -683,6 +734,38 @@ async fn frame(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<Res
     Ok(r)
 }
 
+/// `GET /v1/jobs/{job}/frames/{frame}/preview`: the stitched frame scaled
+/// down (see [`preview`]), made once per frame and kept.
+async fn preview(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<Response<Body>> {
+    let found = match off(shared, move |s| service::frame(s, job, frame)).await {
+        Ok(found) => found,
+        Err(e) => return Ok(refused(&e)),
+    };
+    let png = match shared.previews.get(&found.digest) {
+        Some(png) => Ok(png),
+        None => {
+            let shared = shared.clone();
+            tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+                let bytes = (shared.store.get(&found.digest))
+                    .with_context(|| format!("reading frame {frame} of job {job}"))?;
+                Ok(preview::make(&bytes).map(|png| {
+                    let png = Bytes::from(png);
+                    shared.previews.keep(found.digest, png.clone());
+                    png
+                }))
+            })
+            .await??
+        }
+    };
+    Ok(match png {
+        Ok(png) => full(StatusCode::OK, "image/png", png),
+        Err(e) => error(
+            StatusCode::NOT_FOUND,
+            &format!("no preview of frame {frame} of job {job}: {e}"),
+        ),
+    })
+}
+
 /// `POST /v1/blobs/missing`: which of the asked digests the store lacks.
 async fn blobs_missing(
     shared: &Arc<Shared>,
@@ -704,95 +787,6 @@ async fn blobs_missing(
         })
         .await?;
     Ok(ok_json(StatusCode::OK, &json!({ "missing": missing })))
-}
-
-/// A body fed by a channel: the event stream.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|b| b.map(|b| Ok(Frame::data(b))))
-    }
-}
-
-/// Every farm event from `rx` (of one job, when `job` is given), one JSON
-/// object a line after an empty line, or as Server-Sent Events (`data:
-/// JSON`, comments to keep alive) when `sse`. A reader that falls behind
-/// gets `{"type":"lagged","missed":N}` in place of the events it missed.
-/// One job's stream ends after the event that finishes it (done, failed,
-/// canceled), or, when it had finished when asked for, is that event
-/// alone (`ended`, as its status tells it).
-fn events(
-    mut rx: broadcast::Receiver<(u64, FarmEvent)>,
-    job: Option<u64>,
-    ended: Option<(u64, FarmEvent)>,
-    sse: bool,
-) -> Response<Body> {
-    let (tx, body) = mpsc::channel::<Bytes>(64);
-    let frame = move |json: String| -> Bytes {
-        match (sse, json.is_empty()) {
-            (false, _) => Bytes::from(json + "\n"),
-            (true, true) => Bytes::from_static(b":\n\n"),
-            (true, false) => Bytes::from(format!("data: {json}\n\n")),
-        }
-    };
-    // Something at once: the headers go out with it, so a client knows it
-    // is subscribed before it submits anything.
-    let _ = tx.try_send(frame(String::new()));
-    if let Some((unix_ms, event)) = ended {
-        let _ = tx.try_send(frame(event_json(unix_ms, &event).to_string()));
-        drop(tx);
-        return stream_response(body, sse);
-    }
-    tokio::spawn(async move {
-        loop {
-            let mut last = false;
-            let line = tokio::select! {
-                event = rx.recv() => match event {
-                    Ok((unix_ms, event)) => {
-                        if job.is_some() && event_job(&event) != job {
-                            continue;
-                        }
-                        last = job.is_some() && finishes(&event);
-                        event_json(unix_ms, &event).to_string()
-                    }
-                    Err(broadcast::error::RecvError::Lagged(n)) => {
-                        json!({"type": "lagged", "missed": n}).to_string()
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                },
-                _ = tokio::time::sleep(KEEPALIVE) => String::new(),
-            };
-            if tx.send(frame(line)).await.is_err() || last {
-                return;
-            }
-        }
-    });
-    stream_response(body, sse)
-}
-
-/// The response whose body is what `body` receives: NDJSON, or SSE.
-fn stream_response(body: mpsc::Receiver<Bytes>, sse: bool) -> Response<Body> {
-    let mut r = Response::new(ChannelBody(body).boxed());
-    let kind = if sse {
-        "text/event-stream"
-    } else {
-        "application/x-ndjson"
-    };
-    r.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(kind));
-    r
-}
-
-/// Whether `event` finishes its job (done, failed or canceled).
-fn finishes(event: &FarmEvent) -> bool {
-    matches!(event, FarmEvent::JobChanged { state, .. } if state.is_final())
 }
 
 #[cfg(test)]

@@ -67,6 +67,9 @@ pub fn serves(version: u32) -> bool {
 pub enum Role {
     Worker,
     Client,
+    /// The dashboard's and the HTTP API's read-only role: it sees the farm
+    /// and acts on nothing. Never admitted over QUIC.
+    Viewer,
 }
 
 /// The first frame of every connection. Frozen forever in version 18's

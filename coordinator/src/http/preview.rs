@@ -1,0 +1,271 @@
+//! Frame previews for the dashboard: a stitched frame scaled down to at most
+//! [`EDGE`] pixels a side, as 8-bit PNG. PNG frames are averaged down as
+//! they are; OpenEXR frames (linear light) are clamped to 0–1 and given the
+//! sRGB transfer curve, as Blender's "Standard" view shows them. A preview
+//! is made once per frame digest and kept, up to [`KEEP_BYTES`] of them,
+//! in memory (made again after a restart).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use bytes::Bytes;
+use tessera_protocol::Digest;
+
+use crate::shared::relock;
+
+/// The longest side of a preview, in pixels.
+pub const EDGE: u32 = 320;
+/// The most preview bytes kept; past it the oldest are dropped.
+pub const KEEP_BYTES: usize = 64 << 20;
+/// The largest frame a preview is made of (pixels), and the most bytes its
+/// decoding may take.
+const MAX_PIXELS: u64 = 256 << 20;
+const MAX_DECODED: usize = 2 << 30;
+
+/// The previews made so far, by the frame's digest.
+#[derive(Default)]
+pub struct Previews {
+    kept: Mutex<Kept>,
+}
+
+#[derive(Default)]
+struct Kept {
+    by_digest: HashMap<Digest, Bytes>,
+    order: VecDeque<Digest>,
+    bytes: usize,
+}
+
+impl Previews {
+    pub fn get(&self, digest: &Digest) -> Option<Bytes> {
+        relock(&self.kept).by_digest.get(digest).cloned()
+    }
+
+    pub fn keep(&self, digest: Digest, preview: Bytes) {
+        let mut kept = relock(&self.kept);
+        if kept.by_digest.contains_key(&digest) {
+            return;
+        }
+        kept.bytes += preview.len();
+        kept.by_digest.insert(digest, preview);
+        kept.order.push_back(digest);
+        while kept.bytes > KEEP_BYTES {
+            let Some(old) = kept.order.pop_front() else {
+                break;
+            };
+            if let Some(b) = kept.by_digest.remove(&old) {
+                kept.bytes -= b.len();
+            }
+        }
+    }
+}
+
+/// Why no preview could be made.
+#[derive(Debug, thiserror::Error)]
+pub enum PreviewError {
+    #[error("the frame cannot be read: {0}")]
+    Unreadable(String),
+    #[error("the frame is {0}x{1}: past the {MAX_PIXELS}-pixel bound for previews")]
+    TooLarge(u32, u32),
+}
+
+/// The preview of a PNG or OpenEXR frame's bytes (8-bit RGBA PNG).
+pub fn make(frame: &[u8]) -> Result<Vec<u8>, PreviewError> {
+    let (w, h, rgba) = if crate::exr::is_exr(frame) {
+        exr_rgba8(frame)?
+    } else {
+        png_rgba8(frame)?
+    };
+    let (pw, ph, small) = shrink(w, h, &rgba);
+    let mut out = Vec::new();
+    {
+        let mut encoder = png::Encoder::new(&mut out, pw, ph);
+        encoder.set_color(png::ColorType::Rgba);
+        encoder.set_depth(png::BitDepth::Eight);
+        let unreadable = |e: png::EncodingError| PreviewError::Unreadable(e.to_string());
+        let mut writer = encoder.write_header().map_err(unreadable)?;
+        writer.write_image_data(&small).map_err(unreadable)?;
+    }
+    Ok(out)
+}
+
+fn check_size(w: u32, h: u32) -> Result<(), PreviewError> {
+    if w == 0 || h == 0 || u64::from(w) * u64::from(h) > MAX_PIXELS {
+        return Err(PreviewError::TooLarge(w, h));
+    }
+    Ok(())
+}
+
+/// A PNG's pixels as 8-bit RGBA.
+fn png_rgba8(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), PreviewError> {
+    let bad = |e: png::DecodingError| PreviewError::Unreadable(e.to_string());
+    let mut decoder = png::Decoder::new_with_limits(
+        std::io::Cursor::new(bytes),
+        png::Limits { bytes: MAX_DECODED },
+    );
+    decoder.set_transformations(png::Transformations::EXPAND | png::Transformations::STRIP_16);
+    let mut reader = decoder.read_info().map_err(bad)?;
+    let (w, h) = (reader.info().width, reader.info().height);
+    check_size(w, h)?;
+    let mut data = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut data).map_err(bad)?;
+    let samples = info.color_type.samples();
+    let rgba: Vec<u8> = (data[..info.buffer_size()].chunks_exact(samples))
+        .flat_map(|p| match p {
+            [g] => [*g, *g, *g, 255],
+            [g, a] => [*g, *g, *g, *a],
+            [r, g, b] => [*r, *g, *b, 255],
+            [r, g, b, a] => [*r, *g, *b, *a],
+            _ => [0, 0, 0, 0],
+        })
+        .collect();
+    Ok((w, h, rgba))
+}
+
+/// An OpenEXR frame's combined RGBA (the first layer; in a multilayer file
+/// the `Combined` pass) as 8-bit sRGB.
+fn exr_rgba8(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), PreviewError> {
+    use exr::prelude::*;
+    let image = read()
+        .no_deep_data()
+        .largest_resolution_level()
+        .all_channels()
+        .first_valid_layer()
+        .all_attributes()
+        .from_buffered(std::io::Cursor::new(bytes))
+        .map_err(|e| PreviewError::Unreadable(e.to_string()))?;
+    let layer = image.layer_data;
+    let (w, h) = (layer.size.width() as u32, layer.size.height() as u32);
+    check_size(w, h)?;
+    let channels = &layer.channel_data.list;
+    let find = |c: &str| {
+        let named = |suffix: &str| {
+            (channels.iter()).position(|ch| {
+                let name = ch.name.to_string();
+                name == c || name.ends_with(suffix)
+            })
+        };
+        named(&format!("Combined.{c}")).or_else(|| named(&format!(".{c}")))
+    };
+    let [r, g, b, a] = ["R", "G", "B", "A"].map(find);
+    let r = r.ok_or_else(|| PreviewError::Unreadable("no R channel".into()))?;
+    let (g, b) = (g.unwrap_or(r), b.unwrap_or(r));
+    let value = |c: usize, i: usize| channels[c].sample_data.value_by_flat_index(i).to_f32();
+    let srgb = |v: f32| {
+        let v = if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) };
+        let v = if v <= 0.003_130_8 {
+            v * 12.92
+        } else {
+            1.055 * v.powf(1.0 / 2.4) - 0.055
+        };
+        (v * 255.0 + 0.5) as u8
+    };
+    let n = w as usize * h as usize;
+    let mut rgba = Vec::with_capacity(n * 4);
+    for i in 0..n {
+        rgba.extend_from_slice(&[
+            srgb(value(r, i)),
+            srgb(value(g, i)),
+            srgb(value(b, i)),
+            a.map_or(255, |a| (value(a, i).clamp(0.0, 1.0) * 255.0 + 0.5) as u8),
+        ]);
+    }
+    Ok((w, h, rgba))
+}
+
+/// `rgba` (w × h, 8-bit) averaged down by a whole factor until its longer
+/// side is at most [`EDGE`].
+fn shrink(w: u32, h: u32, rgba: &[u8]) -> (u32, u32, Vec<u8>) {
+    let k = w.max(h).div_ceil(EDGE).max(1);
+    if k == 1 {
+        return (w, h, rgba.to_vec());
+    }
+    let (pw, ph) = (w.div_ceil(k), h.div_ceil(k));
+    let mut out = Vec::with_capacity(pw as usize * ph as usize * 4);
+    for py in 0..ph {
+        for px in 0..pw {
+            let mut sum = [0u32; 4];
+            let mut n = 0;
+            for y in py * k..((py + 1) * k).min(h) {
+                for x in px * k..((px + 1) * k).min(w) {
+                    let at = (y as usize * w as usize + x as usize) * 4;
+                    for c in 0..4 {
+                        sum[c] += u32::from(rgba[at + c]);
+                    }
+                    n += 1;
+                }
+            }
+            out.extend(sum.map(|s| ((s + n / 2) / n) as u8));
+        }
+    }
+    (pw, ph, out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn png_of(w: u32, h: u32, color: png::ColorType, data: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        let mut e = png::Encoder::new(&mut out, w, h);
+        e.set_color(color);
+        e.set_depth(png::BitDepth::Eight);
+        e.write_header().unwrap().write_image_data(data).unwrap();
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> (u32, u32, Vec<u8>) {
+        png_rgba8(bytes).unwrap()
+    }
+
+    #[test]
+    fn a_large_frame_is_averaged_down_to_the_edge() {
+        // 640x64 RGB: left half black, right half white.
+        let (w, h) = (640, 64);
+        let data: Vec<u8> = (0..w * h)
+            .flat_map(|i| if i % w < w / 2 { [0; 3] } else { [255; 3] })
+            .collect();
+        let preview = make(&png_of(w, h, png::ColorType::Rgb, &data)).unwrap();
+        let (pw, ph, px) = decode(&preview);
+        assert_eq!((pw, ph), (320, 32));
+        assert_eq!(&px[..4], &[0, 0, 0, 255]);
+        assert_eq!(&px[px.len() - 4..], &[255, 255, 255, 255]);
+    }
+
+    #[test]
+    fn a_small_gray_frame_keeps_its_size_as_rgba() {
+        let preview = make(&png_of(2, 1, png::ColorType::Grayscale, &[10, 200])).unwrap();
+        assert_eq!(
+            decode(&preview),
+            (2, 1, vec![10, 10, 10, 255, 200, 200, 200, 255])
+        );
+    }
+
+    #[test]
+    fn an_exr_frame_is_shown_in_srgb() {
+        // Linear 0.0, 0.2140 (sRGB 0.5) and 4.0 (clamped to white).
+        let rgba = [
+            0.0, 0.0, 0.0, 1.0, 0.214, 0.214, 0.214, 1.0, 4.0, 4.0, 4.0, 1.0,
+        ];
+        let exr = crate::exr::encode_rgba_f32(3, 1, &rgba);
+        let (w, h, px) = decode(&make(&exr).unwrap());
+        assert_eq!((w, h), (3, 1));
+        assert_eq!(px[0], 0);
+        assert!((i32::from(px[4]) - 128).abs() <= 1, "{}", px[4]);
+        assert_eq!(px[8], 255);
+    }
+
+    #[test]
+    fn garbage_is_refused_and_previews_are_kept_within_their_bound() {
+        assert!(matches!(
+            make(b"not an image"),
+            Err(PreviewError::Unreadable(_))
+        ));
+        let previews = Previews::default();
+        let big = Bytes::from(vec![0u8; KEEP_BYTES / 2 + 1]);
+        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
+        previews.keep(a, big.clone());
+        previews.keep(b, big);
+        assert!(previews.get(&a).is_none(), "the oldest went");
+        assert!(previews.get(&b).is_some());
+    }
+}

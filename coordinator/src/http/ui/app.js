@@ -1,0 +1,486 @@
+// The Tessera dashboard: one module, no build step. Every figure it shows
+// comes from the coordinator's HTTP API (/v1/…), read with the session
+// cookie that signing in gives; every request that changes something
+// carries the session's CSRF token. Pages are hash routes:
+//   #/farm            workers, queue, burn rate
+//   #/jobs?state=&name=&page=   the jobs, filtered and paged
+//   #/jobs/ID         one job: frames filling in, the tile mosaic, actions
+//   #/workers/ID      one worker: its tasks, telemetry, drain
+// Live: the farm's event stream (/v1/events, Server-Sent Events) redraws
+// the page shown; a job or worker page also re-reads every few seconds.
+
+const session = { role: null, csrf: null };
+const PAGE = 50;
+// GPU utilisation readings per worker, for the sparklines (newest last).
+const history = new Map();
+const HISTORY = 60;
+
+// ---- DOM -------------------------------------------------------------
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (v === null || v === undefined || v === false) continue;
+    if (k === 'class') el.className = v;
+    else if (k === 'on') for (const [ev, f] of Object.entries(v)) el.addEventListener(ev, f);
+    else if (k === 'dataset') Object.assign(el.dataset, v);
+    else el.setAttribute(k, v === true ? '' : String(v));
+  }
+  for (const c of children.flat()) {
+    if (c === null || c === undefined || c === false) continue;
+    el.append(c instanceof Node ? c : document.createTextNode(String(c)));
+  }
+  return el;
+}
+const $ = (id) => document.getElementById(id);
+
+function toast(text, bad) {
+  const t = $('toast');
+  t.textContent = text;
+  t.className = bad ? 'toast bad' : 'toast';
+  t.hidden = false;
+  clearTimeout(toast.timer);
+  toast.timer = setTimeout(() => { t.hidden = true; }, bad ? 8000 : 3000);
+}
+
+// ---- formatting ------------------------------------------------------
+const usd = (v) => (v === null || v === undefined) ? '—' : '$' + Number(v).toFixed(v < 10 ? 3 : 2);
+function secs(s) {
+  if (s === null || s === undefined) return '—';
+  s = Math.round(s);
+  if (s < 60) return s + ' s';
+  if (s < 3600) return Math.floor(s / 60) + ' min ' + (s % 60) + ' s';
+  return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' min';
+}
+const when = (ms) => ms ? new Date(ms).toLocaleString() : '—';
+const bytes = (b) => {
+  if (!b) return '0 B';
+  const u = ['B', 'KiB', 'MiB', 'GiB', 'TiB'];
+  let i = 0;
+  while (b >= 1024 && i < u.length - 1) { b /= 1024; i++; }
+  return b.toFixed(i ? 1 : 0) + ' ' + u[i];
+};
+function jobState(j) {
+  if (j.paused && (j.state === 'queued' || j.state === 'running')) return 'paused';
+  if (j.waiting_for && j.waiting_for.length && j.state === 'queued') return 'waiting';
+  return j.state;
+}
+const badge = (s) => h('span', { class: 'state ' + s }, s);
+function progress(done, total) {
+  const pct = total ? Math.floor(100 * done / total) : 0;
+  const fill = h('span');
+  fill.style.width = pct + '%';
+  return h('span', {}, h('span', { class: 'bar', title: pct + '%' }, fill), ' ', `${done}/${total}`);
+}
+function spark(values) {
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('class', 'spark');
+  svg.setAttribute('width', '90');
+  svg.setAttribute('height', '20');
+  svg.setAttribute('viewBox', '0 0 90 20');
+  const line = document.createElementNS(ns, 'polyline');
+  const n = Math.max(values.length - 1, 1);
+  line.setAttribute('points', values.map((v, i) => `${(i * 90 / n).toFixed(1)},${(19 - v * 18 / 100).toFixed(1)}`).join(' '));
+  svg.append(line);
+  return svg;
+}
+
+// ---- the API ---------------------------------------------------------
+class Refused extends Error {
+  constructor(status, message) { super(message); this.status = status; }
+}
+async function api(path, method = 'GET', body) {
+  const headers = { Accept: 'application/json' };
+  if (method !== 'GET') headers['X-Tessera-CSRF'] = session.csrf || '';
+  if (body !== undefined) headers['Content-Type'] = 'application/json';
+  const r = await fetch(path, {
+    method, headers, credentials: 'same-origin',
+    body: body === undefined ? undefined : JSON.stringify(body),
+  });
+  const text = await r.text();
+  let value = null;
+  try { value = text ? JSON.parse(text) : null; } catch { value = text; }
+  if (r.status === 401 && !path.startsWith('/ui/')) { signedOut(); }
+  if (!r.ok) throw new Refused(r.status, (value && value.error) || `${r.status} ${r.statusText}`);
+  return value;
+}
+async function act(path, what) {
+  try {
+    await api(path, 'POST');
+    toast(what);
+    refresh();
+  } catch (e) {
+    toast(`${what} refused: ${e.message}`, true);
+  }
+}
+const canAct = () => session.role === 'client';
+
+// ---- sign-in ---------------------------------------------------------
+function signedOut() {
+  session.role = session.csrf = null;
+  stopEvents();
+  $('bar').hidden = true;
+  $('view').replaceChildren();
+  $('signin').hidden = false;
+  $('secret').focus();
+  document.body.dataset.ready = 'signin';
+}
+function signedIn(s) {
+  session.role = s.role;
+  session.csrf = s.csrf;
+  $('signin').hidden = true;
+  $('bar').hidden = false;
+  $('role').textContent = s.role === 'client' ? 'signed in' : 'viewer (read-only)';
+  document.body.dataset.ready = 'app';
+  startEvents();
+  show();
+}
+async function signIn(ev) {
+  ev.preventDefault();
+  $('signin-error').textContent = '';
+  try {
+    signedIn(await api('/ui/signin', 'POST', { secret: $('secret').value }));
+    $('secret').value = '';
+  } catch (e) {
+    $('signin-error').textContent = e.message;
+  }
+}
+async function signOut() {
+  try { await api('/ui/signout', 'POST'); } catch { /* already ended */ }
+  signedOut();
+}
+
+// ---- live updates ----------------------------------------------------
+let events = null;
+let timer = null;
+function startEvents() {
+  stopEvents();
+  events = new EventSource('/v1/events');
+  events.onopen = () => $('live').classList.add('on');
+  events.onerror = () => $('live').classList.remove('on');
+  events.onmessage = (m) => {
+    let e = null;
+    try { e = JSON.parse(m.data); } catch { return; }
+    window.tesseraLastEvent = e;
+    if (current.job !== undefined && e.job !== undefined && e.job !== current.job) return;
+    refresh();
+  };
+}
+function stopEvents() {
+  if (events) events.close();
+  events = null;
+  $('live').classList.remove('on');
+}
+// One redraw at a time, soon after the last reason for one.
+let pending = null;
+let drawing = false;
+function refresh() {
+  clearTimeout(pending);
+  pending = setTimeout(async () => {
+    if (drawing) { refresh(); return; }
+    drawing = true;
+    try { await draw(); } finally { drawing = false; }
+  }, 150);
+}
+
+// ---- routing ---------------------------------------------------------
+let current = {};
+function parseHash() {
+  const [path, query] = (location.hash.slice(1) || '/farm').split('?');
+  const params = new URLSearchParams(query || '');
+  const parts = path.split('/').filter(Boolean);
+  if (parts[0] === 'jobs' && parts[1]) return { page: 'job', job: Number(parts[1]) };
+  if (parts[0] === 'jobs') return { page: 'jobs', params };
+  if (parts[0] === 'workers' && parts[1]) return { page: 'worker', worker: Number(parts[1]) };
+  return { page: 'farm' };
+}
+function show() {
+  current = parseHash();
+  for (const [id, page] of [['nav-farm', 'farm'], ['nav-jobs', 'jobs']]) {
+    $(id).classList.toggle('current', current.page === page || (page === 'jobs' && current.page === 'job'));
+  }
+  clearInterval(timer);
+  if (current.page === 'job' || current.page === 'worker' || current.page === 'farm') {
+    timer = setInterval(refresh, current.page === 'farm' ? 5000 : 2000);
+  }
+  $('view').replaceChildren(h('p', { class: 'dim' }, 'Loading…'));
+  draw();
+}
+async function draw() {
+  if (!session.role) return;
+  const shown = current;
+  let view;
+  try {
+    view = await ({ farm: farmPage, jobs: jobsPage, job: jobPage, worker: workerPage })[shown.page](shown);
+  } catch (e) {
+    if (e instanceof Refused && e.status === 401) return;
+    view = h('p', { class: 'error' }, e.message);
+  }
+  if (shown !== current || !session.role) return;
+  $('view').replaceChildren(view);
+  document.body.dataset.drawn = String(Date.now());
+  if (!window.tesseraFirstPaint) window.tesseraFirstPaint = performance.now();
+}
+
+// ---- the farm --------------------------------------------------------
+function remember(workers) {
+  for (const w of workers) {
+    const gpu = w.telemetry && w.telemetry.gpus && w.telemetry.gpus[0];
+    if (!gpu) continue;
+    const list = history.get(w.id) || [];
+    list.push(gpu.utilization_pct);
+    if (list.length > HISTORY) list.shift();
+    history.set(w.id, list);
+  }
+}
+function gpuCells(w) {
+  const gpu = w.telemetry && w.telemetry.gpus && w.telemetry.gpus[0];
+  if (!gpu) {
+    const note = (w.telemetry && w.telemetry.gpu_note) || 'no GPU telemetry';
+    return [h('td', { class: 'dim', title: note }, w.telemetry ? (w.telemetry.host.cpu_model || 'CPU') : '—'), h('td', { class: 'dim' }, '—'), h('td', { class: 'dim' }, '—')];
+  }
+  return [
+    h('td', {}, gpu.name + (w.telemetry.gpus.length > 1 ? ` ×${w.telemetry.gpus.length}` : '')),
+    h('td', { class: 'num' }, spark(history.get(w.id) || []), ` ${gpu.utilization_pct}%`),
+    h('td', { class: 'num' }, `${bytes(gpu.memory_used_bytes)} / ${bytes(gpu.memory_total_bytes)}`),
+  ];
+}
+function doing(w) {
+  if (!w.tasks || !w.tasks.length) return '—';
+  return w.tasks.map((t) => {
+    const p = t.progress ? ` ${Math.floor(100 * t.progress[0] / Math.max(t.progress[1], 1))}%` : '';
+    return h('a', { href: `#/jobs/${t.job}` }, `job ${t.job} frame ${t.frame}${p}`);
+  }).flatMap((a, i) => i ? [', ', a] : [a]);
+}
+async function farmPage() {
+  const status = await api('/v1/status?state=active');
+  const workers = status.workers;
+  remember(workers);
+  const burn = workers.reduce((s, w) => s + w.price_per_hour, 0);
+  const idle = workers.filter((w) => w.state === 'idle').reduce((s, w) => s + w.price_per_hour, 0);
+  const jobs = status.jobs;
+  const running = jobs.filter((j) => j.state === 'running').length;
+  const card = (value, label, id) => h('div', { class: 'card', id }, h('div', { class: 'value' }, value), h('div', { class: 'label' }, label));
+  const rows = workers.map((w) => h('tr', { dataset: { worker: w.id } },
+    h('td', {}, h('a', { href: `#/workers/${w.id}` }, w.name)),
+    h('td', {}, badge(w.state)),
+    h('td', { class: 'num' }, `${w.running}/${w.slots}`),
+    ...gpuCells(w),
+    h('td', { class: 'num' }, usd(w.price_per_hour) + '/h'),
+    h('td', {}, doing(w))));
+  const queue = jobs.slice(0, 20).map((j) => h('tr', { dataset: { job: j.id } },
+    h('td', {}, h('a', { href: `#/jobs/${j.id}` }, `${j.id} ${j.name}`)),
+    h('td', {}, badge(jobState(j))),
+    h('td', {}, progress(j.frames_done, j.frames_total)),
+    h('td', { class: 'num' }, secs(j.eta_secs))));
+  return h('div', {},
+    h('h1', {}, 'Farm'),
+    h('div', { class: 'cards' },
+      card(String(workers.length), 'workers', 'card-workers'),
+      card(usd(burn) + '/h', 'burn rate', 'card-burn'),
+      card(usd(idle) + '/h', 'idle cost', 'card-idle'),
+      card(`${running} running · ${jobs.length - running} queued`, 'active jobs', 'card-queue')),
+    h('h2', {}, 'Workers'),
+    workers.length ? h('table', { id: 'workers' },
+      h('tr', {}, ...['worker', 'state', 'slots', 'GPU', 'utilisation', 'VRAM', 'price', 'rendering'].map((c) => h('th', {}, c))),
+      ...rows) : h('p', { class: 'dim' }, 'No worker is connected.'),
+    h('h2', {}, 'Queue'),
+    jobs.length ? h('table', { id: 'queue' }, ...queue) : h('p', { class: 'dim' }, 'Nothing to render.'));
+}
+
+// ---- the jobs --------------------------------------------------------
+async function jobsPage(shown) {
+  const p = shown.params;
+  const state = p.get('state') || '';
+  const name = p.get('name') || '';
+  const since = p.get('since') || '';
+  const page = Math.max(1, Number(p.get('page')) || 1);
+  const q = new URLSearchParams();
+  if (state) q.set('state', state);
+  if (name) q.set('name', name);
+  if (since) {
+    const ms = Date.parse(since);
+    if (!Number.isNaN(ms)) q.set('since', String(ms));
+  }
+  const jobs = (await api('/v1/jobs' + (q.toString() ? '?' + q : ''))).sort((a, b) => b.id - a.id);
+  const pages = Math.max(1, Math.ceil(jobs.length / PAGE));
+  const shownJobs = jobs.slice((page - 1) * PAGE, page * PAGE);
+  const go = (changes) => {
+    const next = new URLSearchParams({ state, name, since, page: String(page), ...changes });
+    for (const [k, v] of [...next]) if (!v) next.delete(k);
+    location.hash = '#/jobs?' + next;
+  };
+  const stateSelect = h('select', { id: 'filter-state' },
+    ...['', 'active', 'queued', 'running', 'done', 'failed', 'canceled', 'finished'].map((s) => h('option', { value: s, selected: s === state }, s || 'any state')));
+  const nameInput = h('input', { id: 'filter-name', placeholder: 'name (glob: shot_*)', value: name });
+  const sinceInput = h('input', { id: 'filter-since', type: 'date', value: since });
+  const form = h('form', { class: 'filters', on: { submit: (e) => { e.preventDefault(); go({ state: stateSelect.value, name: nameInput.value, since: sinceInput.value, page: '1' }); } } },
+    stateSelect, nameInput, h('label', { class: 'dim' }, 'since ', sinceInput), h('button', { type: 'submit' }, 'Filter'));
+  const rows = shownJobs.map((j) => h('tr', { dataset: { job: j.id } },
+    h('td', { class: 'num' }, h('a', { href: `#/jobs/${j.id}` }, j.id)),
+    h('td', {}, h('a', { href: `#/jobs/${j.id}` }, j.name)),
+    h('td', { class: 'job-state' }, badge(jobState(j))),
+    h('td', {}, progress(j.frames_done, j.frames_total)),
+    h('td', { class: 'num' }, secs(j.eta_secs)),
+    h('td', { class: 'num' }, usd(j.cost_usd)),
+    h('td', { class: 'num' }, usd(j.cost_to_finish_usd)),
+    h('td', { class: 'num' }, j.budget_usd === null ? '—' : usd(j.budget_usd)),
+    h('td', {}, j.deadline_unix_ms ? when(j.deadline_unix_ms) : '—'),
+    h('td', {}, j.after.length ? j.after.map((a) => h('a', { href: `#/jobs/${a}` }, a)).flatMap((a, i) => i ? [', ', a] : [a]) : '—')));
+  return h('div', {},
+    h('h1', {}, 'Jobs'),
+    form,
+    jobs.length ? h('table', { id: 'jobs' },
+      h('tr', {}, ...['id', 'name', 'state', 'frames', 'ETA', 'cost', 'to finish', 'budget', 'deadline', 'after'].map((c) => h('th', {}, c))),
+      ...rows) : h('p', { class: 'dim' }, 'No job matches.'),
+    h('div', { class: 'pager' },
+      h('button', { id: 'page-prev', disabled: page <= 1, on: { click: () => go({ page: String(page - 1) }) } }, '‹ newer'),
+      h('span', { class: 'dim', id: 'page-of' }, `page ${page} of ${pages} · ${jobs.length} jobs`),
+      h('button', { id: 'page-next', disabled: page >= pages, on: { click: () => go({ page: String(page + 1) }) } }, 'older ›')));
+}
+
+// ---- a job -----------------------------------------------------------
+function mosaic(tiles) {
+  const width = Math.max(...tiles.map((t) => t.tile.x + t.tile.width));
+  const height = Math.max(...tiles.map((t) => t.tile.y + t.tile.height));
+  const box = h('div', { class: 'mosaic', id: 'mosaic' });
+  box.style.aspectRatio = `${width} / ${height}`;
+  for (const t of tiles) {
+    const name = typeof t.state === 'string' ? t.state : Object.keys(t.state)[0];
+    const samples = (typeof t.state === 'object' && t.state.rendering) ? t.state.rendering : null;
+    const cell = h('div', { class: 'tile ' + name, title: name }, samples ? `${Math.floor(100 * samples[0] / Math.max(samples[1], 1))}%` : '');
+    // Blender counts rows from the bottom; the page from the top.
+    cell.style.left = (100 * t.tile.x / width) + '%';
+    cell.style.top = (100 * (height - t.tile.y - t.tile.height) / height) + '%';
+    cell.style.width = (100 * t.tile.width / width) + '%';
+    cell.style.height = (100 * t.tile.height / height) + '%';
+    box.append(cell);
+  }
+  return box;
+}
+function frameList(detail) {
+  const frames = [];
+  for (const run of detail.frames) {
+    for (let f = run.first, n = 0; n < run.count; f++, n++) frames.push({ frame: f, state: run.state });
+  }
+  return frames;
+}
+async function jobPage(shown) {
+  const id = shown.job;
+  const [detail, outputs] = await Promise.all([api(`/v1/jobs/${id}/detail`), api(`/v1/jobs/${id}/frames`)]);
+  const j = detail.status;
+  const stitched = new Map(outputs.map((o) => [o.frame, o]));
+  const frames = frameList(detail);
+  const rendering = frames.find((f) => f.state === 'rendering') || frames.find((f) => f.state === 'waiting');
+  let tiles = null;
+  if (rendering && !['done', 'failed', 'canceled'].includes(j.state)) {
+    try { tiles = await api(`/v1/jobs/${id}/frames/${rendering.frame}/tiles`); } catch { tiles = null; }
+  }
+  const state = jobState(j);
+  const button = (label, path, what, cls, enabled) => h('button', {
+    id: 'act-' + label.toLowerCase(), class: cls, disabled: !canAct() || !enabled,
+    title: canAct() ? null : 'the viewer ticket cannot act',
+    on: { click: () => act(`/v1/jobs/${id}/${path}`, what) },
+  }, label);
+  const active = j.state === 'queued' || j.state === 'running';
+  const actions = h('div', { class: 'actions' },
+    button('Pause', 'pause', `job ${id} paused`, '', active && !j.paused),
+    button('Resume', 'resume', `job ${id} resumed`, '', active && j.paused),
+    button('Cancel', 'cancel', `job ${id} canceled`, 'danger', active),
+    button('Retry', 'retry', `job ${id} retried`, '', j.state === 'failed'),
+    h('a', { href: '#/jobs', class: 'dim' }, '← all jobs'));
+  const cards = frames.slice(0, 500).map((f) => {
+    const out = stitched.get(f.frame);
+    const picture = out
+      ? h('img', { class: 'thumb', alt: `frame ${f.frame}`, loading: 'lazy', src: out.format === 'image' ? `/v1/jobs/${id}/frames/${f.frame}` : `/v1/jobs/${id}/frames/${f.frame}/preview` })
+      : h('div', { class: 'thumb empty' }, f.state);
+    return h('div', { class: 'frame', dataset: { frame: f.frame, state: out ? 'done' : f.state } },
+      picture,
+      h('div', { class: 'meta' }, h('span', {}, `frame ${f.frame}`),
+        out ? h('a', { class: 'download', href: `/v1/jobs/${id}/frames/${f.frame}`, download: out.name || `frame_${String(f.frame).padStart(4, '0')}.${out.format === 'exr' ? 'exr' : 'png'}`, dataset: { frame: f.frame } }, '⤓ ' + bytes(out.size)) : badge(f.state)));
+  });
+  const attempts = detail.attempts.slice().reverse().map((a) => {
+    const log = h('pre', { class: 'log', hidden: true });
+    const show = h('button', { on: { click: async () => {
+      try {
+        const logs = await api(`/v1/jobs/${id}/logs?task=${a.task}`);
+        const mine = logs.filter((l) => l.unix_ms === a.unix_ms);
+        log.textContent = (mine.length ? mine : logs).map((l) => `${when(l.unix_ms)} worker ${l.worker}: ${l.error}\n${l.log}`).join('\n\n') || 'no log';
+      } catch (e) { log.textContent = e.message; }
+      log.hidden = !log.hidden;
+    } } }, 'log');
+    return h('tr', {}, h('td', {}, when(a.unix_ms)), h('td', { class: 'num' }, a.task), h('td', { class: 'num' }, a.frame ?? '—'),
+      h('td', {}, a.worker_name || `worker ${a.worker}`), h('td', {}, a.error), h('td', {}, show, log));
+  });
+  const v = j.verification;
+  const facts = [
+    ['state', h('span', { id: 'job-state' }, badge(state))],
+    ['frames', progress(j.frames_done, j.frames_total)],
+    ['tasks', `${j.tasks_done}/${j.tasks_total} done, ${j.tasks_running} running`],
+    ['ETA', secs(j.eta_secs)],
+    ['cost', `${usd(j.cost_usd)} so far, ${usd(j.cost_to_finish_usd)} to finish`],
+    ['budget', j.budget_usd === null ? 'none' : usd(j.budget_usd)],
+    ['deadline', j.deadline_unix_ms ? when(j.deadline_unix_ms) : 'none'],
+    ['after', j.after.length ? `${j.after.join(', ')}${j.waiting_for.length ? ` (waiting for ${j.waiting_for.join(', ')})` : ''}` : 'nothing'],
+    ['submitted', when(j.submitted_unix_ms)],
+    ['uploaded', `${bytes(j.bytes_uploaded)} (${bytes(j.bytes_deduplicated)} already stored)`],
+  ];
+  if (v) facts.push(['verification', `${v.percent}%: ${v.agreed} agreed, ${v.mismatched} differed, ${v.pending} pending`]);
+  if (j.blocked) facts.push(['blocked', h('span', { class: 'error' }, j.blocked)]);
+  if (j.error) facts.push(['error', h('span', { class: 'error' }, j.error)]);
+  return h('div', {},
+    h('h1', {}, `Job ${id}: ${j.name}`),
+    actions,
+    h('dl', { class: 'kv' }, ...facts.flatMap(([k, val]) => [h('dt', {}, k), h('dd', {}, val)])),
+    tiles && tiles.length > 1 ? [h('h2', {}, `Frame ${rendering.frame}, tile by tile`), mosaic(tiles)] : null,
+    h('h2', {}, `Frames (${stitched.size} of ${frames.length} stitched${frames.length > 500 ? '; the first 500 shown' : ''})`),
+    h('div', { class: 'frames', id: 'frames' }, ...cards),
+    detail.workers.length ? [h('h2', {}, 'Workers'), h('table', {},
+      h('tr', {}, ...['worker', 'tasks done', 'render time', 'running'].map((c) => h('th', {}, c))),
+      ...detail.workers.map((w) => h('tr', {}, h('td', {}, w.name), h('td', { class: 'num' }, w.tasks_done), h('td', { class: 'num' }, secs(w.render_ms / 1000)), h('td', { class: 'num' }, w.running))))] : null,
+    attempts.length ? [h('h2', {}, `Failed attempts (${detail.attempts_total})`), h('table', { id: 'attempts' },
+      h('tr', {}, ...['when', 'task', 'frame', 'worker', 'error', ''].map((c) => h('th', {}, c))), ...attempts)] : null);
+}
+
+// ---- a worker --------------------------------------------------------
+async function workerPage(shown) {
+  const workers = await api('/v1/workers');
+  remember(workers);
+  const w = workers.find((x) => x.id === shown.worker);
+  if (!w) return h('p', {}, `Worker ${shown.worker} is not connected. `, h('a', { href: '#/farm' }, '← farm'));
+  const t = w.telemetry;
+  const gpus = (t && t.gpus) || [];
+  const drain = h('button', {
+    id: 'act-drain', class: 'danger', disabled: !canAct() || w.state === 'draining',
+    on: { click: () => act(`/v1/workers/${w.id}/drain`, `${w.name} drains: it finishes its tasks and leaves`) },
+  }, 'Drain');
+  return h('div', {},
+    h('h1', {}, `Worker ${w.name}`),
+    h('div', { class: 'actions' }, drain, h('a', { href: '#/farm', class: 'dim' }, '← farm')),
+    h('dl', { class: 'kv' },
+      h('dt', {}, 'state'), h('dd', { id: 'worker-state' }, badge(w.state)),
+      h('dt', {}, 'host'), h('dd', {}, w.hostname),
+      h('dt', {}, 'slots'), h('dd', {}, `${w.running} of ${w.slots} busy`),
+      h('dt', {}, 'engines'), h('dd', {}, w.engines.map((e) => typeof e === 'string' ? e : JSON.stringify(e)).join(', ')),
+      h('dt', {}, 'Blender'), h('dd', {}, (w.blenders || []).map((b) => `${b.name} (${b.render_device}${b.oidn ? ', OIDN' : ''})`).join(', ') || '—'),
+      h('dt', {}, 'price'), h('dd', {}, usd(w.price_per_hour) + '/h' + (w.interruptible ? ' (interruptible)' : '')),
+      h('dt', {}, 'tasks done'), h('dd', {}, w.tasks_done),
+      h('dt', {}, 'connected'), h('dd', {}, secs(w.connected_secs)),
+      h('dt', {}, 'host load'), h('dd', {}, t ? `${t.host.load_1m.toFixed(2)} on ${t.host.cores} cores, memory ${bytes(t.host.memory_used_bytes)} / ${bytes(t.host.memory_total_bytes)}` : '—'),
+      h('dt', {}, 'GPU'), h('dd', {}, gpus.length ? '' : ((t && t.gpu_note) || 'no GPU telemetry'))),
+    gpus.length ? h('table', {}, h('tr', {}, ...['GPU', 'utilisation', 'VRAM', 'temperature', 'power'].map((c) => h('th', {}, c))),
+      ...gpus.map((g) => h('tr', {}, h('td', {}, g.name), h('td', { class: 'num' }, spark(g.index === 0 ? (history.get(w.id) || []) : []), ` ${g.utilization_pct}%`),
+        h('td', { class: 'num' }, `${bytes(g.memory_used_bytes)} / ${bytes(g.memory_total_bytes)}`), h('td', { class: 'num' }, `${g.temperature_c} °C`),
+        h('td', { class: 'num' }, `${g.power_draw_w.toFixed(0)} / ${g.power_limit_w.toFixed(0)} W`)))) : null,
+    h('h2', {}, 'Tasks'),
+    w.tasks.length ? h('table', { id: 'worker-tasks' }, h('tr', {}, ...['job', 'task', 'frame', 'tile', 'progress', 'stage'].map((c) => h('th', {}, c))),
+      ...w.tasks.map((k) => h('tr', {}, h('td', {}, h('a', { href: `#/jobs/${k.job}` }, k.job)), h('td', { class: 'num' }, k.index), h('td', { class: 'num' }, k.frame),
+        h('td', {}, `${k.tile.width}×${k.tile.height} at ${k.tile.x},${k.tile.y}`),
+        h('td', {}, k.progress ? progress(k.progress[0], k.progress[1]) : '—'), h('td', {}, k.stage || '—')))) : h('p', { class: 'dim' }, 'Idle.'));
+}
+
+// ---- start -----------------------------------------------------------
+$('signin-form').addEventListener('submit', signIn);
+$('signout').addEventListener('click', signOut);
+window.addEventListener('hashchange', () => { if (session.role) show(); });
+api('/ui/session').then(signedIn, signedOut);
