@@ -8,11 +8,11 @@
 use std::collections::HashSet;
 
 use tessera_protocol::messages::{
-    take_page, Attempt, FrameRun, FrameState, JobDetail, JobFilter, JobStatus, JobWorker,
+    take_page, Attempt, FrameRun, FrameState, JobDetail, JobFilter, JobState, JobStatus, JobWorker,
     MAX_DETAIL_ATTEMPTS, MAX_DETAIL_RUNS, PAGE_ITEMS,
 };
 
-use crate::db::JobRows;
+use crate::db::{JobRows, StoredJob};
 use crate::server::Shared;
 
 /// The most rows one call reads from the database before it answers with
@@ -45,16 +45,7 @@ pub fn jobs_page(
         };
         cursor = last.id;
         for stored in batch {
-            let status = match shared.read(|core, now| core.job_status(stored.id, now)) {
-                Some(live) => live,
-                None => {
-                    let mut status = stored.status();
-                    if stored.spec.verify_percent > 0 {
-                        status.verification = shared.db().verification(stored.id)?;
-                    }
-                    status
-                }
-            };
+            let status = live_or_stored(shared, &stored)?;
             if filter.matches(
                 status.id,
                 status.state,
@@ -77,6 +68,74 @@ pub fn jobs_page(
         Some(cursor)
     };
     Ok((page, next))
+}
+
+/// One page of the jobs matching `filter`, newest first: the first
+/// `offset` of them skipped, at most `limit`; and how many match in all.
+/// The page is read from the newest row down and stops once it is full.
+/// The count is the database's alone when the rows it selects are exactly
+/// the matching jobs (no name, and every state, the active ones or the
+/// finished ones); otherwise every row is read and matched.
+pub fn jobs_window(
+    shared: &Shared,
+    filter: &JobFilter,
+    offset: usize,
+    limit: usize,
+) -> anyhow::Result<(Vec<JobStatus>, u64)> {
+    filter.check().map_err(anyhow::Error::msg)?;
+    let rows = JobRows::for_filter(filter);
+    let counted = shared.db().count_where(&rows)?;
+    let only = |set: &[JobState]| {
+        filter.states.iter().all(|s| set.contains(s))
+            && set.iter().all(|s| filter.states.contains(s))
+    };
+    use JobState::{Canceled, Done, Failed, Queued, Running};
+    let exact = filter.name.is_none()
+        && (filter.states.is_empty()
+            || only(&[Queued, Running])
+            || only(&[Done, Failed, Canceled]));
+    let (mut page, mut matched) = (Vec::new(), 0u64);
+    let mut before = u64::MAX;
+    loop {
+        let batch = shared
+            .db()
+            .jobs_where_before(&rows, before, PAGE_ITEMS as u32)?;
+        let Some(last) = batch.last() else {
+            break;
+        };
+        before = last.id;
+        for stored in &batch {
+            let status = live_or_stored(shared, stored)?;
+            if filter.matches(
+                status.id,
+                status.state,
+                &status.name,
+                status.submitted_unix_ms,
+            ) {
+                if matched as usize >= offset && page.len() < limit {
+                    page.push(status);
+                }
+                matched += 1;
+            }
+        }
+        if (exact && page.len() == limit) || batch.len() < PAGE_ITEMS {
+            break;
+        }
+    }
+    let total = if exact { counted } else { matched };
+    Ok((page, total))
+}
+
+/// A job's status: the core's while it is active, else its stored row's.
+fn live_or_stored(shared: &Shared, stored: &StoredJob) -> anyhow::Result<JobStatus> {
+    if let Some(live) = shared.read(|core, now| core.job_status(stored.id, now)) {
+        return Ok(live);
+    }
+    let mut status = stored.status();
+    if stored.spec.verify_percent > 0 {
+        status.verification = shared.db().verification(stored.id)?;
+    }
+    Ok(status)
 }
 
 /// Every job matching `filter`, page by page (for callers that want the

@@ -135,6 +135,18 @@ pub(crate) fn jobs_page(
     crate::query::jobs_page(shared, filter, after).map_err(internal)
 }
 
+/// One page of the jobs `filter` keeps, newest first, and how many it
+/// keeps in all (`GET /v1/jobs?limit=…&offset=…`).
+pub(crate) fn jobs_window(
+    shared: &Shared,
+    filter: &JobFilter,
+    offset: usize,
+    limit: usize,
+) -> Answer<(Vec<JobStatus>, u64)> {
+    filter.check().map_err(ClientError::invalid)?;
+    crate::query::jobs_window(shared, filter, offset, limit).map_err(internal)
+}
+
 /// `status JOB`'s detail.
 pub(crate) fn detail(shared: &Shared, id: u64) -> Answer<JobDetail> {
     panic_if_asked(shared, id);
@@ -506,6 +518,64 @@ mod tests {
     /// The kind of a refusal (a value where a refusal was expected fails).
     fn kind<T: std::fmt::Debug>(answer: Answer<T>) -> ErrorKind {
         answer.expect_err("a refusal").kind
+    }
+
+    #[tokio::test]
+    async fn a_window_of_jobs_is_the_newest_first_with_the_count_of_all_that_match() {
+        let f = farm("window");
+        let s = &f.shared;
+        upload(s, b"scene");
+        let mut ids = Vec::new();
+        // More than one database batch of jobs.
+        for i in 0..(PAGE_ITEMS as u64 + 30) {
+            let name = if i % 2 == 0 {
+                format!("even_{i}")
+            } else {
+                format!("odd_{i}")
+            };
+            ids.push(submit(s, spec(&name, b"scene"), 0).await.unwrap().id);
+        }
+        cancel(s, ids[3]).unwrap();
+        let window = |filter: JobFilter, offset, limit| {
+            let (page, total) = jobs_window(s, &filter, offset, limit).unwrap();
+            (page.iter().map(|j| j.id).collect::<Vec<_>>(), total)
+        };
+        let newest: Vec<u64> = ids.iter().rev().copied().collect();
+        let n = ids.len() as u64;
+        assert_eq!(
+            window(JobFilter::default(), 0, 3),
+            (newest[..3].to_vec(), n)
+        );
+        assert_eq!(
+            window(JobFilter::default(), 2, 3),
+            (newest[2..5].to_vec(), n)
+        );
+        assert_eq!(window(JobFilter::default(), n as usize, 3), (vec![], n));
+        // A name glob, and states the database alone cannot tell apart,
+        // are matched and counted job by job.
+        let odd = JobFilter {
+            name: Some("odd_*".into()),
+            ..JobFilter::default()
+        };
+        let odd_ids: Vec<u64> = newest
+            .iter()
+            .copied()
+            .filter(|i| (i - ids[0]) % 2 == 1)
+            .collect();
+        assert_eq!(
+            window(odd, 1, 2),
+            (odd_ids[1..3].to_vec(), odd_ids.len() as u64)
+        );
+        let canceled = JobFilter {
+            states: vec![JobState::Canceled],
+            ..JobFilter::default()
+        };
+        assert_eq!(window(canceled, 0, 10), (vec![ids[3]], 1));
+        let active = JobFilter {
+            states: vec![JobState::Queued, JobState::Running],
+            ..JobFilter::default()
+        };
+        assert_eq!(window(active, 0, 1), (vec![newest[0]], n - 1));
     }
 
     #[tokio::test]

@@ -364,9 +364,14 @@ class Client:
         return self._json("GET", "/v1/status", query=self._filters(state, name, since, ids))
 
     def jobs(self, state: Union[None, str, List[str]] = None, name: Optional[str] = None,
-             since: Optional[float] = None, ids: Union[None, str, List[int]] = None) -> Any:
-        """The jobs alone, filtered as in :meth:`status`."""
-        return self._json("GET", "/v1/jobs", query=self._filters(state, name, since, ids))
+             since: Optional[float] = None, ids: Union[None, str, List[int]] = None,
+             limit: Optional[int] = None, offset: Optional[int] = None) -> Any:
+        """The jobs alone, filtered as in :meth:`status`, oldest first; with
+        ``limit`` (1 to 1000), one page of them newest first, ``offset``
+        newest skipped."""
+        query = self._filters(state, name, since, ids)
+        query.update({"limit": limit, "offset": offset})
+        return self._json("GET", "/v1/jobs", query=query)
 
     def job(self, job: int) -> Status:
         return self._json("GET", "/v1/jobs/%d" % job)

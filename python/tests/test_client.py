@@ -205,6 +205,14 @@ class Jobs(FarmTest):
         self.assertEqual(first["id"], again["id"])
         self.farm.wait(first["id"], timeout=WAIT, check=True)
 
+    def test_a_page_of_jobs_is_the_newest_first(self):
+        ids = [j["id"] for j in self.farm.jobs()]
+        self.assertEqual(ids, sorted(ids))
+        self.assertEqual([j["id"] for j in self.farm.jobs(limit=2)], ids[::-1][:2])
+        self.assertEqual([j["id"] for j in self.farm.jobs(limit=2, offset=1)], ids[::-1][1:3])
+        with self.assertRaises(tessera_client.Invalid):
+            self.farm.jobs(limit=0)
+
     def test_a_refused_submit_says_why(self):
         spec = self.farm.upload(SCENE, frames="1", samples=4)
         spec["manifest"][0]["digest"] = "ab" * 32

@@ -54,8 +54,9 @@ pub(crate) struct Args {
     /// with that reason and is retried like any failure.
     #[arg(long, value_parser = parse_duration)]
     pub task_timeout: Option<std::time::Duration>,
-    /// Serve the HTTP/JSON API and /metrics over TLS (the coordinator's
-    /// certificate; the client ticket's secret as bearer). Alone: on
+    /// Serve the HTTP/JSON API, /metrics and the web dashboard (at /) over
+    /// TLS (the coordinator's certificate; the client ticket's secret as
+    /// bearer, the viewer ticket's to look only). Alone: on
     /// TCP at the --listen port, so the client ticket names it; or at
     /// HOST:PORT. The URL is written to DATA_DIR/http.url.
     #[arg(long, num_args = 0..=1, default_missing_value = "ticket", value_name = "HOST:PORT")]
@@ -190,7 +191,12 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     );
     if coordinator.http_addr.is_some() {
         let url = std::fs::read_to_string(data_dir.join("http.url")).unwrap_or_default();
-        banner += &format!("http api: {}\n", url.trim());
+        banner += &format!(
+            "http api: {}\ndashboard: {}/ (sign in with the client ticket, or {} to look only)\n",
+            url.trim(),
+            url.trim().trim_end_matches('/'),
+            data_dir.join("viewer.ticket").display()
+        );
     }
     let mut stdout = std::io::stdout();
     let _ = stdout

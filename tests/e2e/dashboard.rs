@@ -83,6 +83,39 @@ fn request(
     }
 }
 
+/// Opens `GET /v1/events` as Server-Sent Events with `cookie`, reads its
+/// first bytes, and returns a thread that reads it to its end: `Ok` when
+/// the coordinator ended it, an error when it was still open 60 s later.
+fn open_stream(
+    ticket: &Ticket,
+    addr: SocketAddr,
+    cookie: &str,
+) -> std::thread::JoinHandle<std::io::Result<usize>> {
+    let mut tls = tessera_transport::client_tls(&ticket.fingerprint).unwrap();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    let head = format!(
+        "GET /v1/events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut first = [0u8; 12];
+    stream.read_exact(&mut first).unwrap();
+    assert_eq!(&first, b"HTTP/1.1 200", "the stream opens");
+    std::thread::spawn(move || {
+        let mut rest = Vec::new();
+        match stream.read_to_end(&mut rest) {
+            Ok(n) => Ok(n),
+            // An end without close_notify is an end.
+            Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(rest.len()),
+            Err(e) => Err(e),
+        }
+    })
+}
+
 /// Signs in with `secret`: the cookie to send back and the CSRF token.
 fn sign_in(t: &Ticket, addr: SocketAddr, secret: &str) -> (String, String, String) {
     let body = serde_json::json!({ "secret": secret }).to_string();
@@ -247,9 +280,21 @@ fn the_dashboard_needs_a_session_checks_csrf_lets_a_viewer_only_look_and_rotatio
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // Signing out ends that session alone.
+    // Signing out ends that session alone, and its open event stream with
+    // the next event.
+    let stream = open_stream(&client, addr, &cookie);
     let out = call("POST", "/ui/signout", &with(&[("X-Tessera-CSRF", &csrf)]));
     assert_eq!(out.status, 200);
+    let bearer_c = format!("Bearer {}", client.secret);
+    let as_client = [("Authorization", bearer_c.as_str())];
+    for action in [&resume, &pause] {
+        assert_eq!(
+            request(&client, addr, "POST", action, &as_client, "").status,
+            200
+        );
+    }
+    let ended = stream.join().unwrap();
+    assert!(ended.is_ok(), "the stream did not end: {ended:?}");
     assert_eq!(call("GET", jobs, &with(&[])).status, 401);
     assert_eq!(as_viewer("GET", jobs, None).status, 200);
 
@@ -305,6 +350,31 @@ fn job_state_is(state: &str) -> String {
     format!("const s = document.querySelector('#job-state'); return s !== null && s.textContent === '{state}'")
 }
 
+/// Clicks `css`, which asks to be clicked again (its text becomes
+/// `confirm`) and does nothing yet, then clicks it again until `done`
+/// (a second click that came after the confirmation's 15 s, on a loaded
+/// machine, asks again).
+fn confirmed_click(browser: &Browser, css: &str, confirm: &str, done: impl Fn() -> bool) {
+    let long = Duration::from_secs(120);
+    let shows_confirm =
+        format!("return document.querySelector('{css}').textContent === '{confirm}'");
+    browser.click_css(css, long);
+    browser.wait_until("the confirmation", &shows_confirm, long);
+    assert!(!done(), "one click did it: {css}");
+    for _ in 0..5 {
+        browser.click_css(css, long);
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(10) {
+            if done() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        browser.wait_until("the confirmation again", &shows_confirm, long);
+    }
+    panic!("{css}: the confirmed click did nothing");
+}
+
 /// Waits until the CLI's status of `job` satisfies `pred`.
 fn cli_agrees(farm: &Farm, job: u64, what: &str, pred: impl Fn(&Value) -> bool) {
     farm.wait_for(job, what, pred);
@@ -341,7 +411,7 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
     browser.screenshot(&shots.join("farm.png"));
 
     // A tiled Blender job, submitted held: its page shows the mosaic of
-    // frame 1 with every tile queued. 4000 samples make each tile take a
+    // frame 1 with every tile queued. 1500 samples make each tile take a
     // while (under a second unloaded), so that the pause below lands
     // while frame 1 is part done.
     let blend = project.blend("shot.blend");
@@ -353,7 +423,7 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
         "--tiles",
         "3x3",
         "--samples",
-        "4000",
+        "1500",
         "--paused",
         "--json",
     ]);
@@ -449,9 +519,9 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
     browser.screenshot(&shots.join("jobs.png"));
     browser.goto(&format!("{base}/#/jobs/{held}"));
     browser.wait_until("the held job's page", &job_state_is("paused"), long);
-    browser.click_css("#act-cancel", long);
-    cli_agrees(&farm, held, "canceled from the page", |s| {
-        s["state"] == "canceled"
+    // Cancel asks for a second click.
+    confirmed_click(&browser, "#act-cancel", "Confirm cancel?", || {
+        farm.status(held)["state"] == "canceled"
     });
     browser.wait_until("the canceled badge", &job_state_is("canceled"), long);
 
@@ -462,7 +532,11 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
     browser.goto(&format!("{base}/#/workers/{worker}"));
     browser.wait_find("#worker-state", long);
     browser.screenshot(&shots.join("worker.png"));
-    browser.click_css("#act-drain", long);
+    confirmed_click(&browser, "#act-drain", "Confirm drain?", || {
+        farm.json(&["status", "--json"])["workers"]
+            .as_array()
+            .is_some_and(|w| w.iter().all(|w| w["state"] == "draining"))
+    });
     let status = farm.wait_worker_exit(0, long);
     assert!(status.success(), "the drained worker left: {status:?}");
 

@@ -93,24 +93,39 @@ impl Db {
         after: u64,
         limit: u32,
     ) -> Result<Vec<StoredJob>, DbError> {
-        let mut sql = format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id > ?1");
-        if let Some(ids) = &rows.ids {
-            let list: Vec<String> = ids.iter().map(|i| (*i as i64).to_string()).collect();
-            sql += &format!(" AND id IN ({})", list.join(","));
-        }
-        if let Some(since) = rows.since_unix_ms {
-            sql += &format!(" AND submitted_ms >= {}", since.min(i64::MAX as u64));
-        }
-        match rows.finished {
-            Some(true) => sql += " AND state IN ('done', 'failed', 'canceled')",
-            Some(false) => sql += " AND state NOT IN ('done', 'failed', 'canceled')",
-            None => {}
-        }
-        sql += " ORDER BY id LIMIT ?2";
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE id > ?1{} ORDER BY id LIMIT ?2",
+            where_rows(rows)
+        );
         let mut stmt = self.conn.prepare(&sql)?;
         let after = after.min(i64::MAX as u64) as i64;
         let rows = stmt.query_map(params![after, limit], job_row)?;
         rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// As [`Db::jobs_where`], newest first: at most `limit` rows with ids
+    /// below `before`.
+    pub fn jobs_where_before(
+        &self,
+        rows: &JobRows,
+        before: u64,
+        limit: u32,
+    ) -> Result<Vec<StoredJob>, DbError> {
+        let sql = format!(
+            "SELECT {JOB_COLUMNS} FROM jobs WHERE id < ?1{} ORDER BY id DESC LIMIT ?2",
+            where_rows(rows)
+        );
+        let mut stmt = self.conn.prepare(&sql)?;
+        let before = before.min(i64::MAX as u64) as i64;
+        let rows = stmt.query_map(params![before, limit], job_row)?;
+        rows.map(|row| stored_job(row?)).collect()
+    }
+
+    /// How many rows `rows` selects.
+    pub fn count_where(&self, rows: &JobRows) -> Result<u64, DbError> {
+        let sql = format!("SELECT COUNT(*) FROM jobs WHERE 1{}", where_rows(rows));
+        let n: i64 = self.conn.query_row(&sql, [], |r| r.get(0))?;
+        Ok(n as u64)
     }
 
     /// Every task output and frame of the jobs that are not finished, or
@@ -293,4 +308,22 @@ impl Db {
             .execute("DELETE FROM leases WHERE job = ?1", [job as i64])?;
         Ok(())
     }
+}
+
+/// The SQL conditions (each after ` AND `) that select `rows`.
+fn where_rows(rows: &JobRows) -> String {
+    let mut sql = String::new();
+    if let Some(ids) = &rows.ids {
+        let list: Vec<String> = ids.iter().map(|i| (*i as i64).to_string()).collect();
+        sql += &format!(" AND id IN ({})", list.join(","));
+    }
+    if let Some(since) = rows.since_unix_ms {
+        sql += &format!(" AND submitted_ms >= {}", since.min(i64::MAX as u64));
+    }
+    match rows.finished {
+        Some(true) => sql += " AND state IN ('done', 'failed', 'canceled')",
+        Some(false) => sql += " AND state NOT IN ('done', 'failed', 'canceled')",
+        None => {}
+    }
+    sql
 }

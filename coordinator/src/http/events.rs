@@ -41,12 +41,14 @@ impl hyper::body::Body for ChannelBody {
 /// gets `{"type":"lagged","missed":N}` in place of the events it missed.
 /// One job's stream ends after the event that finishes it (done, failed,
 /// canceled), or, when it had finished when asked for, is that event
-/// alone (`ended`, as its status tells it).
+/// alone (`ended`, as its status tells it). It ends as soon as `allowed`
+/// says its reader's credential no longer is.
 pub(super) fn events(
     mut rx: broadcast::Receiver<(u64, FarmEvent)>,
     job: Option<u64>,
     ended: Option<(u64, FarmEvent)>,
     sse: bool,
+    allowed: impl Fn() -> bool + Send + 'static,
 ) -> Response<Body> {
     let (tx, body) = mpsc::channel::<Bytes>(64);
     let frame = move |json: String| -> Bytes {
@@ -83,7 +85,9 @@ pub(super) fn events(
                 },
                 _ = tokio::time::sleep(KEEPALIVE) => String::new(),
             };
-            if tx.send(frame(line)).await.is_err() || last {
+            // A stream ends with what let it in: a session signed out or
+            // ended, a ticket rotated (within a keep-alive period).
+            if !allowed() || tx.send(frame(line)).await.is_err() || last {
                 return;
             }
         }

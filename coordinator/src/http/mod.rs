@@ -39,7 +39,8 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderValue, ACCEPT, ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE,
+    HeaderValue, ACCEPT, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE,
+    WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
@@ -312,6 +313,19 @@ async fn respond(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) ->
     if dashboard::serves(req.uri().path()) {
         return dashboard::respond(shared, place, req).await;
     }
+    let mut r = answer(shared, place, req).await;
+    // Farm data is neither cached nor sniffed as another type.
+    let h = r.headers_mut();
+    h.entry(CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    r
+}
+
+async fn answer(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) -> Response<Body> {
     let found = find(req.method(), req.uri().path());
     if let Ok((Handler::OpenApi, _)) = found {
         return full(StatusCode::OK, "application/json", OPENAPI);
@@ -328,7 +342,7 @@ async fn respond(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) ->
     if access == Access::Look && req.method() != Method::GET {
         return error(
             StatusCode::FORBIDDEN,
-            "refused: the viewer ticket looks and acts on nothing; use the client ticket",
+            "refused: the viewer ticket can only look; acting needs the client ticket",
         );
     }
     match route(shared, handler, params, req).await {
@@ -364,6 +378,20 @@ fn authenticate(shared: &Shared, req: &Request<Incoming>) -> Result<Access, Resp
         return Err(dashboard::csrf_refused());
     }
     Ok(s.access)
+}
+
+/// Whether the credential `req` was let in by still lets it in: its
+/// bearer is still a ticket's, its session still live. What a long
+/// answer (an event stream) asks as it goes.
+fn still_allowed(shared: &Arc<Shared>, req: &Request<Incoming>) -> impl Fn() -> bool + Send {
+    let shared = shared.clone();
+    let bearer = bearer(req).map(str::to_string);
+    let token = session::token(req.headers()).map(str::to_string);
+    move || match (&bearer, &token) {
+        (Some(secret), _) => shared.identities.http_access(secret).is_some(),
+        (None, Some(token)) => shared.sessions.find(token).is_some(),
+        (None, None) => false,
+    }
 }
 
 /// The query's `key=value` pairs, percent-decoded.
@@ -513,7 +541,9 @@ fn filter(pairs: &[(String, String)]) -> Result<JobFilter, Response<Body>> {
                         .push(id.parse().map_err(|_| bad(k, v, "job ids: 1,2,3"))?);
                 }
             }
-            _ => return Err(bad(k, v, "one of state, name, since, ids")),
+            // `GET /v1/jobs`'s page: read by `list`.
+            "limit" | "offset" => {}
+            _ => return Err(bad(k, v, "one of state, name, since, ids, limit, offset")),
         }
     }
     Ok(f)
@@ -636,8 +666,9 @@ async fn route(
             // between the two; an unknown job is 404, a finished one's
             // stream ends at once.
             let rx = service::events(shared);
+            let allowed = still_allowed(shared, &req);
             match one_number(&req, "job") {
-                Ok(None) => events::events(rx, None, None, sse),
+                Ok(None) => events::events(rx, None, None, sse, allowed),
                 Ok(Some(job)) => match off(shared, move |s| service::job(s, job)).await {
                     Ok(status) => {
                         let ended = status.state.is_final().then(|| {
@@ -645,7 +676,7 @@ async fn route(
                             let state = status.state;
                             (at, FarmEvent::JobChanged { job, state })
                         });
-                        events::events(rx, Some(job), ended, sse)
+                        events::events(rx, Some(job), ended, sse, allowed)
                     }
                     Err(e) => refused(&e),
                 },
@@ -674,13 +705,84 @@ fn one_number<T: std::str::FromStr>(
     Ok(found)
 }
 
+/// `limit=N&offset=K` of `GET /v1/jobs`: one page of the list, newest
+/// first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Window {
+    limit: usize,
+    offset: usize,
+}
+
+/// The most jobs one page of `GET /v1/jobs` holds, and how many it holds
+/// when the query gives an offset alone.
+const MAX_LIMIT: usize = 1000;
+const DEFAULT_LIMIT: usize = 100;
+
+/// The query's page, if it asks for one (an offset alone: 100 jobs): 400
+/// for a limit out of 1..=1000, or either given twice.
+fn window(pairs: &[(String, String)]) -> Result<Option<Window>, Response<Body>> {
+    let (mut limit, mut offset) = (None, None);
+    for (k, v) in pairs {
+        let slot = match k.as_str() {
+            "limit" => &mut limit,
+            "offset" => &mut offset,
+            _ => continue,
+        };
+        // At most u32::MAX, as the document says.
+        let n: usize = (v.parse::<u32>().map(|n| n as usize)).map_err(|_| not_a_number(k, v))?;
+        if slot.replace(n).is_some() {
+            return Err(error(
+                StatusCode::BAD_REQUEST,
+                &format!("`{k}` is given twice"),
+            ));
+        }
+    }
+    match (limit, offset) {
+        (None, None) => Ok(None),
+        (Some(limit), offset) if (1..=MAX_LIMIT).contains(&limit) => Ok(Some(Window {
+            limit,
+            offset: offset.unwrap_or(0),
+        })),
+        (Some(limit), _) => Err(error(
+            StatusCode::BAD_REQUEST,
+            &format!("`limit={limit}`: expected 1 to {MAX_LIMIT}"),
+        )),
+        (None, Some(offset)) => Ok(Some(Window {
+            limit: DEFAULT_LIMIT,
+            offset,
+        })),
+    }
+}
+
 /// `GET /v1/status` (jobs and workers) and `GET /v1/jobs` (`jobs_only`):
-/// every job the query's filter keeps, read a page at a time.
+/// every job the query's filter keeps, read a page at a time; with
+/// `limit` (jobs only), one page of them, newest first.
 async fn list(shared: &Arc<Shared>, req: &Request<Incoming>, jobs_only: bool) -> Response<Body> {
-    let f = match filter(&query(req)) {
-        Ok(f) => f,
-        Err(r) => return r,
+    let pairs = query(req);
+    let (f, window) = match (filter(&pairs), window(&pairs)) {
+        (Ok(_), Ok(Some(_))) if !jobs_only => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "`limit` and `offset` page GET /v1/jobs only",
+            )
+        }
+        (Ok(f), Ok(w)) => (f, w),
+        (Err(r), _) | (_, Err(r)) => return r,
     };
+    if let Some(w) = window {
+        return match off(shared, move |s| {
+            service::jobs_window(s, &f, w.offset, w.limit)
+        })
+        .await
+        {
+            Ok((page, total)) => {
+                let mut r = ok_json(StatusCode::OK, &page);
+                (r.headers_mut()).insert("x-total-count", HeaderValue::from(total));
+                r
+            }
+            Err(e) => refused(&e),
+        };
+    }
     let mut jobs: Vec<JobStatus> = Vec::new();
     let mut after = 0;
     loop {
@@ -741,18 +843,34 @@ async fn preview(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<R
         Ok(found) => found,
         Err(e) => return Ok(refused(&e)),
     };
-    let png = match shared.previews.get(&found.digest) {
-        Some(png) => Ok(png),
-        None => {
+    let png = match (
+        shared.previews.get(&found.digest),
+        shared.previews.refused(&found.digest),
+    ) {
+        (Some(png), _) => Ok(png),
+        (None, Some(why)) => Err(why),
+        (None, None) => {
             let shared = shared.clone();
             tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+                // One at a time; the one that waited may find it made.
+                let previews = &shared.previews;
+                let _making = crate::shared::relock(&previews.making);
+                if let Some(png) = previews.get(&found.digest) {
+                    return Ok(Ok(png));
+                }
                 let bytes = (shared.store.get(&found.digest))
                     .with_context(|| format!("reading frame {frame} of job {job}"))?;
-                Ok(preview::make(&bytes).map(|png| {
-                    let png = Bytes::from(png);
-                    shared.previews.keep(found.digest, png.clone());
-                    png
-                }))
+                Ok(match preview::make(&bytes) {
+                    Ok(png) => {
+                        let png = Bytes::from(png);
+                        previews.keep(found.digest, png.clone());
+                        Ok(png)
+                    }
+                    Err(e) => {
+                        previews.refuse(found.digest, e.to_string());
+                        Err(e.to_string())
+                    }
+                })
             })
             .await??
         }
@@ -800,6 +918,39 @@ mod tests {
         assert_eq!(bearer_of("BEARER  s3cret "), Some("s3cret"));
         assert_eq!(bearer_of("Basic czNjcmV0"), None);
         assert_eq!(bearer_of("Bearer"), None);
+    }
+
+    #[test]
+    fn a_jobs_page_takes_a_limit_and_an_offset_within_bounds() {
+        let q = |s: &str| -> Vec<(String, String)> {
+            (s.split('&'))
+                .filter_map(|p| p.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let status = |s: &str| window(&q(s)).err().map(|r| r.status().as_u16());
+        assert_eq!(window(&q("state=done")).unwrap(), None);
+        assert_eq!(
+            window(&q("limit=50&offset=100")).unwrap(),
+            Some(Window {
+                limit: 50,
+                offset: 100
+            })
+        );
+        assert_eq!(window(&q("limit=1000")).unwrap().unwrap().offset, 0);
+        assert_eq!(
+            window(&q("offset=5")).unwrap().unwrap().limit,
+            DEFAULT_LIMIT
+        );
+        for bad in [
+            "limit=0",
+            "limit=1001",
+            "limit=x",
+            "offset=-1",
+            "limit=1&limit=2",
+        ] {
+            assert_eq!(status(bad), Some(400), "{bad}");
+        }
     }
 
     #[test]

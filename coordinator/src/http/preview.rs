@@ -3,7 +3,10 @@
 //! they are; OpenEXR frames (linear light) are clamped to 0–1 and given the
 //! sRGB transfer curve, as Blender's "Standard" view shows them. A preview
 //! is made once per frame digest and kept, up to [`KEEP_BYTES`] of them,
-//! in memory (made again after a restart).
+//! in memory (made again after a restart). One preview is made at a time
+//! ([`Previews::making`]): asked for at once by many, a frame is decoded
+//! once and its memory is one frame's; frames over [`MAX_PIXELS`] get
+//! none.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
@@ -17,16 +20,26 @@ use crate::shared::relock;
 pub const EDGE: u32 = 320;
 /// The most preview bytes kept; past it the oldest are dropped.
 pub const KEEP_BYTES: usize = 64 << 20;
-/// The largest frame a preview is made of (pixels), and the most bytes its
-/// decoding may take.
-const MAX_PIXELS: u64 = 256 << 20;
-const MAX_DECODED: usize = 2 << 30;
+/// The largest frame a preview is made of (pixels: 8K UHD, 7680x4320, is
+/// 33 million), and the most bytes its decoding may take.
+pub const MAX_PIXELS: u64 = 40_000_000;
+const MAX_DECODED: usize = 1 << 30;
+/// The most channel samples of an OpenEXR frame's first layer a preview
+/// reads (4 bytes each as float: 640 MB).
+const MAX_EXR_SAMPLES: u64 = 160_000_000;
 
 /// The previews made so far, by the frame's digest.
 #[derive(Default)]
 pub struct Previews {
     kept: Mutex<Kept>,
+    /// Held while a preview is made: one at a time.
+    pub making: Mutex<()>,
+    /// Frames no preview can be made of, and why (not read again).
+    refused: Mutex<HashMap<Digest, String>>,
 }
+
+/// The most frames remembered as having no preview.
+const REFUSED_KEPT: usize = 4096;
 
 #[derive(Default)]
 struct Kept {
@@ -38,6 +51,19 @@ struct Kept {
 impl Previews {
     pub fn get(&self, digest: &Digest) -> Option<Bytes> {
         relock(&self.kept).by_digest.get(digest).cloned()
+    }
+
+    /// Why no preview can be made of this frame, if that is known.
+    pub fn refused(&self, digest: &Digest) -> Option<String> {
+        relock(&self.refused).get(digest).cloned()
+    }
+
+    pub fn refuse(&self, digest: Digest, why: String) {
+        let mut refused = relock(&self.refused);
+        if refused.len() >= REFUSED_KEPT {
+            refused.clear();
+        }
+        refused.insert(digest, why);
     }
 
     pub fn keep(&self, digest: Digest, preview: Bytes) {
@@ -125,6 +151,21 @@ fn png_rgba8(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), PreviewError> {
 /// the `Combined` pass) as 8-bit sRGB.
 fn exr_rgba8(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), PreviewError> {
     use exr::prelude::*;
+    // The first layer's every channel is read: bound them all from the
+    // header before any is.
+    let meta = exr::meta::MetaData::read_from_buffered(std::io::Cursor::new(bytes), false)
+        .map_err(|e| PreviewError::Unreadable(e.to_string()))?;
+    let header =
+        (meta.headers.first()).ok_or_else(|| PreviewError::Unreadable("no layer".into()))?;
+    let (w, h) = (
+        header.layer_size.width() as u32,
+        header.layer_size.height() as u32,
+    );
+    check_size(w, h)?;
+    let samples = (header.channels.list.len() as u64) * u64::from(w) * u64::from(h);
+    if samples > MAX_EXR_SAMPLES {
+        return Err(PreviewError::TooLarge(w, h));
+    }
     let image = read()
         .no_deep_data()
         .largest_resolution_level()

@@ -21,7 +21,8 @@ pub const COOKIE_NAME: &str = "tessera_session";
 pub const CSRF_HEADER: &str = "x-tessera-csrf";
 /// How long a session lasts from its sign-in.
 pub const LIFETIME: Duration = Duration::from_secs(12 * 3600);
-/// The most sessions kept at once: past it, the oldest is ended.
+/// The most sessions of one role kept at once: past it, the oldest of
+/// that role is ended (so viewers signing in never end a client's).
 pub const MAX_SESSIONS: usize = 1024;
 
 /// A signed-in session, as a request finds it.
@@ -62,8 +63,12 @@ impl Sessions {
         let mut all = relock(&self.by_token);
         let now = Instant::now();
         all.retain(|_, e| now.duration_since(e.began) < LIFETIME);
-        if all.len() >= MAX_SESSIONS {
-            let oldest = all.iter().min_by_key(|(_, e)| e.seq).map(|(k, _)| *k);
+        let same = all.values().filter(|e| e.session.access == access).count();
+        if same >= MAX_SESSIONS {
+            let oldest = (all.iter())
+                .filter(|(_, e)| e.session.access == access)
+                .min_by_key(|(_, e)| e.seq)
+                .map(|(k, _)| *k);
             if let Some(k) = oldest {
                 all.remove(&k);
             }
@@ -168,9 +173,10 @@ mod tests {
     }
 
     #[test]
-    fn past_the_limit_the_oldest_session_ends() {
+    fn past_the_limit_the_oldest_session_of_that_role_ends() {
         let sessions = Sessions::default();
-        let (first, _) = sessions.begin(Access::Act);
+        let (client, _) = sessions.begin(Access::Act);
+        let (first, _) = sessions.begin(Access::Look);
         for _ in 1..MAX_SESSIONS {
             sessions.begin(Access::Look);
         }
@@ -178,5 +184,10 @@ mod tests {
         let (newest, _) = sessions.begin(Access::Look);
         assert!(sessions.find(&first).is_none());
         assert!(sessions.find(&newest).is_some());
+        // Viewers signing in never end a client's session.
+        for _ in 0..MAX_SESSIONS {
+            sessions.begin(Access::Look);
+        }
+        assert!(sessions.find(&client).is_some());
     }
 }

@@ -13,6 +13,8 @@ const session = { role: null, csrf: null };
 const PAGE = 50;
 // GPU utilisation readings per worker, for the sparklines (newest last).
 const history = new Map();
+// Failed attempts' logs the user opened, kept open across redraws.
+const openLogs = new Map();
 const HISTORY = 60;
 
 // ---- DOM -------------------------------------------------------------
@@ -90,6 +92,9 @@ class Refused extends Error {
   constructor(status, message) { super(message); this.status = status; }
 }
 async function api(path, method = 'GET', body) {
+  return (await apiWithHeaders(path, method, body)).value;
+}
+async function apiWithHeaders(path, method = 'GET', body) {
   const headers = { Accept: 'application/json' };
   if (method !== 'GET') headers['X-Tessera-CSRF'] = session.csrf || '';
   if (body !== undefined) headers['Content-Type'] = 'application/json';
@@ -100,9 +105,11 @@ async function api(path, method = 'GET', body) {
   const text = await r.text();
   let value = null;
   try { value = text ? JSON.parse(text) : null; } catch { value = text; }
-  if (r.status === 401 && !path.startsWith('/ui/')) { signedOut(); }
+  if (r.status === 401 && !path.startsWith('/ui/')) {
+    signedOut('Your session ended: signed out elsewhere, expired, the coordinator restarted, or the tickets were rotated. Sign in again.');
+  }
   if (!r.ok) throw new Refused(r.status, (value && value.error) || `${r.status} ${r.statusText}`);
-  return value;
+  return { value, headers: r.headers };
 }
 async function act(path, what) {
   try {
@@ -114,10 +121,26 @@ async function act(path, what) {
   }
 }
 const canAct = () => session.role === 'client';
+// A destructive action asks for a second click within 15 s.
+let armed = null;
+const isArmed = (key) => armed !== null && armed.key === key && Date.now() < armed.until;
+function confirmThen(key, what, run) {
+  if (isArmed(key)) {
+    armed = null;
+    run();
+    return;
+  }
+  armed = { key, until: Date.now() + 15000 };
+  toast(`Click again within 15 s to ${what}.`);
+  refresh();
+  setTimeout(refresh, 15100);
+}
 
 // ---- sign-in ---------------------------------------------------------
-function signedOut() {
+function signedOut(reason) {
+  const was = session.role !== null;
   session.role = session.csrf = null;
+  $('signin-error').textContent = was && typeof reason === 'string' ? reason : '';
   stopEvents();
   $('bar').hidden = true;
   $('view').replaceChildren();
@@ -130,7 +153,7 @@ function signedIn(s) {
   session.csrf = s.csrf;
   $('signin').hidden = true;
   $('bar').hidden = false;
-  $('role').textContent = s.role === 'client' ? 'signed in' : 'viewer (read-only)';
+  $('role').textContent = s.role === 'client' ? 'client (can act)' : 'viewer (read-only)';
   document.body.dataset.ready = 'app';
   startEvents();
   show();
@@ -200,9 +223,9 @@ function show() {
     $(id).classList.toggle('current', current.page === page || (page === 'jobs' && current.page === 'job'));
   }
   clearInterval(timer);
-  if (current.page === 'job' || current.page === 'worker' || current.page === 'farm') {
-    timer = setInterval(refresh, current.page === 'farm' ? 5000 : 2000);
-  }
+  // Events redraw at once; a timer as well, for what no event tells
+  // (telemetry, a stitched frame) and for the moments the stream is down.
+  timer = setInterval(refresh, { job: 2000, worker: 2000 }[current.page] || 5000);
   $('view').replaceChildren(h('p', { class: 'dim' }, 'Loading…'));
   draw();
 }
@@ -253,13 +276,18 @@ function doing(w) {
   }).flatMap((a, i) => i ? [', ', a] : [a]);
 }
 async function farmPage() {
-  const status = await api('/v1/status?state=active');
-  const workers = status.workers;
+  // Counts from the lists' X-Total-Count: one page each, never every job.
+  const [workers, active, running] = await Promise.all([
+    api('/v1/workers'),
+    apiWithHeaders('/v1/jobs?state=active&limit=20'),
+    apiWithHeaders('/v1/jobs?state=running&limit=1'),
+  ]);
   remember(workers);
   const burn = workers.reduce((s, w) => s + w.price_per_hour, 0);
   const idle = workers.filter((w) => w.state === 'idle').reduce((s, w) => s + w.price_per_hour, 0);
-  const jobs = status.jobs;
-  const running = jobs.filter((j) => j.state === 'running').length;
+  const jobs = active.value;
+  const activeCount = Number(active.headers.get('X-Total-Count')) || 0;
+  const runningCount = Number(running.headers.get('X-Total-Count')) || 0;
   const card = (value, label, id) => h('div', { class: 'card', id }, h('div', { class: 'value' }, value), h('div', { class: 'label' }, label));
   const rows = workers.map((w) => h('tr', { dataset: { worker: w.id } },
     h('td', {}, h('a', { href: `#/workers/${w.id}` }, w.name)),
@@ -279,12 +307,12 @@ async function farmPage() {
       card(String(workers.length), 'workers', 'card-workers'),
       card(usd(burn) + '/h', 'burn rate', 'card-burn'),
       card(usd(idle) + '/h', 'idle cost', 'card-idle'),
-      card(`${running} running · ${jobs.length - running} queued`, 'active jobs', 'card-queue')),
+      card(`${runningCount} running · ${activeCount - runningCount} queued`, 'active jobs', 'card-queue')),
     h('h2', {}, 'Workers'),
     workers.length ? h('table', { id: 'workers' },
       h('tr', {}, ...['worker', 'state', 'slots', 'GPU', 'utilisation', 'VRAM', 'price', 'rendering'].map((c) => h('th', {}, c))),
       ...rows) : h('p', { class: 'dim' }, 'No worker is connected.'),
-    h('h2', {}, 'Queue'),
+    h('h2', {}, activeCount > jobs.length ? `Queue (the newest ${jobs.length} of ${activeCount})` : 'Queue'),
     jobs.length ? h('table', { id: 'queue' }, ...queue) : h('p', { class: 'dim' }, 'Nothing to render.'));
 }
 
@@ -302,9 +330,13 @@ async function jobsPage(shown) {
     const ms = Date.parse(since);
     if (!Number.isNaN(ms)) q.set('since', String(ms));
   }
-  const jobs = (await api('/v1/jobs' + (q.toString() ? '?' + q : ''))).sort((a, b) => b.id - a.id);
-  const pages = Math.max(1, Math.ceil(jobs.length / PAGE));
-  const shownJobs = jobs.slice((page - 1) * PAGE, page * PAGE);
+  q.set('limit', String(PAGE));
+  q.set('offset', String((page - 1) * PAGE));
+  // One page, newest first; the count of all that match in a header.
+  const answer = await apiWithHeaders('/v1/jobs?' + q);
+  const shownJobs = answer.value;
+  const total = Number(answer.headers.get('X-Total-Count')) || 0;
+  const pages = Math.max(1, Math.ceil(total / PAGE));
   const go = (changes) => {
     const next = new URLSearchParams({ state, name, since, page: String(page), ...changes });
     for (const [k, v] of [...next]) if (!v) next.delete(k);
@@ -330,12 +362,12 @@ async function jobsPage(shown) {
   return h('div', {},
     h('h1', {}, 'Jobs'),
     form,
-    jobs.length ? h('table', { id: 'jobs' },
+    shownJobs.length ? h('table', { id: 'jobs' },
       h('tr', {}, ...['id', 'name', 'state', 'frames', 'ETA', 'cost', 'to finish', 'budget', 'deadline', 'after'].map((c) => h('th', {}, c))),
       ...rows) : h('p', { class: 'dim' }, 'No job matches.'),
     h('div', { class: 'pager' },
       h('button', { id: 'page-prev', disabled: page <= 1, on: { click: () => go({ page: String(page - 1) }) } }, '‹ newer'),
-      h('span', { class: 'dim', id: 'page-of' }, `page ${page} of ${pages} · ${jobs.length} jobs`),
+      h('span', { class: 'dim', id: 'page-of' }, `page ${page} of ${pages} · ${total} jobs`),
       h('button', { id: 'page-next', disabled: page >= pages, on: { click: () => go({ page: String(page + 1) }) } }, 'older ›')));
 }
 
@@ -377,16 +409,20 @@ async function jobPage(shown) {
     try { tiles = await api(`/v1/jobs/${id}/frames/${rendering.frame}/tiles`); } catch { tiles = null; }
   }
   const state = jobState(j);
-  const button = (label, path, what, cls, enabled) => h('button', {
-    id: 'act-' + label.toLowerCase(), class: cls, disabled: !canAct() || !enabled,
-    title: canAct() ? null : 'the viewer ticket cannot act',
-    on: { click: () => act(`/v1/jobs/${id}/${path}`, what) },
-  }, label);
+  const button = (label, path, what, cls, enabled, confirm) => {
+    const key = `job ${id} ${path}`;
+    const run = () => act(`/v1/jobs/${id}/${path}`, what);
+    return h('button', {
+      id: 'act-' + label.toLowerCase(), class: cls, disabled: !canAct() || !enabled,
+      title: canAct() ? null : 'the viewer ticket can only look',
+      on: { click: () => (confirm ? confirmThen(key, `${path} job ${id}`, run) : run()) },
+    }, confirm && isArmed(key) ? `Confirm ${path}?` : label);
+  };
   const active = j.state === 'queued' || j.state === 'running';
   const actions = h('div', { class: 'actions' },
     button('Pause', 'pause', `job ${id} paused`, '', active && !j.paused),
     button('Resume', 'resume', `job ${id} resumed`, '', active && j.paused),
-    button('Cancel', 'cancel', `job ${id} canceled`, 'danger', active),
+    button('Cancel', 'cancel', `job ${id} canceled`, 'danger', active, true),
     button('Retry', 'retry', `job ${id} retried`, '', j.state === 'failed'),
     h('a', { href: '#/jobs', class: 'dim' }, '← all jobs'));
   const cards = frames.slice(0, 500).map((f) => {
@@ -400,14 +436,23 @@ async function jobPage(shown) {
         out ? h('a', { class: 'download', href: `/v1/jobs/${id}/frames/${f.frame}`, download: out.name || `frame_${String(f.frame).padStart(4, '0')}.${out.format === 'exr' ? 'exr' : 'png'}`, dataset: { frame: f.frame } }, '⤓ ' + bytes(out.size)) : badge(f.state)));
   });
   const attempts = detail.attempts.slice().reverse().map((a) => {
-    const log = h('pre', { class: 'log', hidden: true });
+    const key = `${id}:${a.task}:${a.unix_ms}`;
+    const log = h('pre', { class: 'log', hidden: !openLogs.has(key) }, openLogs.get(key) || '');
     const show = h('button', { on: { click: async () => {
+      if (openLogs.has(key)) {
+        openLogs.delete(key);
+        log.hidden = true;
+        return;
+      }
+      let text;
       try {
         const logs = await api(`/v1/jobs/${id}/logs?task=${a.task}`);
         const mine = logs.filter((l) => l.unix_ms === a.unix_ms);
-        log.textContent = (mine.length ? mine : logs).map((l) => `${when(l.unix_ms)} worker ${l.worker}: ${l.error}\n${l.log}`).join('\n\n') || 'no log';
-      } catch (e) { log.textContent = e.message; }
-      log.hidden = !log.hidden;
+        text = (mine.length ? mine : logs).map((l) => `${when(l.unix_ms)} worker ${l.worker}: ${l.error}\n${l.log || '(the renderer printed nothing)'}`).join('\n\n') || 'no log';
+      } catch (e) { text = e.message; }
+      openLogs.set(key, text);
+      log.textContent = text;
+      log.hidden = false;
     } } }, 'log');
     return h('tr', {}, h('td', {}, when(a.unix_ms)), h('td', { class: 'num' }, a.task), h('td', { class: 'num' }, a.frame ?? '—'),
       h('td', {}, a.worker_name || `worker ${a.worker}`), h('td', {}, a.error), h('td', {}, show, log));
@@ -450,10 +495,12 @@ async function workerPage(shown) {
   if (!w) return h('p', {}, `Worker ${shown.worker} is not connected. `, h('a', { href: '#/farm' }, '← farm'));
   const t = w.telemetry;
   const gpus = (t && t.gpus) || [];
+  const key = `drain ${w.id}`;
   const drain = h('button', {
     id: 'act-drain', class: 'danger', disabled: !canAct() || w.state === 'draining',
-    on: { click: () => act(`/v1/workers/${w.id}/drain`, `${w.name} drains: it finishes its tasks and leaves`) },
-  }, 'Drain');
+    title: canAct() ? 'finish its tasks, then leave the farm' : 'the viewer ticket can only look',
+    on: { click: () => confirmThen(key, `drain ${w.name}`, () => act(`/v1/workers/${w.id}/drain`, `${w.name} drains: it finishes its tasks and leaves`)) },
+  }, isArmed(key) ? 'Confirm drain?' : 'Drain');
   return h('div', {},
     h('h1', {}, `Worker ${w.name}`),
     h('div', { class: 'actions' }, drain, h('a', { href: '#/farm', class: 'dim' }, '← farm')),
