@@ -24,6 +24,7 @@
 
 pub mod dashboard;
 mod events;
+mod list;
 pub mod metrics;
 pub mod places;
 pub mod preview;
@@ -47,9 +48,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use serde_json::json;
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::{
-    ClientError, ErrorKind, FarmEvent, JobFilter, JobState, JobStatus,
-};
+use tessera_protocol::messages::{ClientError, ErrorKind, FarmEvent, JobFilter, JobState};
 use tessera_protocol::Digest;
 use tessera_store::BlobStore;
 use tokio::net::TcpListener;
@@ -593,7 +592,7 @@ async fn route(
             };
             full(ok, "text/plain; version=0.0.4; charset=utf-8", text)
         }
-        Handler::Status | Handler::Jobs => list(shared, &req, handler == Handler::Jobs).await,
+        Handler::Status | Handler::Jobs => list::list(shared, &req, handler == Handler::Jobs).await,
         Handler::Submit => {
             let spec: JobSpec = match body_json(req).await {
                 Ok(s) => s,
@@ -639,7 +638,7 @@ async fn route(
                 off(shared, move |s| service::tiles(s, job, frame)).await,
             )
         }
-        Handler::Preview => preview(shared, id!(job, "job"), id!(frame, "frame")).await?,
+        Handler::Preview => preview::answer(shared, id!(job, "job"), id!(frame, "frame")).await?,
         Handler::Logs => {
             let job = id!(job, "job");
             let task = match one_number(&req, "task") {
@@ -705,107 +704,6 @@ fn one_number<T: std::str::FromStr>(
     Ok(found)
 }
 
-/// `limit=N&offset=K` of `GET /v1/jobs`: one page of the list, newest
-/// first.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct Window {
-    limit: usize,
-    offset: usize,
-}
-
-/// The most jobs one page of `GET /v1/jobs` holds, and how many it holds
-/// when the query gives an offset alone.
-const MAX_LIMIT: usize = 1000;
-const DEFAULT_LIMIT: usize = 100;
-
-/// The query's page, if it asks for one (an offset alone: 100 jobs): 400
-/// for a limit out of 1..=1000, or either given twice.
-fn window(pairs: &[(String, String)]) -> Result<Option<Window>, Response<Body>> {
-    let (mut limit, mut offset) = (None, None);
-    for (k, v) in pairs {
-        let slot = match k.as_str() {
-            "limit" => &mut limit,
-            "offset" => &mut offset,
-            _ => continue,
-        };
-        // At most u32::MAX, as the document says.
-        let n: usize = (v.parse::<u32>().map(|n| n as usize)).map_err(|_| not_a_number(k, v))?;
-        if slot.replace(n).is_some() {
-            return Err(error(
-                StatusCode::BAD_REQUEST,
-                &format!("`{k}` is given twice"),
-            ));
-        }
-    }
-    match (limit, offset) {
-        (None, None) => Ok(None),
-        (Some(limit), offset) if (1..=MAX_LIMIT).contains(&limit) => Ok(Some(Window {
-            limit,
-            offset: offset.unwrap_or(0),
-        })),
-        (Some(limit), _) => Err(error(
-            StatusCode::BAD_REQUEST,
-            &format!("`limit={limit}`: expected 1 to {MAX_LIMIT}"),
-        )),
-        (None, Some(offset)) => Ok(Some(Window {
-            limit: DEFAULT_LIMIT,
-            offset,
-        })),
-    }
-}
-
-/// `GET /v1/status` (jobs and workers) and `GET /v1/jobs` (`jobs_only`):
-/// every job the query's filter keeps, read a page at a time; with
-/// `limit` (jobs only), one page of them, newest first.
-async fn list(shared: &Arc<Shared>, req: &Request<Incoming>, jobs_only: bool) -> Response<Body> {
-    let pairs = query(req);
-    let (f, window) = match (filter(&pairs), window(&pairs)) {
-        (Ok(_), Ok(Some(_))) if !jobs_only => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "`limit` and `offset` page GET /v1/jobs only",
-            )
-        }
-        (Ok(f), Ok(w)) => (f, w),
-        (Err(r), _) | (_, Err(r)) => return r,
-    };
-    if let Some(w) = window {
-        return match off(shared, move |s| {
-            service::jobs_window(s, &f, w.offset, w.limit)
-        })
-        .await
-        {
-            Ok((page, total)) => {
-                let mut r = ok_json(StatusCode::OK, &page);
-                (r.headers_mut()).insert("x-total-count", HeaderValue::from(total));
-                r
-            }
-            Err(e) => refused(&e),
-        };
-    }
-    let mut jobs: Vec<JobStatus> = Vec::new();
-    let mut after = 0;
-    loop {
-        let f = f.clone();
-        match off(shared, move |s| service::jobs_page(s, &f, after)).await {
-            Ok((page, next)) => {
-                jobs.extend(page);
-                match next {
-                    Some(n) => after = n,
-                    None => break,
-                }
-            }
-            Err(e) => return refused(&e),
-        }
-    }
-    if jobs_only {
-        ok_json(StatusCode::OK, &jobs)
-    } else {
-        let workers = service::workers(shared);
-        ok_json(StatusCode::OK, &json!({"jobs": jobs, "workers": workers}))
-    }
-}
-
 /// `GET /v1/jobs/{job}/frames/{frame}`: the stitched frame's bytes, with
 /// its digest and (when it is a plain name) its file name.
 async fn frame(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<Response<Body>> {
@@ -834,54 +732,6 @@ async fn frame(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<Res
         }
     }
     Ok(r)
-}
-
-/// `GET /v1/jobs/{job}/frames/{frame}/preview`: the stitched frame scaled
-/// down (see [`preview`]), made once per frame and kept.
-async fn preview(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<Response<Body>> {
-    let found = match off(shared, move |s| service::frame(s, job, frame)).await {
-        Ok(found) => found,
-        Err(e) => return Ok(refused(&e)),
-    };
-    let png = match (
-        shared.previews.get(&found.digest),
-        shared.previews.refused(&found.digest),
-    ) {
-        (Some(png), _) => Ok(png),
-        (None, Some(why)) => Err(why),
-        (None, None) => {
-            let shared = shared.clone();
-            tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-                // One at a time; the one that waited may find it made.
-                let previews = &shared.previews;
-                let _making = crate::shared::relock(&previews.making);
-                if let Some(png) = previews.get(&found.digest) {
-                    return Ok(Ok(png));
-                }
-                let bytes = (shared.store.get(&found.digest))
-                    .with_context(|| format!("reading frame {frame} of job {job}"))?;
-                Ok(match preview::make(&bytes) {
-                    Ok(png) => {
-                        let png = Bytes::from(png);
-                        previews.keep(found.digest, png.clone());
-                        Ok(png)
-                    }
-                    Err(e) => {
-                        previews.refuse(found.digest, e.to_string());
-                        Err(e.to_string())
-                    }
-                })
-            })
-            .await??
-        }
-    };
-    Ok(match png {
-        Ok(png) => full(StatusCode::OK, "image/png", png),
-        Err(e) => error(
-            StatusCode::NOT_FOUND,
-            &format!("no preview of frame {frame} of job {job}: {e}"),
-        ),
-    })
 }
 
 /// `POST /v1/blobs/missing`: which of the asked digests the store lacks.
@@ -918,39 +768,6 @@ mod tests {
         assert_eq!(bearer_of("BEARER  s3cret "), Some("s3cret"));
         assert_eq!(bearer_of("Basic czNjcmV0"), None);
         assert_eq!(bearer_of("Bearer"), None);
-    }
-
-    #[test]
-    fn a_jobs_page_takes_a_limit_and_an_offset_within_bounds() {
-        let q = |s: &str| -> Vec<(String, String)> {
-            (s.split('&'))
-                .filter_map(|p| p.split_once('='))
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect()
-        };
-        let status = |s: &str| window(&q(s)).err().map(|r| r.status().as_u16());
-        assert_eq!(window(&q("state=done")).unwrap(), None);
-        assert_eq!(
-            window(&q("limit=50&offset=100")).unwrap(),
-            Some(Window {
-                limit: 50,
-                offset: 100
-            })
-        );
-        assert_eq!(window(&q("limit=1000")).unwrap().unwrap().offset, 0);
-        assert_eq!(
-            window(&q("offset=5")).unwrap().unwrap().limit,
-            DEFAULT_LIMIT
-        );
-        for bad in [
-            "limit=0",
-            "limit=1001",
-            "limit=x",
-            "offset=-1",
-            "limit=1&limit=2",
-        ] {
-            assert_eq!(status(bad), Some(400), "{bad}");
-        }
     }
 
     #[test]

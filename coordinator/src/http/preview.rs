@@ -11,9 +11,17 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use bytes::Bytes;
-use tessera_protocol::Digest;
+use std::sync::Arc;
 
+use anyhow::Context;
+use bytes::Bytes;
+use hyper::{Response, StatusCode};
+use tessera_protocol::Digest;
+use tessera_store::BlobStore;
+
+use super::{error, full, refused, Body};
+use crate::server::Shared;
+use crate::service::{self, off_runtime as off};
 use crate::shared::relock;
 
 /// The longest side of a preview, in pixels.
@@ -239,6 +247,58 @@ fn shrink(w: u32, h: u32, rgba: &[u8]) -> (u32, u32, Vec<u8>) {
         }
     }
     (pw, ph, out)
+}
+
+/// `GET /v1/jobs/{job}/frames/{frame}/preview`: the stitched frame scaled
+/// down (see [`preview`]), made once per frame and kept.
+pub(super) async fn answer(
+    shared: &Arc<Shared>,
+    job: u64,
+    frame: u32,
+) -> anyhow::Result<Response<Body>> {
+    let found = match off(shared, move |s| service::frame(s, job, frame)).await {
+        Ok(found) => found,
+        Err(e) => return Ok(refused(&e)),
+    };
+    let png = match (
+        shared.previews.get(&found.digest),
+        shared.previews.refused(&found.digest),
+    ) {
+        (Some(png), _) => Ok(png),
+        (None, Some(why)) => Err(why),
+        (None, None) => {
+            let shared = shared.clone();
+            tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+                // One at a time; the one that waited may find it made.
+                let previews = &shared.previews;
+                let _making = crate::shared::relock(&previews.making);
+                if let Some(png) = previews.get(&found.digest) {
+                    return Ok(Ok(png));
+                }
+                let bytes = (shared.store.get(&found.digest))
+                    .with_context(|| format!("reading frame {frame} of job {job}"))?;
+                Ok(match make(&bytes) {
+                    Ok(png) => {
+                        let png = Bytes::from(png);
+                        previews.keep(found.digest, png.clone());
+                        Ok(png)
+                    }
+                    Err(e) => {
+                        previews.refuse(found.digest, e.to_string());
+                        Err(e.to_string())
+                    }
+                })
+            })
+            .await??
+        }
+    };
+    Ok(match png {
+        Ok(png) => full(StatusCode::OK, "image/png", png),
+        Err(e) => error(
+            StatusCode::NOT_FOUND,
+            &format!("no preview of frame {frame} of job {job}: {e}"),
+        ),
+    })
 }
 
 #[cfg(test)]
