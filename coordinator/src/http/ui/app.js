@@ -530,4 +530,9 @@ async function workerPage(shown) {
 $('signin-form').addEventListener('submit', signIn);
 $('signout').addEventListener('click', signOut);
 window.addEventListener('hashchange', () => { if (session.role) show(); });
+// A page left (or kept in the back/forward cache) lets its event stream
+// go: a browser gives a host six connections, and streams held by pages
+// no one sees would starve the one shown.
+window.addEventListener('pagehide', stopEvents);
+window.addEventListener('pageshow', (e) => { if (e.persisted && session.role) startEvents(); });
 api('/ui/session').then(signedIn, signedOut);
