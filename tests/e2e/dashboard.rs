@@ -486,25 +486,21 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
     ]);
     assert_eq!(done["state"], "done", "{done}");
     browser.click_css("a.download[data-frame=\"1\"]", long);
+    // Chromium writes a download under a temporary name, then renames it.
+    let want = std::fs::read(out.join("frame_0001.png")).unwrap();
+    let downloaded = browser.downloads.join("frame_0001.png");
     let began = Instant::now();
-    let downloaded = loop {
+    while std::fs::read(&downloaded).ok().as_ref() != Some(&want) {
         let files: Vec<PathBuf> = std::fs::read_dir(&browser.downloads)
             .unwrap()
             .map(|e| e.unwrap().path())
-            .filter(|p| !p.to_string_lossy().ends_with(".crdownload"))
             .collect();
-        if let [file] = files.as_slice() {
-            break file.clone();
-        }
-        assert!(began.elapsed() < long, "no download: {files:?}");
+        assert!(
+            began.elapsed() < long,
+            "no frame_0001.png equal to wait --output's among {files:?}"
+        );
         std::thread::sleep(Duration::from_millis(100));
-    };
-    assert_eq!(downloaded.file_name().unwrap(), "frame_0001.png");
-    assert_eq!(
-        std::fs::read(&downloaded).unwrap(),
-        std::fs::read(out.join("frame_0001.png")).unwrap(),
-        "the downloaded frame and wait --output's"
-    );
+    }
 
     // The jobs page lists both; cancel one from its page.
     let held = farm.json(&["submit", &blend, "--frames", "3", "--paused", "--json"])["id"]
