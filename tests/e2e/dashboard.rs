@@ -47,13 +47,7 @@ fn request(
     headers: &[(&str, &str)],
     body: &str,
 ) -> Reply {
-    let mut tls = tessera_transport::client_tls(&ticket.fingerprint).unwrap();
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();
-    let tcp = std::net::TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    let mut stream = crate::harness::pinned_tls(ticket, addr);
     let mut head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
@@ -91,13 +85,7 @@ fn open_stream(
     addr: SocketAddr,
     cookie: &str,
 ) -> std::thread::JoinHandle<std::io::Result<usize>> {
-    let mut tls = tessera_transport::client_tls(&ticket.fingerprint).unwrap();
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();
-    let tcp = std::net::TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    let mut stream = crate::harness::pinned_tls(ticket, addr);
     let head = format!(
         "GET /v1/events HTTP/1.1\r\nHost: localhost\r\nAccept: text/event-stream\r\nCookie: {cookie}\r\nConnection: close\r\n\r\n"
     );

@@ -534,6 +534,21 @@ pub fn http_addr(farm: &Farm) -> std::net::SocketAddr {
     host.trim_end_matches('/').parse().unwrap()
 }
 
+/// An HTTP/1.1 connection over TLS pinned to the coordinator's certificate
+/// (`ticket`'s fingerprint), reads timing out after 60 s.
+pub fn pinned_tls(
+    ticket: &tessera_protocol::ticket::Ticket,
+    addr: std::net::SocketAddr,
+) -> rustls::StreamOwned<rustls::ClientConnection, std::net::TcpStream> {
+    let mut tls = tessera_transport::client_tls(&ticket.fingerprint).unwrap();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+    let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();
+    let tcp = std::net::TcpStream::connect(addr).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+    rustls::StreamOwned::new(conn, tcp)
+}
+
 /// `METHOD PATH` with `body` (JSON) and the client ticket's secret, over
 /// pinned TLS: the status code and the answer's body.
 pub fn http_call(
@@ -543,13 +558,7 @@ pub fn http_call(
     path: &str,
     body: &str,
 ) -> (u16, String) {
-    let mut tls = tessera_transport::client_tls(&ticket.fingerprint).unwrap();
-    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
-    let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
-    let conn = rustls::ClientConnection::new(std::sync::Arc::new(tls), name).unwrap();
-    let tcp = std::net::TcpStream::connect(addr).unwrap();
-    tcp.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-    let mut stream = rustls::StreamOwned::new(conn, tcp);
+    let mut stream = pinned_tls(ticket, addr);
     let head = format!(
         "{method} {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
         ticket.secret,
