@@ -335,6 +335,17 @@ impl Client {
         }
     }
 
+    /// Gives a queued or running job a new priority; its status after.
+    pub async fn set_priority(&mut self, job: u64, priority: i32) -> anyhow::Result<JobStatus> {
+        match self
+            .call(&ClientRequest::SetPriority { job, priority })
+            .await?
+        {
+            ClientResponse::Prioritized(status) => Ok(status),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
     /// Has the coordinator collect garbage now.
     pub async fn collect_garbage(&mut self) -> anyhow::Result<Collected> {
         match self.call(&ClientRequest::CollectGarbage).await? {

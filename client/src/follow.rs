@@ -422,14 +422,7 @@ impl FrameWriter {
 /// The scene's own name for the frame (checked to be a plain file name),
 /// else `frame_NNNN.EXT`.
 fn file_name(f: &FrameOutput) -> String {
-    let plain = |n: &String| {
-        let mut parts = Path::new(n).components();
-        matches!(parts.next(), Some(std::path::Component::Normal(_))) && parts.next().is_none()
-    };
-    f.name
-        .clone()
-        .filter(plain)
-        .unwrap_or_else(|| format!("frame_{:04}.{}", f.frame, f.format.extension()))
+    f.file_name()
 }
 
 /// A staging folder this run created inside the output folder; removed

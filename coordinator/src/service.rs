@@ -20,7 +20,7 @@ use std::sync::Arc;
 use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{
     take_page, ClientError, ErrorKind, FarmEvent, FrameOutput, JobDetail, JobFilter, JobState,
-    JobStatus, TaskLog, TileState, TileStatus, WorkerStatus, PAGE_ITEMS,
+    JobStatus, TaskLog, TileState, TileStatus, WorkerDetail, WorkerStatus, PAGE_ITEMS,
 };
 use tokio::sync::broadcast;
 
@@ -185,6 +185,21 @@ pub(crate) fn pause(shared: &Arc<Shared>, id: u64, paused: bool) -> Answer<()> {
     )))
 }
 
+/// Gives a queued or running job a new priority (higher goes first),
+/// recorded before it is answered.
+pub(crate) fn set_priority(shared: &Arc<Shared>, id: u64, priority: i32) -> Answer<JobStatus> {
+    match shared.act(|core, _| core.set_priority(id, priority)) {
+        (true, Err(e)) => return Err(internal(e.context("cannot record the priority"))),
+        (true, Ok(())) => return job(shared, id),
+        (false, _) => {}
+    }
+    let status = job(shared, id)?;
+    Err(ClientError::conflict(format!(
+        "job {id} is {}: only a queued or running job's priority can change",
+        status.state.name(),
+    )))
+}
+
 /// Asks a connected worker to finish its tasks and leave.
 pub(crate) fn drain(shared: &Arc<Shared>, worker: u64) -> Answer<()> {
     if shared.update(|core, _| core.drain(worker)) {
@@ -194,6 +209,52 @@ pub(crate) fn drain(shared: &Arc<Shared>, worker: u64) -> Answer<()> {
             "no worker {worker} is connected"
         )))
     }
+}
+
+/// One connected worker in detail: its tasks, telemetry history,
+/// blocklists and quarantine.
+pub(crate) fn worker(shared: &Shared, worker: u64) -> Answer<WorkerDetail> {
+    shared
+        .read(|core, now| core.worker_detail(worker, now))
+        .ok_or_else(|| ClientError::not_found(format!("no worker {worker} is connected")))
+}
+
+/// Revokes every identity enrolled as `name` and closes their connections,
+/// answering (identities revoked, connections closed) once their sessions
+/// have ended (their leases are back in the queue) or a heartbeat has
+/// passed.
+pub(crate) async fn revoke(shared: &Arc<Shared>, name: String) -> Answer<(u32, u32)> {
+    let asked = name.clone();
+    let ids = off_runtime(shared, move |s| {
+        let db = s.db();
+        crate::identity::revoke(db.conn(), &asked, crate::server::unix_ms())
+            .map_err(|e| internal(anyhow::anyhow!("cannot revoke `{asked}`: {e}")))
+    })
+    .await?;
+    if ids.is_empty() {
+        return Err(ClientError::not_found(format!(
+            "no worker was ever enrolled as `{name}`"
+        )));
+    }
+    let within = std::time::Duration::from_millis(shared.config.heartbeat_ms);
+    let disconnected = shared.identities.disconnect(&ids, within).await;
+    tracing::warn!(%name, identities = ids.len(), disconnected, "worker revoked");
+    Ok((ids.len() as u32, disconnected))
+}
+
+/// Revokes the identity of connected worker `worker` (every worker
+/// enrolled under its name, as `revoke-worker NAME` does).
+pub(crate) async fn revoke_connected(
+    shared: &Arc<Shared>,
+    worker: u64,
+) -> Answer<(String, u32, u32)> {
+    let Some(name) = shared.read(|core, _| core.worker_name(worker)) else {
+        return Err(ClientError::not_found(format!(
+            "no worker {worker} is connected"
+        )));
+    };
+    let (identities, disconnected) = revoke(shared, name.clone()).await?;
+    Ok((name, identities, disconnected))
 }
 
 /// `NotFound` unless the database holds job `id`.
@@ -311,6 +372,39 @@ pub(crate) fn frame(shared: &Shared, job: u64, frame: u32) -> Answer<FrameOutput
     (frames(shared, job)?.into_iter().find(|f| f.frame == frame)).ok_or_else(|| {
         ClientError::not_found(format!("frame {frame} of job {job} is not stitched (yet)"))
     })
+}
+
+/// What a tile's preview is made of: the first accepted result of the
+/// tile's tasks (one sample range of it, when it has several), and the
+/// frame's resolution (which sets the preview's scale).
+pub(crate) fn tile_source(
+    shared: &Shared,
+    job: u64,
+    frame: u32,
+    tile: u32,
+) -> Answer<(tessera_protocol::Digest, (u32, u32))> {
+    let spec = spec_of(shared, job)?;
+    let Some(pos) = spec.frames.iter().position(|&f| f == frame) else {
+        return Err(ClientError::not_found(format!(
+            "job {job} does not render frame {frame}"
+        )));
+    };
+    if tile >= spec.tiles.count() {
+        return Err(ClientError::not_found(format!(
+            "frame {frame} of job {job} has {} tiles: there is no tile {tile}",
+            spec.tiles.count()
+        )));
+    }
+    let first = pos as u32 * spec.tasks_per_frame() + tile * spec.sample_ranges;
+    let done = (shared.db())
+        .result_range(job, first, spec.sample_ranges)
+        .map_err(internal)?;
+    match done.first() {
+        Some(&digest) => Ok((digest, spec.resolution)),
+        None => Err(ClientError::not_found(format!(
+            "tile {tile} of frame {frame} of job {job} is not rendered (yet)"
+        ))),
+    }
 }
 
 /// Every tile of one frame, for the mosaic: from the core while the job is

@@ -376,6 +376,15 @@ impl Shared {
                         }
                     }
                 }
+                Effect::Priority { job, priority } => {
+                    let recorded = (self.db().set_priority(job, priority))
+                        .with_context(|| format!("cannot record the priority of job {job}"));
+                    if let Err(e) = recorded {
+                        if first_error.is_ok() {
+                            first_error = Err(e);
+                        }
+                    }
+                }
                 Effect::Quarantine {
                     identity,
                     name,

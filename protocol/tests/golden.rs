@@ -860,6 +860,27 @@ fn samples() -> Vec<Sample> {
     s
 }
 
+/// Variants added after the golden version: no peer of that version sends
+/// or is sent them (a client asks them only of a coordinator of its own
+/// version or newer), so they have no golden file yet. They must survive
+/// the envelope, and the next golden set (written at `PROTOCOL_VERSION`)
+/// includes them.
+fn newer() -> Vec<Sample> {
+    vec![
+        sample(
+            "ClientRequest.SetPriority",
+            ClientRequest::SetPriority {
+                job: 1,
+                priority: -3,
+            },
+        ),
+        sample(
+            "ClientResponse.Prioritized",
+            ClientResponse::Prioritized(job_status(1)),
+        ),
+    ]
+}
+
 fn dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("golden/v{}", golden_version()))
 }
@@ -922,7 +943,7 @@ fn every_golden_file_decodes_to_its_value() {
 /// Every message also survives this release's envelope unchanged.
 #[test]
 fn every_message_round_trips_through_the_envelope() {
-    for s in samples() {
+    for s in samples().into_iter().chain(newer()) {
         let got = (s.envelope)().unwrap_or_else(|e| panic!("{}: {e}", s.name));
         assert_eq!(got, s.debug, "{}", s.name);
     }
@@ -975,6 +996,7 @@ fn variants<'de, T: serde::Deserialize<'de>>() -> &'static [&'static str] {
 #[test]
 fn every_message_variant_has_a_golden_file() {
     let named: BTreeMap<String, ()> = samples().into_iter().map(|s| (s.name, ())).collect();
+    let newer: BTreeMap<String, ()> = newer().into_iter().map(|s| (s.name, ())).collect();
     let enums: [(&str, &[&str]); 7] = [
         ("Welcome", variants::<Welcome>()),
         ("WorkerMsg", variants::<WorkerMsg>()),
@@ -988,6 +1010,9 @@ fn every_message_variant_has_a_golden_file() {
     for (name, variants) in enums {
         for v in variants {
             let file = format!("{name}.{v}");
+            if newer.contains_key(&file) {
+                continue;
+            }
             if !named.contains_key(&file) || !dir().join(format!("{file}.bin")).exists() {
                 missing.push(file);
             }

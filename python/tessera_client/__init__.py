@@ -427,6 +427,11 @@ class Client:
         """Resumes a paused job (:class:`Conflict` once it is finished)."""
         return self._json("POST", "/v1/jobs/%d/resume" % job)
 
+    def set_priority(self, job: int, priority: int) -> Status:
+        """Gives a queued or running job a new priority (higher goes first;
+        :class:`Conflict` once it is finished); returns its status."""
+        return self._json("POST", "/v1/jobs/%d/priority" % job, body={"priority": priority})
+
     def retry(self, job: int) -> Status:
         """Puts a failed job back in the queue (its tasks without a result)."""
         return self._json("POST", "/v1/jobs/%d/retry" % job)
@@ -463,12 +468,47 @@ class Client:
         finally:
             conn.close()
 
+    def tile_preview(self, job: int, frame: int, tile: int) -> bytes:
+        """A rendered tile at its frame preview's scale (PNG)."""
+        conn, response = self._open("GET", "/v1/jobs/%d/frames/%d/tiles/%d/preview" % (job, frame, tile))
+        try:
+            return response.read()
+        finally:
+            conn.close()
+
+    def frames_zip(self, job: int, dest: PathLike) -> int:
+        """Every frame stitched so far as one zip, written to ``dest``
+        (a piece at a time); returns the bytes written."""
+        conn, response = self._open("GET", "/v1/jobs/%d/frames.zip" % job)
+        written = 0
+        try:
+            with open(dest, "wb") as out:
+                while True:
+                    piece = response.read(1 << 20)
+                    if not piece:
+                        break
+                    out.write(piece)
+                    written += len(piece)
+        finally:
+            conn.close()
+        return written
+
     def logs(self, job: int, task: Optional[int] = None) -> Any:
         """The job's failed attempts: task, worker, error and the renderer's log."""
         return self._json("GET", "/v1/jobs/%d/logs" % job, query={"task": task})
 
     def workers(self) -> Any:
         return self._json("GET", "/v1/workers")
+
+    def worker(self, worker: int) -> Any:
+        """One connected worker in detail: status, blocklisted_by,
+        quarantined, history (its latest telemetry readings)."""
+        return self._json("GET", "/v1/workers/%d" % worker)
+
+    def revoke(self, worker: int) -> Any:
+        """Revokes a connected worker's identity: every worker enrolled
+        under its name is disconnected and refused from then on."""
+        return self._json("POST", "/v1/workers/%d/revoke" % worker)
 
     def drain(self, worker: int) -> Any:
         """Asks a worker (by id) to finish its tasks and leave."""

@@ -8,9 +8,11 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import unittest
+import zipfile
 
 import tessera_client
 from tessera_client import Client
@@ -143,7 +145,7 @@ class Document(FarmTest):
     def test_every_documented_route_is_served_and_answers_its_schema(self):
         job = self.done["id"]
         worker = self.farm.workers()[0]["id"]
-        values = {"{job}": str(job), "{frame}": "1", "{worker}": str(worker + 1000)}
+        values = {"{job}": str(job), "{frame}": "1", "{tile}": "0", "{worker}": str(worker + 1000)}
         bodies = {
             ("/v1/jobs", "post"): self.farm.upload(SCENE, frames="1", samples=4, name="py-doc"),
             ("/v1/blobs/missing", "post"): {"digests": ["00" * 32]},
@@ -196,6 +198,14 @@ class Jobs(FarmTest):
         self.assertEqual([t["state"] for t in tiles], ["done", "done"])
         preview = self.farm.preview(done["id"], 1)
         self.assertEqual(preview[:8], b"\x89PNG\r\n\x1a\n")
+        self.assertEqual(self.farm.tile_preview(done["id"], 1, 1)[:8], b"\x89PNG\r\n\x1a\n")
+        # Every frame as one zip: the same bytes, named as `wait --output` names them.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "frames.zip")
+            self.assertGreater(self.farm.frames_zip(done["id"], path), len(data))
+            with zipfile.ZipFile(path) as z:
+                self.assertEqual(z.namelist(), ["frame_0001.png", "frame_0002.png"])
+                self.assertEqual(z.read("frame_0001.png"), data)
         # request_id makes a retried submit idempotent.
         spec = self.farm.upload(SCENE, frames="3", samples=4, name="py-rid", request_id="t14a-rid-1",
                                 sample_ranges=2, verify=0, frame_names="frame", allow_missing=True)
@@ -275,6 +285,7 @@ class Jobs(FarmTest):
         job = self.farm.submit(SCENE, frames="1-6", samples=512, name="py-long")
         paused = self.farm.pause(job["id"])
         self.assertTrue(paused["paused"])
+        self.assertEqual(self.farm.set_priority(job["id"], -9)["priority"], -9)
         with self.assertRaises(tessera_client.Timeout):
             self.farm.wait(job["id"], timeout=1.0)
         self.assertFalse(self.farm.resume(job["id"])["paused"])
@@ -282,6 +293,8 @@ class Jobs(FarmTest):
         self.assertEqual(canceled["state"], "canceled")
         with self.assertRaises(tessera_client.Conflict):
             self.farm.pause(job["id"])
+        with self.assertRaises(tessera_client.Conflict):
+            self.farm.set_priority(job["id"], 1)
         with self.assertRaises(tessera_client.JobFailed):
             self.farm.wait(job["id"], timeout=WAIT, check=True)
 
@@ -511,6 +524,11 @@ class ZDrain(FarmTest):
 
     def test_drain_a_worker(self):
         workers = self.valid(self.schema_of("/v1/workers", "get"), self.farm.workers())
+        detail = self.valid(self.schema_of("/v1/workers/{worker}", "get"), self.farm.worker(workers[0]["id"]))
+        self.assertEqual((detail["status"]["id"], detail["blocklisted_by"], detail["quarantined"]),
+                         (workers[0]["id"], [], None))
+        with self.assertRaises(tessera_client.NotFound):
+            self.farm.revoke(424242)
         self.assertEqual(len(workers), 2)
         with self.assertRaises(tessera_client.NotFound):
             self.farm.drain(424242)

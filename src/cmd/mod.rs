@@ -13,6 +13,7 @@ mod logs;
 mod monitor;
 mod parse;
 mod pause;
+mod priority;
 mod resume;
 mod retry;
 mod status;
@@ -86,6 +87,9 @@ pub(crate) enum Command {
     Pause(pause::Args),
     /// Resume a paused job.
     Resume(resume::Args),
+    /// Give a queued or running job a new priority: higher goes first
+    /// (tasks already handed out finish where they are).
+    Priority(priority::Args),
     /// Ask a worker to finish its tasks and leave (its process exits 0; at
     /// once when it is idle).
     Drain(drain::Args),
@@ -141,6 +145,7 @@ pub(crate) async fn run(command: Command) -> anyhow::Result<i32> {
         Command::Gc(args) => gc::run(args).await,
         Command::Pause(args) => pause::run(args).await,
         Command::Resume(args) => resume::run(args).await,
+        Command::Priority(args) => priority::run(args).await,
         Command::Drain(args) => drain::run(args).await,
         Command::Events(args) => events::run(args).await,
         Command::Monitor(args) => monitor::run(args).await,

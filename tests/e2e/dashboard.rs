@@ -246,6 +246,8 @@ fn the_dashboard_needs_a_session_checks_csrf_lets_a_viewer_only_look_and_rotatio
         resume.clone(),
         format!("/v1/jobs/{job}/cancel"),
         "/v1/workers/1/drain".into(),
+        "/v1/workers/1/revoke".into(),
+        format!("/v1/jobs/{job}/priority"),
     ] {
         let r = as_viewer("POST", &path, Some(&v_csrf));
         assert_eq!(r.status, 403, "{path}: {}", r.body);
@@ -315,14 +317,20 @@ fn screenshots() -> PathBuf {
 }
 
 /// Records what the job page showed, at each of its redraws: whether the
-/// mosaic was ever partly done, and the most thumbnails shown while the
-/// job was not yet done.
+/// mosaic was ever partly done, whether a done tile of it showed its
+/// pixels then, and the most thumbnails shown while the job was not yet
+/// done.
 const OBSERVE: &str = r#"
-window.seen = { partial: false, thumbsBeforeDone: 0 };
+window.seen = { partial: false, thumbsBeforeDone: 0, tilePixels: false };
 const look = () => {
   const tiles = [...document.querySelectorAll('#mosaic .tile')];
   const done = tiles.filter((t) => t.classList.contains('done')).length;
   if (done > 0 && done < tiles.length) window.seen.partial = true;
+  // A done tile of a part-done frame shows its own rendered pixels.
+  for (const img of document.querySelectorAll('#mosaic .tile.done img.tile-image')) {
+    if (img.complete && img.naturalWidth > 0 && done < tiles.length) window.seen.tilePixels = true;
+    else img.addEventListener('load', look, { once: true });
+  }
   const state = (document.querySelector('#job-state') || {}).textContent;
   const thumbs = document.querySelectorAll('#frames img.thumb').length;
   if (state && state !== 'done') window.seen.thumbsBeforeDone = Math.max(window.seen.thumbsBeforeDone, thumbs);
@@ -437,8 +445,8 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
     cli_agrees(&farm, job, "paused from the page", |s| s["paused"] == true);
     browser.wait_until("the paused badge", &job_state_is("paused"), long);
     browser.wait_until(
-        "frame 1's mosaic part done",
-        "return window.seen.partial",
+        "frame 1's mosaic part done, a done tile showing its pixels",
+        "return window.seen.partial && window.seen.tilePixels",
         long,
     );
     browser.screenshot(&shots.join("job-mosaic.png"));
@@ -489,6 +497,29 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // All frames as one zip: each entry is the bytes `wait --output` wrote.
+    browser.click_css("#download-all", long);
+    let zip_path = browser.downloads.join(format!("job_{job}_frames.zip"));
+    let began = Instant::now();
+    let entries = loop {
+        if let Some(entries) = std::fs::read(&zip_path).ok().and_then(|b| unzip(&b)) {
+            break entries;
+        }
+        assert!(
+            began.elapsed() < long,
+            "no whole job_{job}_frames.zip downloaded"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let names: Vec<&str> = entries.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["frame_0001.png", "frame_0002.png"]);
+    for (name, bytes) in &entries {
+        assert_eq!(
+            bytes,
+            &std::fs::read(out.join(name)).unwrap(),
+            "{name} in the zip"
+        );
+    }
 
     // The jobs page lists both; cancel one from its page.
     let held = farm.json(&["submit", &blend, "--frames", "3", "--paused", "--json"])["id"]
@@ -503,6 +534,19 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
     browser.screenshot(&shots.join("jobs.png"));
     browser.goto(&format!("{base}/#/jobs/{held}"));
     browser.wait_until("the held job's page", &job_state_is("paused"), long);
+    // Its priority, raised from the page: the CLI sees it.
+    let field = browser.wait_find("#priority", long);
+    browser.run("document.getElementById('priority').value = ''");
+    browser.type_text(&field, "12");
+    browser.click_css("#act-priority", long);
+    cli_agrees(&farm, held, "priority 12 from the page", |s| {
+        s["priority"] == 12
+    });
+    browser.wait_until(
+        "the new priority shown",
+        "const p = document.querySelector('#job-priority'); return p !== null && p.textContent === '12'",
+        long,
+    );
     // Cancel asks for a second click.
     confirmed_click(&browser, "#act-cancel", "Confirm cancel?", || {
         farm.status(held)["state"] == "canceled"
@@ -515,6 +559,13 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
         .unwrap();
     browser.goto(&format!("{base}/#/workers/{worker}"));
     browser.wait_find("#worker-state", long);
+    // Its page tells its blocklists and quarantine (none) and draws the
+    // telemetry it sent at each heartbeat.
+    browser.wait_until(
+        "the worker's telemetry history",
+        "const b = document.querySelector('#worker-blocklists'); const q = document.querySelector('#worker-quarantine'); return b !== null && b.textContent === 'no job' && q.textContent === 'no' && document.querySelector('#worker-history svg.spark') !== null",
+        long,
+    );
     browser.screenshot(&shots.join("worker.png"));
     confirmed_click(&browser, "#act-drain", "Confirm drain?", || {
         farm.json(&["status", "--json"])["workers"]
@@ -551,4 +602,18 @@ fn a_browser_signs_in_watches_a_tiled_blender_job_fill_in_and_acts_on_it() {
     );
     assert_eq!(status, 403);
     eprintln!("dashboard screenshots: {}", shots.display());
+}
+
+/// A zip's entries (name, bytes) in order; `None` until it is whole.
+fn unzip(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
+    use std::io::Read;
+    let mut archive = zip::ZipArchive::new(std::io::Cursor::new(bytes)).ok()?;
+    let mut out = Vec::new();
+    for i in 0..archive.len() {
+        let mut entry = archive.by_index(i).ok()?;
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).ok()?;
+        out.push((entry.name().ok()?.to_string(), data));
+    }
+    Some(out)
 }

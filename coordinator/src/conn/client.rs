@@ -4,17 +4,16 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
 
 use tessera_protocol::messages::{take_page, ClientError, ClientRequest, ClientResponse};
 use tessera_store::BlobStore;
 use tessera_transport::Channel;
 
 use crate::builds::{add_build, list_builds};
+use crate::data_dir;
 use crate::gc::collect_garbage;
-use crate::server::{unix_ms, Shared};
+use crate::server::Shared;
 use crate::service::{self, internal, off_runtime as off, Answer};
-use crate::{data_dir, identity};
 
 pub(super) async fn serve(
     shared: Arc<Shared>,
@@ -139,7 +138,13 @@ pub(crate) async fn handle(
         ClientRequest::Drain { worker } => {
             answer(service::drain(shared, worker), |()| ClientResponse::Done)
         }
-        ClientRequest::RevokeWorker { name } => revoke(shared, &name).await,
+        ClientRequest::RevokeWorker { name } => answer(
+            service::revoke(shared, name).await,
+            |(identities, disconnected)| ClientResponse::Revoked {
+                identities,
+                disconnected,
+            },
+        ),
         ClientRequest::RotateTickets => rotate_tickets(shared),
         ClientRequest::Scan {
             blend,
@@ -186,6 +191,10 @@ pub(crate) async fn handle(
                 ClientResponse::JobDetail(Box::new(d))
             })
         }
+        ClientRequest::SetPriority { job, priority } => answer(
+            off(shared, move |s| service::set_priority(s, job, priority)).await,
+            ClientResponse::Prioritized,
+        ),
         ClientRequest::JobsPage { filter, after } => answer(
             off(shared, move |s| service::jobs_page(s, &filter, after)).await,
             |(jobs, next)| ClientResponse::JobsPage { jobs, next },
@@ -199,33 +208,6 @@ fn answer<T>(answer: Answer<T>, f: impl FnOnce(T) -> ClientResponse) -> ClientRe
     match answer {
         Ok(value) => f(value),
         Err(e) => ClientResponse::Error(e),
-    }
-}
-
-/// Revokes the identities enrolled as `name` and closes their connections,
-/// answering once their sessions have ended (their leases are back in the
-/// queue) or a heartbeat has passed.
-async fn revoke(shared: &Shared, name: &str) -> ClientResponse {
-    let revoked = {
-        let db = shared.db();
-        identity::revoke(db.conn(), name, unix_ms())
-    };
-    match revoked {
-        Ok(ids) if ids.is_empty() => ClientResponse::Error(ClientError::not_found(format!(
-            "no worker was ever enrolled as `{name}`"
-        ))),
-        Ok(ids) => {
-            let within = Duration::from_millis(shared.config.heartbeat_ms);
-            let disconnected = shared.identities.disconnect(&ids, within).await;
-            tracing::warn!(%name, identities = ids.len(), disconnected, "worker revoked");
-            ClientResponse::Revoked {
-                identities: ids.len() as u32,
-                disconnected,
-            }
-        }
-        Err(e) => ClientResponse::Error(ClientError::internal(format!(
-            "cannot revoke `{name}`: {e}"
-        ))),
     }
 }
 

@@ -136,13 +136,12 @@ impl Db {
                     OR finished_ms IS NULL OR finished_ms > ?1";
         let mut out = Vec::new();
         for table in [
-            "SELECT output FROM results",
-            "SELECT digest FROM frames",
-            "SELECT digest FROM passes",
+            "SELECT output FROM results WHERE",
+            "SELECT digest FROM frames WHERE",
+            "SELECT digest FROM passes WHERE",
+            "SELECT digest FROM previews WHERE digest IS NOT NULL AND",
         ] {
-            let mut stmt = self
-                .conn
-                .prepare(&format!("{table} WHERE job IN ({kept})"))?;
+            let mut stmt = self.conn.prepare(&format!("{table} job IN ({kept})"))?;
             let rows = stmt.query_map([finished_after as i64], |r| digest_col(r, 0))?;
             for row in rows {
                 out.push(row?);
@@ -249,6 +248,27 @@ impl Db {
             "INSERT OR REPLACE INTO job_holds (job, paused, released) VALUES (?1, ?2, ?3)",
             params![job as i64, paused, released],
         )?;
+        Ok(())
+    }
+
+    /// Records a job's new priority in its spec.
+    pub fn set_priority(&self, job: u64, priority: i32) -> Result<(), DbError> {
+        let tx = self.conn.unchecked_transaction()?;
+        let spec: Option<String> = tx
+            .query_row("SELECT spec FROM jobs WHERE id = ?1", [job as i64], |r| {
+                r.get(0)
+            })
+            .optional()?;
+        let Some(spec) = spec else { return Ok(()) };
+        let mut spec: JobSpec =
+            serde_json::from_str(&spec).map_err(|e| DbError::Corrupt(job, e.to_string()))?;
+        spec.priority = priority;
+        let json = serde_json::to_string(&spec).expect("job specs serialise");
+        tx.execute(
+            "UPDATE jobs SET spec = ?2 WHERE id = ?1",
+            params![job as i64, json],
+        )?;
+        tx.commit()?;
         Ok(())
     }
 

@@ -24,7 +24,7 @@ pub enum DbError {
 
 /// The schema this build writes (the migrations in `schema.rs` say what
 /// each version added).
-pub const SCHEMA_VERSION: i64 = 4;
+pub const SCHEMA_VERSION: i64 = 5;
 
 pub use tessera_farm::farm::FinalCounts;
 

@@ -270,4 +270,52 @@ impl Db {
         })?;
         Ok(rows.collect::<Result<_, _>>()?)
     }
+
+    /// The preview of a frame's `part` (0 the frame, 1 + N its tile N), when
+    /// one was made of the blob `source`: its blob, or why none can be.
+    pub fn preview(
+        &self,
+        job: u64,
+        frame: u32,
+        part: u32,
+        source: &Digest,
+    ) -> Result<Option<Result<Digest, String>>, DbError> {
+        let row: Option<(Option<String>, Option<String>)> = self
+            .conn
+            .query_row(
+                "SELECT digest, refused FROM previews
+                 WHERE job = ?1 AND frame = ?2 AND part = ?3 AND source = ?4",
+                params![job as i64, frame, part, source.to_hex()],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        Ok(row.map(
+            |(digest, refused)| match digest.and_then(|d| d.parse::<Digest>().ok()) {
+                Some(d) => Ok(d),
+                None => Err(refused.unwrap_or_else(|| "no preview".into())),
+            },
+        ))
+    }
+
+    /// Records the preview made of `source` for a frame's `part` (or why
+    /// none can be), in place of one made of an earlier source.
+    pub fn set_preview(
+        &self,
+        job: u64,
+        frame: u32,
+        part: u32,
+        source: &Digest,
+        made: &Result<Digest, String>,
+    ) -> Result<(), DbError> {
+        let (digest, refused) = match made {
+            Ok(d) => (Some(d.to_hex()), None),
+            Err(why) => (None, Some(why.as_str())),
+        };
+        self.conn.execute(
+            "INSERT OR REPLACE INTO previews (job, frame, part, source, digest, refused)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            params![job as i64, frame, part, source.to_hex(), digest, refused],
+        )?;
+        Ok(())
+    }
 }

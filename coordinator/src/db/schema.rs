@@ -6,7 +6,8 @@
 //! counters in its row; version 3 adds Blender builds; version 4 brings
 //! under the version the tables once created whenever missing (passes,
 //! trust, holds, the frames-by-sequence index, webhooks, worker
-//! identities), so it creates each only if missing.
+//! identities), so it creates each only if missing; version 5 adds the
+//! dashboard's stored previews.
 
 use rusqlite_migration::{Migrations, M};
 
@@ -152,8 +153,26 @@ CREATE INDEX IF NOT EXISTS worker_identities_name ON worker_identities (name);
 INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', 4);
 ";
 
+/// Version 5: the dashboard's previews, stored as blobs: one per stitched
+/// frame (`part` 0) and per tile (`part` 1 + the tile's number), each made
+/// once from the blob `source` (a frame stitched again gets a new one).
+/// `digest` is the preview's blob, or NULL with `refused` saying why none
+/// can be made. Collected with their job.
+pub(super) const V5: &str = "
+CREATE TABLE IF NOT EXISTS previews (
+    job INTEGER NOT NULL,
+    frame INTEGER NOT NULL,
+    part INTEGER NOT NULL,
+    source TEXT NOT NULL,
+    digest TEXT,
+    refused TEXT,
+    PRIMARY KEY (job, frame, part)
+);
+INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', 5);
+";
+
 /// Every migration, oldest first: [`SCHEMA_VERSION`] of them.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5];
 
 /// The version a data dir is at: the higher of `user_version` and its
 /// `meta` row (a data dir written before the migrations has only the row,

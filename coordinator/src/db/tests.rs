@@ -149,6 +149,50 @@ fn everything_committed_survives_reopening() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
+/// A priority set is in the job's spec when read back; a preview is found
+/// by the blob it was made of, and kept exactly while its job is.
+#[test]
+fn priorities_and_previews_are_kept_with_their_job() {
+    let (dir, path) = temp_db("previews");
+    let mut db = Db::open(&path).unwrap();
+    let id = db.insert_job(&spec(None), 1000, 0, 0).unwrap();
+    db.set_priority(id, -4).unwrap();
+    assert_eq!(db.job(id).unwrap().unwrap().spec.priority, -4);
+    let (frame, again, png) = (
+        Digest::of(b"frame"),
+        Digest::of(b"again"),
+        Digest::of(b"png"),
+    );
+    assert_eq!(db.preview(id, 1, 0, &frame).unwrap(), None);
+    db.set_preview(id, 1, 0, &frame, &Ok(png)).unwrap();
+    db.set_preview(id, 1, 3, &frame, &Err("too large".into()))
+        .unwrap();
+    assert_eq!(db.preview(id, 1, 0, &frame).unwrap(), Some(Ok(png)));
+    assert_eq!(
+        db.preview(id, 1, 3, &frame).unwrap(),
+        Some(Err("too large".into()))
+    );
+    assert_eq!(
+        db.preview(id, 1, 0, &again).unwrap(),
+        None,
+        "stitched again: made again"
+    );
+    assert!(
+        db.outputs_kept(0).unwrap().contains(&png),
+        "kept while the job is"
+    );
+    db.set_state(id, JobState::Done, Some(5000), None).unwrap();
+    assert!(
+        db.outputs_kept(4000).unwrap().contains(&png),
+        "kept within retention"
+    );
+    assert!(
+        !db.outputs_kept(6000).unwrap().contains(&png),
+        "collected with it"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 fn temp_db(tag: &str) -> (std::path::PathBuf, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!("tessera-db-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);

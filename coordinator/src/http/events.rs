@@ -21,7 +21,7 @@ use super::Body;
 const KEEPALIVE: Duration = Duration::from_secs(10);
 
 /// A body fed by a channel: the event stream.
-struct ChannelBody(mpsc::Receiver<Bytes>);
+pub(super) struct ChannelBody(pub(super) mpsc::Receiver<Bytes>);
 
 impl hyper::body::Body for ChannelBody {
     type Data = Bytes;

@@ -24,6 +24,7 @@
 
 pub mod dashboard;
 mod events;
+mod frames;
 mod list;
 pub mod metrics;
 pub mod places;
@@ -34,7 +35,6 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -49,8 +49,6 @@ use serde::Serialize;
 use serde_json::json;
 use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{ClientError, ErrorKind, FarmEvent, JobFilter, JobState};
-use tessera_protocol::Digest;
-use tessera_store::BlobStore;
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -79,9 +77,14 @@ enum Handler {
     Frame,
     Tiles,
     Preview,
+    TilePreview,
+    Zip,
+    Priority,
     Logs,
     Workers,
+    Worker,
     Drain,
+    Revoke,
     BlobsMissing,
     Events,
     Metrics,
@@ -116,8 +119,10 @@ pub const ROUTES: &[Route] = &[
     at("POST", "/v1/jobs/{job}/pause", Handler::Pause),
     at("POST", "/v1/jobs/{job}/resume", Handler::Resume),
     at("POST", "/v1/jobs/{job}/retry", Handler::Retry),
+    at("POST", "/v1/jobs/{job}/priority", Handler::Priority),
     at("GET", "/v1/jobs/{job}/detail", Handler::Detail),
     at("GET", "/v1/jobs/{job}/frames", Handler::Frames),
+    at("GET", "/v1/jobs/{job}/frames.zip", Handler::Zip),
     at("GET", "/v1/jobs/{job}/frames/{frame}", Handler::Frame),
     at("GET", "/v1/jobs/{job}/frames/{frame}/tiles", Handler::Tiles),
     at(
@@ -125,9 +130,16 @@ pub const ROUTES: &[Route] = &[
         "/v1/jobs/{job}/frames/{frame}/preview",
         Handler::Preview,
     ),
+    at(
+        "GET",
+        "/v1/jobs/{job}/frames/{frame}/tiles/{tile}/preview",
+        Handler::TilePreview,
+    ),
     at("GET", "/v1/jobs/{job}/logs", Handler::Logs),
     at("GET", "/v1/workers", Handler::Workers),
+    at("GET", "/v1/workers/{worker}", Handler::Worker),
     at("POST", "/v1/workers/{worker}/drain", Handler::Drain),
+    at("POST", "/v1/workers/{worker}/revoke", Handler::Revoke),
     at("POST", "/v1/blobs/missing", Handler::BlobsMissing),
     at("GET", "/v1/events", Handler::Events),
     at("GET", "/metrics", Handler::Metrics),
@@ -180,6 +192,7 @@ fn find(method: &Method, path: &str) -> Result<(Handler, Params), Response<Body>
         job: found.params.get("job").map(str::to_string),
         frame: found.params.get("frame").map(str::to_string),
         worker: found.params.get("worker").map(str::to_string),
+        tile: found.params.get("tile").map(str::to_string),
     };
     Ok((route.handler, params))
 }
@@ -190,6 +203,7 @@ struct Params {
     job: Option<String>,
     frame: Option<String>,
     worker: Option<String>,
+    tile: Option<String>,
 }
 
 /// The most bytes a request body may take (a job spec with a large manifest).
@@ -630,7 +644,9 @@ async fn route(
             let id = id!(job, "job");
             reply(ok, off(shared, move |s| service::frames(s, id)).await)
         }
-        Handler::Frame => frame(shared, id!(job, "job"), id!(frame, "frame")).await?,
+        Handler::Frame => frames::frame(shared, id!(job, "job"), id!(frame, "frame")).await?,
+        Handler::Zip => frames::zip(shared, id!(job, "job")).await?,
+        Handler::Priority => set_priority(shared, id!(job, "job"), req).await,
         Handler::Tiles => {
             let (job, frame) = (id!(job, "job"), id!(frame, "frame"));
             reply(
@@ -638,7 +654,11 @@ async fn route(
                 off(shared, move |s| service::tiles(s, job, frame)).await,
             )
         }
-        Handler::Preview => preview::answer(shared, id!(job, "job"), id!(frame, "frame")).await?,
+        Handler::Preview => preview::frame(shared, id!(job, "job"), id!(frame, "frame")).await?,
+        Handler::TilePreview => {
+            let (job, frame, tile) = (id!(job, "job"), id!(frame, "frame"), id!(tile, "tile"));
+            preview::tile(shared, job, frame, tile).await?
+        }
         Handler::Logs => {
             let job = id!(job, "job");
             let task = match one_number(&req, "task") {
@@ -648,6 +668,11 @@ async fn route(
             reply(ok, off(shared, move |s| service::logs(s, job, task)).await)
         }
         Handler::Workers => ok_json(ok, &service::workers(shared)),
+        Handler::Worker => {
+            let worker = id!(worker, "worker");
+            reply(ok, service::worker(shared, worker))
+        }
+        Handler::Revoke => revoke(shared, id!(worker, "worker")).await,
         Handler::Drain => {
             let worker = id!(worker, "worker");
             reply(
@@ -657,32 +682,64 @@ async fn route(
                     .map(|()| json!({"worker": worker, "draining": true})),
             )
         }
-        Handler::BlobsMissing => blobs_missing(shared, req).await?,
-        Handler::Events => {
-            let sse = (req.headers().get_all(ACCEPT).iter())
-                .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
-            // Subscribed before the job is read, so that no event falls
-            // between the two; an unknown job is 404, a finished one's
-            // stream ends at once.
-            let rx = service::events(shared);
-            let allowed = still_allowed(shared, &req);
-            match one_number(&req, "job") {
-                Ok(None) => events::events(rx, None, None, sse, allowed),
-                Ok(Some(job)) => match off(shared, move |s| service::job(s, job)).await {
-                    Ok(status) => {
-                        let ended = status.state.is_final().then(|| {
-                            let at = (status.finished_unix_ms).unwrap_or(status.submitted_unix_ms);
-                            let state = status.state;
-                            (at, FarmEvent::JobChanged { job, state })
-                        });
-                        events::events(rx, Some(job), ended, sse, allowed)
-                    }
-                    Err(e) => refused(&e),
-                },
-                Err(r) => return Ok(r),
-            }
-        }
+        Handler::BlobsMissing => frames::blobs_missing(shared, req).await?,
+        Handler::Events => match events_route(shared, &req).await {
+            Ok(r) | Err(r) => r,
+        },
     })
+}
+
+/// `GET /v1/events`: the farm's events, or one job's. Subscribed before
+/// the job is read, so that no event falls between the two; an unknown job
+/// is 404, a finished one's stream ends at once.
+async fn events_route(
+    shared: &Arc<Shared>,
+    req: &Request<Incoming>,
+) -> Result<Response<Body>, Response<Body>> {
+    let sse = (req.headers().get_all(ACCEPT).iter())
+        .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
+    let rx = service::events(shared);
+    let allowed = still_allowed(shared, req);
+    Ok(match one_number(req, "job")? {
+        None => events::events(rx, None, None, sse, allowed),
+        Some(job) => match off(shared, move |s| service::job(s, job)).await {
+            Ok(status) => {
+                let ended = status.state.is_final().then(|| {
+                    let at = (status.finished_unix_ms).unwrap_or(status.submitted_unix_ms);
+                    let state = status.state;
+                    (at, FarmEvent::JobChanged { job, state })
+                });
+                events::events(rx, Some(job), ended, sse, allowed)
+            }
+            Err(e) => refused(&e),
+        },
+    })
+}
+
+/// `POST /v1/jobs/{job}/priority` with `{"priority": N}` and nothing else.
+async fn set_priority(shared: &Arc<Shared>, job: u64, req: Request<Incoming>) -> Response<Body> {
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Asked {
+        priority: i32,
+    }
+    let priority = match body_json::<Asked>(req).await {
+        Ok(asked) => asked.priority,
+        Err(r) => return r,
+    };
+    let answer = off(shared, move |s| service::set_priority(s, job, priority)).await;
+    reply(StatusCode::OK, answer)
+}
+
+/// `POST /v1/workers/{worker}/revoke`: what was revoked.
+async fn revoke(shared: &Arc<Shared>, worker: u64) -> Response<Body> {
+    let answer = (service::revoke_connected(shared, worker).await).map(
+        |(name, identities, disconnected)| {
+            json!({"worker": worker, "name": name, "identities": identities,
+                   "disconnected": disconnected})
+        },
+    );
+    reply(StatusCode::OK, answer)
 }
 
 /// The only query parameter a route takes, `key`, a number when given:
@@ -702,59 +759,6 @@ fn one_number<T: std::str::FromStr>(
         found = Some(v.parse().map_err(|_| not_a_number(&k, &v))?);
     }
     Ok(found)
-}
-
-/// `GET /v1/jobs/{job}/frames/{frame}`: the stitched frame's bytes, with
-/// its digest and (when it is a plain name) its file name.
-async fn frame(shared: &Arc<Shared>, job: u64, frame: u32) -> anyhow::Result<Response<Body>> {
-    let found = match off(shared, move |s| service::frame(s, job, frame)).await {
-        Ok(found) => found,
-        Err(e) => return Ok(refused(&e)),
-    };
-    let shared2 = shared.clone();
-    let bytes = tokio::task::spawn_blocking(move || shared2.store.get(&found.digest))
-        .await?
-        .with_context(|| format!("reading frame {frame} of job {job}"))?;
-    shared.http_bytes_out(bytes.len() as u64);
-    let mut r = full(StatusCode::OK, "application/octet-stream", bytes);
-    let h = r.headers_mut();
-    h.insert(
-        "x-tessera-digest",
-        HeaderValue::from_str(&found.digest.to_hex()).expect("hex"),
-    );
-    if let Some(name) = found
-        .name
-        .as_deref()
-        .filter(|n| n.bytes().all(|b| b.is_ascii_graphic() && b != b'"'))
-    {
-        if let Ok(v) = HeaderValue::from_str(&format!("attachment; filename=\"{name}\"")) {
-            h.insert("content-disposition", v);
-        }
-    }
-    Ok(r)
-}
-
-/// `POST /v1/blobs/missing`: which of the asked digests the store lacks.
-async fn blobs_missing(
-    shared: &Arc<Shared>,
-    req: Request<Incoming>,
-) -> anyhow::Result<Response<Body>> {
-    #[derive(serde::Deserialize)]
-    struct Asked {
-        digests: Vec<Digest>,
-    }
-    let asked: Asked = match body_json(req).await {
-        Ok(a) => a,
-        Err(r) => return Ok(r),
-    };
-    let missing: Vec<Digest> = shared
-        .blocking(move |s| {
-            (asked.digests.into_iter())
-                .filter(|d| !s.store.touch(d))
-                .collect()
-        })
-        .await?;
-    Ok(ok_json(StatusCode::OK, &json!({ "missing": missing })))
 }
 
 #[cfg(test)]
@@ -787,6 +791,19 @@ mod tests {
             (Handler::Tiles, Some("7".into()), Some("3".into()))
         );
         assert_eq!(found(Method::GET, "/v1/jobs/").unwrap().0, Handler::Jobs);
+        assert_eq!(
+            found(Method::GET, "/v1/jobs/7/frames.zip").unwrap(),
+            (Handler::Zip, Some("7".into()), None)
+        );
+        assert_eq!(
+            found(Method::GET, "/v1/jobs/7/frames/3").unwrap(),
+            (Handler::Frame, Some("7".into()), Some("3".into()))
+        );
+        let (handler, params) = find(&Method::GET, "/v1/jobs/7/frames/3/tiles/5/preview").unwrap();
+        assert_eq!(
+            (handler, params.tile.as_deref()),
+            (Handler::TilePreview, Some("5"))
+        );
         assert_eq!(found(Method::POST, "/v1/jobs").unwrap().0, Handler::Submit);
         assert_eq!(
             found(Method::POST, "/v1/jobs/1/resume").unwrap().0,

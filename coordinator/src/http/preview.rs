@@ -1,33 +1,32 @@
-//! Frame previews for the dashboard: a stitched frame scaled down to at most
-//! [`EDGE`] pixels a side, as 8-bit PNG. PNG frames are averaged down as
-//! they are; OpenEXR frames (linear light) are clamped to 0–1 and given the
-//! sRGB transfer curve, as Blender's "Standard" view shows them. A preview
-//! is made once per frame digest and kept, up to [`KEEP_BYTES`] of them,
-//! in memory (made again after a restart). One preview is made at a time
+//! Previews for the dashboard: a stitched frame scaled down to at most
+//! [`EDGE`] pixels a side, and each tile of a frame being rendered scaled
+//! by the same factor (the mosaic), as 8-bit PNG. PNG frames are averaged
+//! down as they are; OpenEXR frames and float tiles (linear light) are
+//! clamped to 0–1 and given the sRGB transfer curve, as Blender's
+//! "Standard" view shows them; sample-sum tiles show the mean of the
+//! samples they hold. A preview is made once, the first time it is asked
+//! for, and stored like other blobs: the `previews` table names it (or why
+//! none can be made) by the blob it was made of, and garbage collection
+//! takes it with its job. One preview is made at a time
 //! ([`Previews::making`]): asked for at once by many, a frame is decoded
 //! once and its memory is one frame's; frames over [`MAX_PIXELS`] get
 //! none.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Mutex;
-
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use anyhow::Context;
-use bytes::Bytes;
 use hyper::{Response, StatusCode};
+use tessera_protocol::float_tile::FloatTile;
+use tessera_protocol::sums::{srgb8, SumTile};
 use tessera_protocol::Digest;
 use tessera_store::BlobStore;
 
 use super::{error, full, refused, Body};
 use crate::server::Shared;
 use crate::service::{self, off_runtime as off};
-use crate::shared::relock;
 
 /// The longest side of a preview, in pixels.
 pub const EDGE: u32 = 320;
-/// The most preview bytes kept; past it the oldest are dropped.
-pub const KEEP_BYTES: usize = 64 << 20;
 /// The largest frame a preview is made of (pixels: 8K UHD, 7680x4320, is
 /// 33 million), and the most bytes its decoding may take.
 pub const MAX_PIXELS: u64 = 40_000_000;
@@ -36,61 +35,11 @@ const MAX_DECODED: usize = 1 << 30;
 /// reads (4 bytes each as float: 640 MB).
 const MAX_EXR_SAMPLES: u64 = 160_000_000;
 
-/// The previews made so far, by the frame's digest.
+/// Previews being made.
 #[derive(Default)]
 pub struct Previews {
-    kept: Mutex<Kept>,
     /// Held while a preview is made: one at a time.
     pub making: Mutex<()>,
-    /// Frames no preview can be made of, and why (not read again).
-    refused: Mutex<HashMap<Digest, String>>,
-}
-
-/// The most frames remembered as having no preview.
-const REFUSED_KEPT: usize = 4096;
-
-#[derive(Default)]
-struct Kept {
-    by_digest: HashMap<Digest, Bytes>,
-    order: VecDeque<Digest>,
-    bytes: usize,
-}
-
-impl Previews {
-    pub fn get(&self, digest: &Digest) -> Option<Bytes> {
-        relock(&self.kept).by_digest.get(digest).cloned()
-    }
-
-    /// Why no preview can be made of this frame, if that is known.
-    pub fn refused(&self, digest: &Digest) -> Option<String> {
-        relock(&self.refused).get(digest).cloned()
-    }
-
-    pub fn refuse(&self, digest: Digest, why: String) {
-        let mut refused = relock(&self.refused);
-        if refused.len() >= REFUSED_KEPT {
-            refused.clear();
-        }
-        refused.insert(digest, why);
-    }
-
-    pub fn keep(&self, digest: Digest, preview: Bytes) {
-        let mut kept = relock(&self.kept);
-        if kept.by_digest.contains_key(&digest) {
-            return;
-        }
-        kept.bytes += preview.len();
-        kept.by_digest.insert(digest, preview);
-        kept.order.push_back(digest);
-        while kept.bytes > KEEP_BYTES {
-            let Some(old) = kept.order.pop_front() else {
-                break;
-            };
-            if let Some(b) = kept.by_digest.remove(&old) {
-                kept.bytes -= b.len();
-            }
-        }
-    }
 }
 
 /// Why no preview could be made.
@@ -104,12 +53,48 @@ pub enum PreviewError {
 
 /// The preview of a PNG or OpenEXR frame's bytes (8-bit RGBA PNG).
 pub fn make(frame: &[u8]) -> Result<Vec<u8>, PreviewError> {
-    let (w, h, rgba) = if crate::exr::is_exr(frame) {
-        exr_rgba8(frame)?
+    let (w, h, rgba) = rgba8(frame)?;
+    let (pw, ph, small) = shrink(w, h, &rgba, w.max(h).div_ceil(EDGE).max(1));
+    encode(pw, ph, &small)
+}
+
+/// The preview of one tile's bytes (PNG, OpenEXR, a float tile or a
+/// sample-sum tile) at the scale of its frame's preview: a frame of
+/// `frame_w` × `frame_h`.
+pub fn make_tile(tile: &[u8], (frame_w, frame_h): (u32, u32)) -> Result<Vec<u8>, PreviewError> {
+    let (w, h, rgba) = rgba8(tile)?;
+    let (pw, ph, small) = shrink(w, h, &rgba, frame_w.max(frame_h).div_ceil(EDGE).max(1));
+    encode(pw, ph, &small)
+}
+
+/// Any image the farm stores, as 8-bit RGBA.
+fn rgba8(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), PreviewError> {
+    if crate::exr::is_exr(bytes) {
+        exr_rgba8(bytes)
+    } else if tessera_protocol::float_tile::is_float_tile(bytes) {
+        let t = FloatTile::parse(bytes).map_err(|e| PreviewError::Unreadable(e.to_string()))?;
+        check_size(t.width, t.height)?;
+        let rgba = (t.rgba.chunks_exact(4))
+            .flat_map(|p| [srgb8(p[0]), srgb8(p[1]), srgb8(p[2]), alpha8(p[3])])
+            .collect();
+        Ok((t.width, t.height, rgba))
+    } else if SumTile::is_sums(bytes) {
+        let t = SumTile::parse(bytes).map_err(|e| PreviewError::Unreadable(e.to_string()))?;
+        check_size(t.width, t.height)?;
+        let rgba = (t.to_srgb8().chunks_exact(3))
+            .flat_map(|p| [p[0], p[1], p[2], 255])
+            .collect();
+        Ok((t.width, t.height, rgba))
     } else {
-        png_rgba8(frame)?
-    };
-    let (pw, ph, small) = shrink(w, h, &rgba);
+        png_rgba8(bytes)
+    }
+}
+
+fn alpha8(v: f32) -> u8 {
+    (if v.is_nan() { 0.0 } else { v.clamp(0.0, 1.0) } * 255.0 + 0.5) as u8
+}
+
+fn encode(pw: u32, ph: u32, small: &[u8]) -> Result<Vec<u8>, PreviewError> {
     let mut out = Vec::new();
     {
         let mut encoder = png::Encoder::new(&mut out, pw, ph);
@@ -117,7 +102,7 @@ pub fn make(frame: &[u8]) -> Result<Vec<u8>, PreviewError> {
         encoder.set_depth(png::BitDepth::Eight);
         let unreadable = |e: png::EncodingError| PreviewError::Unreadable(e.to_string());
         let mut writer = encoder.write_header().map_err(unreadable)?;
-        writer.write_image_data(&small).map_err(unreadable)?;
+        writer.write_image_data(small).map_err(unreadable)?;
     }
     Ok(out)
 }
@@ -221,11 +206,9 @@ fn exr_rgba8(bytes: &[u8]) -> Result<(u32, u32, Vec<u8>), PreviewError> {
     Ok((w, h, rgba))
 }
 
-/// `rgba` (w × h, 8-bit) averaged down by a whole factor until its longer
-/// side is at most [`EDGE`].
-fn shrink(w: u32, h: u32, rgba: &[u8]) -> (u32, u32, Vec<u8>) {
-    let k = w.max(h).div_ceil(EDGE).max(1);
-    if k == 1 {
+/// `rgba` (w × h, 8-bit) averaged down by the whole factor `k`.
+fn shrink(w: u32, h: u32, rgba: &[u8], k: u32) -> (u32, u32, Vec<u8>) {
+    if k <= 1 {
         return (w, h, rgba.to_vec());
     }
     let (pw, ph) = (w.div_ceil(k), h.div_ceil(k));
@@ -250,8 +233,8 @@ fn shrink(w: u32, h: u32, rgba: &[u8]) -> (u32, u32, Vec<u8>) {
 }
 
 /// `GET /v1/jobs/{job}/frames/{frame}/preview`: the stitched frame scaled
-/// down (see [`preview`]), made once per frame and kept.
-pub(super) async fn answer(
+/// down (see [`make`]).
+pub(super) async fn frame(
     shared: &Arc<Shared>,
     job: u64,
     frame: u32,
@@ -260,44 +243,79 @@ pub(super) async fn answer(
         Ok(found) => found,
         Err(e) => return Ok(refused(&e)),
     };
-    let png = match (
-        shared.previews.get(&found.digest),
-        shared.previews.refused(&found.digest),
-    ) {
-        (Some(png), _) => Ok(png),
-        (None, Some(why)) => Err(why),
-        (None, None) => {
-            let shared = shared.clone();
-            tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-                // One at a time; the one that waited may find it made.
-                let previews = &shared.previews;
-                let _making = crate::shared::relock(&previews.making);
-                if let Some(png) = previews.get(&found.digest) {
-                    return Ok(Ok(png));
-                }
-                let bytes = (shared.store.get(&found.digest))
-                    .with_context(|| format!("reading frame {frame} of job {job}"))?;
-                Ok(match make(&bytes) {
-                    Ok(png) => {
-                        let png = Bytes::from(png);
-                        previews.keep(found.digest, png.clone());
-                        Ok(png)
-                    }
-                    Err(e) => {
-                        previews.refuse(found.digest, e.to_string());
-                        Err(e.to_string())
-                    }
-                })
-            })
-            .await??
+    let what = format!("frame {frame} of job {job}");
+    serve(shared, job, frame, 0, found.digest, what, make).await
+}
+
+/// `GET /v1/jobs/{job}/frames/{frame}/tiles/{tile}/preview`: a rendered
+/// tile at its frame preview's scale (see [`make_tile`]).
+pub(super) async fn tile(
+    shared: &Arc<Shared>,
+    job: u64,
+    frame: u32,
+    tile: u32,
+) -> anyhow::Result<Response<Body>> {
+    let (source, resolution) =
+        match off(shared, move |s| service::tile_source(s, job, frame, tile)).await {
+            Ok(found) => found,
+            Err(e) => return Ok(refused(&e)),
+        };
+    let what = format!("tile {tile} of frame {frame} of job {job}");
+    let part = tile.saturating_add(1);
+    serve(shared, job, frame, part, source, what, move |b| {
+        make_tile(b, resolution)
+    })
+    .await
+}
+
+/// The preview of `part` of a frame made of the blob `source`: the stored
+/// one, else made now (one at a time), stored and recorded.
+async fn serve(
+    shared: &Arc<Shared>,
+    job: u64,
+    frame: u32,
+    part: u32,
+    source: Digest,
+    what: String,
+    make: impl FnOnce(&[u8]) -> Result<Vec<u8>, PreviewError> + Send + 'static,
+) -> anyhow::Result<Response<Body>> {
+    let shared = shared.clone();
+    let label = what.clone();
+    let made = tokio::task::spawn_blocking(move || -> anyhow::Result<Result<Vec<u8>, String>> {
+        let stored = |s: &Shared| -> anyhow::Result<Option<Result<Vec<u8>, String>>> {
+            match s.db().preview(job, frame, part, &source)? {
+                Some(Ok(digest)) => match s.store.get(&digest) {
+                    Ok(png) => Ok(Some(Ok(png))),
+                    // Collected under it, or lost: made again.
+                    Err(_) => Ok(None),
+                },
+                Some(Err(why)) => Ok(Some(Err(why))),
+                None => Ok(None),
+            }
+        };
+        if let Some(found) = stored(&shared)? {
+            return Ok(found);
         }
-    };
-    Ok(match png {
+        // One at a time; the one that waited may find it made.
+        let _making = crate::shared::relock(&shared.previews.making);
+        if let Some(found) = stored(&shared)? {
+            return Ok(found);
+        }
+        let bytes = (shared.store.get(&source)).with_context(|| format!("reading {label}"))?;
+        let made = make(&bytes).map_err(|e| e.to_string());
+        let recorded = match &made {
+            Ok(png) => Ok(shared.store.put_bytes(png)?),
+            Err(why) => Err(why.clone()),
+        };
+        shared
+            .db()
+            .set_preview(job, frame, part, &source, &recorded)?;
+        Ok(made)
+    })
+    .await??;
+    Ok(match made {
         Ok(png) => full(StatusCode::OK, "image/png", png),
-        Err(e) => error(
-            StatusCode::NOT_FOUND,
-            &format!("no preview of frame {frame} of job {job}: {e}"),
-        ),
+        Err(e) => error(StatusCode::NOT_FOUND, &format!("no preview of {what}: {e}")),
     })
 }
 
@@ -356,17 +374,38 @@ mod tests {
     }
 
     #[test]
-    fn garbage_is_refused_and_previews_are_kept_within_their_bound() {
+    fn garbage_is_refused() {
         assert!(matches!(
             make(b"not an image"),
             Err(PreviewError::Unreadable(_))
         ));
-        let previews = Previews::default();
-        let big = Bytes::from(vec![0u8; KEEP_BYTES / 2 + 1]);
-        let (a, b) = (Digest::of(b"a"), Digest::of(b"b"));
-        previews.keep(a, big.clone());
-        previews.keep(b, big);
-        assert!(previews.get(&a).is_none(), "the oldest went");
-        assert!(previews.get(&b).is_some());
+        assert!(matches!(
+            make_tile(b"TSUM\x01", (64, 64)),
+            Err(PreviewError::Unreadable(_))
+        ));
+    }
+
+    #[test]
+    fn a_tile_is_shrunk_by_its_frames_factor() {
+        // A 1280x640 frame's preview is 320x160 (a quarter): its 64x32
+        // tile's is 16x8. A sum tile of 2 samples of radiance 1.0: white.
+        let mut t = SumTile::new(64, 32);
+        for s in t.sums.iter_mut() {
+            *s = 2 * tessera_protocol::sums::fixed(1.0);
+        }
+        t.samples = 2;
+        let (w, h, px) = decode(&make_tile(&t.encode(), (1280, 640)).unwrap());
+        assert_eq!((w, h), (16, 8));
+        assert!(px.iter().all(|&v| v == 255));
+        // A float tile: linear 0.214 is sRGB mid-gray.
+        let f = FloatTile {
+            width: 4,
+            height: 4,
+            samples: 1,
+            rgba: [0.214, 0.214, 0.214, 1.0].repeat(16),
+        };
+        let (w, h, px) = decode(&make_tile(&f.encode(), (320, 320)).unwrap());
+        assert_eq!((w, h), (4, 4));
+        assert!((i32::from(px[0]) - 128).abs() <= 1, "{}", px[0]);
     }
 }

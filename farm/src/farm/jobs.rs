@@ -286,6 +286,22 @@ impl FarmCore {
         true
     }
 
+    /// Gives a queued or running job a new priority (higher goes first);
+    /// false when it is not queued or running.
+    pub fn set_priority(&mut self, job: u64, priority: i32) -> bool {
+        let Some(j) = self.jobs.get_mut(&job).filter(|j| j.final_state.is_none()) else {
+            return false;
+        };
+        if !self.sched.set_priority(job, priority) {
+            return false;
+        }
+        std::sync::Arc::make_mut(&mut j.spec).priority = priority;
+        tracing::info!(job, priority, "job priority changed");
+        self.effects.push(Effect::Priority { job, priority });
+        self.effects.push(Effect::Wake);
+        true
+    }
+
     /// Asks a worker to finish what it runs and leave; false when no such
     /// worker is connected.
     pub fn drain(&mut self, worker: WorkerId) -> bool {

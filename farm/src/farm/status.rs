@@ -3,11 +3,11 @@
 
 use tessera_protocol::messages::{
     FarmStatus, JobState, JobStatus, RunningTask, Snapshot, TaskRef, TileState, TileStatus,
-    WorkerState, WorkerStatus,
+    WorkerDetail, WorkerState, WorkerStatus,
 };
 
-use super::{FarmCore, Now};
-use crate::scheduler::TaskKey;
+use super::{FarmCore, Now, WorkerEntry};
+use crate::scheduler::{TaskKey, WorkerId};
 
 impl FarmCore {
     /// A job's status at `now`, or `None` when there is no such job.
@@ -62,10 +62,38 @@ impl FarmCore {
 
     /// Every connected worker, by id.
     pub fn worker_statuses(&self, now: Now) -> Vec<WorkerStatus> {
-        let mut out: Vec<WorkerStatus> = self
-            .workers
-            .iter()
-            .map(|(&id, w)| {
+        let mut out: Vec<WorkerStatus> = (self.workers.iter())
+            .map(|(&id, w)| self.worker_status(id, w, now))
+            .collect();
+        out.sort_by_key(|w| w.id);
+        out
+    }
+
+    /// One connected worker in detail; `None` when it is not connected.
+    pub fn worker_detail(&self, id: WorkerId, now: Now) -> Option<WorkerDetail> {
+        let w = self.workers.get(&id)?;
+        let mut blocklisted_by: Vec<u64> = (self.blocklists.iter())
+            .filter(|(_, identities)| identities.contains(&w.identity))
+            .map(|(&job, _)| job)
+            .collect();
+        blocklisted_by.sort_unstable();
+        Some(WorkerDetail {
+            status: self.worker_status(id, w, now),
+            blocklisted_by,
+            quarantined: self.quarantined.get(&w.identity).cloned(),
+            history: w.history.iter().copied().collect(),
+        })
+    }
+
+    /// The name a connected worker's identity was enrolled under (what
+    /// revoking names).
+    pub fn worker_name(&self, id: WorkerId) -> Option<String> {
+        self.workers.get(&id).map(|w| w.name.clone())
+    }
+
+    fn worker_status(&self, id: WorkerId, w: &WorkerEntry, now: Now) -> WorkerStatus {
+        {
+            {
                 let tasks: Vec<RunningTask> = self
                     .sched
                     .running_on(id)
@@ -113,10 +141,8 @@ impl FarmCore {
                     interruptible: w.info.interruptible,
                     blenders: self.offers_of(&w.info),
                 }
-            })
-            .collect();
-        out.sort_by_key(|w| w.id);
-        out
+            }
+        }
     }
 
     /// Every tile of one frame, for the mosaic.

@@ -93,6 +93,8 @@ struct Farm {
     withdrawn: Vec<(u64, Vec<u32>)>,
     /// Recorded holds: (job, paused, released).
     holds: Vec<(u64, bool, bool)>,
+    /// Recorded priorities: (job, priority).
+    priorities: Vec<(u64, i32)>,
     /// Jobs told blocked, and whose budget was reached.
     blocked: Vec<u64>,
     budgets: Vec<u64>,
@@ -116,6 +118,7 @@ impl Farm {
             quarantined: Vec::new(),
             withdrawn: Vec::new(),
             holds: Vec::new(),
+            priorities: Vec::new(),
             blocked: Vec::new(),
             budgets: Vec::new(),
             resolve: Vec::new(),
@@ -165,6 +168,7 @@ impl Farm {
                     released,
                 } => self.holds.push((job, paused, released)),
                 Effect::ResolveInputs { job, input } => self.resolve.push((job, input)),
+                Effect::Priority { job, priority } => self.priorities.push((job, priority)),
             }
         }
     }
@@ -474,6 +478,66 @@ fn a_paused_job_hands_out_nothing_until_resumed() {
     farm.dispatch();
     assert_eq!(farm.assigned(w).len(), 2);
     assert!(!farm.core.pause(99, true, now), "no such job");
+}
+
+#[test]
+fn a_raised_priority_takes_the_next_free_slot_and_is_recorded() {
+    let mut farm = Farm::new(3);
+    let first = farm.submit(spec("first", 4, 1));
+    let second = farm.submit(spec("second", 4, 1));
+    assert!(farm.core.set_priority(second, 5));
+    farm.collect();
+    assert_eq!(farm.priorities, vec![(second, 5)]);
+    assert_eq!(
+        farm.core.job_status(second, farm.now()).unwrap().priority,
+        5
+    );
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.read(w);
+    farm.dispatch();
+    let got = farm.assigned(w);
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].task.job, second, "the later job, raised, goes first");
+    // Lowered below the other, the first job's tasks come next.
+    assert!(farm.core.set_priority(second, -1));
+    farm.done(w, got[0].task);
+    farm.dispatch();
+    assert_eq!(farm.assigned(w)[0].task.job, first);
+    assert!(!farm.core.set_priority(99, 1), "no such job");
+}
+
+#[test]
+fn a_workers_telemetry_history_keeps_its_latest_readings() {
+    use tessera_protocol::messages::MAX_TELEMETRY_HISTORY;
+    use tessera_protocol::telemetry::{HostTelemetry, Telemetry};
+    let mut farm = Farm::new(3);
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    let n = MAX_TELEMETRY_HISTORY + 5;
+    for i in 0..n {
+        let telemetry = Telemetry {
+            host: HostTelemetry {
+                cpu_model: "cpu".into(),
+                cores: 2,
+                load_1m: i as f32,
+                memory_used_bytes: 1,
+                memory_total_bytes: 2,
+            },
+            gpus: vec![],
+            gpu_note: Some("no NVIDIA driver".into()),
+        };
+        farm.msg(
+            w,
+            WorkerMsg::Heartbeat {
+                telemetry: Some(telemetry),
+            },
+        );
+    }
+    let detail = farm.core.worker_detail(w, farm.now()).unwrap();
+    assert_eq!(detail.history.len(), MAX_TELEMETRY_HISTORY);
+    assert_eq!(detail.history[0].load_1m, 5.0, "the oldest went");
+    assert_eq!(detail.history.last().unwrap().load_1m, (n - 1) as f32);
+    assert_eq!(detail.history[0].gpu_utilization_pct, None);
+    assert!(farm.core.worker_detail(w + 1, farm.now()).is_none());
 }
 
 #[test]
@@ -1277,6 +1341,9 @@ fn a_blocklist_follows_the_identity_across_connections() {
     assert!(farm.assigned(again).is_empty(), "and on its next one");
     let blocked = farm.core.job_status(job, farm.now()).unwrap().blocked;
     assert!(blocked.unwrap().contains("blocklisted"));
+    let detail = farm.core.worker_detail(again, farm.now()).unwrap();
+    assert_eq!(detail.blocklisted_by, vec![job], "its worker page says so");
+    assert_eq!(detail.quarantined, None);
     // Another identity gets the job's tasks.
     let other = farm.join("steady", worker_info(1, Engine::Builtin, vec![]));
     farm.dispatch();

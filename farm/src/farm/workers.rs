@@ -58,6 +58,7 @@ impl FarmCore {
                 progress: HashMap::new(),
                 joined_ms: now.ms,
                 telemetry: None,
+                history: Default::default(),
                 draining: false,
             },
         );
@@ -366,6 +367,11 @@ impl FarmCore {
             }
             WorkerMsg::Heartbeat { telemetry } => {
                 if let (Some(t), Some(w)) = (telemetry, self.workers.get_mut(&id)) {
+                    use tessera_protocol::messages::{TelemetryPoint, MAX_TELEMETRY_HISTORY};
+                    if w.history.len() == MAX_TELEMETRY_HISTORY {
+                        w.history.pop_front();
+                    }
+                    w.history.push_back(TelemetryPoint::of(now.unix_ms, &t));
                     w.telemetry = Some(t);
                 }
                 if let Some(w) = self.workers.get(&id) {

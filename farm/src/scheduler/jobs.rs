@@ -118,6 +118,21 @@ impl Scheduler {
         true
     }
 
+    /// Gives a live job a new priority: it is ranked by it from its next
+    /// lease on (leases handed out stay). False for an unknown or finished
+    /// job.
+    pub fn set_priority(&mut self, job: JobId, priority: i32) -> bool {
+        let Some(known) = self.jobs.get_mut(&job).filter(|j| j.state.is_live()) else {
+            return false;
+        };
+        if let Some(ranks) = self.ready.get_mut(&known.engine) {
+            ranks.remove(&known.rank);
+        }
+        known.rank.0 = Reverse(priority);
+        sync_ready(&mut self.ready, known);
+        true
+    }
+
     /// Pauses or resumes a live job: a paused job hands out no new leases;
     /// running ones go on, queued ones (pipelined, not started) are handed
     /// back. Returns false for an unknown or finished job.

@@ -113,6 +113,14 @@ pub enum ClientRequest {
         job: u64,
         after: u64,
     },
+    /// Give a queued or running job a new priority (higher goes first):
+    /// its tasks not yet handed out are ranked by it. Added in version 20
+    /// (a client sends it only to a coordinator of its own version or
+    /// newer). Answered by `Prioritized`.
+    SetPriority {
+        job: u64,
+        priority: i32,
+    },
 }
 
 /// Which jobs a `status` (or the HTTP API) lists. Every part that is given
@@ -270,6 +278,8 @@ pub enum ClientResponse {
         next: u64,
         more: bool,
     },
+    /// The job with its new priority (see `ClientRequest::SetPriority`).
+    Prioritized(JobStatus),
 }
 
 /// What kind of failure a client's request met. Both APIs carry it: QUIC in

@@ -144,6 +144,46 @@ pub struct WorkerStatus {
     pub blenders: Vec<BlenderOffer>,
 }
 
+/// One connected worker in detail (the HTTP API's `GET
+/// /v1/workers/{worker}`, the dashboard's worker page).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct WorkerDetail {
+    pub status: WorkerStatus,
+    /// Jobs that give it no more tasks: it failed too many of theirs.
+    pub blocklisted_by: Vec<u64>,
+    /// Why it gets no work at all, when a failed `--verify` check
+    /// quarantined its identity.
+    pub quarantined: Option<String>,
+    /// Its latest telemetry readings, oldest first (at most
+    /// [`MAX_TELEMETRY_HISTORY`], one a heartbeat).
+    pub history: Vec<TelemetryPoint>,
+}
+
+/// The most telemetry readings kept per connected worker.
+pub const MAX_TELEMETRY_HISTORY: usize = 120;
+
+/// One telemetry reading, reduced to what a sparkline draws.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct TelemetryPoint {
+    pub unix_ms: u64,
+    /// The first GPU's utilisation and memory in use, when it reports them.
+    pub gpu_utilization_pct: Option<u32>,
+    pub gpu_memory_used_bytes: Option<u64>,
+    pub load_1m: f32,
+}
+
+impl TelemetryPoint {
+    pub fn of(unix_ms: u64, t: &Telemetry) -> TelemetryPoint {
+        let gpu = t.gpus.first();
+        TelemetryPoint {
+            unix_ms,
+            gpu_utilization_pct: gpu.map(|g| g.utilization_pct),
+            gpu_memory_used_bytes: gpu.map(|g| g.memory_used_bytes),
+            load_1m: t.host.load_1m,
+        }
+    }
+}
+
 /// Lowercase in JSON, as `name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -294,6 +334,21 @@ pub struct FrameOutput {
     pub format: OutputFormat,
     /// The file name the scene gives this frame, when it names its frames.
     pub name: Option<String>,
+}
+
+impl FrameOutput {
+    /// The file a frame is saved as: the scene's own name for it when that
+    /// is a plain file name (no folder, no `..`), else `frame_NNNN.EXT`.
+    pub fn file_name(&self) -> String {
+        let plain = |n: &String| {
+            let mut parts = std::path::Path::new(n).components();
+            matches!(parts.next(), Some(std::path::Component::Normal(_))) && parts.next().is_none()
+        };
+        self.name
+            .clone()
+            .filter(plain)
+            .unwrap_or_else(|| format!("frame_{:04}.{}", self.frame, self.format.extension()))
+    }
 }
 
 /// `status JOB`: a job with what it is made of.

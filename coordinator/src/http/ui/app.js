@@ -5,7 +5,7 @@
 //   #/farm            workers, queue, burn rate
 //   #/jobs?state=&name=&page=   the jobs, filtered and paged
 //   #/jobs/ID         one job: frames filling in, the tile mosaic, actions
-//   #/workers/ID      one worker: its tasks, telemetry, drain
+//   #/workers/ID      one worker: its tasks, telemetry, blocklists, drain, revoke
 // Live: the farm's event stream (/v1/events, Server-Sent Events) redraws
 // the page shown; a job or worker page also re-reads every few seconds.
 
@@ -15,6 +15,8 @@ const PAGE = 50;
 const history = new Map();
 // Failed attempts' logs the user opened, kept open across redraws.
 const openLogs = new Map();
+// Priorities typed and not yet set, by job.
+const priorityTyped = new Map();
 const HISTORY = 60;
 
 // ---- DOM -------------------------------------------------------------
@@ -34,6 +36,18 @@ function h(tag, attrs, ...children) {
   return el;
 }
 const $ = (id) => document.getElementById(id);
+// Images shown, by address: a redraw moves the same element into the new
+// page, so a thumbnail is fetched once, not at every redraw.
+const images = new Map();
+function image(src, attrs) {
+  let img = images.get(src);
+  if (!img) {
+    img = h('img', { ...attrs, src });
+    images.set(src, img);
+    if (images.size > 2000) images.delete(images.keys().next().value);
+  }
+  return img;
+}
 
 function toast(text, bad) {
   const t = $('toast');
@@ -111,9 +125,9 @@ async function apiWithHeaders(path, method = 'GET', body) {
   if (!r.ok) throw new Refused(r.status, (value && value.error) || `${r.status} ${r.statusText}`);
   return { value, headers: r.headers };
 }
-async function act(path, what) {
+async function act(path, what, body) {
   try {
-    await api(path, 'POST');
+    await api(path, 'POST', body);
     toast(what);
     refresh();
   } catch (e) {
@@ -372,7 +386,7 @@ async function jobsPage(shown) {
 }
 
 // ---- a job -----------------------------------------------------------
-function mosaic(tiles) {
+function mosaic(tiles, job, frame) {
   const width = Math.max(...tiles.map((t) => t.tile.x + t.tile.width));
   const height = Math.max(...tiles.map((t) => t.tile.y + t.tile.height));
   const box = h('div', { class: 'mosaic', id: 'mosaic' });
@@ -380,7 +394,11 @@ function mosaic(tiles) {
   for (const t of tiles) {
     const name = typeof t.state === 'string' ? t.state : Object.keys(t.state)[0];
     const samples = (typeof t.state === 'object' && t.state.rendering) ? t.state.rendering : null;
-    const cell = h('div', { class: 'tile ' + name, title: name }, samples ? `${Math.floor(100 * samples[0] / Math.max(samples[1], 1))}%` : '');
+    const index = tiles.indexOf(t);
+    // A rendered tile shows its pixels (its preview, at the frame
+    // preview's scale); the others their state.
+    const picture = name === 'done' ? image(`/v1/jobs/${job}/frames/${frame}/tiles/${index}/preview`, { alt: `tile ${index}`, class: 'tile-image' }) : null;
+    const cell = h('div', { class: 'tile ' + name, title: `tile ${index}: ${name}`, dataset: { tile: index } }, picture || (samples ? `${Math.floor(100 * samples[0] / Math.max(samples[1], 1))}%` : ''));
     // Blender counts rows from the bottom; the page from the top.
     cell.style.left = (100 * t.tile.x / width) + '%';
     cell.style.top = (100 * (height - t.tile.y - t.tile.height) / height) + '%';
@@ -419,16 +437,31 @@ async function jobPage(shown) {
     }, confirm && isArmed(key) ? `Confirm ${path}?` : label);
   };
   const active = j.state === 'queued' || j.state === 'running';
+  // The field keeps what the user typed across redraws until it is set.
+  const typed = priorityTyped.get(id);
+  const priorityInput = h('input', { id: 'priority', type: 'number', step: 1, min: -2147483648, max: 2147483647, value: typed ?? j.priority, class: 'narrow', disabled: !canAct() || !active,
+    title: 'higher goes first; tasks already handed out finish where they are',
+    on: { input: (e) => priorityTyped.set(id, e.target.value) } });
+  const setPriority = (e) => {
+    e.preventDefault();
+    const priority = Number(priorityInput.value);
+    if (!Number.isInteger(priority)) { toast('A priority is a whole number.', true); return; }
+    priorityTyped.delete(id);
+    act(`/v1/jobs/${id}/priority`, `job ${id} has priority ${priority}`, { priority });
+  };
   const actions = h('div', { class: 'actions' },
     button('Pause', 'pause', `job ${id} paused`, '', active && !j.paused),
     button('Resume', 'resume', `job ${id} resumed`, '', active && j.paused),
     button('Cancel', 'cancel', `job ${id} canceled`, 'danger', active, true),
     button('Retry', 'retry', `job ${id} retried`, '', j.state === 'failed'),
+    h('form', { class: 'inline', on: { submit: setPriority } }, h('label', { class: 'dim', for: 'priority' }, 'priority '), priorityInput,
+      h('button', { type: 'submit', id: 'act-priority', disabled: !canAct() || !active, title: canAct() ? null : 'the viewer ticket can only look' }, 'Set')),
+    stitched.size ? h('a', { id: 'download-all', class: 'button', href: `/v1/jobs/${id}/frames.zip`, download: `job_${id}_frames.zip` }, `⤓ all ${stitched.size} frames (zip)`) : null,
     h('a', { href: '#/jobs', class: 'dim' }, '← all jobs'));
   const cards = frames.slice(0, 500).map((f) => {
     const out = stitched.get(f.frame);
     const picture = out
-      ? h('img', { class: 'thumb', alt: `frame ${f.frame}`, loading: 'lazy', src: out.format === 'image' ? `/v1/jobs/${id}/frames/${f.frame}` : `/v1/jobs/${id}/frames/${f.frame}/preview` })
+      ? image(`/v1/jobs/${id}/frames/${f.frame}/preview#${out.digest}`, { class: 'thumb', alt: `frame ${f.frame}`, loading: 'lazy' })
       : h('div', { class: 'thumb empty' }, f.state);
     return h('div', { class: 'frame', dataset: { frame: f.frame, state: out ? 'done' : f.state } },
       picture,
@@ -464,6 +497,7 @@ async function jobPage(shown) {
     ['tasks', `${j.tasks_done}/${j.tasks_total} done, ${j.tasks_running} running`],
     ['ETA', secs(j.eta_secs)],
     ['cost', `${usd(j.cost_usd)} so far, ${usd(j.cost_to_finish_usd)} to finish`],
+    ['priority', h('span', { id: 'job-priority' }, String(j.priority))],
     ['budget', j.budget_usd === null ? 'none' : usd(j.budget_usd)],
     ['deadline', j.deadline_unix_ms ? when(j.deadline_unix_ms) : 'none'],
     ['after', j.after.length ? `${j.after.join(', ')}${j.waiting_for.length ? ` (waiting for ${j.waiting_for.join(', ')})` : ''}` : 'nothing'],
@@ -477,7 +511,7 @@ async function jobPage(shown) {
     h('h1', {}, `Job ${id}: ${j.name}`),
     actions,
     h('dl', { class: 'kv' }, ...facts.flatMap(([k, val]) => [h('dt', {}, k), h('dd', {}, val)])),
-    tiles && tiles.length > 1 ? [h('h2', {}, `Frame ${rendering.frame}, tile by tile`), mosaic(tiles)] : null,
+    tiles && tiles.length > 1 ? [h('h2', {}, `Frame ${rendering.frame}, tile by tile`), mosaic(tiles, id, rendering.frame)] : null,
     h('h2', {}, `Frames (${stitched.size} of ${frames.length} stitched${frames.length > 500 ? '; the first 500 shown' : ''})`),
     h('div', { class: 'frames', id: 'frames' }, ...cards),
     detail.workers.length ? [h('h2', {}, 'Workers'), h('table', {},
@@ -488,22 +522,41 @@ async function jobPage(shown) {
 }
 
 // ---- a worker --------------------------------------------------------
+function historySpark(points, pick, max) {
+  const values = points.map(pick).filter((v) => v !== null && v !== undefined);
+  if (!values.length) return h('span', { class: 'dim' }, '—');
+  return spark(values.map((v) => 100 * v / Math.max(max, 1e-9)));
+}
 async function workerPage(shown) {
-  const workers = await api('/v1/workers');
-  remember(workers);
-  const w = workers.find((x) => x.id === shown.worker);
-  if (!w) return h('p', {}, `Worker ${shown.worker} is not connected. `, h('a', { href: '#/farm' }, '← farm'));
+  let detail;
+  try {
+    detail = await api(`/v1/workers/${shown.worker}`);
+  } catch (e) {
+    if (e instanceof Refused && e.status === 404) return h('p', {}, `Worker ${shown.worker} is not connected. `, h('a', { href: '#/farm' }, '← farm'));
+    throw e;
+  }
+  const w = detail.status;
   const t = w.telemetry;
   const gpus = (t && t.gpus) || [];
   const key = `drain ${w.id}`;
+  const refuse = canAct() ? null : 'the viewer ticket can only look';
   const drain = h('button', {
     id: 'act-drain', class: 'danger', disabled: !canAct() || w.state === 'draining',
-    title: canAct() ? 'finish its tasks, then leave the farm' : 'the viewer ticket can only look',
+    title: refuse || 'finish its tasks, then leave the farm',
     on: { click: () => confirmThen(key, `drain ${w.name}`, () => act(`/v1/workers/${w.id}/drain`, `${w.name} drains: it finishes its tasks and leaves`)) },
   }, isArmed(key) ? 'Confirm drain?' : 'Drain');
+  const revokeKey = `revoke ${w.id}`;
+  const revoke = h('button', {
+    id: 'act-revoke', class: 'danger', disabled: !canAct(),
+    title: refuse || `disconnect it now and refuse every worker enrolled as ${w.name} from now on (its tasks go back to the queue)`,
+    on: { click: () => confirmThen(revokeKey, `revoke ${w.name} for good`, () => act(`/v1/workers/${w.id}/revoke`, `${w.name} revoked: disconnected and refused from now on`)) },
+  }, isArmed(revokeKey) ? 'Confirm revoke?' : 'Revoke');
+  const points = detail.history;
+  const memTotal = gpus.length ? gpus[0].memory_total_bytes : 0;
+  const span = points.length > 1 ? secs((points[points.length - 1].unix_ms - points[0].unix_ms) / 1000) : null;
   return h('div', {},
     h('h1', {}, `Worker ${w.name}`),
-    h('div', { class: 'actions' }, drain, h('a', { href: '#/farm', class: 'dim' }, '← farm')),
+    h('div', { class: 'actions' }, drain, revoke, h('a', { href: '#/farm', class: 'dim' }, '← farm')),
     h('dl', { class: 'kv' },
       h('dt', {}, 'state'), h('dd', { id: 'worker-state' }, badge(w.state)),
       h('dt', {}, 'host'), h('dd', {}, w.hostname),
@@ -514,9 +567,19 @@ async function workerPage(shown) {
       h('dt', {}, 'tasks done'), h('dd', {}, w.tasks_done),
       h('dt', {}, 'connected'), h('dd', {}, secs(w.connected_secs)),
       h('dt', {}, 'host load'), h('dd', {}, t ? `${t.host.load_1m.toFixed(2)} on ${t.host.cores} cores, memory ${bytes(t.host.memory_used_bytes)} / ${bytes(t.host.memory_total_bytes)}` : '—'),
-      h('dt', {}, 'GPU'), h('dd', {}, gpus.length ? '' : ((t && t.gpu_note) || 'no GPU telemetry'))),
+      h('dt', {}, 'GPU'), h('dd', {}, gpus.length ? '' : ((t && t.gpu_note) || 'no GPU telemetry')),
+      h('dt', {}, 'quarantine'), h('dd', { id: 'worker-quarantine' }, detail.quarantined ? h('span', { class: 'error' }, `quarantined: ${detail.quarantined}`) : 'no'),
+      h('dt', {}, 'blocklisted by'), h('dd', { id: 'worker-blocklists' }, detail.blocklisted_by.length
+        ? detail.blocklisted_by.map((j) => h('a', { href: `#/jobs/${j}` }, `job ${j}`)).flatMap((a, i) => i ? [', ', a] : [a])
+        : 'no job')),
+    h('h2', {}, span ? `Telemetry, the last ${span}` : 'Telemetry'),
+    h('table', { id: 'worker-history' },
+      h('tr', {}, ...['reading', 'history', 'now'].map((c) => h('th', {}, c))),
+      h('tr', {}, h('td', {}, 'GPU utilisation'), h('td', {}, historySpark(points, (p) => p.gpu_utilization_pct, 100)), h('td', { class: 'num' }, gpus.length ? `${gpus[0].utilization_pct}%` : '—')),
+      h('tr', {}, h('td', {}, 'VRAM'), h('td', {}, historySpark(points, (p) => p.gpu_memory_used_bytes, memTotal)), h('td', { class: 'num' }, gpus.length ? `${bytes(gpus[0].memory_used_bytes)} / ${bytes(memTotal)}` : '—')),
+      h('tr', {}, h('td', {}, 'host load'), h('td', {}, historySpark(points, (p) => p.load_1m, Math.max(...points.map((p) => p.load_1m), t ? t.host.cores : 1))), h('td', { class: 'num' }, t ? t.host.load_1m.toFixed(2) : '—'))),
     gpus.length ? h('table', {}, h('tr', {}, ...['GPU', 'utilisation', 'VRAM', 'temperature', 'power'].map((c) => h('th', {}, c))),
-      ...gpus.map((g) => h('tr', {}, h('td', {}, g.name), h('td', { class: 'num' }, spark(g.index === 0 ? (history.get(w.id) || []) : []), ` ${g.utilization_pct}%`),
+      ...gpus.map((g) => h('tr', {}, h('td', {}, g.name), h('td', { class: 'num' }, `${g.utilization_pct}%`),
         h('td', { class: 'num' }, `${bytes(g.memory_used_bytes)} / ${bytes(g.memory_total_bytes)}`), h('td', { class: 'num' }, `${g.temperature_c} °C`),
         h('td', { class: 'num' }, `${g.power_draw_w.toFixed(0)} / ${g.power_limit_w.toFixed(0)} W`)))) : null,
     h('h2', {}, 'Tasks'),
