@@ -38,10 +38,20 @@ pub struct Config {
     pub checkpoint_every: Duration,
     /// Serve the HTTP/JSON API and `/metrics` (see `crate::http`).
     pub http: Option<HttpListen>,
+    /// The HTTP API's own certificate chain and key (PEM files), in place
+    /// of the coordinator's self-signed certificate: one browsers trust.
+    pub http_cert: Option<HttpCert>,
     /// POST job events to this receiver (see `crate::webhook`).
     pub webhook: Option<Webhook>,
     /// The time limit of a task whose job sets none (`--task-timeout`).
     pub task_timeout: Option<Duration>,
+}
+
+/// An operator's certificate for the HTTP API (`--http-cert`, `--http-key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpCert {
+    pub chain: std::path::PathBuf,
+    pub key: std::path::PathBuf,
 }
 
 /// Where the HTTP API listens.
@@ -91,6 +101,7 @@ impl Config {
             scrub_bytes_per_sec: 16 << 20,
             checkpoint_every: Duration::from_secs(1),
             http: None,
+            http_cert: None,
             webhook: None,
         }
     }

@@ -20,7 +20,7 @@ use tessera_transport::{self as transport, Identity, Timing};
 use tokio::task::JoinSet;
 
 use crate::commit::{self, CommitMsg};
-pub use crate::config::{Config, HttpListen, Webhook};
+pub use crate::config::{Config, HttpCert, HttpListen, Webhook};
 use crate::db::{Db, StoredJob};
 use crate::farm::{FarmConfig, FarmCore, RestoredJob};
 use crate::identity::Identities;
@@ -141,7 +141,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             tasks.spawn(crate::http::serve(
                 shared.clone(),
                 listener,
-                crate::http::tls(&identity)?,
+                crate::http::tls(&identity, config.http_cert.as_ref())?,
             ));
             tracing::info!(%addr, %url, "http api listening");
             Some(addr)

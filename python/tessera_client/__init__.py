@@ -193,6 +193,19 @@ class _PinnedConnection(http.client.HTTPSConnection):
                 "(another server, or a ticket of another coordinator)")
 
 
+class _VerifiedConnection(http.client.HTTPSConnection):
+    """HTTPS to a coordinator serving an operator's certificate
+    (``coordinator --http-cert``), verified as a browser does: its chain
+    against ``cafile`` (the system's roots when it is ``"system"``) and its
+    name against the URL's host."""
+
+    def __init__(self, host, port, cafile, timeout):
+        ctx = ssl.create_default_context(cafile=None if cafile == "system" else cafile)
+        ctx.minimum_version = ssl.TLSVersion.TLSv1_3
+        ctx.set_alpn_protocols(["http/1.1"])
+        super().__init__(host, port, timeout=timeout, context=ctx)
+
+
 _OPTION_FLAGS = {
     # option name -> tessera submit flag, where they differ from --kebab-case
 }
@@ -270,11 +283,16 @@ class Client:
     $TESSERA_TICKET. ``url``: where the API listens, when it is not the
     ticket's own address (``coordinator --http HOST:PORT``; also
     $TESSERA_HTTP_URL). ``tessera``: the ``tessera`` binary used for uploads
-    (default: $TESSERA_BIN, else ``tessera`` on the PATH).
+    (default: $TESSERA_BIN, else ``tessera`` on the PATH). ``cafile``: when
+    the coordinator serves the API with an operator's certificate
+    (``--http-cert``), the CA file to verify it with, or ``"system"`` for
+    the system's roots (also $TESSERA_HTTP_CAFILE); else the coordinator's
+    own certificate is pinned by the ticket's fingerprint.
     """
 
     def __init__(self, ticket: Optional[str] = None, url: Optional[str] = None,
-                 tessera: Optional[PathLike] = None, timeout: float = 60.0) -> None:
+                 tessera: Optional[PathLike] = None, timeout: float = 60.0,
+                 cafile: Optional[str] = None) -> None:
         self.ticket = Ticket.resolve(ticket)
         url = url or os.environ.get("TESSERA_HTTP_URL") or "https://" + self.ticket.addr
         parsed = urllib.parse.urlsplit(url)
@@ -284,13 +302,16 @@ class Client:
         self.tessera: str = (os.fspath(tessera) if tessera else None) or os.environ.get(
             "TESSERA_BIN") or shutil.which("tessera") or "tessera"
         self.timeout = timeout
+        self.cafile = cafile or os.environ.get("TESSERA_HTTP_CAFILE") or None
         self._secret = self.ticket.secret
 
     # -- transport ---------------------------------------------------------
 
     def _connection(self, timeout=None):
-        return _PinnedConnection(self.host, self.port, self.ticket.fingerprint,
-                                 timeout if timeout is not None else self.timeout)
+        timeout = timeout if timeout is not None else self.timeout
+        if self.cafile:
+            return _VerifiedConnection(self.host, self.port, self.cafile, timeout)
+        return _PinnedConnection(self.host, self.port, self.ticket.fingerprint, timeout)
 
     def _open(self, method, path, body=None, query=None, timeout=None, secret=None):
         if query:

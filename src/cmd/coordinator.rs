@@ -61,6 +61,15 @@ pub(crate) struct Args {
     /// HOST:PORT. The URL is written to DATA_DIR/http.url.
     #[arg(long, num_args = 0..=1, default_missing_value = "ticket", value_name = "HOST:PORT")]
     pub http: Option<String>,
+    /// With --http: serve it with this certificate chain (PEM, the server's
+    /// first) instead of the coordinator's self-signed one, so that
+    /// browsers trust the dashboard. Clients then verify it as browsers do
+    /// (the Python client: Client(cafile=…)); QUIC keeps its own.
+    #[arg(long, value_name = "PEM", requires = "http_key", requires = "http")]
+    pub http_cert: Option<PathBuf>,
+    /// The private key of --http-cert (PEM).
+    #[arg(long, value_name = "PEM", requires = "http_cert")]
+    pub http_key: Option<PathBuf>,
     /// POST job done, failed and blocked events to this http:// URL,
     /// signed with HMAC-SHA256 (X-Tessera-Signature); retried with
     /// backoff until the receiver answers 2xx, across restarts.
@@ -132,6 +141,8 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
         scrub_mb_per_sec,
         task_timeout,
         http,
+        http_cert,
+        http_key,
         webhook,
         webhook_secret_file,
         webhook_backoff_ms,
@@ -156,6 +167,9 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
             format!("--http {addr}: expected HOST:PORT, e.g. 127.0.0.1:7701")
         })?)),
     };
+    if let (Some(chain), Some(key)) = (http_cert, http_key) {
+        config.http_cert = Some(tessera_coordinator::server::HttpCert { chain, key });
+    }
     if let Some(url) = webhook {
         tessera_coordinator::webhook::parse_url(&url)?;
         let secret = match webhook_secret_file {

@@ -617,3 +617,136 @@ fn unzip(bytes: &[u8]) -> Option<Vec<(String, Vec<u8>)>> {
     }
     Some(out)
 }
+
+/// A test certificate authority and, signed by it, a certificate for
+/// `localhost` and 127.0.0.1: (CA DER, chain PEM, key PEM).
+fn operator_certificate() -> (Vec<u8>, String, String) {
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, Issuer, KeyPair};
+    let ca_key = KeyPair::generate().unwrap();
+    let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    let ca_cert = ca.self_signed(&ca_key).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+        .unwrap()
+        .signed_by(&key, &Issuer::new(ca, ca_key))
+        .unwrap();
+    (
+        ca_cert.der().to_vec(),
+        pem("CERTIFICATE", leaf.der()),
+        pem("PRIVATE KEY", &key.serialize_der()),
+    )
+}
+
+fn pem(label: &str, der: &[u8]) -> String {
+    const B64: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut text = String::new();
+    for chunk in der.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | u32::from(b) << (16 - 8 * i));
+        for i in 0..4 {
+            text.push(if i <= chunk.len() {
+                B64[(n >> (18 - 6 * i) & 63) as usize] as char
+            } else {
+                '='
+            });
+        }
+    }
+    let lines: Vec<&str> = (0..text.len())
+        .step_by(64)
+        .map(|i| &text[i..(i + 64).min(text.len())])
+        .collect();
+    format!(
+        "-----BEGIN {label}-----\n{}\n-----END {label}-----\n",
+        lines.join("\n")
+    )
+}
+
+/// `coordinator --http-cert --http-key`: the API and dashboard are served
+/// with the operator's certificate, which a client verifies as a browser
+/// does (its CA, its name), while QUIC keeps the pinned one; a key that is
+/// not the certificate's stops the coordinator with an error naming both.
+#[test]
+fn an_operators_certificate_serves_the_dashboard_as_browsers_verify_it() {
+    let dir = std::env::temp_dir().join(format!("tessera-http-cert-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let (ca, chain, key) = operator_certificate();
+    let (chain_file, key_file) = (dir.join("chain.pem"), dir.join("key.pem"));
+    std::fs::write(&chain_file, &chain).unwrap();
+    std::fs::write(&key_file, &key).unwrap();
+    let farm = Farm::start(
+        "http-cert",
+        &[
+            "--http",
+            "--http-cert",
+            chain_file.to_str().unwrap(),
+            "--http-key",
+            key_file.to_str().unwrap(),
+        ],
+    );
+    let client = ticket(&farm, "client.ticket");
+    let addr = http_addr(&farm);
+    // Verified against the CA, by name, as a browser does.
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from(ca))
+        .unwrap();
+    let provider = std::sync::Arc::new(rustls::crypto::ring::default_provider());
+    let mut tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let tls = std::sync::Arc::new(tls);
+    let get = |path: &str| {
+        let name = rustls::pki_types::ServerName::try_from("localhost").unwrap();
+        let conn = rustls::ClientConnection::new(tls.clone(), name).unwrap();
+        let mut stream =
+            rustls::StreamOwned::new(conn, std::net::TcpStream::connect(addr).unwrap());
+        let head = format!(
+            "GET {path} HTTP/1.1\r\nHost: localhost\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n",
+            client.secret
+        );
+        stream.write_all(head.as_bytes()).unwrap();
+        let mut answer = String::new();
+        let _ = stream.read_to_string(&mut answer);
+        answer
+    };
+    let page = get("/");
+    assert!(
+        page.starts_with("HTTP/1.1 200") && page.contains("/ui/app.js"),
+        "{page}"
+    );
+    assert!(get("/v1/jobs").starts_with("HTTP/1.1 200"));
+    // The ticket's pin is the QUIC certificate's, not this one.
+    let mut pinned = crate::harness::pinned_tls(&client, addr);
+    let refused = pinned.write_all(b"GET / HTTP/1.1\r\n\r\n");
+    assert!(refused.is_err(), "the pinned handshake succeeded");
+    // QUIC is as it was.
+    assert!(farm.json(&["status", "--json"])["jobs"].is_array());
+    drop(farm);
+
+    // Another key than the certificate's: the coordinator does not start.
+    let other = dir.join("other.pem");
+    std::fs::write(&other, operator_certificate().2).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["coordinator", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--listen", "127.0.0.1:0", "--http", "--http-cert"])
+        .arg(&chain_file)
+        .arg("--http-key")
+        .arg(&other)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("--http-cert") && err.contains("certificate and key"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -323,6 +323,32 @@ pub fn server_tls(identity: &Identity) -> Result<rustls::ServerConfig, Transport
     Ok(tls)
 }
 
+/// A TLS 1.3 server configuration with an operator's own certificate
+/// chain and private key, each read from PEM (the chain's first
+/// certificate is the server's; the key must be its own).
+pub fn server_tls_pem(
+    chain_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<rustls::ServerConfig, TransportError> {
+    use rustls::pki_types::pem::PemObject;
+    let chain = CertificateDer::pem_slice_iter(chain_pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| TransportError::Tls(format!("the certificate file: {e}")))?;
+    if chain.is_empty() {
+        return Err(TransportError::Tls(
+            "the certificate file holds no PEM certificate".into(),
+        ));
+    }
+    let key = PrivateKeyDer::from_pem_slice(key_pem)
+        .map_err(|e| TransportError::Tls(format!("the key file holds no PEM private key: {e}")))?;
+    rustls::ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|e| TransportError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .map_err(|e| TransportError::Tls(format!("the certificate and key: {e}")))
+}
+
 /// The connecting side's TLS 1.3 configuration: accepts exactly the
 /// certificate with this blake3 `fingerprint`.
 pub fn client_tls(fingerprint: &str) -> Result<rustls::ClientConfig, TransportError> {

@@ -35,6 +35,7 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use anyhow::Context;
 use bytes::Bytes;
 use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
@@ -275,8 +276,25 @@ pub(crate) async fn serve(
 /// The TLS configuration: the QUIC endpoint's certificate, HTTP/1.1.
 pub(crate) fn tls(
     identity: &tessera_transport::Identity,
+    cert: Option<&crate::config::HttpCert>,
 ) -> anyhow::Result<Arc<rustls::ServerConfig>> {
-    let mut tls = tessera_transport::server_tls(identity)?;
+    let mut tls = match cert {
+        None => tessera_transport::server_tls(identity)?,
+        Some(c) => {
+            let read = |p: &std::path::Path| {
+                std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))
+            };
+            tessera_transport::server_tls_pem(&read(&c.chain)?, &read(&c.key)?).with_context(
+                || {
+                    format!(
+                        "--http-cert {} --http-key {}",
+                        c.chain.display(),
+                        c.key.display()
+                    )
+                },
+            )?
+        }
+    };
     tls.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(tls))
 }
