@@ -367,9 +367,19 @@ pub async fn run(
             }
         }
         save_state(&file, &state_path, &providers, &nodes);
+        let status = fleet_status(&nodes, &bill, &jobs, &base_cost, policy.replaced);
         if let Some(path) = status_file {
-            let status = fleet_status(&nodes, &bill, &jobs, &base_cost, policy.replaced);
             write_atomically(path, &status.to_string())?;
+        }
+        // The dashboard's farm page shows the latest; a refusal costs the
+        // fleet nothing.
+        match serde_json::from_value(status) {
+            Ok(report) => {
+                if let Err(e) = client.fleet_report(report).await {
+                    eprintln!("fleet: the coordinator did not take the fleet's report: {e:#}");
+                }
+            }
+            Err(e) => eprintln!("fleet: no report for the coordinator: {e}"),
         }
         tokio::select! {
             _ = &mut stop => break,

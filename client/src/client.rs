@@ -346,6 +346,17 @@ impl Client {
         }
     }
 
+    /// Reports a fleet's nodes and billing (kept for the dashboard).
+    pub async fn fleet_report(
+        &mut self,
+        report: tessera_protocol::messages::FleetReport,
+    ) -> anyhow::Result<()> {
+        match self.call(&ClientRequest::FleetReport(report)).await? {
+            ClientResponse::Done => Ok(()),
+            other => bail!("unexpected reply {other:?}"),
+        }
+    }
+
     /// Has the coordinator collect garbage now.
     pub async fn collect_garbage(&mut self) -> anyhow::Result<Collected> {
         match self.call(&ClientRequest::CollectGarbage).await? {

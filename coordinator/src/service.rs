@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{
-    take_page, ClientError, ErrorKind, FarmEvent, FrameOutput, JobDetail, JobFilter, JobState,
-    JobStatus, TaskLog, TileState, TileStatus, WorkerDetail, WorkerStatus, PAGE_ITEMS,
+    take_page, ClientError, ErrorKind, FarmEvent, FleetReport, FrameOutput, JobDetail, JobFilter,
+    JobState, JobStatus, TaskLog, TileState, TileStatus, WorkerDetail, WorkerStatus, PAGE_ITEMS,
 };
 use tokio::sync::broadcast;
 
@@ -255,6 +255,22 @@ pub(crate) async fn revoke_connected(
     };
     let (identities, disconnected) = revoke(shared, name.clone()).await?;
     Ok((name, identities, disconnected))
+}
+
+/// Keeps a fleet's report (the latest replaces the one before), once its
+/// counts, figures and names are within bounds.
+pub(crate) fn fleet_report(shared: &Shared, report: FleetReport) -> Answer<()> {
+    report.check().map_err(ClientError::invalid)?;
+    *crate::shared::relock(&shared.fleet) = Some((crate::server::unix_ms(), report));
+    Ok(())
+}
+
+/// The latest fleet report and when it came; `NotFound` when no fleet
+/// reported since the coordinator started.
+pub(crate) fn fleet(shared: &Shared) -> Answer<(u64, FleetReport)> {
+    (crate::shared::relock(&shared.fleet).clone()).ok_or_else(|| {
+        ClientError::not_found("no fleet has reported to this coordinator since it started")
+    })
 }
 
 /// `NotFound` unless the database holds job `id`.

@@ -78,8 +78,10 @@ pub(crate) struct Shared {
     pub watch: crate::watch::Watch,
     /// The dashboard's signed-in sessions (ended by `rotate-tickets`).
     pub sessions: crate::http::session::Sessions,
-    /// Frame previews made so far, by the frame's digest.
+    /// Previews being made (one at a time).
     pub previews: crate::http::preview::Previews,
+    /// The latest fleet report and when it came (unix ms).
+    pub fleet: Mutex<Option<(u64, tessera_protocol::messages::FleetReport)>>,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -145,6 +147,7 @@ impl Shared {
             watch: Default::default(),
             sessions: Default::default(),
             previews: Default::default(),
+            fleet: Default::default(),
         };
         (shared, commit_rx, stitch_rx)
     }

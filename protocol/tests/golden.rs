@@ -875,6 +875,26 @@ fn newer() -> Vec<Sample> {
             },
         ),
         sample(
+            "ClientRequest.FleetReport",
+            ClientRequest::FleetReport(FleetReport {
+                nodes: vec![FleetNode {
+                    name: "tessera-fleet-1".into(),
+                    node: "i-1".into(),
+                    gpu: "RTX 4090".into(),
+                    usd_per_hour: 0.45,
+                    state: "joined".into(),
+                    secs: 600.0,
+                    usd: 0.075,
+                }],
+                replaced: 1,
+                billed_usd: 0.1,
+                attributed_to_jobs_usd: 0.06,
+                farm_overhead_usd: 0.04,
+                billed_gpu_hours: 0.2,
+                rendered_gpu_hours: 0.12,
+            }),
+        ),
+        sample(
             "ClientResponse.Prioritized",
             ClientResponse::Prioritized(job_status(1)),
         ),

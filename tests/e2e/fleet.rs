@@ -196,7 +196,7 @@ fn worker_pid(name: &str) -> Option<i32> {
 
 #[test]
 fn a_local_fleet_starts_nodes_for_a_submit_replaces_a_killed_one_and_stops_them_when_idle() {
-    let farm = Farm::start("t15a-fleet-local", &[]);
+    let farm = Farm::start("t15a-fleet-local", &["--http"]);
     let fleet = Fleet::start(
         &farm,
         r#"
@@ -218,6 +218,18 @@ fn a_local_fleet_starts_nodes_for_a_submit_replaces_a_killed_one_and_stops_them_
     let job = submit(&farm, "1-4", "2x2", "256");
     let s = fleet.wait("rent two nodes", |s| nodes(s).len() == 2);
     let first = nodes(&s)[0].clone();
+    // The coordinator has the fleet's report too: the dashboard's farm
+    // page shows the rented nodes and what they are billed.
+    let client = crate::hostile::ticket(&farm, "client.ticket");
+    let addr = crate::harness::http_addr(&farm);
+    wait_until("the fleet's report on the coordinator", || {
+        let (code, body) = crate::harness::http_call(&client, addr, "GET", "/v1/fleet", "");
+        let v: Value = serde_json::from_str(&body).unwrap_or_default();
+        let named: Vec<&str> = (v["report"]["nodes"].as_array().into_iter().flatten())
+            .filter_map(|n| n["name"].as_str())
+            .collect();
+        code == 200 && named.len() == 2 && named.contains(&first.as_str())
+    });
     wait_until("a fleet node mid-render", || rendering(&farm, &first));
     let pid = worker_pid(&first).expect("the node's worker process");
     assert_node_gets_no_secret(&farm, pid as u32);

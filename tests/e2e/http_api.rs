@@ -946,6 +946,7 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
         "".into(),
         404,
     ));
+    cases.push(("GET", "/v1/fleet", "/v1/fleet".into(), "".into(), 404));
     let revoke = "/v1/workers/{worker}/revoke";
     cases.push((
         "POST",
@@ -1018,6 +1019,9 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
         "".into(),
         409,
     ));
+    // Once a fleet has reported (as `tessera fleet run` does at each
+    // tick), its nodes and billing are served.
+    cases.push(("GET", "/v1/fleet", "/v1/fleet/".into(), "".into(), 200));
     // Last: one worker is revoked, the other leaves.
     cases.push((
         "POST",
@@ -1062,6 +1066,9 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
     let viewer = crate::hostile::ticket(&farm, "viewer.ticket").secret;
     for (method, template, path, body, want) in &cases {
         let what = format!("{method} {path}");
+        if *template == "/v1/fleet" && *want == 200 {
+            report_fleet(&ticket);
+        }
         // The viewer ticket looks: its POSTs are refused before anything
         // is read or done (403), its GETs answered as the client's.
         if *method == "POST" {
@@ -1117,4 +1124,38 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
             );
         }
     }
+}
+
+/// Reports a one-node fleet to the coordinator, as `tessera fleet run`
+/// does.
+fn report_fleet(ticket: &tessera_protocol::ticket::Ticket) {
+    use tessera_protocol::messages::{FleetNode, FleetReport};
+    let report = FleetReport {
+        nodes: vec![FleetNode {
+            name: "fleet-1".into(),
+            node: "local-1".into(),
+            gpu: "RTX 4090".into(),
+            usd_per_hour: 0.5,
+            state: "joined".into(),
+            secs: 60.0,
+            usd: 0.01,
+        }],
+        replaced: 0,
+        billed_usd: 0.01,
+        attributed_to_jobs_usd: 0.0,
+        farm_overhead_usd: 0.01,
+        billed_gpu_hours: 0.02,
+        rendered_gpu_hours: 0.0,
+    };
+    let mut refused = report.clone();
+    refused.nodes[0].usd = f64::NAN;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let mut client = tessera_client::client::Client::connect(ticket)
+            .await
+            .unwrap();
+        let err = client.fleet_report(refused).await.unwrap_err();
+        assert!(format!("{err:#}").contains("finite"), "{err:#}");
+        client.fleet_report(report).await.unwrap();
+    });
 }

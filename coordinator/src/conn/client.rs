@@ -195,6 +195,9 @@ pub(crate) async fn handle(
             off(shared, move |s| service::set_priority(s, job, priority)).await,
             ClientResponse::Prioritized,
         ),
+        ClientRequest::FleetReport(report) => answer(service::fleet_report(shared, report), |()| {
+            ClientResponse::Done
+        }),
         ClientRequest::JobsPage { filter, after } => answer(
             off(shared, move |s| service::jobs_page(s, &filter, after)).await,
             |(jobs, next)| ClientResponse::JobsPage { jobs, next },

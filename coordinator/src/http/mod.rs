@@ -84,6 +84,7 @@ enum Handler {
     Logs,
     Workers,
     Worker,
+    Fleet,
     Drain,
     Revoke,
     BlobsMissing,
@@ -139,6 +140,7 @@ pub const ROUTES: &[Route] = &[
     at("GET", "/v1/jobs/{job}/logs", Handler::Logs),
     at("GET", "/v1/workers", Handler::Workers),
     at("GET", "/v1/workers/{worker}", Handler::Worker),
+    at("GET", "/v1/fleet", Handler::Fleet),
     at("POST", "/v1/workers/{worker}/drain", Handler::Drain),
     at("POST", "/v1/workers/{worker}/revoke", Handler::Revoke),
     at("POST", "/v1/blobs/missing", Handler::BlobsMissing),
@@ -691,6 +693,11 @@ async fn route(
             reply(ok, service::worker(shared, worker))
         }
         Handler::Revoke => revoke(shared, id!(worker, "worker")).await,
+        Handler::Fleet => reply(
+            ok,
+            service::fleet(shared)
+                .map(|(at, report)| json!({"reported_unix_ms": at, "report": report})),
+        ),
         Handler::Drain => {
             let worker = id!(worker, "worker");
             reply(

@@ -121,6 +121,10 @@ pub enum ClientRequest {
         job: u64,
         priority: i32,
     },
+    /// A `tessera fleet run`'s nodes and billing, at each of its ticks:
+    /// kept (the latest) for the dashboard. Added in version 20. Answered
+    /// by `Done`.
+    FleetReport(super::FleetReport),
 }
 
 /// Which jobs a `status` (or the HTTP API) lists. Every part that is given

@@ -184,6 +184,86 @@ impl TelemetryPoint {
     }
 }
 
+/// What a `tessera fleet run` reports to the coordinator at each tick (and
+/// writes to its status file): the nodes it rents and what they are
+/// billed. The dashboard's farm page shows the latest.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetReport {
+    pub nodes: Vec<FleetNode>,
+    /// Nodes replaced after they were lost.
+    pub replaced: u32,
+    /// What the providers billed since the fleet started, released nodes
+    /// included.
+    pub billed_usd: f64,
+    /// The part of it the jobs' leases were billed; the rest is overhead
+    /// (boot, idle, lost work).
+    pub attributed_to_jobs_usd: f64,
+    pub farm_overhead_usd: f64,
+    pub billed_gpu_hours: f64,
+    pub rendered_gpu_hours: f64,
+}
+
+/// One rented node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FleetNode {
+    /// The fleet's name for it, also its worker's.
+    pub name: String,
+    /// The provider's id for it.
+    pub node: String,
+    pub gpu: String,
+    pub usd_per_hour: f64,
+    /// booting, joined, draining…
+    pub state: String,
+    /// Seconds since it was launched, and what that is billed.
+    pub secs: f64,
+    pub usd: f64,
+}
+
+/// The most nodes a fleet report may name (a fleet file's `max_nodes`
+/// bound), and the longest string in it.
+pub const MAX_FLEET_NODES: usize = 1000;
+pub const MAX_FLEET_TEXT: usize = 256;
+
+impl FleetReport {
+    /// Why a report from the network cannot be kept, if it cannot.
+    pub fn check(&self) -> Result<(), String> {
+        if self.nodes.len() > MAX_FLEET_NODES {
+            return Err(format!(
+                "a fleet report names {} nodes: at most {MAX_FLEET_NODES}",
+                self.nodes.len()
+            ));
+        }
+        let numbers = [
+            self.billed_usd,
+            self.attributed_to_jobs_usd,
+            self.farm_overhead_usd,
+            self.billed_gpu_hours,
+            self.rendered_gpu_hours,
+        ];
+        let node_numbers = self
+            .nodes
+            .iter()
+            .flat_map(|n| [n.usd_per_hour, n.secs, n.usd]);
+        if !numbers
+            .into_iter()
+            .chain(node_numbers)
+            .all(|v| v.is_finite() && v >= 0.0)
+        {
+            return Err("a fleet report's figures must be finite and not negative".into());
+        }
+        let texts = self
+            .nodes
+            .iter()
+            .flat_map(|n| [&n.name, &n.node, &n.gpu, &n.state]);
+        if texts.into_iter().any(|t| t.len() > MAX_FLEET_TEXT) {
+            return Err(format!(
+                "a fleet report's names are at most {MAX_FLEET_TEXT} bytes"
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Lowercase in JSON, as `name`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]

@@ -291,10 +291,12 @@ function doing(w) {
 }
 async function farmPage() {
   // Counts from the lists' X-Total-Count: one page each, never every job.
-  const [workers, active, running] = await Promise.all([
+  const [workers, active, running, fleet] = await Promise.all([
     api('/v1/workers'),
     apiWithHeaders('/v1/jobs?state=active&limit=20'),
     apiWithHeaders('/v1/jobs?state=running&limit=1'),
+    // The rented nodes, when a `tessera fleet run` reports here (404: none).
+    api('/v1/fleet').catch((e) => { if (e instanceof Refused && e.status === 404) return null; throw e; }),
   ]);
   remember(workers);
   const burn = workers.reduce((s, w) => s + w.price_per_hour, 0);
@@ -315,6 +317,17 @@ async function farmPage() {
     h('td', {}, badge(jobState(j))),
     h('td', {}, progress(j.frames_done, j.frames_total)),
     h('td', { class: 'num' }, secs(j.eta_secs))));
+  const report = fleet && fleet.report;
+  const fleetPart = report ? [
+    h('h2', {}, `Fleet: ${report.nodes.length} rented nodes, ${usd(report.billed_usd)} billed (${usd(report.attributed_to_jobs_usd)} to jobs, ${usd(report.farm_overhead_usd)} overhead)`,
+      h('span', { class: 'dim' }, ` · reported ${secs((Date.now() - fleet.reported_unix_ms) / 1000)} ago`)),
+    report.nodes.length ? h('table', { id: 'fleet' },
+      h('tr', {}, ...['node', 'state', 'GPU', 'price', 'up', 'billed'].map((c) => h('th', {}, c))),
+      ...report.nodes.map((n) => h('tr', { dataset: { node: n.name } },
+        h('td', {}, n.name), h('td', {}, badge(n.state)), h('td', {}, n.gpu),
+        h('td', { class: 'num' }, usd(n.usd_per_hour) + '/h'), h('td', { class: 'num' }, secs(n.secs)),
+        h('td', { class: 'num' }, usd(n.usd))))) : h('p', { class: 'dim' }, 'The fleet rents no node now.'),
+  ] : null;
   return h('div', {},
     h('h1', {}, 'Farm'),
     h('div', { class: 'cards' },
@@ -326,6 +339,7 @@ async function farmPage() {
     workers.length ? h('table', { id: 'workers' },
       h('tr', {}, ...['worker', 'state', 'slots', 'GPU', 'utilisation', 'VRAM', 'price', 'rendering'].map((c) => h('th', {}, c))),
       ...rows) : h('p', { class: 'dim' }, 'No worker is connected.'),
+    fleetPart,
     h('h2', {}, activeCount > jobs.length ? `Queue (the newest ${jobs.length} of ${activeCount})` : 'Queue'),
     jobs.length ? h('table', { id: 'queue' }, ...queue) : h('p', { class: 'dim' }, 'Nothing to render.'));
 }
