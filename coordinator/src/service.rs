@@ -243,7 +243,7 @@ pub(crate) async fn revoke(shared: &Arc<Shared>, name: String) -> Answer<(u32, u
 }
 
 /// Revokes the identity of connected worker `worker` (every worker
-/// enrolled under its name, as `revoke-worker NAME` does).
+/// enrolled under its name, as `tessera worker revoke NAME` does).
 pub(crate) async fn revoke_connected(
     shared: &Arc<Shared>,
     worker: u64,
