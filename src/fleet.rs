@@ -373,8 +373,9 @@ pub async fn run(
         }
         // The dashboard's farm page shows the latest; a refusal costs the
         // fleet nothing.
-        match serde_json::from_value(status) {
-            Ok(report) => {
+        match serde_json::from_value::<tessera_protocol::messages::FleetReport>(status) {
+            Ok(mut report) => {
+                report.fit();
                 if let Err(e) = client.fleet_report(report).await {
                     eprintln!("fleet: the coordinator did not take the fleet's report: {e:#}");
                 }

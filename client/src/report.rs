@@ -243,7 +243,8 @@ pub fn print_detail(d: &tessera_protocol::messages::JobDetail, json: bool) {
     crate::shown::job(&mut s);
     println!("{}", crate::follow::progress_line(&d.status));
     println!(
-        "  submitted {}{}; cost ${:.2}{}",
+        "  priority {}; submitted {}{}; cost ${:.2}{}",
+        s.priority,
         utc(s.submitted_unix_ms),
         s.finished_unix_ms
             .map(|f| format!(", finished {}", utc(f)))

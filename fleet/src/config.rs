@@ -157,6 +157,9 @@ pub const KINDS: [&str; 7] = [
 
 /// Bounds on what a fleet file may ask for.
 pub const MAX_NODES: u32 = 1000;
+/// The highest price a node may be listed at (the coordinator refuses a
+/// worker asking more: `tessera_protocol::messages::MAX_PRICE_PER_HOUR`).
+pub const MAX_USD_PER_HOUR: f64 = 1_000_000.0;
 
 impl FleetFile {
     pub fn parse(text: &str) -> Result<FleetFile, String> {
@@ -212,8 +215,10 @@ impl FleetFile {
                     p.name()
                 ));
             }
-            if !p.usd_per_hour.is_finite() || p.usd_per_hour < 0.0 {
-                return Err("fleet file: usd_per_hour must be ≥ 0".into());
+            if !(0.0..=MAX_USD_PER_HOUR).contains(&p.usd_per_hour) {
+                return Err(format!(
+                    "fleet file: usd_per_hour must be from 0 to {MAX_USD_PER_HOUR}"
+                ));
             }
             if !matches!(p.kind.as_str(), "local" | "docker") && p.credential.is_none() {
                 return Err(format!(

@@ -190,7 +190,8 @@ class _PinnedConnection(http.client.HTTPSConnection):
             self.close()
             raise ssl.SSLError(
                 "the coordinator's certificate does not match the ticket's fingerprint "
-                "(another server, or a ticket of another coordinator)")
+                "(another server, a ticket of another coordinator, or a coordinator that "
+                "serves its own certificate with --http-cert: pass cafile=)")
 
 
 class _VerifiedConnection(http.client.HTTPSConnection):

@@ -748,5 +748,19 @@ fn an_operators_certificate_serves_the_dashboard_as_browsers_verify_it() {
         err.contains("--http-cert") && err.contains("certificate and key"),
         "{err}"
     );
+    // A chain no handshake could carry is refused at start too.
+    let long = dir.join("long.pem");
+    std::fs::write(&long, chain.repeat(11)).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["coordinator", "--data-dir"])
+        .arg(dir.join("data"))
+        .args(["--listen", "127.0.0.1:0", "--http", "--http-cert"])
+        .arg(&long)
+        .arg("--http-key")
+        .arg(&key_file)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && err.contains("at most 10"), "{err}");
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -900,6 +900,7 @@ fn every_status_code_answered_is_the_documents_and_each_documented_one_is_answer
         (&"999999".to_string(), r#"{"priority": 7}"#, 404),
         (&q, r#"{"priority": "high"}"#, 400),
         (&q, r#"{"priority": 7, "more": 1}"#, 400),
+        (&q, "[7]", 400),
         (&q, "", 400),
     ] {
         cases.push(("POST", priority, at(priority, job, ""), body.into(), want));

@@ -8,6 +8,9 @@ pub mod blob;
 pub mod congestion;
 pub mod framing;
 
+mod pem;
+pub use pem::server_tls_pem;
+
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
@@ -321,32 +324,6 @@ pub fn server_tls(identity: &Identity) -> Result<rustls::ServerConfig, Transport
         .map_err(|e| TransportError::Tls(e.to_string()))?;
     tls.alpn_protocols = vec![ALPN.to_vec()];
     Ok(tls)
-}
-
-/// A TLS 1.3 server configuration with an operator's own certificate
-/// chain and private key, each read from PEM (the chain's first
-/// certificate is the server's; the key must be its own).
-pub fn server_tls_pem(
-    chain_pem: &[u8],
-    key_pem: &[u8],
-) -> Result<rustls::ServerConfig, TransportError> {
-    use rustls::pki_types::pem::PemObject;
-    let chain = CertificateDer::pem_slice_iter(chain_pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| TransportError::Tls(format!("the certificate file: {e}")))?;
-    if chain.is_empty() {
-        return Err(TransportError::Tls(
-            "the certificate file holds no PEM certificate".into(),
-        ));
-    }
-    let key = PrivateKeyDer::from_pem_slice(key_pem)
-        .map_err(|e| TransportError::Tls(format!("the key file holds no PEM private key: {e}")))?;
-    rustls::ServerConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .map_err(|e| TransportError::Tls(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)
-        .map_err(|e| TransportError::Tls(format!("the certificate and key: {e}")))
 }
 
 /// The connecting side's TLS 1.3 configuration: accepts exactly the

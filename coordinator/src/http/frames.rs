@@ -1,7 +1,9 @@
 //! Stitched frames over HTTP: one frame's bytes, every frame of a job as
 //! one zip streamed as it is written, and which blobs the store lacks.
 
+use std::collections::HashMap;
 use std::io::Write;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -82,27 +84,53 @@ pub(super) async fn blobs_missing(
 /// at most this many [`ZIP_PIECE`]s in memory, whatever the frames' size.
 const ZIP_QUEUE: usize = 4;
 const ZIP_PIECE: usize = 1 << 20;
+/// A reader that takes no piece for this long has stalled: its download
+/// ends, and its place (one of [`ZIPS_AT_ONCE`]) is free again.
+const ZIP_STALL: std::time::Duration = std::time::Duration::from_secs(60);
 
-/// The most zips written at once: each holds a blocking thread for as long
-/// as its reader takes.
-const ZIPS_AT_ONCE: usize = 4;
-static ZIPS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// The most zips written at once, and from one address: each holds a
+/// blocking thread for as long as its reader takes (a reader that stalls
+/// gives its place back after [`ZIP_STALL`]), and one address cannot take
+/// every place.
+const ZIPS_AT_ONCE: usize = 8;
+const ZIPS_PER_ADDRESS: usize = 2;
+static ZIPS: std::sync::Mutex<Option<HashMap<IpAddr, usize>>> = std::sync::Mutex::new(None);
 
 /// One of the [`ZIPS_AT_ONCE`] places, given back when dropped.
-struct ZipSlot;
+struct ZipSlot(IpAddr);
 
 impl ZipSlot {
-    fn take() -> Option<ZipSlot> {
-        use std::sync::atomic::Ordering::SeqCst;
-        (ZIPS.fetch_update(SeqCst, SeqCst, |n| (n < ZIPS_AT_ONCE).then_some(n + 1)))
-            .ok()
-            .map(|_| ZipSlot)
+    /// A place for a zip to `peer`, or why there is none.
+    fn take(peer: IpAddr) -> Result<ZipSlot, String> {
+        let mut zips = crate::shared::relock(&ZIPS);
+        let zips = zips.get_or_insert_with(HashMap::new);
+        if zips.values().sum::<usize>() >= ZIPS_AT_ONCE {
+            return Err(format!(
+                "{ZIPS_AT_ONCE} zips are being downloaded: try again when one is done"
+            ));
+        }
+        let mine = zips.entry(peer).or_default();
+        if *mine >= ZIPS_PER_ADDRESS {
+            return Err(format!(
+                "{ZIPS_PER_ADDRESS} zips are being downloaded to {peer} already: try again when one is done"
+            ));
+        }
+        *mine += 1;
+        Ok(ZipSlot(peer))
     }
 }
 
 impl Drop for ZipSlot {
     fn drop(&mut self) {
-        ZIPS.fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+        let mut zips = crate::shared::relock(&ZIPS);
+        if let Some(zips) = zips.as_mut() {
+            if let Some(n) = zips.get_mut(&self.0) {
+                *n -= 1;
+                if *n == 0 {
+                    zips.remove(&self.0);
+                }
+            }
+        }
     }
 }
 
@@ -112,22 +140,27 @@ impl Drop for ZipSlot {
 /// memory is a few pieces whatever the job's size, and a reader that goes
 /// away stops the writing. A frame that cannot be read ends the stream
 /// early, so the archive is incomplete and readers see it as broken.
-pub(super) async fn zip(shared: &Arc<Shared>, job: u64) -> anyhow::Result<Response<Body>> {
+pub(super) async fn zip(
+    shared: &Arc<Shared>,
+    job: u64,
+    peer: IpAddr,
+) -> anyhow::Result<Response<Body>> {
     let frames = match off(shared, move |s| service::frames(s, job)).await {
         Ok(frames) => frames,
         Err(e) => return Ok(refused(&e)),
     };
-    let Some(slot) = ZipSlot::take() else {
-        return Ok(refused(&ClientError::unavailable(format!(
-            "{ZIPS_AT_ONCE} zips are being downloaded: try again when one is done"
-        ))));
+    let slot = match ZipSlot::take(peer) {
+        Ok(slot) => slot,
+        Err(why) => return Ok(refused(&ClientError::unavailable(why))),
     };
     let (tx, rx) = mpsc::channel::<Bytes>(ZIP_QUEUE);
     let writer = shared.clone();
+    let runtime = tokio::runtime::Handle::current();
     tokio::task::spawn_blocking(move || {
         let _slot = slot;
         let sink = ChannelWriter {
             tx,
+            runtime,
             piece: Vec::with_capacity(ZIP_PIECE),
             sent: 0,
         };
@@ -179,6 +212,9 @@ fn write_zip(
 /// time; it fails once the body's reader is gone.
 struct ChannelWriter {
     tx: mpsc::Sender<Bytes>,
+    /// To wait for room in the channel, at most [`ZIP_STALL`], from the
+    /// blocking thread the zip is written on.
+    runtime: tokio::runtime::Handle,
     piece: Vec<u8>,
     sent: u64,
 }
@@ -200,8 +236,15 @@ impl Write for ChannelWriter {
         }
         let piece = std::mem::replace(&mut self.piece, Vec::with_capacity(ZIP_PIECE));
         self.sent += piece.len() as u64;
-        self.tx.blocking_send(Bytes::from(piece)).map_err(|_| {
-            std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the reader went away")
+        let sent = (self.runtime).block_on(self.tx.send_timeout(Bytes::from(piece), ZIP_STALL));
+        sent.map_err(|e| match e {
+            mpsc::error::SendTimeoutError::Timeout(_) => std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("the reader took nothing for {} s", ZIP_STALL.as_secs()),
+            ),
+            mpsc::error::SendTimeoutError::Closed(_) => {
+                std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the reader went away")
+            }
         })
     }
 }

@@ -22,6 +22,7 @@
 // per request: its size does not matter.
 #![allow(clippy::result_large_err)]
 
+mod actions;
 pub mod dashboard;
 mod events;
 mod frames;
@@ -41,7 +42,7 @@ use http_body_util::combinators::BoxBody;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{
-    HeaderValue, ACCEPT, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE,
+    HeaderValue, ALLOW, AUTHORIZATION, CACHE_CONTROL, CONTENT_LENGTH, CONTENT_TYPE,
     WWW_AUTHENTICATE,
 };
 use hyper::{Method, Request, Response, StatusCode};
@@ -49,7 +50,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use serde::Serialize;
 use serde_json::json;
 use tessera_protocol::job::JobSpec;
-use tessera_protocol::messages::{ClientError, ErrorKind, FarmEvent, JobFilter, JobState};
+use tessera_protocol::messages::{ClientError, ErrorKind, JobFilter, JobState};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 
@@ -283,8 +284,21 @@ pub(crate) fn tls(
     let mut tls = match cert {
         None => tessera_transport::server_tls(identity)?,
         Some(c) => {
-            let read = |p: &std::path::Path| {
-                std::fs::read(p).with_context(|| format!("cannot read {}", p.display()))
+            // An operator's files, still bounded: a chain and a key are a
+            // few kilobytes, /dev/zero is not.
+            let read = |p: &std::path::Path| -> anyhow::Result<Vec<u8>> {
+                use std::io::Read;
+                const MAX_PEM: u64 = 1 << 20;
+                let mut bytes = Vec::new();
+                (std::fs::File::open(p).and_then(|f| f.take(MAX_PEM + 1).read_to_end(&mut bytes)))
+                    .with_context(|| format!("cannot read {}", p.display()))?;
+                anyhow::ensure!(
+                    bytes.len() as u64 <= MAX_PEM,
+                    "{} is over {} KiB: not a certificate chain or key",
+                    p.display(),
+                    MAX_PEM >> 10
+                );
+                Ok(bytes)
             };
             tessera_transport::server_tls_pem(&read(&c.chain)?, &read(&c.key)?).with_context(
                 || {
@@ -378,7 +392,7 @@ async fn answer(shared: &Arc<Shared>, place: &Place, req: Request<Incoming>) -> 
             "refused: the viewer ticket can only look; acting needs the client ticket",
         );
     }
-    match route(shared, handler, params, req).await {
+    match route(shared, handler, params, place.addr(), req).await {
         Ok(r) => r,
         Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e:#}")),
     }
@@ -527,8 +541,15 @@ async fn body_json_within<T: serde::de::DeserializeOwned>(
 }
 
 fn parse_id<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, Response<Body>> {
-    s.parse()
-        .map_err(|_| error(StatusCode::NOT_FOUND, &format!("`{s}` is not a {what} id")))
+    s.parse().map_err(|_| {
+        // Named back as given, but never more than a line of it.
+        let shown: String = s.chars().take(40).collect();
+        let cut = if shown.len() < s.len() { "…" } else { "" };
+        error(
+            StatusCode::NOT_FOUND,
+            &format!("`{shown}{cut}` is not a {what} id"),
+        )
+    })
 }
 
 /// A query parameter that should be a number: 400 (a path's id that is
@@ -606,6 +627,7 @@ async fn route(
     shared: &Arc<Shared>,
     handler: Handler,
     params: Params,
+    peer: std::net::IpAddr,
     req: Request<Incoming>,
 ) -> anyhow::Result<Response<Body>> {
     macro_rules! id {
@@ -665,8 +687,8 @@ async fn route(
             reply(ok, off(shared, move |s| service::frames(s, id)).await)
         }
         Handler::Frame => frames::frame(shared, id!(job, "job"), id!(frame, "frame")).await?,
-        Handler::Zip => frames::zip(shared, id!(job, "job")).await?,
-        Handler::Priority => set_priority(shared, id!(job, "job"), req).await,
+        Handler::Zip => frames::zip(shared, id!(job, "job"), peer).await?,
+        Handler::Priority => actions::set_priority(shared, id!(job, "job"), req).await,
         Handler::Tiles => {
             let (job, frame) = (id!(job, "job"), id!(frame, "frame"));
             reply(
@@ -692,7 +714,7 @@ async fn route(
             let worker = id!(worker, "worker");
             reply(ok, service::worker(shared, worker))
         }
-        Handler::Revoke => revoke(shared, id!(worker, "worker")).await,
+        Handler::Revoke => actions::revoke(shared, id!(worker, "worker")).await,
         Handler::Fleet => reply(
             ok,
             service::fleet(shared)
@@ -708,63 +730,10 @@ async fn route(
             )
         }
         Handler::BlobsMissing => frames::blobs_missing(shared, req).await?,
-        Handler::Events => match events_route(shared, &req).await {
+        Handler::Events => match actions::events(shared, &req).await {
             Ok(r) | Err(r) => r,
         },
     })
-}
-
-/// `GET /v1/events`: the farm's events, or one job's. Subscribed before
-/// the job is read, so that no event falls between the two; an unknown job
-/// is 404, a finished one's stream ends at once.
-async fn events_route(
-    shared: &Arc<Shared>,
-    req: &Request<Incoming>,
-) -> Result<Response<Body>, Response<Body>> {
-    let sse = (req.headers().get_all(ACCEPT).iter())
-        .any(|v| v.to_str().is_ok_and(|v| v.contains("text/event-stream")));
-    let rx = service::events(shared);
-    let allowed = still_allowed(shared, req);
-    Ok(match one_number(req, "job")? {
-        None => events::events(rx, None, None, sse, allowed),
-        Some(job) => match off(shared, move |s| service::job(s, job)).await {
-            Ok(status) => {
-                let ended = status.state.is_final().then(|| {
-                    let at = (status.finished_unix_ms).unwrap_or(status.submitted_unix_ms);
-                    let state = status.state;
-                    (at, FarmEvent::JobChanged { job, state })
-                });
-                events::events(rx, Some(job), ended, sse, allowed)
-            }
-            Err(e) => refused(&e),
-        },
-    })
-}
-
-/// `POST /v1/jobs/{job}/priority` with `{"priority": N}` and nothing else.
-async fn set_priority(shared: &Arc<Shared>, job: u64, req: Request<Incoming>) -> Response<Body> {
-    #[derive(serde::Deserialize)]
-    #[serde(deny_unknown_fields)]
-    struct Asked {
-        priority: i32,
-    }
-    let priority = match body_json::<Asked>(req).await {
-        Ok(asked) => asked.priority,
-        Err(r) => return r,
-    };
-    let answer = off(shared, move |s| service::set_priority(s, job, priority)).await;
-    reply(StatusCode::OK, answer)
-}
-
-/// `POST /v1/workers/{worker}/revoke`: what was revoked.
-async fn revoke(shared: &Arc<Shared>, worker: u64) -> Response<Body> {
-    let answer = (service::revoke_connected(shared, worker).await).map(
-        |(name, identities, disconnected)| {
-            json!({"worker": worker, "name": name, "identities": identities,
-                   "disconnected": disconnected})
-        },
-    );
-    reply(StatusCode::OK, answer)
 }
 
 /// The only query parameter a route takes, `key`, a number when given:

@@ -147,6 +147,11 @@ fn forget(counts: &mut HashMap<IpAddr, usize>, addr: IpAddr) {
 impl Place {
     /// The connection finished its TLS handshake: it is closed to make room
     /// only after every waiting one that has not.
+    /// The address the connection came from.
+    pub fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
     pub fn handshaken(&self) {
         let mut s = self.places.state.lock().expect("places lock");
         if let Some(entry) = s.waiting.get_mut(&self.id) {

@@ -155,7 +155,8 @@ pub struct WorkerDetail {
     /// quarantined its identity.
     pub quarantined: Option<String>,
     /// Its latest telemetry readings, oldest first (at most
-    /// [`MAX_TELEMETRY_HISTORY`], one a heartbeat).
+    /// [`MAX_TELEMETRY_HISTORY`], one each time it reports telemetry:
+    /// about every 5 s).
     pub history: Vec<TelemetryPoint>,
 }
 
@@ -225,6 +226,29 @@ pub const MAX_FLEET_NODES: usize = 1000;
 pub const MAX_FLEET_TEXT: usize = 256;
 
 impl FleetReport {
+    /// Makes the report's names fit [`FleetReport::check`]: control
+    /// characters replaced, each cut (at a character) to
+    /// [`MAX_FLEET_TEXT`] bytes. What a fleet does before it reports.
+    pub fn fit(&mut self) {
+        let fit = |t: &mut String| {
+            let mut clean: String = t
+                .chars()
+                .map(|c| if c.is_control() { '?' } else { c })
+                .collect();
+            let mut end = clean.len().min(MAX_FLEET_TEXT);
+            while !clean.is_char_boundary(end) {
+                end -= 1;
+            }
+            clean.truncate(end);
+            *t = clean;
+        };
+        for n in &mut self.nodes {
+            for t in [&mut n.name, &mut n.node, &mut n.gpu, &mut n.state] {
+                fit(t);
+            }
+        }
+    }
+
     /// Why a report from the network cannot be kept, if it cannot.
     pub fn check(&self) -> Result<(), String> {
         if self.nodes.len() > MAX_FLEET_NODES {
@@ -509,4 +533,60 @@ pub struct JobWorker {
     pub render_ms: u64,
     /// Tasks of the job it renders now (0 when it is gone or idle).
     pub running: u32,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn report(name: &str, usd: f64) -> FleetReport {
+        FleetReport {
+            nodes: vec![FleetNode {
+                name: name.into(),
+                node: "i-1".into(),
+                gpu: "RTX".into(),
+                usd_per_hour: 1.0,
+                state: "joined".into(),
+                secs: 1.0,
+                usd,
+            }],
+            replaced: 0,
+            billed_usd: usd,
+            attributed_to_jobs_usd: 0.0,
+            farm_overhead_usd: 0.0,
+            billed_gpu_hours: 0.0,
+            rendered_gpu_hours: 0.0,
+        }
+    }
+
+    #[test]
+    fn a_fleet_report_is_checked_and_a_fleet_makes_its_names_fit() {
+        assert!(report("a", 1.0).check().is_ok());
+        for bad in [f64::NAN, f64::INFINITY, -1.0] {
+            assert!(report("a", bad).check().is_err(), "{bad}");
+        }
+        let mut long = report(&format!("é\u{1b}[31m{}", "x".repeat(400)), 1.0);
+        assert!(long.check().is_err());
+        long.fit();
+        assert!(long.check().is_ok());
+        let name = &long.nodes[0].name;
+        assert!(
+            name.starts_with("é?[31m") && name.len() <= MAX_FLEET_TEXT,
+            "{name}"
+        );
+        let mut many = report("a", 1.0);
+        many.nodes = vec![many.nodes[0].clone(); MAX_FLEET_NODES + 1];
+        assert!(many.check().is_err());
+    }
+
+    #[test]
+    fn a_price_is_an_amount_from_zero_to_the_bound() {
+        use crate::messages::{check_price, MAX_PRICE_PER_HOUR};
+        for ok in [0.0, 0.45, MAX_PRICE_PER_HOUR] {
+            assert!(check_price(ok).is_ok(), "{ok}");
+        }
+        for bad in [-0.01, 1e308, f64::INFINITY, f64::NAN] {
+            assert!(check_price(bad).is_err(), "{bad}");
+        }
+    }
 }

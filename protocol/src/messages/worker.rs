@@ -24,14 +24,20 @@ pub const MAX_SLOTS: u32 = 256;
 /// coordinator's memory by claiming files.
 pub const MAX_CACHED_DIGESTS: usize = 100_000;
 
-/// Why a worker's price is refused: it must be a finite number ≥ 0, or
-/// every lease it bills would be NaN, infinite or a credit.
+/// The highest price per hour a worker may ask, in USD: far above any
+/// rented GPU node, and low enough that no sum of leases, burn rate or
+/// job cost overflows to infinity.
+pub const MAX_PRICE_PER_HOUR: f64 = 1_000_000.0;
+
+/// Why a worker's price is refused: it must be a finite number from 0 to
+/// [`MAX_PRICE_PER_HOUR`], or the leases it bills would be NaN, infinite
+/// (or add up to it) or a credit.
 pub fn check_price(price_per_hour: f64) -> Result<(), String> {
-    if price_per_hour.is_finite() && price_per_hour >= 0.0 {
+    if (0.0..=MAX_PRICE_PER_HOUR).contains(&price_per_hour) {
         Ok(())
     } else {
         Err(format!(
-            "price per hour {price_per_hour} is not a finite amount of at least 0"
+            "price per hour {price_per_hour} is not an amount from 0 to {MAX_PRICE_PER_HOUR} USD"
         ))
     }
 }

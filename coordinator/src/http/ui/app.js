@@ -49,17 +49,23 @@ function image(src, attrs) {
   return img;
 }
 
-function toast(text, bad) {
+function toast(text, bad, ms) {
   const t = $('toast');
   t.textContent = text;
   t.className = bad ? 'toast bad' : 'toast';
   t.hidden = false;
   clearTimeout(toast.timer);
-  toast.timer = setTimeout(() => { t.hidden = true; }, bad ? 8000 : 3000);
+  toast.timer = setTimeout(() => { t.hidden = true; }, ms || (bad ? 8000 : 3000));
 }
 
 // ---- formatting ------------------------------------------------------
-const usd = (v) => (v === null || v === undefined) ? '—' : '$' + Number(v).toFixed(v < 10 ? 3 : 2);
+const usd = (v) => {
+  if (v === null || v === undefined) return '—';
+  const n = Number(v);
+  // Small amounts keep two significant digits: $0.00023, not $0.000.
+  if (n > 0 && n < 0.01) return '$' + n.toPrecision(2);
+  return '$' + n.toFixed(n < 10 ? 3 : 2);
+};
 function secs(s) {
   if (s === null || s === undefined) return '—';
   s = Math.round(s);
@@ -145,7 +151,7 @@ function confirmThen(key, what, run) {
     return;
   }
   armed = { key, until: Date.now() + 15000 };
-  toast(`Click again within 15 s to ${what}.`);
+  toast(`Click again within 15 s to ${what}.`, false, 15000);
   refresh();
   setTimeout(refresh, 15100);
 }
@@ -245,6 +251,10 @@ function show() {
 }
 async function draw() {
   if (!session.role) return;
+  // A field being edited is not replaced under the user: the redraw
+  // waits until it loses focus (or is set).
+  const editing = document.activeElement && document.activeElement.id === 'priority';
+  if (editing) { refresh(); return; }
   const shown = current;
   let view;
   try {
@@ -382,6 +392,7 @@ async function jobsPage(shown) {
     h('td', { class: 'job-state' }, badge(jobState(j))),
     h('td', {}, progress(j.frames_done, j.frames_total)),
     h('td', { class: 'num' }, secs(j.eta_secs)),
+    h('td', { class: 'num' }, j.priority),
     h('td', { class: 'num' }, usd(j.cost_usd)),
     h('td', { class: 'num' }, usd(j.cost_to_finish_usd)),
     h('td', { class: 'num' }, j.budget_usd === null ? '—' : usd(j.budget_usd)),
@@ -391,7 +402,7 @@ async function jobsPage(shown) {
     h('h1', {}, 'Jobs'),
     form,
     shownJobs.length ? h('table', { id: 'jobs' },
-      h('tr', {}, ...['id', 'name', 'state', 'frames', 'ETA', 'cost', 'to finish', 'budget', 'deadline', 'after'].map((c) => h('th', {}, c))),
+      h('tr', {}, ...['id', 'name', 'state', 'frames', 'ETA', 'priority', 'cost', 'to finish', 'budget', 'deadline', 'after'].map((c) => h('th', {}, c))),
       ...rows) : h('p', { class: 'dim' }, 'No job matches.'),
     h('div', { class: 'pager' },
       h('button', { id: 'page-prev', disabled: page <= 1, on: { click: () => go({ page: String(page - 1) }) } }, '‹ newer'),
@@ -413,9 +424,10 @@ function mosaic(tiles, job, frame) {
     // preview's scale); the others their state.
     const picture = name === 'done' ? image(`/v1/jobs/${job}/frames/${frame}/tiles/${index}/preview`, { alt: `tile ${index}`, class: 'tile-image' }) : null;
     const cell = h('div', { class: 'tile ' + name, title: `tile ${index}: ${name}`, dataset: { tile: index } }, picture || (samples ? `${Math.floor(100 * samples[0] / Math.max(samples[1], 1))}%` : ''));
-    // Blender counts rows from the bottom; the page from the top.
+    // A tile's y counts rows from the frame's top, as the stitched frame
+    // (and the page) does: each engine turns it into its own convention.
     cell.style.left = (100 * t.tile.x / width) + '%';
-    cell.style.top = (100 * (height - t.tile.y - t.tile.height) / height) + '%';
+    cell.style.top = (100 * t.tile.y / height) + '%';
     cell.style.width = (100 * t.tile.width / width) + '%';
     cell.style.height = (100 * t.tile.height / height) + '%';
     box.append(cell);
@@ -455,7 +467,7 @@ async function jobPage(shown) {
   const typed = priorityTyped.get(id);
   const priorityInput = h('input', { id: 'priority', type: 'number', step: 1, min: -2147483648, max: 2147483647, value: typed ?? j.priority, class: 'narrow', disabled: !canAct() || !active,
     title: 'higher goes first; tasks already handed out finish where they are',
-    on: { input: (e) => priorityTyped.set(id, e.target.value) } });
+    on: { input: (e) => priorityTyped.set(id, e.target.value), blur: () => refresh() } });
   const setPriority = (e) => {
     e.preventDefault();
     const priority = Number(priorityInput.value);
