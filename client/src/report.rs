@@ -230,6 +230,7 @@ pub fn print_detail(d: &tessera_protocol::messages::JobDetail, json: bool) {
             )
             .collect::<Vec<_>>());
         v["attempts_total"] = json!(d.attempts_total);
+        v["warnings"] = json!(d.warnings);
         v["workers"] = json!(d
             .workers
             .iter()
@@ -256,6 +257,9 @@ pub fn print_detail(d: &tessera_protocol::messages::JobDetail, json: bool) {
     );
     if let Some(e) = &s.error {
         println!("  error: {e}");
+    }
+    for w in &d.warnings {
+        println!("  warning at submit: {}", crate::shown::text(w));
     }
     if let Some(v) = &s.verification {
         println!("  {}", verification_note(v));

@@ -254,5 +254,6 @@ pub fn job_detail(shared: &Shared, id: u64) -> anyhow::Result<Option<JobDetail>>
         attempts,
         attempts_total,
         workers,
+        warnings: spec.warnings.clone(),
     }))
 }

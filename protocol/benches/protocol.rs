@@ -216,6 +216,7 @@ fn manifest() -> ClientRequest {
         render_format: None,
         encode: None,
         host: None,
+        warnings: Vec::new(),
     })
 }
 

@@ -373,10 +373,19 @@ pub struct JobSpec {
     /// template's `hostRequirements`). Since version 20.
     #[serde(default)]
     pub host: Option<Box<crate::host::HostNeeds>>,
+    /// What the submitting client's scan warned of (a denoiser the farm
+    /// may lack, a setting tiles change…), kept with the job so that its
+    /// page shows them: at most [`MAX_WARNINGS`], each at most
+    /// [`MAX_WARNING_BYTES`]. Since version 20.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// The most jobs one job may run after (`--after`).
 pub const MAX_AFTER: usize = 256;
+/// The most submit warnings a job keeps, and the longest.
+pub const MAX_WARNINGS: usize = 32;
+pub const MAX_WARNING_BYTES: usize = 1024;
 
 /// What a job does when a job it runs after (`--after`) fails or is
 /// canceled. In JSON (the HTTP API, `--json`) lowercase like every other
@@ -510,6 +519,7 @@ impl JobSpec {
             render_format: None,
             encode: None,
             host: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -524,6 +534,13 @@ impl JobSpec {
     /// spec overflows once this passed.
     pub fn check_limits(&self) -> Result<u64, String> {
         use limits::*;
+        if self.warnings.len() > MAX_WARNINGS
+            || self.warnings.iter().any(|w| w.len() > MAX_WARNING_BYTES)
+        {
+            return Err(format!(
+                "a job keeps at most {MAX_WARNINGS} warnings of at most {MAX_WARNING_BYTES} bytes"
+            ));
+        }
         if self.after.len() > crate::job::MAX_AFTER {
             return Err(format!(
                 "the job runs after {} jobs; the limit is {}",

@@ -225,6 +225,7 @@ fn job_spec() -> JobSpec {
         render_format: None,
         encode: None,
         host: None,
+        warnings: Vec::new(),
     }
 }
 
@@ -793,6 +794,7 @@ fn samples() -> Vec<Sample> {
                     render_ms: 9_876_543,
                     running: 1,
                 }],
+                warnings: vec![],
             })),
         ),
         sample(

@@ -187,6 +187,7 @@ fn a_coordinator_serves_a_worker_and_a_client_one_version_behind() {
             render_format: None,
             encode: None,
             host: None,
+            warnings: Vec::new(),
         };
         let job = match ask_old(&mut c, &ClientRequest::Submit(spec)).await {
             ClientResponse::Submitted(s) => s.id,

@@ -95,6 +95,11 @@ impl Browser {
             .as_str()
             .unwrap_or_else(|| panic!("no WebDriver session: {session}"))
             .to_string();
+        // `--window-size` is the window's, frame included: the page itself
+        // is made 1280x800, as the screenshots must be.
+        let metrics = json!({"cmd": "Emulation.setDeviceMetricsOverride", "params": {
+            "width": 1280, "height": 800, "deviceScaleFactor": 1, "mobile": false}});
+        browser.session_call("POST", "/goog/cdp/execute", Some(metrics));
         browser
     }
 
@@ -235,10 +240,22 @@ impl Browser {
         }
     }
 
-    /// Saves the window (1280x800) as PNG at `path`.
+    /// Saves the page (1280x800) as PNG at `path`.
     pub fn screenshot(&self, path: &Path) {
         let b64 = self.session_call("GET", "/screenshot", None);
-        std::fs::write(path, base64_decode(b64.as_str().unwrap())).unwrap();
+        let png = base64_decode(b64.as_str().unwrap());
+        // The PNG's IHDR: width and height, big-endian, at bytes 16..24.
+        let size = |at: usize| {
+            png.get(at..at + 4)
+                .map(|b| u32::from_be_bytes(b.try_into().unwrap()))
+        };
+        assert_eq!(
+            (size(16), size(20)),
+            (Some(1280), Some(800)),
+            "{}",
+            path.display()
+        );
+        std::fs::write(path, png).unwrap();
     }
 }
 

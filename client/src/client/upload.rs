@@ -102,6 +102,7 @@ pub async fn submit_encode(
             output_options: encode.output_options.clone(),
         })),
         host: opts.host.clone().map(Box::new),
+        warnings: Vec::new(),
     };
     match client.call(&ClientRequest::Submit(spec)).await? {
         ClientResponse::Submitted(status) => Ok(status),
@@ -159,6 +160,7 @@ pub async fn upload_scene(
             .filter(|_| scan.engine == Engine::Blender),
         encode: None,
         host: opts.host.clone().map(Box::new),
+        warnings: Vec::new(),
     };
     // The coordinator checks the same; checking here first uploads nothing
     // for a job it would refuse.
@@ -197,6 +199,19 @@ pub async fn upload_scene(
     for (entry, frame) in spec.manifest.iter_mut().zip(file_frames) {
         entry.frame = frame;
     }
+    // Kept with the job too, for its page: as many as fit the bounds.
+    spec.warnings = (scan
+        .warnings
+        .iter()
+        .take(tessera_protocol::job::MAX_WARNINGS))
+    .map(|w| {
+        let mut end = w.len().min(tessera_protocol::job::MAX_WARNING_BYTES);
+        while !w.is_char_boundary(end) {
+            end -= 1;
+        }
+        w[..end].to_string()
+    })
+    .collect();
     Ok((spec, scan.warnings, from))
 }
 

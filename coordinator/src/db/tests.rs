@@ -91,6 +91,7 @@ fn spec(request_id: Option<&str>) -> JobSpec {
         render_format: None,
         encode: None,
         host: None,
+        warnings: Vec::new(),
     }
 }
 

@@ -10,6 +10,9 @@ use crate::job::JobSpec;
 use crate::Digest;
 
 /// Client → coordinator, on the control stream; each gets one response.
+// A request is built once, sent and dropped (never stored in bulk): a
+// `Submit`'s spec inline costs nothing that boxing it would save.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum ClientRequest {
     /// Which of these blobs (whole files or chunks) does the coordinator lack?

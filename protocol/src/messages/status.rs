@@ -469,6 +469,10 @@ pub struct JobDetail {
     pub attempts_total: u32,
     /// Workers with accepted results of the job or tasks of it running.
     pub workers: Vec<JobWorker>,
+    /// What the submitting client's scan warned of (the spec's
+    /// `warnings`). Since version 20.
+    #[serde(default)]
+    pub warnings: Vec<String>,
 }
 
 /// The most frame runs and attempts a [`JobDetail`] carries.

@@ -532,6 +532,8 @@ async function jobPage(shown) {
   ];
   if (v) facts.push(['verification', `${v.percent}%: ${v.agreed} agreed, ${v.mismatched} differed, ${v.pending} pending`]);
   if (j.blocked) facts.push(['blocked', h('span', { class: 'error' }, j.blocked)]);
+  // What the submit's scan warned of, kept with the job.
+  if (detail.warnings && detail.warnings.length) facts.push(['warnings', h('ul', { id: 'job-warnings', class: 'warnings' }, ...detail.warnings.map((w) => h('li', {}, w)))]);
   if (j.error) facts.push(['error', h('span', { class: 'error' }, j.error)]);
   return h('div', {},
     h('h1', {}, `Job ${id}: ${j.name}`),
