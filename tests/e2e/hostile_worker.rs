@@ -172,7 +172,8 @@ fn a_hostile_workers_results_store_nothing_and_the_job_completes_elsewhere() {
 #[test]
 fn bad_prices_are_refused_and_slot_claims_are_capped() {
     let farm = Farm::start("rogue-join", &[]);
-    for price in ["NaN", "inf", "-1"] {
+    // Past the bound, any sum of leases could overflow to infinity.
+    for price in ["NaN", "inf", "-1", "1e308"] {
         let out = crate::harness::tessera()
             .args(["worker", "--ticket", &farm.worker_ticket()])
             .arg(format!("--price-per-hour={price}"))
@@ -186,15 +187,12 @@ fn bad_prices_are_refused_and_slot_claims_are_capped() {
             "--price-per-hour {price} was accepted"
         );
         let err = String::from_utf8_lossy(&out.stderr);
-        assert!(
-            err.contains("finite amount of at least 0") || err.contains("not a number"),
-            "{price}: {err}"
-        );
+        assert!(err.contains("price"), "{price}: {err}");
     }
     let wt = ticket(&farm, "worker.ticket");
     let rt = runtime();
     rt.block_on(async {
-        for price in [f64::NAN, f64::INFINITY, -1.0] {
+        for price in [f64::NAN, f64::INFINITY, -1.0, 1e308] {
             let mut s = rogue::join(&wt, "priced", rogue::info(1, price)).await;
             assert!(
                 rogue::next(&mut s).await.is_none(),
