@@ -12,6 +12,9 @@
 //! (b) dispatch throughput: tasks per second through the coordinator with a
 //!     no-op engine and 32 connected workers over real QUIC, pipelining
 //!     off and on alternately;
+//! (b2) dispatch-state: the same throughput (pipelining on) with the
+//!     coordinator's state in SQLite and in PostgreSQL (`--state`, a
+//!     scratch server here), alternating; target PostgreSQL >= 0.8x SQLite;
 //! (c) Blender sessions: 16 tiles of one frame with a persistent Blender
 //!     session vs one Blender process per task, both against a single
 //!     full-frame render (needs `blender`);
@@ -49,7 +52,7 @@ mod wan;
 use std::path::Path;
 use std::time::Instant;
 
-use harness::{rss_mib, scenes, Farm};
+use harness::{rss_mib, scenes, Farm, State};
 
 fn main() {
     let only = std::env::args().skip(1).find(|a| !a.starts_with('-'));
@@ -59,6 +62,9 @@ fn main() {
     }
     if run("dispatch") {
         dispatch();
+    }
+    if run("dispatch-state") {
+        dispatch_state();
     }
     if run("blender") {
         blender_sessions();
@@ -743,7 +749,7 @@ fn dispatch() {
     let wan_missing = wan::unavailable();
     if wan_missing.is_none() {
         for on in [false, true] {
-            far[usize::from(on)].push(dispatch_once_at(on, Some(80)));
+            far[usize::from(on)].push(dispatch_once_at(on, Some(80), State::Sqlite));
         }
     }
     for on in [false, true] {
@@ -770,12 +776,43 @@ fn dispatch() {
 }
 
 fn dispatch_once(on: bool) -> f64 {
-    dispatch_once_at(on, None)
+    dispatch_once_at(on, None, State::Sqlite)
+}
+
+/// (b2) dispatch throughput with the state in SQLite and in PostgreSQL (a
+/// scratch server on this machine, as `--state`), pipelining on, the two
+/// alternating: target PostgreSQL >= 0.8x SQLite.
+fn dispatch_state() {
+    if tessera_coordinator::scratch_postgres::bin_dir().is_none() {
+        println!(
+            "dispatch, SQLite vs PostgreSQL: skipped (needs {})",
+            tessera_coordinator::scratch_postgres::NEEDED
+        );
+        return;
+    }
+    let rounds: usize = std::env::var("TESSERA_BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let (mut lite, mut pg) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        lite.push(dispatch_once_at(true, None, State::Sqlite));
+        pg.push(dispatch_once_at(true, None, State::Postgres));
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (l, p) = (median(&mut lite), median(&mut pg));
+    println!(
+        "dispatch, state in SQLite vs PostgreSQL (pipelining on, loopback): SQLite {l:.0} tasks/s of {lite:.0?}, PostgreSQL {p:.0} of {pg:.0?}: {:.2}x  target >= 0.8x",
+        p / l
+    );
 }
 
 /// Tasks per second through one farm of 32 no-op workers; with `rtt_ms`,
 /// all of them behind one WAN-bench path of that round trip (1 Gbit/s).
-fn dispatch_once_at(on: bool, rtt_ms: Option<u64>) -> f64 {
+fn dispatch_once_at(on: bool, rtt_ms: Option<u64>, state: State) -> f64 {
     const WORKERS: usize = 32;
     let bench = rtt_ms.map(|rtt| wan::Bench::start(&[wan::Link::new(rtt, 0.0, 1000)]));
     let mut farm = match &bench {
@@ -785,7 +822,7 @@ fn dispatch_once_at(on: bool, rtt_ms: Option<u64>) -> f64 {
             Some(&b.coordinator_ns),
             wan::COORDINATOR_IP,
         ),
-        None => Farm::start("bench-dispatch", pipelining_args(on)),
+        None => Farm::start_with_state("bench-dispatch", pipelining_args(on), state),
     };
     let ns = bench.as_ref().map(|b| b.paths[0].ns.clone());
     for i in 0..WORKERS {
@@ -824,7 +861,7 @@ fn dispatch_once_at(on: bool, rtt_ms: Option<u64>) -> f64 {
     let rate = total_tasks as f64 / total_secs;
     let path = rtt_ms.map_or("loopback".to_string(), |r| format!("{r} ms RTT"));
     println!(
-        "dispatch throughput, pipelining {}: no-op engine, {WORKERS} worker processes x 4 slots over QUIC, {path}",
+        "dispatch throughput, pipelining {}: no-op engine, {WORKERS} worker processes x 4 slots over QUIC, {path}, state in {state:?}",
         on_off(on)
     );
     println!("  tasks                     {total_tasks}");

@@ -29,7 +29,9 @@ pub fn backup(data: &Path, dest: &Path) -> anyhow::Result<Copied> {
     let db = data.join("state.sqlite");
     if !db.exists() {
         bail!(
-            "{} holds no coordinator database: pass the coordinator's --data-dir",
+            "{} holds no coordinator database: pass the coordinator's --data-dir (a coordinator \
+             started with --state keeps its state in PostgreSQL: back that up with pg_dump, and \
+             copy the data dir's blobs)",
             data.display()
         );
     }

@@ -9,6 +9,11 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Config {
     pub data_dir: PathBuf,
+    /// Keep the state (jobs, results, frames, identities…) in this
+    /// PostgreSQL database instead of the data dir's SQLite file: a
+    /// connection string, `postgres://USER@HOST:PORT/DB` or
+    /// `host=… user=… dbname=…` (a password from `PGPASSWORD`).
+    pub state_url: Option<String>,
     pub listen: SocketAddr,
     /// The address written into tickets, when it differs from `listen`
     /// (a public address in front of `0.0.0.0`).
@@ -87,6 +92,7 @@ impl Config {
     pub fn new(data_dir: PathBuf, listen: SocketAddr) -> Config {
         Config {
             data_dir,
+            state_url: None,
             listen,
             advertise: None,
             heartbeat_ms: 1000,

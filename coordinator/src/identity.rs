@@ -15,11 +15,11 @@ use std::collections::HashMap;
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
-use rusqlite::{params, Connection, OptionalExtension};
 use tessera_protocol::messages::{serves, Hello, Role};
 use tessera_protocol::ticket::Ticket;
 
 use crate::data_dir::Tickets;
+use crate::db::sql::{args, Sql};
 use crate::db::DbError;
 
 /// How a peer was admitted.
@@ -152,7 +152,7 @@ impl Identities {
     /// Checks a hello: the protocol version, then the secret against the
     /// tickets and, for a worker, the enrolled credentials. Returns how it
     /// was admitted, or the reason to send back.
-    pub fn admit(&self, db: &Connection, hello: &Hello) -> Result<Admission, String> {
+    pub fn admit(&self, db: &Sql, hello: &Hello) -> Result<Admission, String> {
         let secrets = self.secrets();
         // The version and the tickets, as before identities.
         match tessera_transport::check_hello(hello, &secrets.worker, &secrets.client) {
@@ -229,12 +229,12 @@ impl Identities {
 pub const REVOKED: u32 = 3;
 
 /// Enrolls a worker named `name`: a new identity and its credential.
-pub fn enroll(db: &Connection, name: &str, now_ms: u64) -> Result<Credential, DbError> {
+pub fn enroll(db: &Sql, name: &str, now_ms: u64) -> Result<Credential, DbError> {
     let id = Ticket::new_secret()[..32].to_string();
     let secret = Ticket::new_secret();
     db.execute(
         "INSERT INTO worker_identities (id, name, secret_hash, enrolled_ms) VALUES (?1, ?2, ?3, ?4)",
-        params![id, name, blake3::hash(secret.as_bytes()).as_bytes().as_slice(), now_ms as i64],
+        &args![&id, name, blake3::hash(secret.as_bytes()).as_bytes().as_slice(), now_ms as i64],
     )?;
     Ok(Credential {
         line: format!("{id}.{secret}"),
@@ -245,14 +245,18 @@ pub fn enroll(db: &Connection, name: &str, now_ms: u64) -> Result<Credential, Db
 
 /// Revokes every identity enrolled as `name` (and the name itself); returns
 /// their ids, empty when no worker was ever enrolled under that name.
-pub fn revoke(db: &Connection, name: &str, now_ms: u64) -> Result<Vec<String>, DbError> {
-    let mut stmt = db.prepare("SELECT id FROM worker_identities WHERE name = ?1")?;
-    let ids = stmt
-        .query_map([name], |r| r.get::<_, String>(0))?
+pub fn revoke(db: &Sql, name: &str, now_ms: u64) -> Result<Vec<String>, DbError> {
+    let rows = db.query(
+        "SELECT id FROM worker_identities WHERE name = ?1",
+        &args![name],
+    )?;
+    let ids = rows
+        .iter()
+        .map(|r| r.text(0))
         .collect::<Result<Vec<_>, _>>()?;
     db.execute(
         "UPDATE worker_identities SET revoked_ms = ?2 WHERE name = ?1 AND revoked_ms IS NULL",
-        params![name, now_ms as i64],
+        &args![name, now_ms as i64],
     )?;
     Ok(ids)
 }
@@ -262,17 +266,15 @@ enum Lookup {
     Revoked { name: String },
 }
 
-fn lookup(db: &Connection, id: &str, secret: &str) -> Result<Option<Lookup>, DbError> {
-    let row: Option<(String, Vec<u8>, Option<i64>)> = db
-        .query_row(
-            "SELECT name, secret_hash, revoked_ms FROM worker_identities WHERE id = ?1",
-            [id],
-            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
-        )
-        .optional()?;
-    let Some((name, hash, revoked)) = row else {
+fn lookup(db: &Sql, id: &str, secret: &str) -> Result<Option<Lookup>, DbError> {
+    let row = db.query_opt(
+        "SELECT name, secret_hash, revoked_ms FROM worker_identities WHERE id = ?1",
+        &args![id],
+    )?;
+    let Some(row) = row else {
         return Ok(None);
     };
+    let (name, hash, revoked) = (row.text(0)?, row.blob(1)?, row.opt_int(2)?);
     let given = blake3::hash(secret.as_bytes());
     // blake3::Hash compares in constant time.
     if hash.len() != 32 || given != blake3::Hash::from_bytes(hash.try_into().expect("32 bytes")) {
@@ -284,14 +286,12 @@ fn lookup(db: &Connection, id: &str, secret: &str) -> Result<Option<Lookup>, DbE
     }))
 }
 
-fn revoked_name(db: &Connection, name: &str) -> Result<bool, DbError> {
+fn revoked_name(db: &Sql, name: &str) -> Result<bool, DbError> {
     Ok(db
-        .query_row(
+        .query_opt(
             "SELECT 1 FROM worker_identities WHERE name = ?1 AND revoked_ms IS NOT NULL LIMIT 1",
-            [name],
-            |_| Ok(()),
-        )
-        .optional()?
+            &args![name],
+        )?
         .is_some())
 }
 
@@ -327,8 +327,9 @@ mod tests {
 
     #[test]
     fn enroll_join_revoke_and_rotate() {
-        let mut db = Connection::open_in_memory().unwrap();
-        crate::db::migrate(&mut db).unwrap();
+        let mut conn = rusqlite::Connection::open_in_memory().unwrap();
+        crate::db::migrate(&mut conn).unwrap();
+        let db = Sql::Sqlite(conn);
         let (w, c, v) = (
             ticket(Role::Worker),
             ticket(Role::Client),

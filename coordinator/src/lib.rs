@@ -27,6 +27,7 @@ pub mod http;
 pub mod identity;
 pub(crate) mod query;
 pub(crate) mod retry;
+pub mod scratch_postgres;
 pub mod server;
 pub(crate) mod service;
 pub(crate) mod shared;

@@ -57,7 +57,7 @@ pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> Result<JobStatus, ClientEr
             )));
         }
         // Its next ending is told by webhook again.
-        crate::webhook::forget_endings(db.conn(), id).map_err(internal)?;
+        crate::webhook::forget_endings(db.sql(), id).map_err(internal)?;
         let reopened = || -> anyhow::Result<_> {
             let mut stored = db.job(id)?.context("job vanished")?;
             stored.error = None;

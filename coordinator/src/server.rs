@@ -66,9 +66,17 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     };
     let tickets = data_dir::write_tickets(dir, advertised, &identity.fingerprint(), false)?;
 
-    let mut db = Db::open(&dir.join("state.sqlite"))
-        .with_context(|| format!("cannot open the database in {}", dir.display()))?;
-    let generation = db.next_generation()?;
+    let (state_dir, state_url) = (dir.clone(), config.state_url.clone());
+    let (db, generation) = tokio::task::spawn_blocking(move || -> anyhow::Result<(Db, u64)> {
+        let mut db = match &state_url {
+            Some(url) => Db::connect(url).context("cannot open the state in PostgreSQL")?,
+            None => Db::open(&state_dir.join("state.sqlite"))
+                .with_context(|| format!("cannot open the database in {}", state_dir.display()))?,
+        };
+        let generation = db.next_generation()?;
+        Ok((db, generation))
+    })
+    .await??;
     let store = Verified::new(BlobDir::open_durable(dir.join("blobs"))?);
     let core = FarmCore::new(FarmConfig {
         scheduler: scheduler::Config {

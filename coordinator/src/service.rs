@@ -227,7 +227,7 @@ pub(crate) async fn revoke(shared: &Arc<Shared>, name: String) -> Answer<(u32, u
     let asked = name.clone();
     let ids = off_runtime(shared, move |s| {
         let db = s.db();
-        crate::identity::revoke(db.conn(), &asked, crate::server::unix_ms())
+        crate::identity::revoke(db.sql(), &asked, crate::server::unix_ms())
             .map_err(|e| internal(anyhow::anyhow!("cannot revoke `{asked}`: {e}")))
     })
     .await?;
@@ -827,12 +827,12 @@ mod tests {
         );
 
         // Internal: the database fails under the service.
-        (s.db().conn())
-            .execute_batch("DROP TABLE frames; DROP TABLE task_logs")
+        (s.db().sql())
+            .batch("DROP TABLE frames; DROP TABLE task_logs")
             .unwrap();
         check(kind(frames(s, id)), Internal, "frames");
         check(kind(logs(s, id, None)), Internal, "logs");
-        (s.db().conn()).execute_batch("DROP TABLE jobs").unwrap();
+        (s.db().sql()).batch("DROP TABLE jobs").unwrap();
         check(kind(job(s, id)), Internal, "status");
         check(
             kind(submit(s, spec("late", b"scene"), 0).await),

@@ -19,13 +19,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context};
 use bytes::Bytes;
-use rusqlite::{params, OptionalExtension};
 use serde_json::{json, Value};
 use tessera_protocol::events::job_event_type;
 use tessera_protocol::messages::{JobState, JobStatus};
 use tokio::sync::broadcast;
 
 use crate::config::Webhook;
+use crate::db::sql::{args, Sql};
+use crate::db::DbError;
 use crate::server::{unix_ms, Notice, Shared};
 
 /// How long one delivery may take, connecting included.
@@ -90,10 +91,10 @@ pub fn signature(secret: &[u8], body: &[u8]) -> String {
 /// A job put back in the queue (`retry`) may end again: its delivered
 /// `job.done`, `job.failed` and `job.blocked` events are forgotten, so its
 /// next ending (or block) is told too. Nothing when webhooks were never on.
-pub(crate) fn forget_endings(conn: &rusqlite::Connection, job: u64) -> rusqlite::Result<()> {
+pub(crate) fn forget_endings(conn: &Sql, job: u64) -> Result<(), DbError> {
     conn.execute(
         "DELETE FROM webhook_outbox WHERE key IN (?1, ?2, ?3) AND delivered_ms IS NOT NULL",
-        params![
+        &args![
             format!("job.done:{job}"),
             format!("job.failed:{job}"),
             format!("job.blocked:{job}")
@@ -107,20 +108,16 @@ pub(crate) fn forget_endings(conn: &rusqlite::Connection, job: u64) -> rusqlite:
 /// `AUTOINCREMENT` table still writes).
 fn enqueue(shared: &Shared, key: &str, body: &Value) -> anyhow::Result<bool> {
     let db = shared.db();
-    let known = (db.conn())
-        .query_row(
-            "SELECT 1 FROM webhook_outbox WHERE key = ?1",
-            params![key],
-            |_| Ok(()),
-        )
-        .optional()?
+    let known = (db.sql())
+        .query_opt("SELECT 1 FROM webhook_outbox WHERE key = ?1", &args![key])?
         .is_some();
     if known {
         return Ok(false);
     }
-    let n = db.conn().execute(
-        "INSERT OR IGNORE INTO webhook_outbox (key, body, created_ms) VALUES (?1, ?2, ?3)",
-        params![key, body.to_string(), unix_ms() as i64],
+    let n = db.sql().execute(
+        "INSERT INTO webhook_outbox (key, body, created_ms) VALUES (?1, ?2, ?3)
+         ON CONFLICT DO NOTHING",
+        &args![key, body.to_string(), unix_ms() as i64],
     )?;
     if n > 0 {
         tracing::info!(%key, "webhook event queued");
@@ -259,14 +256,14 @@ fn blocked(shared: &Shared) -> anyhow::Result<()> {
 fn mark(shared: &Shared, id: i64, delivered: bool, backoff: Duration) -> anyhow::Result<()> {
     let db = shared.db();
     if delivered {
-        db.conn().execute(
+        db.sql().execute(
             "UPDATE webhook_outbox SET delivered_ms = ?1, attempts = attempts + 1 WHERE id = ?2",
-            params![unix_ms() as i64, id],
+            &args![unix_ms() as i64, id],
         )?;
     } else {
-        db.conn().execute(
+        db.sql().execute(
             "UPDATE webhook_outbox SET attempts = attempts + 1, next_ms = ?1 WHERE id = ?2",
-            params![(unix_ms() + backoff.as_millis() as u64) as i64, id],
+            &args![(unix_ms() + backoff.as_millis() as u64) as i64, id],
         )?;
     }
     Ok(())
@@ -281,36 +278,24 @@ fn next_due(shared: &Shared) -> anyhow::Result<Option<u64>> {
     // Events go out in order: the oldest is the next to go, whenever the
     // others would be due (taking the earliest of them made the loop spin
     // while the oldest waited out its backoff).
-    let due: Option<i64> = db
-        .conn()
-        .query_row(
-            "SELECT next_ms FROM webhook_outbox WHERE delivered_ms IS NULL ORDER BY id LIMIT 1",
-            [],
-            |r| r.get(0),
-        )
-        .optional()?;
-    Ok(due.map(|d| d.max(0) as u64))
+    let due = db.sql().query_opt(
+        "SELECT next_ms FROM webhook_outbox WHERE delivered_ms IS NULL ORDER BY id LIMIT 1",
+        &[],
+    )?;
+    Ok(due.map(|r| r.int(0)).transpose()?.map(|d| d.max(0) as u64))
 }
 
 /// The oldest undelivered event: id, body, attempts, when it is due.
 fn next_pending(shared: &Shared) -> anyhow::Result<Option<(i64, String, u32, u64)>> {
     let db = shared.db();
-    Ok(db
-        .conn()
-        .query_row(
-            "SELECT id, body, attempts, next_ms FROM webhook_outbox
-             WHERE delivered_ms IS NULL ORDER BY id LIMIT 1",
-            [],
-            |r| {
-                Ok((
-                    r.get::<_, i64>(0)?,
-                    r.get::<_, String>(1)?,
-                    r.get::<_, u32>(2)?,
-                    r.get::<_, i64>(3)? as u64,
-                ))
-            },
-        )
-        .optional()?)
+    let row = db.sql().query_opt(
+        "SELECT id, body, attempts, next_ms FROM webhook_outbox
+         WHERE delivered_ms IS NULL ORDER BY id LIMIT 1",
+        &[],
+    )?;
+    Ok(row
+        .map(|r| -> Result<_, DbError> { Ok((r.int(0)?, r.text(1)?, r.u32(2)?, r.u64(3)?)) })
+        .transpose()?)
 }
 
 /// POSTs `body` to the receiver with ureq (the fleet's HTTP client too)
@@ -362,15 +347,13 @@ async fn run(shared: &Arc<Shared>, hook: &Webhook) -> anyhow::Result<()> {
     let since_ms = shared
         .blocking(|shared| -> anyhow::Result<u64> {
             let db = shared.db();
-            db.conn().execute(
-                "INSERT OR IGNORE INTO webhook_meta (k, v) VALUES ('since_ms', ?1)",
-                params![unix_ms() as i64],
+            db.sql().execute(
+                "INSERT INTO webhook_meta (k, v) VALUES ('since_ms', ?1) ON CONFLICT DO NOTHING",
+                &args![unix_ms() as i64],
             )?;
-            Ok(db
-                .conn()
-                .query_row("SELECT v FROM webhook_meta WHERE k = 'since_ms'", [], |r| {
-                    r.get::<_, i64>(0)
-                })? as u64)
+            Ok((db.sql())
+                .query_one("SELECT v FROM webhook_meta WHERE k = 'since_ms'", &[])?
+                .u64(0)?)
         })
         .await??;
     let mut notices = shared.notices();

@@ -9,6 +9,13 @@ pub(crate) struct Args {
     /// Where state, assets, the certificate and the tickets live.
     #[arg(long, required = true)]
     pub data_dir: Option<PathBuf>,
+    /// Keep the farm's state (jobs, results, frames, worker identities,
+    /// webhooks) in this PostgreSQL database instead of DATA_DIR's SQLite
+    /// file: `postgres://USER@HOST:PORT/DB` or `host=… user=… dbname=…`.
+    /// Put a password in PGPASSWORD, not here (a command line is seen by
+    /// every user of the machine). Assets stay in DATA_DIR.
+    #[arg(long, env = "TESSERA_STATE", value_name = "URL")]
+    pub state: Option<String>,
     /// Address to listen on (UDP). Port 0 picks a free port, and keeps it
     /// across restarts with the same data dir.
     #[arg(long, default_value = "127.0.0.1:7700")]
@@ -130,6 +137,7 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     let Args {
         admin: _,
         data_dir,
+        state,
         listen,
         advertise,
         heartbeat_ms,
@@ -151,6 +159,7 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     // Required by clap unless a subcommand is given.
     let data_dir = data_dir.context("pass --data-dir")?;
     let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
+    config.state_url = state;
     config.scrub_bytes_per_sec = (scrub_mb_per_sec.max(0.0) * 1e6) as u64;
     config.advertise = advertise;
     config.heartbeat_ms = heartbeat_ms;

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use crate::harness::{noise, tessera, Farm};
+use crate::harness::{noise, tessera, Farm, State};
 
 const MIB: usize = 1 << 20;
 
@@ -229,7 +229,18 @@ fn chunk_resubmit_after_changing_one_texture_uploads_only_that_texture() {
 
 #[test]
 fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks() {
-    let mut farm = Farm::start("resume", &[]);
+    chunk_upload_killed_half_way_resumes_without_resending_stored_chunks_on(State::Sqlite);
+}
+
+/// The same with the coordinator's state in PostgreSQL.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres)"]
+fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks_on_postgresql() {
+    chunk_upload_killed_half_way_resumes_without_resending_stored_chunks_on(State::Postgres);
+}
+
+fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks_on(state: State) {
+    let mut farm = Farm::start_with_state("resume", &[], state);
     let dir = farm.dir.join("scene");
     std::fs::create_dir_all(&dir).unwrap();
     let big = dir.join("big.bin");

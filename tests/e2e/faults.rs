@@ -6,6 +6,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::harness::{
     assert_frames_match_reference, assert_frames_match_reference_samples, field, scenes, Farm,
+    State,
 };
 
 fn unix_ms() -> u64 {
@@ -17,7 +18,18 @@ fn unix_ms() -> u64 {
 
 #[test]
 fn coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles() {
-    let mut farm = Farm::start("coordkill", &[]);
+    coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles_on(State::Sqlite);
+}
+
+/// The same with the coordinator's state in PostgreSQL.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres)"]
+fn coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles_on_postgresql() {
+    coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles_on(State::Postgres);
+}
+
+fn coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles_on(state: State) {
+    let mut farm = Farm::start_with_state("coordkill", &[], state);
     farm.add_worker("w1");
     farm.add_worker("w2");
     let scene = scenes().join("demo.scene.json");
@@ -92,11 +104,23 @@ fn coordinator_killed_mid_job_resumes_without_rerendering_finished_tiles() {
 
 #[test]
 fn worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats() {
+    worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats_on(State::Sqlite);
+}
+
+/// The same with the coordinator's state in PostgreSQL.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres)"]
+fn worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats_on_postgresql() {
+    worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats_on(State::Postgres);
+}
+
+fn worker_killed_mid_task_has_its_task_restarted_within_three_heartbeats_on(state: State) {
     // The default timings: a heartbeat a second, leases of 2.5 s.
     const HEARTBEAT_MS: u64 = 1000;
-    let mut farm = Farm::start(
+    let mut farm = Farm::start_with_state(
         "workerkill",
         &["--heartbeat-ms", "1000", "--lease-ms", "2500"],
+        state,
     );
     for name in ["w1", "w2", "w3"] {
         farm.add_worker(name);
@@ -331,7 +355,22 @@ fn the_same_submit_twice_with_one_request_id_makes_one_job() {
 
 #[test]
 fn coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged() {
-    let mut farm = Farm::start("chaos", &["--heartbeat-ms", "300", "--lease-ms", "1500"]);
+    coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged_on(State::Sqlite);
+}
+
+/// The same with the coordinator's state in PostgreSQL.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres)"]
+fn coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged_on_postgresql() {
+    coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged_on(State::Postgres);
+}
+
+fn coordinator_killed_at_twenty_random_moments_loses_nothing_acknowledged_on(state: State) {
+    let mut farm = Farm::start_with_state(
+        "chaos",
+        &["--heartbeat-ms", "300", "--lease-ms", "1500"],
+        state,
+    );
     farm.add_worker("w1");
     farm.add_worker("w2");
     let scene = scenes().join("demo.scene.json");
@@ -547,12 +586,31 @@ fn an_interruptible_worker_preempted_mid_tile_loses_one_sample_range_and_the_fra
 
 #[test]
 fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_verified_blob() {
+    coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_verified_blob_on(
+        State::Sqlite,
+    );
+}
+
+/// The same with the coordinator's state in PostgreSQL.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres)"]
+fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_verified_blob_on_postgresql(
+) {
+    coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_verified_blob_on(
+        State::Postgres,
+    );
+}
+
+fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_verified_blob_on(
+    state: State,
+) {
     use tessera_coordinator::commit::{FAILPOINT, FAILPOINT_EXIT_AFTER_COMMIT};
     use tessera_store::blob::BlobDir;
     use tessera_store::{BlobStore, Verified};
 
-    let mut farm = Farm::start("commitkill", &[]);
-    farm.coordinator_env = vec![(FAILPOINT.into(), FAILPOINT_EXIT_AFTER_COMMIT.into())];
+    let mut farm = Farm::start_with_state("commitkill", &[], state);
+    farm.coordinator_env
+        .push((FAILPOINT.into(), FAILPOINT_EXIT_AFTER_COMMIT.into()));
     farm.kill_coordinator();
     farm.start_coordinator();
     farm.add_worker("w1");
@@ -563,7 +621,7 @@ fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_veri
     assert!(farm.accepted().is_empty(), "nothing was acknowledged");
 
     // The result row is committed, and the blob it names is on disk, whole.
-    let db = tessera_coordinator::db::Db::open(&farm.data.join("state.sqlite")).unwrap();
+    let db = farm.db();
     let results = db.results(id).unwrap();
     assert_eq!(results.len(), 1, "the committed result survived");
     drop(db);
@@ -573,7 +631,7 @@ fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_veri
 
     // Restarted without the failpoint, the farm finishes the job from the
     // stored result: the task is not rendered again.
-    farm.coordinator_env.clear();
+    farm.coordinator_env.retain(|(k, _)| k != FAILPOINT);
     farm.start_coordinator();
     let out = farm.dir.join("out");
     farm.wait_done(id, &out);

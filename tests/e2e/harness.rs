@@ -9,6 +9,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use tessera_coordinator::scratch_postgres::ScratchPostgres;
 use tessera_worker::engine::builtin;
 
 /// Farms are heavy on a 2-core machine: one at a time.
@@ -68,7 +69,19 @@ pub struct Farm {
     /// and the address the coordinator listens on there.
     netns: Option<String>,
     listen_ip: String,
+    /// The PostgreSQL server holding the coordinator's state, when it is
+    /// not the data dir's SQLite file (dropped after the coordinator).
+    postgres: Option<ScratchPostgres>,
     _lock: MutexGuard<'static, ()>,
+}
+
+/// Where a farm's coordinator keeps its state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum State {
+    /// The data dir's SQLite file (the default).
+    Sqlite,
+    /// A scratch PostgreSQL server of the test's own (`--state`).
+    Postgres,
 }
 
 impl Farm {
@@ -90,7 +103,30 @@ impl Farm {
     /// A farm whose coordinator and client commands run in network
     /// namespace `netns` (`ip netns exec`), listening on `listen_ip`.
     pub fn start_in(name: &str, args: &[&str], netns: Option<&str>, listen_ip: &str) -> Farm {
+        Farm::start_in_state(name, args, netns, listen_ip, State::Sqlite)
+    }
+
+    /// A coordinator with `args`, its state kept as `state` says.
+    pub fn start_with_state(name: &str, args: &[&str], state: State) -> Farm {
+        Farm::start_in_state(name, args, None, "127.0.0.1", state)
+    }
+
+    /// As [`Farm::start_in`], the state kept as `state` says.
+    pub fn start_in_state(
+        name: &str,
+        args: &[&str],
+        netns: Option<&str>,
+        listen_ip: &str,
+        state: State,
+    ) -> Farm {
         let mut farm = Farm::start_in_stopped(name, args, netns, listen_ip);
+        if state == State::Postgres {
+            // Without PostgreSQL here this fails, naming what to install.
+            let server = ScratchPostgres::start(name).expect("a scratch PostgreSQL");
+            farm.coordinator_env
+                .push(("TESSERA_STATE".into(), server.url()));
+            farm.postgres = Some(server);
+        }
         farm.start_coordinator();
         farm
     }
@@ -111,6 +147,7 @@ impl Farm {
             workers: Vec::new(),
             netns: netns.map(str::to_string),
             listen_ip: listen_ip.to_string(),
+            postgres: None,
             _lock: lock,
         }
     }
@@ -146,7 +183,22 @@ impl Farm {
             )),
             "coordinator said {line:?}"
         );
+        if self.postgres.is_some() {
+            assert!(
+                !self.data.join("state.sqlite").exists(),
+                "the state is in PostgreSQL, not in the data dir"
+            );
+        }
         self.coordinator = Some(child);
+    }
+
+    /// The coordinator's database, opened beside it (SQLite in the data
+    /// dir, or the farm's PostgreSQL server).
+    #[allow(dead_code)]
+    pub fn db(&self) -> tessera_coordinator::db::Db {
+        let url = self.postgres.as_ref().map(ScratchPostgres::url);
+        tessera_coordinator::db::Db::open_state(&self.data, url.as_deref())
+            .expect("the state opens")
     }
 
     /// The running coordinator's process id (for the memory benchmark).

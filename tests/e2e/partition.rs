@@ -8,7 +8,7 @@
 
 use std::process::Command;
 
-use crate::harness::{assert_frames_match_reference_samples, field, scenes, Farm};
+use crate::harness::{assert_frames_match_reference_samples, field, scenes, Farm, State};
 use crate::requires::{require, Need};
 
 /// Two namespaces and the veth pair between them, removed on drop.
@@ -126,14 +126,33 @@ impl Drop for Partition {
 #[test]
 #[ignore = "needs root and iproute2"]
 fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused() {
+    a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused_on(
+        State::Sqlite,
+    );
+}
+
+/// The same with the coordinator's state in PostgreSQL.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres) and root with iproute2"]
+fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused_on_postgresql()
+{
+    a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused_on(
+        State::Postgres,
+    );
+}
+
+fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused_on(
+    state: State,
+) {
     require(Need::RootNetns);
     let net = Partition::create();
     // Heartbeats every 300 ms, leases of 1 s; the QUIC idle timeout is 10 s.
-    let mut farm = Farm::start_in(
+    let mut farm = Farm::start_in_state(
         "partition",
         &["--heartbeat-ms", "300", "--lease-ms", "1000"],
         Some(&net.farm_ns),
         FARM_IP,
+        state,
     );
     let victim = farm.add_worker_in(Some(&net.victim_ns), "victim", &[], &[]);
     farm.add_worker("survivor");

@@ -43,10 +43,12 @@ pub enum Need {
     /// Debian's `chromium` and its `chromedriver` (the dashboard's browser
     /// tests).
     Chromium,
+    /// PostgreSQL's `initdb` and `postgres` (a scratch cluster per test).
+    Postgres,
 }
 
 impl Need {
-    const ALL: [Need; 12] = [
+    const ALL: [Need; 13] = [
         Need::Blender,
         Need::Tmux,
         Need::RootNetns,
@@ -59,6 +61,7 @@ impl Need {
         Need::Schemathesis,
         Need::Ffmpeg,
         Need::Chromium,
+        Need::Postgres,
     ];
 
     fn what(self) -> &'static str {
@@ -84,6 +87,7 @@ impl Need {
             Need::Chromium => {
                 "/usr/bin/chromium and chromedriver (apt-get install chromium chromium-driver)"
             }
+            Need::Postgres => tessera_coordinator::scratch_postgres::NEEDED,
             Need::Bpy => {
                 "TESSERA_TEST_BPY naming a Python with bpy 4.5 (.ci/run installs bpy==4.5.4 in $HOME/.cache/tessera-ci/bpy-4.5.4)"
             }
@@ -121,6 +125,7 @@ impl Need {
             Need::Bpy => std::env::var_os("TESSERA_TEST_BPY")
                 .is_some_and(|py| runs(Command::new(py).args(["-c", "import bpy"]))),
             Need::WanBench => crate::wan::unavailable().is_none(),
+            Need::Postgres => tessera_coordinator::scratch_postgres::bin_dir().is_some(),
             Need::Docker => runs(Command::new("docker").arg("info")),
             Need::OpenJd => std::env::var_os("TESSERA_TEST_OPENJD")
                 .is_some_and(|cli| runs(Command::new(cli).arg("--help"))),

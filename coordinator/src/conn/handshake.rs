@@ -74,7 +74,7 @@ async fn admit(
     let admitted = {
         let hello = hello.clone();
         shared
-            .blocking(move |s| s.identities.admit(s.db().conn(), &hello))
+            .blocking(move |s| s.identities.admit(s.db().sql(), &hello))
             .await?
     };
     let admission = match admitted {

@@ -147,7 +147,7 @@ async fn serve_connection(
                 let name = name.clone();
                 shared
                     .blocking(move |s| {
-                        identity::enroll(s.db().conn(), &name, crate::server::unix_ms())
+                        identity::enroll(s.db().sql(), &name, crate::server::unix_ms())
                     })
                     .await??
             };

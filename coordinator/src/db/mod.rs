@@ -1,10 +1,11 @@
-//! Durable state in SQLite: jobs, accepted results, stitched frames. A result
-//! is committed here before the worker is told it was accepted, so whatever
+//! Durable state: jobs, accepted results, stitched frames, in SQLite (the
+//! data dir's `state.sqlite`, the default) or PostgreSQL (`--state
+//! postgres://…`), through one set of statements ([`sql`]). A result is
+//! committed here before the worker is told it was accepted, so whatever
 //! was acknowledged survives a crash of the coordinator.
 
 use std::path::Path;
 
-use rusqlite::{params, Connection, OptionalExtension};
 use tessera_protocol::build::BuildInfo;
 use tessera_protocol::job::JobSpec;
 use tessera_protocol::messages::{log_tail, JobState, JobStatus, TaskLog, Verification};
@@ -14,6 +15,12 @@ use tessera_protocol::Digest;
 pub enum DbError {
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
+    #[error("PostgreSQL error: {0}")]
+    Postgres(#[from] postgres::Error),
+    #[error("cannot connect to PostgreSQL at {0}")]
+    Connect(String),
+    #[error("unexpected value in the database: {0}")]
+    Column(String),
     #[error("stored job {0} is unreadable: {1}")]
     Corrupt(u64, String),
     #[error("the database was written by a newer Tessera (schema version {found}; this build reads up to {SCHEMA_VERSION}): run a newer tessera on this data dir")]
@@ -144,17 +151,21 @@ pub struct StoredFrame {
 }
 
 pub struct Db {
-    conn: Connection,
+    sql: Sql,
 }
 
+#[cfg(test)]
+mod both;
 mod jobs;
 mod results;
 mod schema;
+pub(crate) mod sql;
 #[cfg(test)]
 mod tests;
 mod trust;
 
 pub use schema::migrate;
+use sql::{args, Row, Sql};
 
 /// What the finished jobs of one state add up to (see
 /// [`Db::finished_totals`]).
@@ -182,22 +193,15 @@ fn parse_state(s: &str) -> JobState {
     }
 }
 
-fn digest_col(row: &rusqlite::Row<'_>, i: usize) -> rusqlite::Result<Digest> {
-    let s: String = row.get(i)?;
-    s.parse().map_err(|e| {
-        rusqlite::Error::FromSqlConversionFailure(i, rusqlite::types::Type::Text, Box::new(e))
-    })
-}
-
 const JOB_COLUMNS: &str = "id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd, tasks_done, frames_done, render_ms, bytes_to_workers";
 
 /// One `jobs` row, selected with [`JOB_COLUMNS`].
-fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, String, StoredJobRest)> {
+fn job_row(r: &Row) -> Result<(u64, String, StoredJobRest), DbError> {
     let counts = match (
-        r.get::<_, Option<i64>>(9)?,
-        r.get::<_, Option<i64>>(10)?,
-        r.get::<_, Option<i64>>(11)?,
-        r.get::<_, Option<i64>>(12)?,
+        r.opt_int(9)?,
+        r.opt_int(10)?,
+        r.opt_int(11)?,
+        r.opt_int(12)?,
     ) {
         (Some(t), Some(f), Some(ms), sent) => Some(FinalCounts {
             tasks_done: t as u32,
@@ -208,16 +212,16 @@ fn job_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(u64, String, StoredJobRes
         _ => None,
     };
     Ok((
-        r.get::<_, i64>(0)? as u64,
-        r.get::<_, String>(1)?,
+        r.u64(0)?,
+        r.text(1)?,
         StoredJobRest {
-            state: parse_state(&r.get::<_, String>(2)?),
-            submitted_ms: r.get::<_, i64>(3)? as u64,
-            finished_ms: r.get::<_, Option<i64>>(4)?.map(|v| v as u64),
-            bytes_uploaded: r.get::<_, i64>(5)? as u64,
-            bytes_deduplicated: r.get::<_, i64>(6)? as u64,
-            error: r.get(7)?,
-            cost_usd: r.get(8)?,
+            state: parse_state(&r.text(2)?),
+            submitted_ms: r.u64(3)?,
+            finished_ms: r.opt_int(4)?.map(|v| v as u64),
+            bytes_uploaded: r.u64(5)?,
+            bytes_deduplicated: r.u64(6)?,
+            error: r.opt_text(7)?,
+            cost_usd: r.real(8)?,
             counts,
         },
     ))
@@ -233,6 +237,11 @@ struct StoredJobRest {
     error: Option<String>,
     cost_usd: f64,
     counts: Option<FinalCounts>,
+}
+
+/// The jobs of rows selected with [`JOB_COLUMNS`].
+fn stored_jobs(rows: Vec<Row>) -> Result<Vec<StoredJob>, DbError> {
+    rows.iter().map(|r| stored_job(job_row(r)?)).collect()
 }
 
 fn stored_job((id, spec, rest): (u64, String, StoredJobRest)) -> Result<StoredJob, DbError> {
@@ -253,14 +262,35 @@ fn stored_job((id, spec, rest): (u64, String, StoredJobRest)) -> Result<StoredJo
 }
 
 impl Db {
+    /// Opens (or creates) the SQLite database at `path`.
     pub fn open(path: &Path) -> Result<Db, DbError> {
-        let mut conn = Connection::open(path)?;
+        let mut conn = rusqlite::Connection::open(path)?;
         // WAL + FULL: a committed transaction survives a crash of the process
         // and of the machine.
         conn.pragma_update(None, "journal_mode", "WAL")?;
         conn.pragma_update(None, "synchronous", "FULL")?;
+        conn.set_prepared_statement_cache_capacity(64);
         migrate(&mut conn)?;
-        Ok(Db { conn })
+        Ok(Db {
+            sql: Sql::Sqlite(conn),
+        })
+    }
+
+    /// Connects to the PostgreSQL database at `url` and brings its schema
+    /// to this build's version.
+    pub fn connect(url: &str) -> Result<Db, DbError> {
+        let sql = Sql::postgres(url)?;
+        schema::migrate_postgres(&sql)?;
+        Ok(Db { sql })
+    }
+
+    /// Opens the state a coordinator keeps: PostgreSQL at `url` when one
+    /// is given, else SQLite in `data_dir`.
+    pub fn open_state(data_dir: &Path, url: Option<&str>) -> Result<Db, DbError> {
+        match url {
+            Some(url) => Db::connect(url),
+            None => Db::open(&data_dir.join("state.sqlite")),
+        }
     }
 
     /// Copies the WAL into the main database file and empties it, so the
@@ -268,37 +298,42 @@ impl Db {
     /// then loses only what was committed since).
     /// An empty WAL is left alone: at rest the coordinator writes nothing
     /// (truncating even an empty file updates its times).
+    /// (PostgreSQL checkpoints by itself: nothing to do there.)
     pub fn checkpoint(&self) -> Result<(), DbError> {
-        let frames: i64 =
-            (self.conn).query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))?;
+        let Some(conn) = self.sql.sqlite() else {
+            return Ok(());
+        };
+        let frames: i64 = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| r.get(1))?;
         if frames > 0 {
-            self.conn
-                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
+            conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |_| Ok(()))?;
         }
         Ok(())
     }
 
     /// The connection, for the tables kept by other modules (identities,
     /// webhooks; their tables are in the migrations too).
-    pub(crate) fn conn(&self) -> &Connection {
-        &self.conn
+    pub(crate) fn sql(&self) -> &Sql {
+        &self.sql
+    }
+
+    /// True when the state is in PostgreSQL.
+    pub fn is_postgres(&self) -> bool {
+        self.sql.is_postgres()
     }
 
     /// Increments and returns the start counter; epochs of this run start at
     /// `generation << 32`, above every epoch of earlier runs.
     pub fn next_generation(&mut self) -> Result<u64, DbError> {
-        let tx = self.conn.transaction()?;
-        let current: Option<i64> = tx
-            .query_row("SELECT value FROM meta WHERE key = 'generation'", [], |r| {
-                r.get(0)
-            })
-            .optional()?;
-        let next = current.unwrap_or(0) + 1;
-        tx.execute(
-            "INSERT OR REPLACE INTO meta (key, value) VALUES ('generation', ?1)",
-            [next],
+        // One statement that reads and writes: two coordinators sharing a
+        // PostgreSQL database never get the same generation.
+        self.sql.execute(
+            "INSERT INTO meta (key, value) VALUES ('generation', 0) ON CONFLICT (key) DO NOTHING",
+            &[],
         )?;
-        tx.commit()?;
-        Ok(next as u64)
+        let row = self.sql.query_one(
+            "UPDATE meta SET value = value + 1 WHERE key = 'generation' RETURNING value",
+            &[],
+        )?;
+        row.u64(0)
     }
 }

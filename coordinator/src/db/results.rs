@@ -8,6 +8,30 @@ pub(super) const FRAMES_SINCE: &str =
     "SELECT rowid, frame, digest, size FROM frames INDEXED BY frames_by_seq
      WHERE job = ?1 AND rowid > ?2 ORDER BY rowid LIMIT ?3";
 
+/// [`FRAMES_SINCE`] in PostgreSQL, whose `frames_by_seq` is on `(job,
+/// rowid)` (`rowid` a column there) and which has no `INDEXED BY`.
+const FRAMES_SINCE_PG: &str = "SELECT rowid, frame, digest, size FROM frames
+     WHERE job = ?1 AND rowid > ?2 ORDER BY rowid LIMIT ?3";
+
+/// A stored frame (or passes) row: frame, digest, size.
+fn frame_row(r: &Row) -> Result<StoredFrame, DbError> {
+    Ok(StoredFrame {
+        frame: r.u32(0)?,
+        digest: r.digest(1)?,
+        size: r.u64(2)?,
+    })
+}
+
+fn task_log(r: &Row, from: usize) -> Result<TaskLog, DbError> {
+    Ok(TaskLog {
+        task: r.u32(from)?,
+        worker: r.u64(from + 1)?,
+        unix_ms: r.u64(from + 2)?,
+        error: r.text(from + 3)?,
+        log: r.text(from + 4)?,
+    })
+}
+
 impl Db {
     /// Commits one accepted result. Returns false if the task already had
     /// one (it is then left untouched).
@@ -23,69 +47,85 @@ impl Db {
         rows: &[NewResult<'_>],
         costs: &[(u64, f64)],
     ) -> Result<Vec<bool>, DbError> {
-        let tx = self.conn.transaction()?;
-        for (job, cost) in costs {
-            tx.execute(
-                "UPDATE jobs SET cost_usd = ?2 WHERE id = ?1",
-                params![*job as i64, cost],
-            )?;
-        }
-        let mut fresh = Vec::with_capacity(rows.len());
-        {
-            let mut stmt = tx.prepare_cached(
-                "INSERT OR IGNORE INTO results (job, idx, output, render_ms, worker, epoch)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )?;
+        self.sql.transaction(|tx| {
+            for (job, cost) in costs {
+                tx.execute(
+                    "UPDATE jobs SET cost_usd = ?2 WHERE id = ?1",
+                    &args![*job as i64, *cost],
+                )?;
+            }
+            let mut fresh = Vec::with_capacity(rows.len());
             for r in rows {
-                let n = stmt.execute(params![
-                    r.job as i64,
-                    r.index,
-                    r.output.to_hex(),
-                    r.render_ms as i64,
-                    r.worker,
-                    r.epoch as i64
-                ])?;
+                let n = tx.execute(
+                    "INSERT INTO results (job, idx, output, render_ms, worker, epoch)
+                     VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT DO NOTHING",
+                    &args![
+                        r.job as i64,
+                        r.index,
+                        r.output.to_hex(),
+                        r.render_ms as i64,
+                        r.worker,
+                        r.epoch as i64
+                    ],
+                )?;
                 fresh.push(n == 1);
             }
-        }
-        tx.commit()?;
-        Ok(fresh)
+            Ok(fresh)
+        })
     }
 
     pub fn results(&self, job: u64) -> Result<Vec<StoredResult>, DbError> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT idx, output, render_ms FROM results WHERE job = ?1 ORDER BY idx")?;
-        let rows = stmt.query_map([job as i64], |r| {
-            Ok(StoredResult {
-                index: r.get(0)?,
-                output: digest_col(r, 1)?,
-                render_ms: r.get::<_, i64>(2)? as u64,
+        let rows = self.sql.query(
+            "SELECT idx, output, render_ms FROM results WHERE job = ?1 ORDER BY idx",
+            &args![job as i64],
+        )?;
+        rows.iter()
+            .map(|r| {
+                Ok(StoredResult {
+                    index: r.u32(0)?,
+                    output: r.digest(1)?,
+                    render_ms: r.u64(2)?,
+                })
             })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+            .collect()
     }
 
     /// Outputs of the tasks `first..first+count` of a job, in index order.
     pub fn result_range(&self, job: u64, first: u32, count: u32) -> Result<Vec<Digest>, DbError> {
-        let mut stmt = self.conn.prepare(
+        let rows = self.sql.query(
             "SELECT output FROM results WHERE job = ?1 AND idx >= ?2 AND idx < ?3 ORDER BY idx",
+            &args![job as i64, first, i64::from(first) + i64::from(count)],
         )?;
-        let rows = stmt.query_map(params![job as i64, first, first + count], |r| {
-            digest_col(r, 0)
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.iter().map(|r| r.digest(0)).collect()
     }
 
+    /// Records a stitched frame, in place of an earlier stitch of it; a
+    /// frame stitched again is new to [`Db::frames_since`].
     pub fn insert_frame(&mut self, job: u64, frame: &StoredFrame) -> Result<(), DbError> {
-        self.conn.execute(
+        let row = args![
+            job as i64,
+            frame.frame,
+            frame.digest.to_hex(),
+            frame.size as i64
+        ];
+        if self.sql.is_postgres() {
+            // Its `rowid` is an identity column: a row inserted anew gets
+            // the next one.
+            return self.sql.transaction(|tx| {
+                tx.execute(
+                    "DELETE FROM frames WHERE job = ?1 AND frame = ?2",
+                    &row[..2],
+                )?;
+                tx.execute(
+                    "INSERT INTO frames (job, frame, digest, size) VALUES (?1, ?2, ?3, ?4)",
+                    &row,
+                )?;
+                Ok(())
+            });
+        }
+        self.sql.execute(
             "INSERT OR REPLACE INTO frames (job, frame, digest, size) VALUES (?1, ?2, ?3, ?4)",
-            params![
-                job as i64,
-                frame.frame,
-                frame.digest.to_hex(),
-                frame.size as i64
-            ],
+            &row,
         )?;
         Ok(())
     }
@@ -98,39 +138,34 @@ impl Db {
         digest: Digest,
         size: u64,
     ) -> Result<(), DbError> {
-        self.conn.execute(
-            "INSERT OR REPLACE INTO passes (job, frame, digest, size) VALUES (?1, ?2, ?3, ?4)",
-            params![job as i64, frame, digest.to_hex(), size as i64],
+        self.sql.execute(
+            "INSERT INTO passes (job, frame, digest, size) VALUES (?1, ?2, ?3, ?4)
+             ON CONFLICT (job, frame) DO UPDATE SET digest = excluded.digest, size = excluded.size",
+            &args![job as i64, frame, digest.to_hex(), size as i64],
         )?;
         Ok(())
     }
 
     /// The stitched passes of `job`'s frames that have them.
     pub fn passes(&self, job: u64) -> Result<Vec<StoredFrame>, DbError> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT frame, digest, size FROM passes WHERE job = ?1 ORDER BY frame")?;
-        let rows = stmt.query_map([job as i64], |r| {
-            Ok(StoredFrame {
-                frame: r.get(0)?,
-                digest: digest_col(r, 1)?,
-                size: r.get::<_, i64>(2)? as u64,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = self.sql.query(
+            "SELECT frame, digest, size FROM passes WHERE job = ?1 ORDER BY frame",
+            &args![job as i64],
+        )?;
+        rows.iter().map(frame_row).collect()
     }
 
     /// Keeps a failed attempt's error and renderer log (cut to
     /// `MAX_TASK_LOG` bytes) for `tessera logs`.
     pub fn insert_task_log(&mut self, job: u64, entry: &TaskLog) -> Result<(), DbError> {
-        self.conn.execute(
+        self.sql.execute(
             "INSERT INTO task_logs (job, idx, worker, unix_ms, error, log) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![
+            &args![
                 job as i64,
                 entry.task,
                 entry.worker as i64,
                 entry.unix_ms as i64,
-                entry.error,
+                entry.error.as_str(),
                 log_tail(&entry.log)
             ],
         )?;
@@ -147,40 +182,24 @@ impl Db {
         after: u64,
         limit: u32,
     ) -> Result<Vec<(u64, TaskLog)>, DbError> {
-        let mut stmt = self.conn.prepare(
+        let rows = self.sql.query(
             "SELECT rowid, idx, worker, unix_ms, error, log FROM task_logs
-             WHERE job = ?1 AND (?2 IS NULL OR idx = ?2) AND rowid > ?3 ORDER BY rowid LIMIT ?4",
+             WHERE job = ?1 AND (CAST(?2 AS BIGINT) IS NULL OR idx = ?2) AND rowid > ?3
+             ORDER BY rowid LIMIT ?4",
+            &args![job as i64, task, after.min(i64::MAX as u64) as i64, limit],
         )?;
-        let rows = stmt.query_map(params![job as i64, task, after as i64, limit], |r| {
-            Ok((
-                r.get::<_, i64>(0)? as u64,
-                TaskLog {
-                    task: r.get(1)?,
-                    worker: r.get::<_, i64>(2)? as u64,
-                    unix_ms: r.get::<_, i64>(3)? as u64,
-                    error: r.get(4)?,
-                    log: r.get(5)?,
-                },
-            ))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.iter()
+            .map(|r| Ok((r.u64(0)?, task_log(r, 1)?)))
+            .collect()
     }
 
     pub fn task_logs(&self, job: u64, task: Option<u32>) -> Result<Vec<TaskLog>, DbError> {
-        let mut stmt = self.conn.prepare(
+        let rows = self.sql.query(
             "SELECT idx, worker, unix_ms, error, log FROM task_logs
-             WHERE job = ?1 AND (?2 IS NULL OR idx = ?2) ORDER BY rowid",
+             WHERE job = ?1 AND (CAST(?2 AS BIGINT) IS NULL OR idx = ?2) ORDER BY rowid",
+            &args![job as i64, task],
         )?;
-        let rows = stmt.query_map(params![job as i64, task], |r| {
-            Ok(TaskLog {
-                task: r.get(0)?,
-                worker: r.get::<_, i64>(1)? as u64,
-                unix_ms: r.get::<_, i64>(2)? as u64,
-                error: r.get(3)?,
-                log: r.get(4)?,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.iter().map(|r| task_log(r, 0)).collect()
     }
 
     /// The latest `limit` failed attempts of a job (newest last) without
@@ -192,24 +211,20 @@ impl Db {
         job: u64,
         limit: u32,
     ) -> Result<(Vec<(u32, u64, u64, String)>, u32), DbError> {
-        let total: i64 = self.conn.query_row(
-            "SELECT COUNT(*) FROM task_logs WHERE job = ?1",
-            [job as i64],
-            |r| r.get(0),
-        )?;
-        let mut stmt = self.conn.prepare(
+        let total = (self.sql)
+            .query_one(
+                "SELECT COUNT(*) FROM task_logs WHERE job = ?1",
+                &args![job as i64],
+            )?
+            .u64(0)?;
+        let rows = self.sql.query(
             "SELECT idx, worker, unix_ms, error FROM task_logs
              WHERE job = ?1 ORDER BY rowid DESC LIMIT ?2",
+            &args![job as i64, limit],
         )?;
-        let rows = stmt.query_map(params![job as i64, limit], |r| {
-            Ok((
-                r.get::<_, u32>(0)?,
-                r.get::<_, i64>(1)? as u64,
-                r.get::<_, i64>(2)? as u64,
-                r.get::<_, String>(3)?,
-            ))
-        })?;
-        let mut out: Vec<_> = rows.collect::<Result<_, _>>()?;
+        let mut out = (rows.iter())
+            .map(|r| Ok((r.u32(0)?, r.u64(1)?, r.u64(2)?, r.text(3)?)))
+            .collect::<Result<Vec<_>, DbError>>()?;
         out.reverse();
         Ok((out, total as u32))
     }
@@ -217,18 +232,14 @@ impl Db {
     /// Who rendered a job's accepted results: (worker name, results, Σ
     /// render ms), most results first.
     pub fn result_workers(&self, job: u64) -> Result<Vec<(String, u32, u64)>, DbError> {
-        let mut stmt = self.conn.prepare(
-            "SELECT worker, COUNT(*), COALESCE(SUM(render_ms), 0) FROM results
+        let rows = self.sql.query(
+            "SELECT worker, COUNT(*), CAST(COALESCE(SUM(render_ms), 0) AS BIGINT) FROM results
              WHERE job = ?1 GROUP BY worker ORDER BY COUNT(*) DESC, worker",
+            &args![job as i64],
         )?;
-        let rows = stmt.query_map([job as i64], |r| {
-            Ok((
-                r.get::<_, String>(0)?,
-                r.get::<_, i64>(1)? as u32,
-                r.get::<_, i64>(2)? as u64,
-            ))
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        rows.iter()
+            .map(|r| Ok((r.text(0)?, r.u64(1)? as u32, r.u64(2)?)))
+            .collect()
     }
 
     /// At most `limit` of a job's frames stitched after the cursor `after`
@@ -240,35 +251,34 @@ impl Db {
         after: u64,
         limit: u32,
     ) -> Result<Vec<(u64, StoredFrame)>, DbError> {
-        let mut stmt = self.conn.prepare_cached(FRAMES_SINCE)?;
-        let rows = stmt.query_map(
-            params![job as i64, after.min(i64::MAX as u64) as i64, limit],
-            |r| {
+        let sql = match self.sql.is_postgres() {
+            true => FRAMES_SINCE_PG,
+            false => FRAMES_SINCE,
+        };
+        let rows = self.sql.query(
+            sql,
+            &args![job as i64, after.min(i64::MAX as u64) as i64, limit],
+        )?;
+        rows.iter()
+            .map(|r| {
                 Ok((
-                    r.get::<_, i64>(0)? as u64,
+                    r.u64(0)?,
                     StoredFrame {
-                        frame: r.get(1)?,
-                        digest: digest_col(r, 2)?,
-                        size: r.get::<_, i64>(3)? as u64,
+                        frame: r.u32(1)?,
+                        digest: r.digest(2)?,
+                        size: r.u64(3)?,
                     },
                 ))
-            },
-        )?;
-        Ok(rows.collect::<Result<_, _>>()?)
+            })
+            .collect()
     }
 
     pub fn frames(&self, job: u64) -> Result<Vec<StoredFrame>, DbError> {
-        let mut stmt = self
-            .conn
-            .prepare("SELECT frame, digest, size FROM frames WHERE job = ?1 ORDER BY frame")?;
-        let rows = stmt.query_map([job as i64], |r| {
-            Ok(StoredFrame {
-                frame: r.get(0)?,
-                digest: digest_col(r, 1)?,
-                size: r.get::<_, i64>(2)? as u64,
-            })
-        })?;
-        Ok(rows.collect::<Result<_, _>>()?)
+        let rows = self.sql.query(
+            "SELECT frame, digest, size FROM frames WHERE job = ?1 ORDER BY frame",
+            &args![job as i64],
+        )?;
+        rows.iter().map(frame_row).collect()
     }
 
     /// The preview of a frame's `part` (0 the frame, 1 + N its tile N), when
@@ -280,21 +290,17 @@ impl Db {
         part: u32,
         source: &Digest,
     ) -> Result<Option<Result<Digest, String>>, DbError> {
-        let row: Option<(Option<String>, Option<String>)> = self
-            .conn
-            .query_row(
-                "SELECT digest, refused FROM previews
-                 WHERE job = ?1 AND frame = ?2 AND part = ?3 AND source = ?4",
-                params![job as i64, frame, part, source.to_hex()],
-                |r| Ok((r.get(0)?, r.get(1)?)),
-            )
-            .optional()?;
-        Ok(row.map(
-            |(digest, refused)| match digest.and_then(|d| d.parse::<Digest>().ok()) {
-                Some(d) => Ok(d),
-                None => Err(refused.unwrap_or_else(|| "no preview".into())),
-            },
-        ))
+        let row = self.sql.query_opt(
+            "SELECT digest, refused FROM previews
+             WHERE job = ?1 AND frame = ?2 AND part = ?3 AND source = ?4",
+            &args![job as i64, frame, part, source.to_hex()],
+        )?;
+        let Some(row) = row else { return Ok(None) };
+        let (digest, refused) = (row.opt_text(0)?, row.opt_text(1)?);
+        Ok(Some(match digest.and_then(|d| d.parse::<Digest>().ok()) {
+            Some(d) => Ok(d),
+            None => Err(refused.unwrap_or_else(|| "no preview".into())),
+        }))
     }
 
     /// Records the preview made of `source` for a frame's `part` (or why
@@ -311,10 +317,12 @@ impl Db {
             Ok(d) => (Some(d.to_hex()), None),
             Err(why) => (None, Some(why.as_str())),
         };
-        self.conn.execute(
-            "INSERT OR REPLACE INTO previews (job, frame, part, source, digest, refused)
-             VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            params![job as i64, frame, part, source.to_hex(), digest, refused],
+        self.sql.execute(
+            "INSERT INTO previews (job, frame, part, source, digest, refused)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6)
+             ON CONFLICT (job, frame, part) DO UPDATE SET
+                 source = excluded.source, digest = excluded.digest, refused = excluded.refused",
+            &args![job as i64, frame, part, source.to_hex(), digest, refused],
         )?;
         Ok(())
     }

@@ -1,11 +1,17 @@
 use super::results::FRAMES_SINCE;
 use super::*;
+use rusqlite::{params, Connection};
+
+/// The SQLite connection of a database these tests opened.
+fn lite(db: &Db) -> &Connection {
+    db.sql.sqlite().expect("SQLite")
+}
 use tessera_protocol::job::{Engine, OutputFormat, TileGrid};
 
 /// The virtual machine steps SQLite takes to read the frames of `job`
 /// after `after`: what a `wait` poll costs the database.
 fn steps_since(db: &Db, job: u64, after: u64) -> (usize, i32) {
-    let mut stmt = db.conn.prepare(FRAMES_SINCE).unwrap();
+    let mut stmt = lite(db).prepare(FRAMES_SINCE).unwrap();
     let n = (stmt.query_map(params![job as i64, after as i64, 1000], |_| Ok(())))
         .unwrap()
         .count();
@@ -63,7 +69,7 @@ fn new_frames_cost_what_is_new_not_what_the_job_holds() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-fn spec(request_id: Option<&str>) -> JobSpec {
+pub(super) fn spec(request_id: Option<&str>) -> JobSpec {
     JobSpec {
         request_id: request_id.map(str::to_string),
         name: "shot".into(),
@@ -259,7 +265,7 @@ fn a_blender_build_is_recorded_once_and_survives_reopening() {
 fn a_newer_schema_is_refused_with_a_clear_message() {
     let (dir, path) = temp_db("newer");
     let db = Db::open(&path).unwrap();
-    db.conn
+    lite(&db)
         .execute("UPDATE meta SET value = 99 WHERE key = 'schema'", [])
         .unwrap();
     drop(db);
@@ -298,11 +304,10 @@ fn a_version_three_data_dir_opens_and_is_upgraded_with_what_it_holds() {
         assert_eq!(v, 3);
     }
     let db = Db::open(&path).unwrap();
-    let user: i64 = db
-        .conn
+    let user: i64 = lite(&db)
         .query_row("PRAGMA user_version", [], |r| r.get(0))
         .unwrap();
-    let row: i64 = (db.conn)
+    let row: i64 = lite(&db)
         .query_row("SELECT value FROM meta WHERE key = 'schema'", [], |r| {
             r.get(0)
         })
@@ -319,7 +324,7 @@ fn a_version_three_data_dir_opens_and_is_upgraded_with_what_it_holds() {
 fn a_newer_user_version_is_refused_too() {
     let (dir, path) = temp_db("newer-user");
     let db = Db::open(&path).unwrap();
-    db.conn.pragma_update(None, "user_version", 7).unwrap();
+    lite(&db).pragma_update(None, "user_version", 7).unwrap();
     drop(db);
     let err = Db::open(&path).err().expect("refused");
     assert!(matches!(err, DbError::Newer { found: 7 }), "{err}");
