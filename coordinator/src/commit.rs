@@ -3,6 +3,7 @@
 //! and count them ("durable before acknowledged").
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use tokio::sync::mpsc;
 
@@ -89,6 +90,53 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
     }
 }
 
+/// How long work that needs the database (a batch of results, a stitch)
+/// waits for it while it cannot be reached (PostgreSQL restarting or
+/// failing over) before that work fails.
+pub const UNREACHABLE_PATIENCE: Duration = Duration::from_secs(30);
+
+/// Runs `f` (which takes the database's lock itself, so it is not held
+/// while waiting); while it fails because the database cannot be reached,
+/// runs it again (reconnecting) for up to [`UNREACHABLE_PATIENCE`]. Meant
+/// for the commit and stitch threads: nothing is acknowledged meanwhile.
+pub(crate) fn patiently<T, E>(what: &str, mut f: impl FnMut() -> Result<T, E>) -> Result<T, E>
+where
+    E: std::fmt::Display + Unreachable,
+{
+    let began = Instant::now();
+    let mut wait = Duration::from_millis(100);
+    loop {
+        match f() {
+            Err(e) if e.unreachable() && began.elapsed() < UNREACHABLE_PATIENCE => {
+                tracing::warn!("cannot {what}, trying again: {e}");
+                std::thread::sleep(wait);
+                wait = (wait * 2).min(Duration::from_secs(1));
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// An error that may say the database could not be reached.
+pub(crate) trait Unreachable {
+    fn unreachable(&self) -> bool;
+}
+
+impl Unreachable for crate::db::DbError {
+    fn unreachable(&self) -> bool {
+        self.is_unreachable()
+    }
+}
+
+impl Unreachable for anyhow::Error {
+    fn unreachable(&self) -> bool {
+        self.chain().any(|c| {
+            c.downcast_ref::<crate::db::DbError>()
+                .is_some_and(crate::db::DbError::is_unreachable)
+        })
+    }
+}
+
 /// Writes one batch of results, then lets the core acknowledge them.
 fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_commit: bool) {
     let rows: Vec<NewResult<'_>> = batch
@@ -108,7 +156,10 @@ fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_c
     // is acknowledged.
     let outputs: Vec<_> = batch.iter().map(|c| c.output).collect();
     let outcome = match shared.store.inner().sync(&outputs) {
-        Ok(()) => (shared.db().insert_results(&rows, &costs)).map_err(|e| e.to_string()),
+        Ok(()) => patiently("commit results", || {
+            shared.db().insert_results(&rows, &costs)
+        })
+        .map_err(|e| e.to_string()),
         Err(e) => Err(format!("cannot make the outputs durable: {e}")),
     };
     if exit_after_commit && outcome.is_ok() {

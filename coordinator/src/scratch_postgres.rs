@@ -18,6 +18,8 @@ use anyhow::{bail, Context};
 /// A running scratch server.
 pub struct ScratchPostgres {
     dir: PathBuf,
+    bin: PathBuf,
+    owner: Option<(u32, u32)>,
     server: Child,
 }
 
@@ -90,35 +92,40 @@ impl ScratchPostgres {
                 String::from_utf8_lossy(&initdb.stderr).trim()
             );
         }
-        let mut server = as_owner(Command::new(bin.join("postgres")), owner, &dir);
-        server
-            .arg("-D")
-            .arg(&data)
-            .arg("-k")
-            .arg(&dir)
-            .args(["-c", "listen_addresses=", "-c", "max_connections=40"])
-            .args([
-                "-c",
-                "shared_buffers=16MB",
-                "-c",
-                "log_min_messages=warning",
-            ])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("server.log"))?);
-        // SAFETY: prctl is async-signal-safe; nothing else runs between
-        // fork and exec.
-        unsafe {
-            server.pre_exec(|| {
-                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-        let server = server.spawn().context("cannot start postgres")?;
-        let mut scratch = ScratchPostgres { dir, server };
+        let server = spawn(&bin, owner, &dir)?;
+        let mut scratch = ScratchPostgres {
+            dir,
+            bin,
+            owner,
+            server,
+        };
         scratch.wait_ready()?;
         Ok(scratch)
+    }
+
+    /// Stops the server as an operator's restart does (`pg_ctl restart -m
+    /// fast`: open connections are closed, what was committed stays) and
+    /// starts it again on the same data; waits until it takes connections.
+    pub fn restart(&mut self) -> anyhow::Result<()> {
+        self.stop(libc::SIGINT);
+        self.server = spawn(&self.bin, self.owner, &self.dir)?;
+        self.wait_ready()
+    }
+
+    /// Sends `signal` (SIGINT: fast shutdown; SIGQUIT: immediate) and waits
+    /// up to 10 s for the server to end, then kills it.
+    fn stop(&mut self, signal: i32) {
+        // SAFETY: a signal to our own child.
+        unsafe { libc::kill(self.server.id() as i32, signal) };
+        let began = Instant::now();
+        while began.elapsed() < Duration::from_secs(10) {
+            if let Ok(Some(_)) = self.server.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.server.kill();
+        let _ = self.server.wait();
     }
 
     /// The connection string of its `postgres` database (what `--state`
@@ -153,19 +160,45 @@ impl ScratchPostgres {
 impl Drop for ScratchPostgres {
     fn drop(&mut self) {
         // SIGQUIT: the immediate shutdown; its backends go with it.
-        // SAFETY: a signal to our own child.
-        unsafe { libc::kill(self.server.id() as i32, libc::SIGQUIT) };
-        let began = Instant::now();
-        while began.elapsed() < Duration::from_secs(5) {
-            if let Ok(Some(_)) = self.server.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.server.kill();
-        let _ = self.server.wait();
+        self.stop(libc::SIGQUIT);
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// Starts `postgres` on the cluster in `dir` (its socket there too),
+/// owned: it dies with this process.
+fn spawn(bin: &Path, owner: Option<(u32, u32)>, dir: &Path) -> anyhow::Result<Child> {
+    let mut server = as_owner(Command::new(bin.join("postgres")), owner, dir);
+    server
+        .arg("-D")
+        .arg(dir.join("data"))
+        .arg("-k")
+        .arg(dir)
+        .args(["-c", "listen_addresses=", "-c", "max_connections=40"])
+        .args([
+            "-c",
+            "shared_buffers=16MB",
+            "-c",
+            "log_min_messages=warning",
+        ])
+        .stdout(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.join("server.log"))?,
+        );
+    // SAFETY: prctl is async-signal-safe; nothing else runs between fork
+    // and exec.
+    unsafe {
+        server.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    server.spawn().context("cannot start postgres")
 }
 
 /// The `postgres` user's ids when this runs as root (PostgreSQL refuses

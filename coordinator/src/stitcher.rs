@@ -35,7 +35,8 @@ pub(crate) enum StitchMsg {
 /// the job.
 pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<StitchMsg>) {
     while let Some(StitchMsg::Frame { job, frame_pos }) = rx.blocking_recv() {
-        if let Err(e) = stitch_frame(&shared, job, frame_pos) {
+        let stitched = crate::commit::patiently("stitch", || stitch_frame(&shared, job, frame_pos));
+        if let Err(e) = stitched {
             let error = format!("stitching failed: {e:#}");
             shared.update(|core, now| core.fail_job(job, error, now));
         }

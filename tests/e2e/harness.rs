@@ -192,6 +192,15 @@ impl Farm {
         self.coordinator = Some(child);
     }
 
+    /// Restarts the farm's PostgreSQL server (a fast shutdown: every
+    /// connection closed, every commit kept).
+    #[allow(dead_code)]
+    pub fn restart_postgres(&mut self) {
+        (self.postgres.as_mut().expect("a farm on PostgreSQL"))
+            .restart()
+            .expect("PostgreSQL starts again");
+    }
+
     /// The coordinator's database, opened beside it (SQLite in the data
     /// dir, or the farm's PostgreSQL server).
     #[allow(dead_code)]

@@ -41,6 +41,7 @@ mod requires;
 mod rolling_upgrade;
 mod scripting;
 mod sharing;
+mod state;
 mod tiles;
 mod trust;
 mod unreal;

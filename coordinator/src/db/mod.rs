@@ -29,6 +29,30 @@ pub enum DbError {
     Migration(String),
 }
 
+impl DbError {
+    /// True when the database could not be reached (PostgreSQL restarted,
+    /// failed over or cut off): the same call may succeed a moment later.
+    pub fn is_unreachable(&self) -> bool {
+        use postgres::error::SqlState;
+        match self {
+            DbError::Connect(_) => true,
+            DbError::Postgres(e) => {
+                e.is_closed()
+                    || e.code().is_some_and(|c| {
+                        c.code().starts_with("08")
+                            || [
+                                SqlState::ADMIN_SHUTDOWN,
+                                SqlState::CRASH_SHUTDOWN,
+                                SqlState::CANNOT_CONNECT_NOW,
+                            ]
+                            .contains(c)
+                    })
+            }
+            _ => false,
+        }
+    }
+}
+
 /// The schema this build writes (the migrations in `schema.rs` say what
 /// each version added).
 pub const SCHEMA_VERSION: i64 = 5;

@@ -41,7 +41,9 @@ impl Db {
 
     /// Commits a batch of accepted results in one transaction (group
     /// commit), with the jobs' costs so far. Returns, per row, whether it was
-    /// new.
+    /// new: a row already there with the same output and epoch is this
+    /// result, committed by an attempt whose answer was lost (a connection
+    /// that closed at its commit), and counts as new.
     pub fn insert_results(
         &mut self,
         rows: &[NewResult<'_>],
@@ -68,7 +70,14 @@ impl Db {
                         r.epoch as i64
                     ],
                 )?;
-                fresh.push(n == 1);
+                let same = n == 0
+                    && tx
+                        .query_opt(
+                            "SELECT 1 FROM results WHERE job = ?1 AND idx = ?2 AND output = ?3 AND epoch = ?4",
+                            &args![r.job as i64, r.index, r.output.to_hex(), r.epoch as i64],
+                        )?
+                        .is_some();
+                fresh.push(n == 1 || same);
             }
             Ok(fresh)
         })

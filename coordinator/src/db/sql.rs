@@ -177,10 +177,20 @@ pub enum Sql {
     Postgres(Box<Pg>),
 }
 
-/// A PostgreSQL connection with the statements it prepared.
+/// A PostgreSQL connection with the statements it prepared. A connection
+/// the server closed (a restart, a failover, a network cut) is made again
+/// before the next statement, at most once a second: the statement that
+/// found it closed fails, the ones after it run on the new connection.
 pub struct Pg {
-    client: RefCell<postgres::Client>,
+    config: postgres::Config,
+    /// The connection string without its password, for messages.
+    shown: String,
+    client: RefCell<Option<postgres::Client>>,
     statements: RefCell<HashMap<String, postgres::Statement>>,
+    last_attempt: std::cell::Cell<Option<std::time::Instant>>,
+    /// Inside a transaction a closed connection is an error, never made
+    /// again: the rest of the transaction must not run outside it.
+    in_transaction: std::cell::Cell<bool>,
 }
 
 /// Past this many prepared statements the cache starts again (the ones
@@ -200,14 +210,17 @@ impl Sql {
             }
         }
         config.application_name("tessera-coordinator");
-        config.connect_timeout(std::time::Duration::from_secs(10));
-        let client = config
-            .connect(postgres::NoTls)
-            .map_err(|e| DbError::Connect(format!("{}: {e}", redact(url))))?;
-        Ok(Sql::Postgres(Box::new(Pg {
-            client: RefCell::new(client),
+        config.connect_timeout(std::time::Duration::from_secs(5));
+        let pg = Pg {
+            config,
+            shown: redact(url),
+            client: RefCell::new(None),
             statements: RefCell::new(HashMap::new()),
-        })))
+            last_attempt: std::cell::Cell::new(None),
+            in_transaction: std::cell::Cell::new(false),
+        };
+        pg.connected()?;
+        Ok(Sql::Postgres(Box::new(pg)))
     }
 
     pub fn is_postgres(&self) -> bool {
@@ -223,7 +236,7 @@ impl Sql {
             }
             Sql::Postgres(pg) => {
                 let stmt = pg.prepare(sql)?;
-                Ok(pg.client.borrow_mut().execute(&stmt, &pg_params(params))?)
+                Ok(pg.client()?.execute(&stmt, &pg_params(params))?)
             }
         }
     }
@@ -246,7 +259,7 @@ impl Sql {
             }
             Sql::Postgres(pg) => {
                 let stmt = pg.prepare(sql)?;
-                let rows = pg.client.borrow_mut().query(&stmt, &pg_params(params))?;
+                let rows = pg.client()?.query(&stmt, &pg_params(params))?;
                 rows.iter().map(pg_row).collect()
             }
         }
@@ -266,7 +279,7 @@ impl Sql {
     pub fn batch(&self, sql: &str) -> Result<(), DbError> {
         match self {
             Sql::Sqlite(c) => Ok(c.execute_batch(sql)?),
-            Sql::Postgres(pg) => Ok(pg.client.borrow_mut().batch_execute(sql)?),
+            Sql::Postgres(pg) => Ok(pg.client()?.batch_execute(sql)?),
         }
     }
 
@@ -274,11 +287,19 @@ impl Sql {
     /// back when it returns an error or panics.
     pub fn transaction<T>(&self, f: impl FnOnce(&Sql) -> Result<T, DbError>) -> Result<T, DbError> {
         self.batch("BEGIN")?;
+        self.set_in_transaction(true);
         let mut open = Open(Some(self));
         let value = f(self)?;
         open.0 = None;
-        self.batch("COMMIT")?;
-        Ok(value)
+        let committed = self.batch("COMMIT");
+        self.set_in_transaction(false);
+        committed.map(|()| value)
+    }
+
+    fn set_in_transaction(&self, on: bool) {
+        if let Sql::Postgres(pg) = self {
+            pg.in_transaction.set(on);
+        }
     }
 
     /// The SQLite connection, for what only SQLite has (pragmas,
@@ -300,16 +321,64 @@ impl Drop for Open<'_> {
             if let Err(e) = sql.batch("ROLLBACK") {
                 tracing::error!("cannot roll a transaction back: {e}");
             }
+            sql.set_in_transaction(false);
         }
     }
 }
 
+/// The connection, borrowed for one call.
+type Borrowed<'a> = std::cell::RefMut<'a, postgres::Client>;
+
 impl Pg {
+    /// Connects when there is no open connection (at most one attempt a
+    /// second; a statement in between fails at once).
+    fn connected(&self) -> Result<(), DbError> {
+        let mut client = self.client.borrow_mut();
+        if client.as_ref().is_some_and(|c| !c.is_closed()) {
+            return Ok(());
+        }
+        if self.in_transaction.get() {
+            return Err(DbError::Connect(format!(
+                "{}: the connection closed in a transaction",
+                self.shown
+            )));
+        }
+        if client.take().is_some() {
+            tracing::warn!(
+                "the connection to PostgreSQL ({}) closed: connecting again",
+                self.shown
+            );
+        }
+        // Statements belong to the connection that prepared them.
+        self.statements.borrow_mut().clear();
+        let now = std::time::Instant::now();
+        if self
+            .last_attempt
+            .get()
+            .is_some_and(|t| now - t < std::time::Duration::from_secs(1))
+        {
+            return Err(DbError::Connect(format!("{}: not connected", self.shown)));
+        }
+        self.last_attempt.set(Some(now));
+        let fresh = (self.config.connect(postgres::NoTls))
+            .map_err(|e| DbError::Connect(format!("{}: {e}", self.shown)))?;
+        *client = Some(fresh);
+        Ok(())
+    }
+
+    fn client(&self) -> Result<Borrowed<'_>, DbError> {
+        self.connected()?;
+        Ok(std::cell::RefMut::map(self.client.borrow_mut(), |c| {
+            c.as_mut().expect("just connected")
+        }))
+    }
+
     fn prepare(&self, sql: &str) -> Result<postgres::Statement, DbError> {
+        self.connected()?;
         if let Some(s) = self.statements.borrow().get(sql) {
             return Ok(s.clone());
         }
-        let stmt = self.client.borrow_mut().prepare(&dollar_params(sql))?;
+        let stmt = self.client()?.prepare(&dollar_params(sql))?;
         let mut cache = self.statements.borrow_mut();
         if cache.len() >= MAX_PREPARED {
             cache.clear();
