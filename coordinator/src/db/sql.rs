@@ -11,6 +11,7 @@
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::time::{Duration, Instant};
 
 use bytes::BytesMut;
 use postgres::types::{to_sql_checked, IsNull, ToSql, Type};
@@ -179,19 +180,24 @@ pub enum Sql {
 
 /// A PostgreSQL connection with the statements it prepared. A connection
 /// the server closed (a restart, a failover, a network cut) is made again
-/// before the next statement, at most once a second: the statement that
-/// found it closed fails, the ones after it run on the new connection.
+/// by the next statement, which waits for the server up to
+/// [`RECONNECT_PATIENCE`]; the statement that found it closed fails.
 pub struct Pg {
     config: postgres::Config,
     /// The connection string without its password, for messages.
     shown: String,
     client: RefCell<Option<postgres::Client>>,
     statements: RefCell<HashMap<String, postgres::Statement>>,
-    last_attempt: std::cell::Cell<Option<std::time::Instant>>,
+    /// When connecting last failed, for a second of failing at once.
+    failed: std::cell::Cell<Option<Instant>>,
     /// Inside a transaction a closed connection is an error, never made
     /// again: the rest of the transaction must not run outside it.
     in_transaction: std::cell::Cell<bool>,
 }
+
+/// How long a statement that finds its connection closed tries to connect
+/// again before it fails.
+pub const RECONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Past this many prepared statements the cache starts again (the ones
 /// built from a job filter vary).
@@ -210,13 +216,13 @@ impl Sql {
             }
         }
         config.application_name("tessera-coordinator");
-        config.connect_timeout(std::time::Duration::from_secs(5));
+        config.connect_timeout(Duration::from_secs(5));
         let pg = Pg {
             config,
             shown: redact(url),
             client: RefCell::new(None),
             statements: RefCell::new(HashMap::new()),
-            last_attempt: std::cell::Cell::new(None),
+            failed: std::cell::Cell::new(None),
             in_transaction: std::cell::Cell::new(false),
         };
         pg.connected()?;
@@ -258,9 +264,20 @@ impl Sql {
                 Ok(out)
             }
             Sql::Postgres(pg) => {
-                let stmt = pg.prepare(sql)?;
-                let rows = pg.client()?.query(&stmt, &pg_params(params))?;
-                rows.iter().map(pg_row).collect()
+                let run = || -> Result<Vec<Row>, DbError> {
+                    let stmt = pg.prepare(sql)?;
+                    let rows = pg.client()?.query(&stmt, &pg_params(params))?;
+                    rows.iter().map(pg_row).collect()
+                };
+                match run() {
+                    // A read the server's restart cut off is read again on
+                    // a new connection (a write is not: it may have run).
+                    Err(e) if e.is_unreachable() && !pg.in_transaction.get() && is_read(sql) => {
+                        pg.disconnect();
+                        run()
+                    }
+                    answer => answer,
+                }
             }
         }
     }
@@ -330,8 +347,9 @@ impl Drop for Open<'_> {
 type Borrowed<'a> = std::cell::RefMut<'a, postgres::Client>;
 
 impl Pg {
-    /// Connects when there is no open connection (at most one attempt a
-    /// second; a statement in between fails at once).
+    /// Connects when there is no open connection: tries for up to
+    /// [`RECONNECT_PATIENCE`] (a server restarting takes a second or two);
+    /// for a second after that failed, a statement fails at once.
     fn connected(&self) -> Result<(), DbError> {
         let mut client = self.client.borrow_mut();
         if client.as_ref().is_some_and(|c| !c.is_closed()) {
@@ -351,19 +369,37 @@ impl Pg {
         }
         // Statements belong to the connection that prepared them.
         self.statements.borrow_mut().clear();
-        let now = std::time::Instant::now();
+        let began = Instant::now();
         if self
-            .last_attempt
+            .failed
             .get()
-            .is_some_and(|t| now - t < std::time::Duration::from_secs(1))
+            .is_some_and(|t| began - t < Duration::from_secs(1))
         {
             return Err(DbError::Connect(format!("{}: not connected", self.shown)));
         }
-        self.last_attempt.set(Some(now));
-        let fresh = (self.config.connect(postgres::NoTls))
-            .map_err(|e| DbError::Connect(format!("{}: {e}", self.shown)))?;
-        *client = Some(fresh);
-        Ok(())
+        let mut wait = Duration::from_millis(50);
+        loop {
+            match self.config.connect(postgres::NoTls) {
+                Ok(fresh) => {
+                    self.failed.set(None);
+                    *client = Some(fresh);
+                    return Ok(());
+                }
+                Err(e) if began.elapsed() >= RECONNECT_PATIENCE => {
+                    self.failed.set(Some(Instant::now()));
+                    return Err(DbError::Connect(format!("{}: {e}", self.shown)));
+                }
+                Err(_) => {
+                    std::thread::sleep(wait);
+                    wait = (wait * 2).min(Duration::from_millis(500));
+                }
+            }
+        }
+    }
+
+    /// Drops the connection: the next statement connects again.
+    fn disconnect(&self) {
+        *self.client.borrow_mut() = None;
     }
 
     fn client(&self) -> Result<Borrowed<'_>, DbError> {
@@ -386,6 +422,12 @@ impl Pg {
         cache.insert(sql.to_string(), stmt.clone());
         Ok(stmt)
     }
+}
+
+/// True for a statement that only reads.
+fn is_read(sql: &str) -> bool {
+    let head = sql.trim_start().get(..6).unwrap_or("");
+    head.eq_ignore_ascii_case("select")
 }
 
 /// `?N` as PostgreSQL writes it: `$N`. (No statement here has a `?` in a
