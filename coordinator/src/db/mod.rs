@@ -15,7 +15,7 @@ use tessera_protocol::Digest;
 pub enum DbError {
     #[error("database error: {0}")]
     Sqlite(#[from] rusqlite::Error),
-    #[error("PostgreSQL error: {0}")]
+    #[error("PostgreSQL error: {}", sql::chain(.0))]
     Postgres(#[from] postgres::Error),
     #[error("cannot connect to PostgreSQL at {0}")]
     Connect(String),

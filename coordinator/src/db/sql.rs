@@ -225,7 +225,11 @@ impl Sql {
             failed: std::cell::Cell::new(None),
             in_transaction: std::cell::Cell::new(false),
         };
-        pg.connected()?;
+        // The first connection is not waited for: a wrong URL, database
+        // or user is said at once.
+        let client = (pg.config.connect(postgres::NoTls))
+            .map_err(|e| DbError::Connect(format!("{}: {}", pg.shown, chain(&e))))?;
+        *pg.client.borrow_mut() = Some(client);
         Ok(Sql::Postgres(Box::new(pg)))
     }
 
@@ -387,7 +391,7 @@ impl Pg {
                 }
                 Err(e) if began.elapsed() >= RECONNECT_PATIENCE => {
                     self.failed.set(Some(Instant::now()));
-                    return Err(DbError::Connect(format!("{}: {e}", self.shown)));
+                    return Err(DbError::Connect(format!("{}: {}", self.shown, chain(&e))));
                 }
                 Err(_) => {
                     std::thread::sleep(wait);
@@ -422,6 +426,30 @@ impl Pg {
         cache.insert(sql.to_string(), stmt.clone());
         Ok(stmt)
     }
+}
+
+impl Drop for Pg {
+    /// The synchronous client closes its connection on a runtime of its
+    /// own, which cannot start on a runtime thread (where the coordinator's
+    /// last reference may be dropped at shutdown): it is closed on a thread
+    /// of its own.
+    fn drop(&mut self) {
+        if let Some(client) = self.client.get_mut().take() {
+            let _ = std::thread::spawn(move || drop(client)).join();
+        }
+    }
+}
+
+/// A PostgreSQL error with its causes (its own text is often only "db
+/// error" or "error connecting to server").
+pub(crate) fn chain(e: &postgres::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = std::error::Error::source(e);
+    while let Some(s) = source {
+        text = format!("{text}: {s}");
+        source = s.source();
+    }
+    text
 }
 
 /// True for a statement that only reads.
