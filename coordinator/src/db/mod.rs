@@ -38,6 +38,8 @@ impl DbError {
             DbError::Connect(_) => true,
             DbError::Postgres(e) => {
                 e.is_closed()
+                    // "error communicating with the server": its socket died.
+                    || std::error::Error::source(e).is_some_and(|s| s.is::<std::io::Error>())
                     || e.code().is_some_and(|c| {
                         c.code().starts_with("08")
                             || [

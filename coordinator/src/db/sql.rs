@@ -473,8 +473,14 @@ fn dollar_params(sql: &str) -> String {
     out
 }
 
-/// `url` without its password, for messages.
+/// `url` without its password, for messages: in a URL's user info, or as
+/// `password=…` in the key=value form.
 fn redact(url: &str) -> String {
+    if let Some(at) = url.find("password=") {
+        let value = at + "password=".len();
+        let end = url[value..].find(' ').map_or(url.len(), |n| value + n);
+        return format!("{}***{}", &url[..value], &url[end..]);
+    }
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => {
             let userinfo = &url[s + 3..at];
@@ -591,6 +597,10 @@ mod tests {
 
     #[test]
     fn a_password_is_never_shown() {
+        assert_eq!(
+            redact("host=db user=bob password=hunter2 dbname=farm"),
+            "host=db user=bob password=*** dbname=farm"
+        );
         assert_eq!(
             redact("postgres://tessera:hunter2@db:5432/farm"),
             "postgres://tessera:***@db:5432/farm"
