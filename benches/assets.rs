@@ -105,6 +105,7 @@ fn goodput(dir: &Path, file: &Path) {
         let ticket = Ticket {
             role: Role::Client,
             addr: endpoint.local_addr().unwrap(),
+            also: Vec::new(),
             fingerprint: identity.fingerprint(),
             secret: "bench".into(),
         };

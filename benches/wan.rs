@@ -204,6 +204,7 @@ fn goodput(mib: u64, variant: &str) {
                     Ticket {
                         role: Role::Client,
                         addr,
+                        also: Vec::new(),
                         fingerprint: identity.fingerprint(),
                         secret: "bench".into(),
                     }

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
 
 use crate::db::NewResult;
-use crate::farm::AcceptedResult;
+use crate::farm::{AcceptedResult, CommitFailure};
 use crate::server::Shared;
 
 /// Most results written in one transaction.
@@ -128,6 +128,15 @@ impl Unreachable for crate::db::DbError {
     }
 }
 
+/// True when `e` is a database failure that is not the work's fault (see
+/// [`crate::db::DbError::is_transient`]).
+pub(crate) fn is_transient(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<crate::db::DbError>()
+            .is_some_and(crate::db::DbError::is_transient)
+    })
+}
+
 impl Unreachable for anyhow::Error {
     fn unreachable(&self) -> bool {
         self.chain().any(|c| {
@@ -159,8 +168,16 @@ fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_c
         Ok(()) => patiently("commit results", || {
             shared.db().insert_results(&rows, &costs)
         })
-        .map_err(|e| e.to_string()),
-        Err(e) => Err(format!("cannot make the outputs durable: {e}")),
+        // The database out of reach, or the farm served by another
+        // coordinator now: the results are refused and their tasks run
+        // again; the jobs go on.
+        .map_err(|e| CommitFailure {
+            transient: e.is_transient(),
+            reason: e.to_string(),
+        }),
+        Err(e) => Err(CommitFailure::fatal(format!(
+            "cannot make the outputs durable: {e}"
+        ))),
     };
     if exit_after_commit && outcome.is_ok() {
         // The test of "durable before acknowledged": die like a killed

@@ -14,6 +14,12 @@ pub struct Config {
     /// connection string, `postgres://USER@HOST:PORT/DB` or
     /// `host=… user=… dbname=…` (a password from `PGPASSWORD`).
     pub state_url: Option<String>,
+    /// With `state_url`: when another coordinator serves the farm, wait
+    /// and take over when its lease ends, instead of refusing to start.
+    pub standby: bool,
+    /// The asset store's folder, when it is not `DATA_DIR/blobs` (a folder
+    /// every coordinator of a farm with a standby mounts).
+    pub blobs_dir: Option<PathBuf>,
     pub listen: SocketAddr,
     /// The address written into tickets, when it differs from `listen`
     /// (a public address in front of `0.0.0.0`).
@@ -93,6 +99,8 @@ impl Config {
         Config {
             data_dir,
             state_url: None,
+            standby: false,
+            blobs_dir: None,
             listen,
             advertise: None,
             heartbeat_ms: 1000,

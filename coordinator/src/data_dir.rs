@@ -65,13 +65,40 @@ pub fn write_tickets(
     fingerprint: &str,
     fresh: bool,
 ) -> anyhow::Result<Tickets> {
-    let [worker, client, viewer] = TICKET_FILES.map(|(role, file)| Ticket {
-        role,
-        addr,
-        fingerprint: fingerprint.to_string(),
-        secret: read_ticket(&dir.join(file))
+    write_tickets_for(dir, &[addr], fingerprint, ticket_secrets(dir, fresh))
+}
+
+/// The secrets of the data dir's tickets (worker, client, viewer), a new
+/// one for each missing, or for all three when `fresh`.
+pub fn ticket_secrets(dir: &Path, fresh: bool) -> [String; 3] {
+    TICKET_FILES.map(|(role, file)| {
+        read_ticket(&dir.join(file))
             .filter(|t| t.role == role && !fresh)
-            .map_or_else(Ticket::new_secret, |t| t.secret),
+            .map_or_else(Ticket::new_secret, |t| t.secret)
+    })
+}
+
+/// The names the tickets' secrets are shared under in a shared state.
+pub const SECRET_NAMES: [&str; 3] = ["ticket.worker", "ticket.client", "ticket.viewer"];
+
+/// Writes the three tickets naming every coordinator in `addrs` (this one's
+/// first) with `secrets` (worker, client, viewer).
+pub fn write_tickets_for(
+    dir: &Path,
+    addrs: &[SocketAddr],
+    fingerprint: &str,
+    secrets: [String; 3],
+) -> anyhow::Result<Tickets> {
+    let (addr, also) = addrs
+        .split_first()
+        .context("a ticket needs a coordinator address")?;
+    let mut secrets = secrets.into_iter();
+    let [worker, client, viewer] = TICKET_FILES.map(|(role, _)| Ticket {
+        role,
+        addr: *addr,
+        also: also.to_vec(),
+        fingerprint: fingerprint.to_string(),
+        secret: secrets.next().unwrap_or_default(),
     });
     let tickets = Tickets {
         worker,
@@ -105,4 +132,66 @@ fn write_secret_file(path: &Path, contents: &str) -> anyhow::Result<()> {
     f.sync_all()?;
     std::fs::rename(&temp, path).with_context(|| format!("cannot write {}", path.display()))?;
     Ok(())
+}
+
+/// Locks the data dir for this process (`coordinator.lock`, released when
+/// the process ends, however it ends): two coordinators never share one.
+pub fn lock(dir: &Path) -> anyhow::Result<std::fs::File> {
+    let path = dir.join("coordinator.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .with_context(|| format!("cannot open {}", path.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another coordinator runs on the data dir {}: stop it first, or give this one a \
+             data dir of its own",
+            dir.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            Err(e).with_context(|| format!("cannot lock {}", path.display()))
+        }
+    }
+}
+
+/// The data dir's instance id (`coordinator.id`, made on first use): what a
+/// coordinator restarted on it is known by in a shared database's lease.
+pub fn instance_id(dir: &Path) -> anyhow::Result<String> {
+    let path = dir.join("coordinator.id");
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        let id = text.trim();
+        if id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Ok(id.to_string());
+        }
+    }
+    let id = Ticket::new_secret()[..32].to_string();
+    write_secret_file(&path, &format!("{id}\n"))?;
+    Ok(id)
+}
+
+/// The state URL a data dir was last started with (`state`, the URL with
+/// any password masked), so a start that forgets `--state` is refused
+/// instead of starting an empty farm in SQLite beside it.
+pub fn check_state(dir: &Path, url: Option<&str>) -> anyhow::Result<()> {
+    let path = dir.join("state");
+    let recorded = std::fs::read_to_string(&path).ok();
+    match (url, recorded) {
+        (None, Some(recorded)) => anyhow::bail!(
+            "the data dir {} belongs to a farm whose state is in PostgreSQL ({}): pass --state \
+             (or TESSERA_STATE) with its URL",
+            dir.display(),
+            recorded.trim()
+        ),
+        (Some(url), recorded) => {
+            let shown = crate::db::sql::redact(url);
+            if recorded.as_deref().map(str::trim) != Some(shown.as_str()) {
+                write_secret_file(&path, &format!("{shown}\n"))?;
+            }
+            Ok(())
+        }
+        (None, None) => Ok(()),
+    }
 }

@@ -11,6 +11,13 @@ use crate::server::Shared;
 pub(crate) async fn dispatcher(shared: Arc<Shared>) {
     let mut woken = None;
     loop {
+        // A coordinator whose lease on the farm ended (the database out of
+        // reach) or was taken hands nothing out: a standby may be taking
+        // over (see `lease.rs`).
+        if !shared.lease.valid() {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
         // On the blocking pool: expiring a lease may fail a job, which
         // records it in the database.
         let deadline = match shared

@@ -312,6 +312,7 @@ mod tests {
         Ticket {
             role,
             addr: "127.0.0.1:1".parse().unwrap(),
+            also: Vec::new(),
             fingerprint: "ab".repeat(32),
             secret: Ticket::new_secret(),
         }

@@ -25,6 +25,7 @@ pub mod exr;
 mod gc;
 pub mod http;
 pub mod identity;
+pub mod lease;
 pub(crate) mod query;
 pub(crate) mod retry;
 pub mod scratch_postgres;

@@ -8,6 +8,7 @@
 //! here for the modules that name it by this path.
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,9 +22,10 @@ use tokio::task::JoinSet;
 
 use crate::commit::{self, CommitMsg};
 pub use crate::config::{Config, HttpCert, HttpListen, Webhook};
-use crate::db::{Db, StoredJob};
+use crate::db::{Db, Holder, StoredJob};
 use crate::farm::{FarmConfig, FarmCore, RestoredJob};
 use crate::identity::Identities;
+use crate::lease::{Lease, Me};
 use crate::scheduler;
 pub(crate) use crate::shared::{relock, unix_ms, Notice, Shared};
 use crate::stitcher::StitchMsg;
@@ -41,6 +43,19 @@ pub struct Coordinator {
     tasks: JoinSet<()>,
     committer: std::thread::JoinHandle<()>,
     stitcher: std::thread::JoinHandle<()>,
+    lease: Arc<Lease>,
+    keeper: Option<Keeper>,
+    /// Held while it runs: no other coordinator starts on its data dir.
+    _dir_lock: std::fs::File,
+}
+
+/// Why a coordinator stopped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Stopped {
+    /// It was told to.
+    Asked,
+    /// Another coordinator took the farm's lease over.
+    LostLease(Option<Holder>),
 }
 
 /// Opens the data dir (creating it, the certificate and the tickets on first
@@ -52,9 +67,16 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let dir = &config.data_dir;
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
-    let identity = data_dir::load_identity(dir)?;
+    let dir_lock = data_dir::lock(dir)?;
+    data_dir::check_state(dir, config.state_url.as_deref())?;
+    if config.standby && config.state_url.is_none() {
+        bail!("--standby takes over a farm whose state is in PostgreSQL: pass --state too");
+    }
     let previous = data_dir::previous_worker_ticket(dir);
 
+    let (state_dir, state_url) = (dir.clone(), config.state_url.clone());
+    let (mut db, identity, secrets) =
+        tokio::task::spawn_blocking(move || open_state(&state_dir, state_url.as_deref())).await??;
     let (endpoint, http) = bind_both(&config, &identity, previous).await?;
     let bound = endpoint.local_addr()?;
     let advertised = match config.advertise {
@@ -64,20 +86,68 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         }
         None => bound,
     };
-    let tickets = data_dir::write_tickets(dir, advertised, &identity.fingerprint(), false)?;
-
-    let (state_dir, state_url) = (dir.clone(), config.state_url.clone());
-    let (db, generation) = tokio::task::spawn_blocking(move || -> anyhow::Result<(Db, u64)> {
-        let mut db = match &state_url {
-            Some(url) => Db::connect(url).context("cannot open the state in PostgreSQL")?,
-            None => Db::open(&state_dir.join("state.sqlite"))
-                .with_context(|| format!("cannot open the database in {}", state_dir.display()))?,
+    let fingerprint = identity.fingerprint();
+    let (db, generation, lease, keeper, tickets) = if db.is_postgres() {
+        let me = Me {
+            instance: data_dir::instance_id(dir)?,
+            addr: advertised,
         };
-        let generation = db.next_generation()?;
-        Ok((db, generation))
-    })
-    .await??;
-    let store = Verified::new(BlobDir::open_durable(dir.join("blobs"))?);
+        // Tickets naming every coordinator, this one first, before it
+        // waits: the active one's tickets name it from its next look.
+        let others = {
+            let (d, a) = (db, advertised.to_string());
+            let (d, others) = tokio::task::spawn_blocking(move || {
+                let others = d
+                    .register_coordinator(&a, 0)
+                    .and_then(|()| d.coordinator_addrs(tessera_protocol::ticket::MAX_ADDRS));
+                (d, others)
+            })
+            .await?;
+            db = d;
+            others?
+        };
+        let waiting = Lease::sole(advertised);
+        waiting.name_others(&others);
+        data_dir::write_tickets_for(dir, &waiting.addrs(), &fingerprint, secrets.clone())?;
+        // A standby refuses connections (clients and workers try the
+        // ticket's other addresses) until it takes over.
+        let refuser = {
+            let endpoint = endpoint.clone();
+            tokio::spawn(async move {
+                while let Some(incoming) = endpoint.accept().await {
+                    incoming.refuse();
+                }
+            })
+        };
+        let standby = config.standby;
+        let (mut db, (generation, claimed), me) = tokio::task::spawn_blocking(move || {
+            let taken = crate::lease::acquire(&mut db, &me, standby);
+            taken.map(|t| (db, t, me))
+        })
+        .await??;
+        refuser.abort();
+        db.set_fence(generation);
+        tracing::info!(generation, "this coordinator holds the farm's lease");
+        let lease = Arc::new(Lease::held(generation, claimed, advertised));
+        lease.name_others(&others);
+        let tickets = data_dir::write_tickets_for(dir, &lease.addrs(), &fingerprint, secrets)?;
+        let keeper = start_keeper(&config, lease.clone(), me, &fingerprint)?;
+        (db, generation, lease, Some(keeper), tickets)
+    } else {
+        let tickets = data_dir::write_tickets(dir, advertised, &fingerprint, false)?;
+        let (db, generation) = tokio::task::spawn_blocking(move || {
+            let generation = db.next_generation();
+            generation.map(|g| (db, g))
+        })
+        .await??;
+        let lease = Arc::new(Lease::sole(advertised));
+        (db, generation, lease, None, tickets)
+    };
+    let blobs = (config.blobs_dir.clone()).unwrap_or_else(|| dir.join("blobs"));
+    let store = Verified::new(
+        BlobDir::open_durable(blobs.clone())
+            .with_context(|| format!("cannot open the asset store {}", blobs.display()))?,
+    );
     let core = FarmCore::new(FarmConfig {
         scheduler: scheduler::Config {
             lease_ms: config.lease_ms,
@@ -100,6 +170,8 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         advertised,
         identity.fingerprint(),
     );
+    let mut shared = shared;
+    shared.lease = lease.clone();
     let shared = Arc::new(shared);
     // The database is read on the blocking pool, as everywhere (see
     // `Shared::blocking`).
@@ -124,6 +196,7 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             .spawn(move || stitcher::stitcher(shared, stitch_rx))?
     };
     let mut tasks = JoinSet::new();
+    tasks.spawn(first_dispatch(shared.clone(), keeper.is_some()));
     tasks.spawn(dispatch::dispatcher(shared.clone()));
     {
         let shared = shared.clone();
@@ -173,7 +246,115 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
         tasks,
         committer,
         stitcher,
+        lease,
+        keeper,
+        _dir_lock: dir_lock,
     })
+}
+
+/// Opens the state (SQLite in `dir`, or PostgreSQL at `url`) and the
+/// identity tickets show: the certificate and the tickets' secrets, from
+/// the data dir, or on a shared state those every coordinator of the farm
+/// shares (the first one's, taken from its data dir when it has them).
+fn open_state(dir: &Path, url: Option<&str>) -> anyhow::Result<(Db, Identity, [String; 3])> {
+    let secrets = data_dir::ticket_secrets(dir, false);
+    let Some(url) = url else {
+        let db = Db::open(&dir.join("state.sqlite"))
+            .with_context(|| format!("cannot open the database in {}", dir.display()))?;
+        return Ok((db, data_dir::load_identity(dir)?, secrets));
+    };
+    let db = Db::connect(url).context("cannot open the state in PostgreSQL")?;
+    let has_own = dir.join("coordinator.crt.der").exists();
+    let local = match has_own {
+        true => data_dir::load_identity(dir)?,
+        false => Identity::generate()?,
+    };
+    let names = [
+        "coordinator.crt.der",
+        "coordinator.key.der",
+        data_dir::SECRET_NAMES[0],
+        data_dir::SECRET_NAMES[1],
+        data_dir::SECRET_NAMES[2],
+    ];
+    let shared = db.shared_secrets(&names, |name| match name {
+        "coordinator.crt.der" => local.cert_der.clone(),
+        "coordinator.key.der" => local.key_der.clone(),
+        n => {
+            let role = data_dir::SECRET_NAMES.iter().position(|s| *s == n);
+            role.map_or_else(Vec::new, |i| secrets[i].clone().into_bytes())
+        }
+    })?;
+    let mut shared = shared.into_iter();
+    let mut next = || shared.next().unwrap_or_default();
+    let identity = Identity {
+        cert_der: next(),
+        key_der: next(),
+    };
+    let text = |b: Vec<u8>| String::from_utf8(b).context("a shared ticket secret is not text");
+    let secrets = [text(next())?, text(next())?, text(next())?];
+    Ok((db, identity, secrets))
+}
+
+/// Logs the first task this coordinator hands out, and how long after it
+/// took the farm's lease (`shared`: after a failover, how long dispatch
+/// stopped).
+async fn first_dispatch(shared: Arc<Shared>, took_over: bool) {
+    let began = std::time::Instant::now();
+    let mut events = shared.events();
+    loop {
+        match events.recv().await {
+            Ok((_, tessera_protocol::messages::FarmEvent::TaskStarted { job, index, .. })) => {
+                let since_ms = began.elapsed().as_millis() as u64;
+                tracing::info!(
+                    job,
+                    task = index,
+                    since_ms,
+                    took_over,
+                    "first task handed out"
+                );
+                return;
+            }
+            Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+            Err(tokio::sync::broadcast::error::RecvError::Closed) => return,
+        }
+    }
+}
+
+/// The lease keeper's thread, and how to stop it.
+struct Keeper {
+    stop: std::sync::mpsc::Sender<()>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// Starts the thread that renews `lease` on a connection of its own and
+/// rewrites the tickets when the farm's coordinators change.
+fn start_keeper(
+    config: &Config,
+    lease: Arc<Lease>,
+    me: Me,
+    fingerprint: &str,
+) -> anyhow::Result<Keeper> {
+    let (dir, fingerprint) = (config.data_dir.clone(), fingerprint.to_string());
+    let url = config
+        .state_url
+        .clone()
+        .context("a lease needs a shared state")?;
+    let (stop, stopped) = std::sync::mpsc::channel();
+    let thread = std::thread::Builder::new()
+        .name("lease".into())
+        .spawn(move || {
+            let rewrite = |addrs: &[SocketAddr]| {
+                let secrets = data_dir::ticket_secrets(&dir, false);
+                match data_dir::write_tickets_for(&dir, addrs, &fingerprint, secrets) {
+                    Ok(_) => {
+                        tracing::info!(?addrs, "tickets rewritten: the farm's coordinators changed")
+                    }
+                    Err(e) => tracing::warn!("cannot rewrite the tickets: {e:#}"),
+                }
+            };
+            crate::lease::keep(lease, &url, me, rewrite, stopped);
+        })?;
+    Ok(Keeper { stop, thread })
 }
 
 /// How long a coordinator asked to stop (SIGTERM) may take to end.
@@ -186,8 +367,16 @@ impl Coordinator {
     /// step is bounded, so a busy coordinator still ends in time: a result
     /// is acknowledged only once committed, so nothing acknowledged is
     /// lost, and a frame not yet stitched is stitched at the next start.
-    pub async fn run_until(mut self, shutdown: impl std::future::Future<Output = ()>) {
-        shutdown.await;
+    pub async fn run_until(mut self, shutdown: impl std::future::Future<Output = ()>) -> Stopped {
+        let lost = async {
+            while !self.lease.lost() {
+                self.lease.lost_notify.notified().await;
+            }
+        };
+        let stopped = tokio::select! {
+            () = shutdown => Stopped::Asked,
+            () = lost => Stopped::LostLease(self.lease.taker()),
+        };
         let deadline = tokio::time::Instant::now() + SHUTDOWN_WITHIN;
         // The workers leave because the coordinator does: no job is
         // blocked by that (no `job.blocked` webhook), no work goes out.
@@ -212,6 +401,21 @@ impl Coordinator {
                  yet stitched are stitched at the next start"
             );
         }
+        // Last, with every commit done: the lease ends now, and a standby
+        // takes over at its next look instead of waiting for it to run out.
+        if let Some(keeper) = self.keeper.take() {
+            let _ = keeper.stop.send(());
+            let thread = keeper.thread;
+            let ended = tokio::task::spawn_blocking(move || thread.join());
+            let _ = tokio::time::timeout(Duration::from_millis(500), ended).await;
+        }
+        if let Stopped::LostLease(taker) = &stopped {
+            tracing::error!(
+                taker = ?taker.as_ref().map(|t| (t.generation, &t.addr)),
+                "stopped: another coordinator serves the farm now"
+            );
+        }
+        stopped
     }
 }
 

@@ -577,6 +577,7 @@ mod tests {
         let ticket = |role| Ticket {
             role,
             addr,
+            also: Vec::new(),
             fingerprint: "ab".repeat(32),
             secret: Ticket::new_secret(),
         };

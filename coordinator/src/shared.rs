@@ -56,8 +56,8 @@ pub(crate) struct Shared {
     pub config: Config,
     /// The tickets' secrets and the enrolled workers' connections.
     pub identities: Identities,
-    /// The address and certificate fingerprint tickets name.
-    pub advertised: SocketAddr,
+    /// The certificate fingerprint tickets name (their addresses are
+    /// the lease's).
     pub fingerprint: String,
     /// The group-commit thread's and the stitch thread's inboxes.
     pub(crate) commits: mpsc::UnboundedSender<CommitMsg>,
@@ -82,6 +82,9 @@ pub(crate) struct Shared {
     pub previews: crate::http::preview::Previews,
     /// The latest fleet report and when it came (unix ms).
     pub fleet: Mutex<Option<(u64, tessera_protocol::messages::FleetReport)>>,
+    /// This coordinator's hold on the farm: while it is not valid, nothing
+    /// is dispatched (see `lease.rs`).
+    pub lease: Arc<crate::lease::Lease>,
 }
 
 /// Locks `mutex`, recovering it if a thread panicked while holding it: a
@@ -134,7 +137,6 @@ impl Shared {
             start: Instant::now(),
             config,
             identities,
-            advertised,
             fingerprint,
             commits,
             stitches,
@@ -148,6 +150,7 @@ impl Shared {
             sessions: Default::default(),
             previews: Default::default(),
             fleet: Default::default(),
+            lease: Arc::new(crate::lease::Lease::sole(advertised)),
         };
         (shared, commit_rx, stitch_rx)
     }

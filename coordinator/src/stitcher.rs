@@ -32,11 +32,25 @@ pub(crate) enum StitchMsg {
 }
 
 /// The stitch thread: stitches each frame it is given; a failure fails
-/// the job.
+/// the job, unless the database could not be reached (the stitch waits
+/// for it) or another coordinator serves the farm now (which stitches the
+/// frame when it restores the job).
 pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<StitchMsg>) {
+    use crate::commit::Unreachable;
     while let Some(StitchMsg::Frame { job, frame_pos }) = rx.blocking_recv() {
-        let stitched = crate::commit::patiently("stitch", || stitch_frame(&shared, job, frame_pos));
+        let stitched = loop {
+            match crate::commit::patiently("stitch", || stitch_frame(&shared, job, frame_pos)) {
+                Err(e) if e.unreachable() && !shared.lease.lost() => {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                outcome => break outcome,
+            }
+        };
         if let Err(e) = stitched {
+            if e.unreachable() || crate::commit::is_transient(&e) {
+                tracing::warn!(job, "frame left unstitched: {e:#}");
+                continue;
+            }
             let error = format!("stitching failed: {e:#}");
             shared.update(|core, now| core.fail_job(job, error, now));
         }

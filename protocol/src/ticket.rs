@@ -1,6 +1,9 @@
 //! Join tickets: one line that lets a machine reach the coordinator and prove
 //! its role. `tessera://ROLE@ADDR/?fp=FINGERPRINT&secret=SECRET`, where the
-//! fingerprint pins the coordinator's self-signed certificate.
+//! fingerprint pins the coordinator's self-signed certificate. A farm with
+//! a standby coordinator names every coordinator's address, comma
+//! separated (`ROLE@ADDR,ADDR2`): they share the certificate and secrets,
+//! and a machine joins whichever one serves.
 
 use std::fmt;
 use std::net::SocketAddr;
@@ -12,6 +15,8 @@ use crate::messages::Role;
 pub struct Ticket {
     pub role: Role,
     pub addr: SocketAddr,
+    /// The other coordinators' addresses (standbys), tried beside `addr`.
+    pub also: Vec<SocketAddr>,
     /// blake3 of the coordinator certificate (DER), hex.
     pub fingerprint: String,
     pub secret: String,
@@ -21,7 +26,15 @@ pub struct Ticket {
 #[error("not a Tessera ticket: {0} (a ticket looks like tessera://worker@203.0.113.5:7700/?fp=…&secret=…)")]
 pub struct TicketError(String);
 
+/// The most coordinator addresses one ticket names.
+pub const MAX_ADDRS: usize = 8;
+
 impl Ticket {
+    /// Every address the ticket names, `addr` first.
+    pub fn addrs(&self) -> impl Iterator<Item = SocketAddr> + '_ {
+        std::iter::once(self.addr).chain(self.also.iter().copied())
+    }
+
     /// A fresh random secret (256 bits, hex).
     pub fn new_secret() -> String {
         use rand::RngCore;
@@ -38,11 +51,11 @@ impl fmt::Display for Ticket {
             Role::Client => "client",
             Role::Viewer => "viewer",
         };
-        write!(
-            f,
-            "tessera://{role}@{}/?fp={}&secret={}",
-            self.addr, self.fingerprint, self.secret
-        )
+        write!(f, "tessera://{role}@{}", self.addr)?;
+        for addr in &self.also {
+            write!(f, ",{addr}")?;
+        }
+        write!(f, "/?fp={}&secret={}", self.fingerprint, self.secret)
     }
 }
 
@@ -66,9 +79,19 @@ impl FromStr for Ticket {
         let (addr, query) = rest
             .split_once("/?")
             .ok_or_else(|| TicketError("no /?fp=… part".into()))?;
-        let addr: SocketAddr = addr
-            .parse()
-            .map_err(|_| TicketError(format!("bad address `{addr}`")))?;
+        let mut addrs = Vec::new();
+        for addr in addr.split(',') {
+            if addrs.len() == MAX_ADDRS {
+                return Err(TicketError(format!(
+                    "more than {MAX_ADDRS} coordinator addresses"
+                )));
+            }
+            let addr: SocketAddr = addr
+                .parse()
+                .map_err(|_| TicketError(format!("bad address `{addr}`")))?;
+            addrs.push(addr);
+        }
+        let addr = addrs.remove(0);
         let (mut fingerprint, mut secret) = (None, None);
         for pair in query.split('&') {
             match pair.split_once('=') {
@@ -88,6 +111,7 @@ impl FromStr for Ticket {
         Ok(Ticket {
             role,
             addr,
+            also: addrs,
             fingerprint: fingerprint.to_ascii_lowercase(),
             secret,
         })
@@ -103,6 +127,7 @@ mod tests {
         let t = Ticket {
             role: Role::Worker,
             addr: "127.0.0.1:7700".parse().unwrap(),
+            also: Vec::new(),
             fingerprint: "ab".repeat(32),
             secret: Ticket::new_secret(),
         };
@@ -114,6 +139,35 @@ mod tests {
             ..t
         };
         assert_eq!(v6.to_string().parse::<Ticket>().unwrap(), v6);
+        let two = Ticket {
+            also: vec![
+                "10.0.0.2:7700".parse().unwrap(),
+                "[::1]:7701".parse().unwrap(),
+            ],
+            ..v6
+        };
+        let line = two.to_string();
+        assert!(
+            line.contains("@[::1]:9,10.0.0.2:7700,[::1]:7701/?"),
+            "{line}"
+        );
+        let back: Ticket = line.parse().unwrap();
+        assert_eq!(back, two);
+        assert_eq!(back.addrs().count(), 3);
+    }
+
+    #[test]
+    fn a_ticket_names_at_most_eight_coordinators() {
+        let addrs = ["127.0.0.1:1"; 9].join(",");
+        let line = format!("tessera://worker@{addrs}/?fp={}&secret=x", "ab".repeat(32));
+        let e = line.parse::<Ticket>().unwrap_err().to_string();
+        assert!(e.contains("more than 8"), "{e}");
+        assert!(format!(
+            "tessera://worker@127.0.0.1:1,/?fp={}&secret=x",
+            "ab".repeat(32)
+        )
+        .parse::<Ticket>()
+        .is_err());
     }
 
     #[test]

@@ -103,6 +103,7 @@ proptest! {
         let t = Ticket {
             role: Role::Client,
             addr: std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            also: Vec::new(),
             fingerprint: "0f".repeat(32),
             secret,
         };

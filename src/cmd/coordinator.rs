@@ -13,9 +13,18 @@ pub(crate) struct Args {
     /// webhooks) in this PostgreSQL database instead of DATA_DIR's SQLite
     /// file: `postgres://USER@HOST:PORT/DB` or `host=… user=… dbname=…`.
     /// Put a password in PGPASSWORD, not here (a command line is seen by
-    /// every user of the machine). Assets stay in DATA_DIR.
+    /// every user of the machine). Assets stay in DATA_DIR (or --blobs).
     #[arg(long, env = "TESSERA_STATE", value_name = "URL")]
     pub state: Option<String>,
+    /// With --state: when another coordinator serves the farm, stand by
+    /// and take over when it stops (within seconds of a crash). Without
+    /// it, a second coordinator on one farm is refused.
+    #[arg(long)]
+    pub standby: bool,
+    /// Keep assets and frames in this folder instead of DATA_DIR/blobs: a
+    /// folder every coordinator of a farm with a standby mounts.
+    #[arg(long, value_name = "DIR")]
+    pub blobs: Option<PathBuf>,
     /// Address to listen on (UDP). Port 0 picks a free port, and keeps it
     /// across restarts with the same data dir.
     #[arg(long, default_value = "127.0.0.1:7700")]
@@ -138,6 +147,8 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
         admin: _,
         data_dir,
         state,
+        standby,
+        blobs,
         listen,
         advertise,
         heartbeat_ms,
@@ -160,6 +171,8 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     let data_dir = data_dir.context("pass --data-dir")?;
     let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
     config.state_url = state;
+    config.standby = standby;
+    config.blobs_dir = blobs;
     config.scrub_bytes_per_sec = (scrub_mb_per_sec.max(0.0) * 1e6) as u64;
     config.advertise = advertise;
     config.heartbeat_ms = heartbeat_ms;
@@ -225,8 +238,19 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     let _ = stdout
         .write_all(banner.as_bytes())
         .and_then(|()| stdout.flush());
-    coordinator.run_until(shutdown_signal()).await;
-    Ok(0)
+    match coordinator.run_until(shutdown_signal()).await {
+        tessera_coordinator::server::Stopped::Asked => Ok(0),
+        tessera_coordinator::server::Stopped::LostLease(taker) => {
+            let by = taker.map_or_else(String::new, |t| {
+                format!(" (generation {} at {})", t.generation, t.addr)
+            });
+            eprintln!(
+                "tessera coordinator: stopped: another coordinator{by} took the farm over while \
+                 this one could not renew its lease; start this one again with --standby"
+            );
+            Ok(3)
+        }
+    }
 }
 
 /// What is done to a coordinator besides running it.

@@ -16,6 +16,7 @@ mod contract;
 mod dashboard;
 mod doc_scripts;
 mod durability;
+mod failover;
 mod faithful;
 mod faults;
 mod finishing;

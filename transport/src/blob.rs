@@ -628,6 +628,7 @@ mod tests {
         let ticket = Ticket {
             role: Role::Client,
             addr: endpoint.local_addr().unwrap(),
+            also: Vec::new(),
             fingerprint: identity.fingerprint(),
             secret: "s".into(),
         };
@@ -773,6 +774,7 @@ mod tests {
             let ticket = tessera_protocol::ticket::Ticket {
                 role: tessera_protocol::messages::Role::Client,
                 addr,
+                also: Vec::new(),
                 fingerprint: identity.fingerprint(),
                 secret: "s".into(),
             };

@@ -6,16 +6,18 @@
 
 pub mod blob;
 pub mod congestion;
+mod connect;
 pub mod framing;
 
 mod pem;
+pub use connect::{connect, connect_at};
 pub use pem::server_tls_pem;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use quinn::crypto::rustls::{QuicClientConfig, QuicServerConfig};
+use quinn::crypto::rustls::QuicServerConfig;
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName, UnixTime};
 use rustls::{DigitallySignedStruct, SignatureScheme};
@@ -23,8 +25,7 @@ use serde::de::DeserializeOwned;
 use serde::Serialize;
 
 use tessera_protocol::codec::{Codec, CodecError, MAX_HELLO_FRAME};
-use tessera_protocol::messages::{Hello, Role, Welcome, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
-use tessera_protocol::ticket::Ticket;
+use tessera_protocol::messages::{Hello, Role};
 
 const ALPN: &[u8] = b"tessera/1";
 const SERVER_NAME: &str = "tessera-coordinator";
@@ -642,94 +643,6 @@ pub struct Session {
     pub control: Channel,
 }
 
-/// Connects with `ticket`, pins the certificate, and says `Hello`.
-pub async fn connect(
-    ticket: &Ticket,
-    name: &str,
-    timing: Timing,
-) -> Result<Session, TransportError> {
-    connect_at(ticket, name, timing, PROTOCOL_VERSION).await
-}
-
-/// [`connect`], saying `Hello` at protocol `version` (an older peer's, for
-/// tests of rolling upgrades): the session then speaks the encoding of the
-/// version the coordinator accepts.
-pub async fn connect_at(
-    ticket: &Ticket,
-    name: &str,
-    timing: Timing,
-    version: u32,
-) -> Result<Session, TransportError> {
-    let addr = ticket.addr;
-    let fail = |reason: String| TransportError::Connect { addr, reason };
-    let tls = client_tls(&ticket.fingerprint)?;
-    let quic = QuicClientConfig::try_from(tls).map_err(|e| TransportError::Tls(e.to_string()))?;
-    let mut config = quinn::ClientConfig::new(Arc::new(quic));
-    config.transport_config(transport_config(timing));
-    let bind: SocketAddr = if addr.is_ipv6() {
-        "[::]:0"
-    } else {
-        "0.0.0.0:0"
-    }
-    .parse()
-    .unwrap();
-    let mut endpoint = endpoint(bind, None).map_err(|e| fail(e.to_string()))?;
-    endpoint.set_default_client_config(config);
-    let connecting = endpoint
-        .connect(addr, SERVER_NAME)
-        .map_err(|e| fail(e.to_string()))?;
-    let connection = tokio::time::timeout(Duration::from_secs(10), connecting)
-        .await
-        .map_err(|_| fail("timed out after 10 s".into()))?
-        .map_err(|e| fail(e.to_string()))?;
-    let mut control = Channel::new(
-        connection
-            .open_bi()
-            .await
-            .map_err(|e| TransportError::Lost(e.to_string()))?,
-    );
-    control
-        .send_handshake(&Hello {
-            version,
-            role: ticket.role,
-            secret: ticket.secret.clone(),
-            name: name.to_string(),
-        })
-        .await?;
-    let welcome: Welcome = tokio::time::timeout(Duration::from_secs(10), control.recv_handshake())
-        .await
-        .map_err(|_| fail("no answer to hello within 10 s".into()))?
-        .map_err(|e| match e {
-            // A refusal closes the connection right after the reason.
-            CodecError::Closed => TransportError::Refused("connection closed during hello".into()),
-            other => TransportError::Codec(other),
-        })?
-        .ok_or_else(|| TransportError::Refused("connection closed during hello".into()))?;
-    match welcome {
-        Welcome::Accepted { version } => {
-            // The coordinator speaks our version (or, were it to choose
-            // an older one it knows we read, that one).
-            let codec = Codec::for_version(version).ok_or_else(|| {
-                TransportError::Version(format!(
-                    "the coordinator accepted us at protocol version {version}, which this \
-                     release does not speak (it speaks {PROTOCOL_VERSION} and \
-                     {MIN_PROTOCOL_VERSION})"
-                ))
-            })?;
-            control.set_codec(codec);
-            Ok(Session {
-                endpoint,
-                connection,
-                control,
-            })
-        }
-        Welcome::Refused { reason } if reason.contains("version") => {
-            Err(TransportError::Version(reason))
-        }
-        Welcome::Refused { reason } => Err(TransportError::Refused(reason)),
-    }
-}
-
 /// Server side of the handshake: checks the version (this release's or
 /// the one before, [`MIN_PROTOCOL_VERSION`]) and which role the secret
 /// proves. Returns the role, or the reason to send back, which names both
@@ -805,6 +718,7 @@ mod tests {
 
     #[test]
     fn version_and_role_are_checked() {
+        use tessera_protocol::messages::PROTOCOL_VERSION;
         let hello = |version, role, secret: &str| Hello {
             version,
             role,

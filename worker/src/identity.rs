@@ -71,6 +71,7 @@ mod tests {
         let ticket = Ticket {
             role: Role::Worker,
             addr: "127.0.0.1:7700".parse().unwrap(),
+            also: Vec::new(),
             fingerprint: "ab".repeat(32),
             secret: "shared".into(),
         };

@@ -164,6 +164,38 @@ const MAX_RECONNECT_WAIT: Duration = Duration::from_secs(5);
 /// The waits between attempts to reconnect: 200 ms doubling up to
 /// [`MAX_RECONNECT_WAIT`] (each then jittered by half either way), from
 /// the first again once a session has joined.
+/// How long a coordinator of a farm with a standby may send nothing (not
+/// even the acknowledgements of heartbeats and keep-alives, which come at
+/// least every second) before the worker takes it for gone.
+const COORDINATOR_SILENT: Duration = Duration::from_secs(3);
+
+/// When a connection last received anything.
+struct Silence {
+    watching: bool,
+    datagrams: u64,
+    since: Instant,
+}
+
+impl Silence {
+    fn new(watching: bool, conn: &quinn::Connection) -> Silence {
+        Silence {
+            watching,
+            datagrams: conn.stats().udp_rx.datagrams,
+            since: Instant::now(),
+        }
+    }
+
+    /// True once nothing arrived for [`COORDINATOR_SILENT`].
+    fn gone(&mut self, conn: &quinn::Connection) -> bool {
+        let now = conn.stats().udp_rx.datagrams;
+        if now != self.datagrams {
+            self.datagrams = now;
+            self.since = Instant::now();
+        }
+        self.since.elapsed() >= COORDINATOR_SILENT
+    }
+}
+
 fn reconnect_backoff() -> backon::ExponentialBackoff {
     use backon::BackoffBuilder;
     backon::ExponentialBuilder::new()
@@ -319,8 +351,23 @@ async fn session(
     // test sends it mid-task.
     let mut rebind =
         tokio::signal::unix::signal(tokio::signal::unix::SignalKind::user_defined1()).ok();
+    // A farm with a standby (the ticket names several coordinators): a
+    // coordinator silent for COORDINATOR_SILENT is taken for gone, so the
+    // worker joins the one taking over in seconds, not at QUIC's idle
+    // timeout.
+    let mut silence = Silence::new(!config.ticket.also.is_empty(), &conn);
+    let mut silence_check = tokio::time::interval(Duration::from_millis(250));
     let result = loop {
         let next = tokio::select! {
+            _ = silence_check.tick(), if silence.watching => {
+                if silence.gone(&conn) {
+                    break Err(anyhow::anyhow!(
+                        "the coordinator has not answered for {} s; trying every coordinator the ticket names",
+                        COORDINATOR_SILENT.as_secs()
+                    ));
+                }
+                continue;
+            }
             Some(()) = async { rebind.as_mut()?.recv().await } => {
                 match transport::rebind(&session.endpoint) {
                     Ok(local) => tracing::info!(%local, "SIGUSR1: UDP socket rebound; the connection migrates to it"),

@@ -145,7 +145,13 @@ pub(crate) async fn handle(
                 disconnected,
             },
         ),
-        ClientRequest::RotateTickets => rotate_tickets(shared),
+        ClientRequest::RotateTickets => {
+            // Files and, on a shared state, the database: off the runtime.
+            match off(shared, |s| Ok(rotate_tickets(s))).await {
+                Ok(response) => response,
+                Err(e) => ClientResponse::Error(e),
+            }
+        }
         ClientRequest::Scan {
             blend,
             path,
@@ -214,14 +220,27 @@ fn answer<T>(answer: Answer<T>, f: impl FnOnce(T) -> ClientResponse) -> ClientRe
     }
 }
 
-/// New secrets for the three tickets, written to the data dir first, then
-/// used; every dashboard session ends (it was signed in with an old one).
+/// New secrets for the three tickets, written to the shared state (where
+/// the farm's other coordinators take them from when they take over) and
+/// the data dir first, then used; every dashboard session ends (it was
+/// signed in with an old one).
 fn rotate_tickets(shared: &Shared) -> ClientResponse {
-    match data_dir::write_tickets(
+    let fresh = data_dir::ticket_secrets(&shared.config.data_dir, true);
+    if shared.db().is_postgres() {
+        let named: Vec<(&str, &[u8])> = (data_dir::SECRET_NAMES.iter().copied())
+            .zip(fresh.iter().map(String::as_bytes))
+            .collect();
+        if let Err(e) = shared.db().set_shared_secrets(&named) {
+            return ClientResponse::Error(internal(
+                anyhow::Error::from(e).context("cannot rotate the tickets"),
+            ));
+        }
+    }
+    match data_dir::write_tickets_for(
         &shared.config.data_dir,
-        shared.advertised,
+        &shared.lease.addrs(),
         &shared.fingerprint,
-        true,
+        fresh,
     ) {
         Ok(tickets) => {
             shared.identities.rotate(&tickets);

@@ -27,15 +27,28 @@ pub enum DbError {
     Newer { found: i64 },
     #[error("the database cannot be migrated: {0}")]
     Migration(String),
+    #[error("this coordinator no longer serves the farm: the coordinator of generation {holder} took it over")]
+    Fenced { holder: u64 },
+    #[error("this coordinator's lease on the farm ended (the database was out of reach): waiting to renew it")]
+    LeaseLapsed,
 }
 
 impl DbError {
+    /// True when the failure is not the work's fault: the database could
+    /// not be reached, or this coordinator no longer serves the farm. Work
+    /// that failed so is done again, never failed.
+    pub fn is_transient(&self) -> bool {
+        self.is_unreachable() || matches!(self, DbError::Fenced { .. })
+    }
+
     /// True when the database could not be reached (PostgreSQL restarted,
     /// failed over or cut off): the same call may succeed a moment later.
     pub fn is_unreachable(&self) -> bool {
         use postgres::error::SqlState;
         match self {
-            DbError::Connect(_) => true,
+            // The lease ended while the database was out of reach: the
+            // lease keeper renews it when it can (nobody else took it).
+            DbError::Connect(_) | DbError::LeaseLapsed => true,
             DbError::Postgres(e) => {
                 e.is_closed()
                     // "error communicating with the server": its socket died.
@@ -57,7 +70,7 @@ impl DbError {
 
 /// The schema this build writes (the migrations in `schema.rs` say what
 /// each version added).
-pub const SCHEMA_VERSION: i64 = 5;
+pub const SCHEMA_VERSION: i64 = 6;
 
 pub use tessera_farm::farm::FinalCounts;
 
@@ -178,11 +191,15 @@ pub struct StoredFrame {
 
 pub struct Db {
     sql: Sql,
+    /// The generation results are committed under, on a farm whose
+    /// coordinators share the database (see `lease.rs`).
+    fence: Option<u64>,
 }
 
 #[cfg(test)]
 mod both;
 mod jobs;
+mod lease;
 mod results;
 mod schema;
 pub(crate) mod sql;
@@ -190,6 +207,7 @@ pub(crate) mod sql;
 mod tests;
 mod trust;
 
+pub use lease::{Claim, Holder};
 pub use schema::migrate;
 use sql::{args, Row, Sql};
 
@@ -299,6 +317,7 @@ impl Db {
         migrate(&mut conn)?;
         Ok(Db {
             sql: Sql::Sqlite(conn),
+            fence: None,
         })
     }
 
@@ -307,7 +326,7 @@ impl Db {
     pub fn connect(url: &str) -> Result<Db, DbError> {
         let sql = Sql::postgres(url)?;
         schema::migrate_postgres(&sql)?;
-        Ok(Db { sql })
+        Ok(Db { sql, fence: None })
     }
 
     /// Opens the state a coordinator keeps: PostgreSQL at `url` when one

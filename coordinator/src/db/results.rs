@@ -50,6 +50,7 @@ impl Db {
         costs: &[(u64, f64)],
     ) -> Result<Vec<bool>, DbError> {
         self.sql.transaction(|tx| {
+            self.fence(tx)?;
             for (job, cost) in costs {
                 tx.execute(
                     "UPDATE jobs SET cost_usd = ?2 WHERE id = ?1",
@@ -121,6 +122,7 @@ impl Db {
             // Its `rowid` is an identity column: a row inserted anew gets
             // the next one.
             return self.sql.transaction(|tx| {
+                self.fence(tx)?;
                 tx.execute(
                     "DELETE FROM frames WHERE job = ?1 AND frame = ?2",
                     &row[..2],

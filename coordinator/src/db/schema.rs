@@ -7,7 +7,9 @@
 //! under the version the tables once created whenever missing (passes,
 //! trust, holds, the frames-by-sequence index, webhooks, worker
 //! identities), so it creates each only if missing; version 5 adds the
-//! dashboard's stored previews.
+//! dashboard's stored previews; version 6 adds what coordinators sharing
+//! a PostgreSQL database agree through (the lease, their addresses, the
+//! shared certificate and ticket secrets; unused on SQLite).
 //!
 //! PostgreSQL's schema starts at version 5, as one migration
 //! ([`PG_MIGRATIONS`]); a later version adds a step to both lists. It is
@@ -180,8 +182,27 @@ CREATE TABLE IF NOT EXISTS previews (
 INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', 5);
 ";
 
+/// Version 6: the coordinators' lease, their addresses and what they share
+/// (see `db/lease.rs`). Only a PostgreSQL farm uses them.
+pub(super) const V6: &str = "
+CREATE TABLE IF NOT EXISTS coordinator_lease (
+    id INTEGER PRIMARY KEY CHECK (id = 1),
+    holder INTEGER NOT NULL,
+    instance TEXT NOT NULL,
+    addr TEXT NOT NULL,
+    expires_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS coordinators (
+    addr TEXT PRIMARY KEY,
+    generation INTEGER NOT NULL,
+    seen_us INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS coordinator_secrets (name TEXT PRIMARY KEY, value BLOB NOT NULL);
+INSERT OR REPLACE INTO meta (key, value) VALUES ('schema', 6);
+";
+
 /// Every migration, oldest first: [`SCHEMA_VERSION`] of them.
-const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5];
+const MIGRATIONS: [&str; SCHEMA_VERSION as usize] = [V1, V2, V3, V4, V5, V6];
 
 /// The version a data dir is at: the higher of `user_version` and its
 /// `meta` row (a data dir written before the migrations has only the row,
@@ -336,7 +357,28 @@ INSERT INTO meta (key, value) VALUES ('schema', 5);
 
 /// PostgreSQL's migrations: (the version each brings the schema to, its
 /// statements), oldest first.
-const PG_MIGRATIONS: [(i64, &str); 1] = [(5, PG_V5)];
+const PG_MIGRATIONS: [(i64, &str); 2] = [(5, PG_V5), (6, PG_V6)];
+
+/// PostgreSQL's version 6 (SQLite's [`V6`]): the lease the active
+/// coordinator holds (its holder a generation, its end on the database's
+/// clock), every coordinator's address, and the certificate and ticket
+/// secrets they share.
+const PG_V6: &str = "
+CREATE TABLE coordinator_lease (
+    id BIGINT PRIMARY KEY CHECK (id = 1),
+    holder BIGINT NOT NULL,
+    instance TEXT NOT NULL,
+    addr TEXT NOT NULL,
+    expires_us BIGINT NOT NULL
+);
+CREATE TABLE coordinators (
+    addr TEXT PRIMARY KEY,
+    generation BIGINT NOT NULL,
+    seen_us BIGINT NOT NULL
+);
+CREATE TABLE coordinator_secrets (name TEXT PRIMARY KEY, value BYTEA NOT NULL);
+UPDATE meta SET value = 6 WHERE key = 'schema';
+";
 
 /// The advisory lock a migration holds (any constant of Tessera's own).
 const PG_MIGRATION_LOCK: i64 = 0x7465_7373_6572_6101;

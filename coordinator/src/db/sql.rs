@@ -475,7 +475,7 @@ fn dollar_params(sql: &str) -> String {
 
 /// `url` without its password, for messages: in a URL's user info, or as
 /// `password=…` in the key=value form.
-fn redact(url: &str) -> String {
+pub(crate) fn redact(url: &str) -> String {
     if let Some(at) = url.find("password=") {
         let value = at + "password=".len();
         let end = url[value..].find(' ').map_or(url.len(), |n| value + n);

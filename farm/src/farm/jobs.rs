@@ -4,7 +4,7 @@
 use tessera_protocol::job::{JobSpec, OutputFormat};
 use tessera_protocol::messages::{CoordMsg, FarmEvent, JobState, JobStatus, StitchedPasses};
 
-use super::{AcceptedResult, Effect, FarmCore, Now};
+use super::{key, AcceptedResult, CommitFailure, Effect, FarmCore, Now};
 use crate::farm::FinalCounts;
 use crate::scheduler::WorkerId;
 
@@ -48,7 +48,7 @@ impl FarmCore {
     pub fn committed(
         &mut self,
         batch: &[AcceptedResult],
-        outcome: Result<Vec<bool>, String>,
+        outcome: Result<Vec<bool>, CommitFailure>,
         now: Now,
     ) {
         // A result may leave a checked job waiting for another identity.
@@ -62,10 +62,16 @@ impl FarmCore {
                     }
                     (true, None)
                 }
+                Err(e) if e.transient => {
+                    // Rendered again later (by this coordinator once the
+                    // database is back, or by the one that took over).
+                    self.sched.reopen(key(c.task));
+                    (false, Some(e.reason.clone()))
+                }
                 Err(e) => {
-                    let error = format!("the coordinator could not store a result: {e}");
+                    let error = format!("the coordinator could not store a result: {}", e.reason);
                     failed_jobs.push((c.task.job, error));
-                    (false, Some(e.clone()))
+                    (false, Some(e.reason.clone()))
                 }
             };
             if let Some(w) = self.workers.get_mut(&c.worker) {

@@ -71,6 +71,26 @@ pub struct AcceptedResult {
     pub render_ms: u64,
 }
 
+/// Why a batch of accepted results was not committed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitFailure {
+    pub reason: String,
+    /// The database could not be reached, or this coordinator no longer
+    /// serves the farm: not the job's fault. Its tasks run again, and the
+    /// job goes on.
+    pub transient: bool,
+}
+
+impl CommitFailure {
+    /// A failure that fails the jobs of the batch (a full disk).
+    pub fn fatal(reason: impl Into<String>) -> CommitFailure {
+        CommitFailure {
+            reason: reason.into(),
+            transient: false,
+        }
+    }
+}
+
 /// What the shell must do, in the order the core decided it.
 #[derive(Debug, Clone)]
 pub enum Effect {

@@ -584,6 +584,43 @@ fn a_task_that_fails_max_attempts_times_fails_its_job_with_the_errors() {
 }
 
 #[test]
+fn a_commit_the_database_could_not_take_refuses_the_result_and_runs_the_task_again() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 1, 1));
+    let w = farm.join("w1", worker_info(1, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let lease = farm.assigned(w)[0].task;
+    farm.done(w, lease);
+    let batch = std::mem::take(&mut farm.commits);
+    let now = farm.now();
+    let unreachable = CommitFailure {
+        reason: "the database cannot be reached".into(),
+        transient: true,
+    };
+    farm.core.committed(&batch, Err(unreachable), now);
+    farm.collect();
+    assert_eq!(kinds(&farm.read(w)), ["ack 1/0 false"]);
+    assert!(
+        farm.records.is_empty(),
+        "the job did not fail: {:?}",
+        farm.records
+    );
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(status.state, JobState::Queued, "its task is queued again");
+    assert_eq!(status.tasks_done, 0);
+    // The task is handed out again, under a new lease, and completes.
+    farm.dispatch();
+    let again = farm.assigned(w)[0].task;
+    assert_eq!((again.job, again.index), (lease.job, lease.index));
+    assert!(again.epoch > lease.epoch);
+    farm.done(w, again);
+    farm.commit_all(&mut BTreeSet::new());
+    assert_eq!(kinds(&farm.read(w)), ["ack 1/0 true"]);
+    farm.stitch_all();
+    assert_eq!(farm.records, [(job, JobState::Done, None)]);
+}
+
+#[test]
 fn a_failed_commit_is_refused_to_the_worker_and_fails_the_job() {
     let mut farm = Farm::new(3);
     let job = farm.submit(spec("a", 1, 1));
@@ -593,7 +630,8 @@ fn a_failed_commit_is_refused_to_the_worker_and_fails_the_job() {
     farm.done(w, lease);
     let batch = std::mem::take(&mut farm.commits);
     let now = farm.now();
-    farm.core.committed(&batch, Err("disk full".into()), now);
+    farm.core
+        .committed(&batch, Err(CommitFailure::fatal("disk full")), now);
     farm.collect();
     assert_eq!(kinds(&farm.read(w)), ["ack 1/0 false"]);
     assert_eq!(farm.records[0].0, job);

@@ -1,0 +1,317 @@
+//! The active coordinator's lease on a farm whose state is in PostgreSQL,
+//! where a standby coordinator (`--standby`) waits to take over.
+//!
+//! The lease is a row (see `db/lease.rs`) its holder renews every
+//! [`RENEW_EVERY`] for [`LEASE_TTL`], on a connection of its own in a
+//! thread of its own ([`keep`]), so a busy commit never delays a renewal.
+//! The holder acts (dispatches, and commits results) only while
+//! [`Lease::valid`]: until [`LEASE_TTL`] less [`MARGIN`] after the start of
+//! its last renewal that succeeded. The database ends the lease no earlier
+//! than that (it adds the TTL to its own clock, after the renewal was sent),
+//! so a standby can take over only once the holder has stopped. Commits are
+//! also fenced in the database itself: a result is committed only in a
+//! transaction that finds this coordinator's lease not ended.
+//!
+//! A holder that could not renew (the database out of reach) stops, and
+//! carries on if it renews before anyone else took the lease; one that
+//! finds another holder ends ([`Lease::lost`]). On a farm in SQLite there
+//! is no lease: [`Lease::sole`] is always valid.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::db::{Claim, Db, Holder};
+
+/// How long a claim or renewal holds the lease.
+pub const LEASE_TTL: Duration = Duration::from_secs(5);
+/// How often the holder renews it.
+pub const RENEW_EVERY: Duration = Duration::from_millis(1000);
+/// How often a standby looks whether the lease ended.
+pub const STANDBY_LOOK_EVERY: Duration = Duration::from_millis(250);
+/// How long before the lease's end by its own clock the holder stops
+/// acting: room for two clocks running at slightly different rates.
+pub const MARGIN: Duration = Duration::from_millis(500);
+
+/// This coordinator's hold on the farm.
+pub struct Lease {
+    /// The generation it holds the lease as (0 on SQLite).
+    pub generation: u64,
+    base: Instant,
+    /// Milliseconds after `base` until which it may act.
+    valid_until_ms: AtomicU64,
+    lost: AtomicBool,
+    /// Who took the lease, once it was lost.
+    taker: Mutex<Option<Holder>>,
+    /// Woken when the lease is lost.
+    pub lost_notify: tokio::sync::Notify,
+    /// Every coordinator address tickets name, this one's first.
+    addrs: Mutex<Vec<SocketAddr>>,
+}
+
+impl Lease {
+    /// No lease to hold (SQLite): always valid.
+    pub fn sole(addr: SocketAddr) -> Lease {
+        Lease::new(0, u64::MAX, addr, Instant::now())
+    }
+
+    /// A lease `generation` was granted by a claim that began at `claimed`.
+    pub fn held(generation: u64, claimed: Instant, addr: SocketAddr) -> Lease {
+        let lease = Lease::new(generation, 0, addr, claimed);
+        lease.renewed(claimed);
+        lease
+    }
+
+    fn new(generation: u64, valid_until_ms: u64, addr: SocketAddr, base: Instant) -> Lease {
+        Lease {
+            generation,
+            base,
+            valid_until_ms: AtomicU64::new(valid_until_ms),
+            lost: AtomicBool::new(false),
+            taker: Mutex::new(None),
+            lost_notify: tokio::sync::Notify::new(),
+            addrs: Mutex::new(vec![addr]),
+        }
+    }
+
+    /// True while this coordinator may dispatch and commit.
+    pub fn valid(&self) -> bool {
+        !self.lost()
+            && (self.base.elapsed().as_millis() as u64)
+                < self.valid_until_ms.load(Ordering::Acquire)
+    }
+
+    /// True once another coordinator took the lease: this one is done.
+    pub fn lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
+    }
+
+    /// Who took it, once it was lost.
+    pub fn taker(&self) -> Option<Holder> {
+        self.taker.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A renewal that began at `started` succeeded.
+    fn renewed(&self, started: Instant) {
+        let until = started.saturating_duration_since(self.base) + LEASE_TTL - MARGIN;
+        self.valid_until_ms
+            .fetch_max(until.as_millis() as u64, Ordering::AcqRel);
+    }
+
+    fn lose(&self, taker: Holder) {
+        *self.taker.lock().unwrap_or_else(|e| e.into_inner()) = Some(taker);
+        self.lost.store(true, Ordering::Release);
+        self.lost_notify.notify_waiters();
+        // One that starts waiting after this sees `lost()` first.
+        self.lost_notify.notify_one();
+    }
+
+    /// Every coordinator address tickets name, this one's first.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.addrs.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Records the addresses the database names (those that parse); true
+    /// when they changed.
+    pub fn name_others(&self, others: &[String]) -> bool {
+        let parsed: Vec<SocketAddr> = others.iter().filter_map(|a| a.parse().ok()).collect();
+        self.set_others(&parsed)
+    }
+
+    fn set_others(&self, others: &[SocketAddr]) -> bool {
+        let mut addrs = self.addrs.lock().unwrap_or_else(|e| e.into_inner());
+        let mine = addrs[0];
+        let mut next = vec![mine];
+        next.extend(others.iter().filter(|a| **a != mine).copied());
+        next.truncate(tessera_protocol::ticket::MAX_ADDRS);
+        let changed = *addrs != next;
+        *addrs = next;
+        changed
+    }
+}
+
+/// Who this coordinator is to the lease.
+pub struct Me {
+    pub instance: String,
+    pub addr: SocketAddr,
+}
+
+/// The lease keeper's thread: renews the lease every [`RENEW_EVERY`] on
+/// a connection of its own to `url`, records this coordinator's address and learns
+/// the others' (calling `addrs_changed` when they change, to rewrite the
+/// tickets), until `stop` says to, then ends the lease so a standby takes
+/// over at once. Returns when the lease is lost.
+pub fn keep(
+    lease: Arc<Lease>,
+    url: &str,
+    me: Me,
+    addrs_changed: impl Fn(&[SocketAddr]),
+    stop: std::sync::mpsc::Receiver<()>,
+) {
+    let addr = me.addr.to_string();
+    let mut failing = false;
+    let mut connection: Option<Db> = None;
+    for round in 0u64.. {
+        match stop.recv_timeout(RENEW_EVERY) {
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+            _ => {
+                let released = connection
+                    .as_ref()
+                    .map(|db| db.release_lease(lease.generation));
+                if let Some(Err(e)) = released {
+                    tracing::warn!("cannot end the lease for a standby to take over: {e}");
+                }
+                return;
+            }
+        }
+        let started = Instant::now();
+        let db = match &connection {
+            Some(db) => db,
+            None => match Db::connect(url) {
+                Ok(db) => connection.insert(db),
+                Err(e) => {
+                    if !failing {
+                        tracing::error!("cannot reach the state to renew the lease: {e}");
+                    }
+                    failing = true;
+                    continue;
+                }
+            },
+        };
+        match db.claim_lease(lease.generation, &me.instance, &addr, LEASE_TTL) {
+            Ok(Claim::Ours) => {
+                if failing {
+                    tracing::info!(
+                        valid_again = lease.valid(),
+                        "the lease is renewed: the database is back"
+                    );
+                }
+                failing = false;
+                lease.renewed(started);
+            }
+            Ok(Claim::Theirs(taker)) => {
+                tracing::error!(
+                    generation = taker.generation,
+                    addr = %taker.addr,
+                    "another coordinator took the farm over: this one stops"
+                );
+                lease.lose(taker);
+                return;
+            }
+            Err(e) => {
+                if !failing {
+                    tracing::error!(
+                        "cannot renew the lease ({e}): dispatch and commits stop when it ends, \
+                         in {} ms, until it is renewed",
+                        LEASE_TTL.saturating_sub(MARGIN).as_millis()
+                    );
+                }
+                failing = true;
+                continue;
+            }
+        }
+        // Its address, and the others', every few seconds.
+        if round % 5 == 0 {
+            let others = db
+                .register_coordinator(&addr, lease.generation)
+                .and_then(|()| db.coordinator_addrs(tessera_protocol::ticket::MAX_ADDRS));
+            match others {
+                Ok(others) => {
+                    if lease.name_others(&others) {
+                        addrs_changed(&lease.addrs());
+                    }
+                }
+                Err(e) => tracing::debug!("cannot read the coordinators' addresses: {e}"),
+            }
+        }
+    }
+}
+
+/// Takes the lease for a coordinator that is starting, as `me`: at once
+/// when nobody holds it, when it ended, or when it is `me`'s own data
+/// dir's (a run of it that is gone). When another coordinator holds it,
+/// waits for it to end with `standby`, and otherwise fails, naming that
+/// coordinator. Returns the generation it holds the lease as and when the
+/// claim that was granted began. Blocks: run it on the blocking pool.
+pub fn acquire(db: &mut Db, me: &Me, standby: bool) -> anyhow::Result<(u64, Instant)> {
+    let mut said = false;
+    loop {
+        let holder = db.lease_holder()?;
+        let free = holder
+            .as_ref()
+            .is_none_or(|h| h.ends_in_ms <= 0 || h.instance == me.instance);
+        if free {
+            // A new generation at takeover: epochs only grow.
+            let generation = db.next_generation()?;
+            let started = Instant::now();
+            match db.claim_lease(generation, &me.instance, &me.addr.to_string(), LEASE_TTL)? {
+                Claim::Ours => return Ok((generation, started)),
+                // Another standby was quicker.
+                Claim::Theirs(_) => continue,
+            }
+        }
+        let Some(holder) = holder else { continue };
+        if !standby {
+            anyhow::bail!(
+                "another coordinator serves this farm: the one at {} (generation {}) holds its \
+                 lease, which it renews every {} s. Two coordinators must not serve one farm; \
+                 to start this one as its standby, which takes over when it stops, pass \
+                 --standby",
+                holder.addr,
+                holder.generation,
+                RENEW_EVERY.as_secs()
+            );
+        }
+        if !said {
+            tracing::info!(
+                active = %holder.addr,
+                generation = holder.generation,
+                "standing by: another coordinator serves the farm; taking over when its lease ends"
+            );
+            said = true;
+        }
+        std::thread::sleep(STANDBY_LOOK_EVERY);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_lease_is_valid_until_its_ttl_less_the_margin_after_its_claim() {
+        let addr: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        assert!(Lease::sole(addr).valid());
+        let lease = Lease::held(3, Instant::now(), addr);
+        assert!(lease.valid());
+        let long_ago = Instant::now() - LEASE_TTL;
+        let stale = Lease::held(3, long_ago, addr);
+        assert!(!stale.valid(), "a claim older than the TTL is over");
+        stale.renewed(Instant::now());
+        assert!(stale.valid(), "a renewal makes it valid again");
+        stale.renewed(long_ago);
+        assert!(stale.valid(), "an older renewal never shortens it");
+        stale.lose(Holder {
+            generation: 4,
+            instance: "b".into(),
+            addr: "127.0.0.1:2".into(),
+            ends_in_ms: 5000,
+        });
+        assert!(stale.lost() && !stale.valid());
+        assert_eq!(stale.taker().unwrap().generation, 4);
+    }
+
+    #[test]
+    fn tickets_name_this_coordinator_first_and_each_other_once() {
+        let (a, b, c) = (
+            "127.0.0.1:1".parse().unwrap(),
+            "127.0.0.1:2".parse().unwrap(),
+            "127.0.0.1:3".parse().unwrap(),
+        );
+        let lease = Lease::sole(a);
+        assert!(lease.set_others(&[b, a, c]));
+        assert_eq!(lease.addrs(), vec![a, b, c]);
+        assert!(!lease.set_others(&[a, b, c]), "the same set is no change");
+    }
+}
