@@ -141,3 +141,88 @@ fn the_coreweave_manifests_validate_and_drain_before_the_kill() {
         ["nodeSelectorTerms"][0];
     assert_eq!(term["matchExpressions"][0]["key"], "gpu.nvidia.com/class");
 }
+
+/// The manifests of a farm with a standby (`deploy/kubernetes/coordinators/`:
+/// two coordinators, PostgreSQL, a shared asset volume) validate offline,
+/// and run what the docs say: both coordinators `--standby` on the shared
+/// state and blob volume, each with a data dir of its own, never on one
+/// node, the database password only in a Secret.
+#[test]
+#[ignore = "needs kubernetes-validate (.ci/run installs it)"]
+fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
+    let dir = manifests().join("coordinators");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    files.sort();
+    let out = validate(&files);
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    assert_eq!(text.matches(" passed for resource ").count(), 6, "{text}");
+
+    let docs = documents(&dir.join("coordinators.yaml"));
+    let kind = |k: &str| docs.iter().find(|d| d["kind"] == k).unwrap().clone();
+    let set = kind("StatefulSet");
+    assert_eq!(set["spec"]["replicas"], 2);
+    let pod = &set["spec"]["template"]["spec"];
+    let c = &pod["containers"][0];
+    let args: Vec<&str> = (c["args"].as_array().unwrap().iter())
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(args[0], "coordinator");
+    assert!(args.contains(&"--standby"), "{args:?}");
+    let flag = |name: &str| args.windows(2).find(|w| w[0] == name).unwrap()[1];
+    assert_eq!(flag("--advertise"), "$(POD_IP):7700");
+    // The data dir is the pod's own volume; the blobs the shared one.
+    let mounts = c["volumeMounts"].as_array().unwrap();
+    let mounted = |path: &str| {
+        let name = mounts.iter().find(|m| m["mountPath"] == path).unwrap()["name"].clone();
+        name.as_str().unwrap().to_string()
+    };
+    assert_eq!(mounted(flag("--data-dir")), "data");
+    assert_eq!(
+        set["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
+        "data"
+    );
+    let blobs = mounted(flag("--blobs"));
+    let volume = (pod["volumes"].as_array().unwrap().iter())
+        .find(|v| v["name"] == blobs.as_str())
+        .unwrap();
+    let claim = volume["persistentVolumeClaim"]["claimName"].clone();
+    let pvc = kind("PersistentVolumeClaim");
+    assert_eq!(pvc["metadata"]["name"], claim);
+    assert_eq!(pvc["spec"]["accessModes"][0], "ReadWriteMany");
+    // The state's URL names no password; PGPASSWORD comes from the Secret.
+    let env = c["env"].as_array().unwrap();
+    let var = |name: &str| env.iter().find(|e| e["name"] == name).unwrap().clone();
+    let url = var("TESSERA_STATE")["value"].as_str().unwrap().to_string();
+    let userinfo = url.split('@').next().unwrap();
+    assert!(
+        !userinfo.trim_start_matches("postgres://").contains(':'),
+        "{url}"
+    );
+    assert!(url.contains("tessera-postgres"), "{url}");
+    let secret = var("PGPASSWORD")["valueFrom"]["secretKeyRef"].clone();
+    assert_eq!(secret["name"], kind("Secret")["metadata"]["name"]);
+    assert_eq!(
+        var("POD_IP")["valueFrom"]["fieldRef"]["fieldPath"],
+        "status.podIP"
+    );
+    // Never both on one node; SIGTERM's 1.5 s fit the grace period.
+    let anti =
+        &pod["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert!(pod["terminationGracePeriodSeconds"].as_u64().unwrap() >= 5);
+    let postgres = documents(&dir.join("postgres.yaml"));
+    let pg_set = postgres
+        .iter()
+        .find(|d| d["kind"] == "StatefulSet")
+        .unwrap();
+    let pg_env = pg_set["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
+    assert!(pg_env.contains("tessera-state"), "{pg_env}");
+}
