@@ -272,7 +272,11 @@ impl Db {
             &format!("SELECT {JOB_COLUMNS} FROM jobs WHERE id = ?1"),
             &args![id.min(i64::MAX as u64) as i64],
         )?;
-        Ok(stored_jobs(rows)?.into_iter().next())
+        // One job: an unreadable row is an error naming it, not "no job".
+        rows.iter()
+            .map(|r| stored_job(job_row(r)?))
+            .next()
+            .transpose()
     }
 
     /// Records a job's final state with its cost and counters.

@@ -239,33 +239,48 @@ fn parse_state(s: &str) -> JobState {
 
 const JOB_COLUMNS: &str = "id, spec, state, submitted_ms, finished_ms, bytes_uploaded, bytes_deduplicated, error, cost_usd, tasks_done, frames_done, render_ms, bytes_to_workers";
 
-/// One `jobs` row, selected with [`JOB_COLUMNS`].
+/// One `jobs` row, selected with [`JOB_COLUMNS`]. A count, size or time
+/// below zero, or a cost that is not a finite amount ≥ 0, makes the row
+/// unreadable: nothing the coordinator writes is so.
 fn job_row(r: &Row) -> Result<(u64, String, StoredJobRest), DbError> {
+    let id = r.u64(0)?;
+    let bad = |what: &str| DbError::Corrupt(id, format!("its {what} is out of range"));
+    let count = |i: usize, what: &str| -> Result<Option<u64>, DbError> {
+        r.opt_int(i)?
+            .map(|v| u64::try_from(v).map_err(|_| bad(what)))
+            .transpose()
+    };
+    let small = |v: u64, what: &str| u32::try_from(v).map_err(|_| bad(what));
     let counts = match (
-        r.opt_int(9)?,
-        r.opt_int(10)?,
-        r.opt_int(11)?,
-        r.opt_int(12)?,
+        count(9, "tasks done")?,
+        count(10, "frames done")?,
+        count(11, "render time")?,
+        count(12, "bytes sent")?,
     ) {
         (Some(t), Some(f), Some(ms), sent) => Some(FinalCounts {
-            tasks_done: t as u32,
-            frames_done: f as u32,
-            render_ms: ms as u64,
-            bytes_to_workers: sent.unwrap_or(0) as u64,
+            tasks_done: small(t, "tasks done")?,
+            frames_done: small(f, "frames done")?,
+            render_ms: ms,
+            bytes_to_workers: sent.unwrap_or(0),
         }),
         _ => None,
     };
+    let cost_usd = r.real(8)?;
+    if !cost_usd.is_finite() || cost_usd < 0.0 {
+        return Err(bad("cost"));
+    }
+    let required = |i: usize, what: &str| count(i, what)?.ok_or_else(|| bad(what));
     Ok((
-        r.u64(0)?,
+        id,
         r.text(1)?,
         StoredJobRest {
             state: parse_state(&r.text(2)?),
-            submitted_ms: r.u64(3)?,
-            finished_ms: r.opt_int(4)?.map(|v| v as u64),
-            bytes_uploaded: r.u64(5)?,
-            bytes_deduplicated: r.u64(6)?,
+            submitted_ms: required(3, "submit time")?,
+            finished_ms: count(4, "finish time")?,
+            bytes_uploaded: required(5, "bytes uploaded")?,
+            bytes_deduplicated: required(6, "bytes deduplicated")?,
             error: r.opt_text(7)?,
-            cost_usd: r.real(8)?,
+            cost_usd,
             counts,
         },
     ))
@@ -283,9 +298,18 @@ struct StoredJobRest {
     counts: Option<FinalCounts>,
 }
 
-/// The jobs of rows selected with [`JOB_COLUMNS`].
+/// The jobs of rows selected with [`JOB_COLUMNS`]. A row that cannot be
+/// read (edited by hand, or by a hostile hand) is left out, saying which:
+/// one bad row does not hide every other job. It stays in the database.
 fn stored_jobs(rows: Vec<Row>) -> Result<Vec<StoredJob>, DbError> {
-    rows.iter().map(|r| stored_job(job_row(r)?)).collect()
+    let mut jobs = Vec::with_capacity(rows.len());
+    for r in &rows {
+        match job_row(r).and_then(stored_job) {
+            Ok(job) => jobs.push(job),
+            Err(e) => tracing::error!("left out of the job list: {e}"),
+        }
+    }
+    Ok(jobs)
 }
 
 fn stored_job((id, spec, rest): (u64, String, StoredJobRest)) -> Result<StoredJob, DbError> {

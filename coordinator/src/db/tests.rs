@@ -416,3 +416,34 @@ fn a_finished_job_is_read_back_with_its_counters_and_cost() {
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Rows edited by hand (or by a hostile hand): a spec that is not JSON, a
+/// negative size, a negative or non-finite cost. Each such job is left out
+/// of the lists (the others are all there) and named when asked for alone.
+#[test]
+fn unreadable_job_rows_are_left_out_of_lists_and_named_alone() {
+    let (dir, path) = temp_db("corrupt-rows");
+    let mut db = Db::open(&path).unwrap();
+    let ids: Vec<u64> = (0..5)
+        .map(|i| db.insert_job(&spec(None), 1000 + i, 10, 0).unwrap())
+        .collect();
+    let sql = db.sql();
+    let edit = |statement: &str, id: u64| {
+        sql.execute(statement, &args![id as i64]).unwrap();
+    };
+    edit("UPDATE jobs SET spec = '{' WHERE id = ?1", ids[1]);
+    edit("UPDATE jobs SET bytes_uploaded = -5 WHERE id = ?1", ids[2]);
+    edit("UPDATE jobs SET cost_usd = -1.5 WHERE id = ?1", ids[3]);
+    let listed: Vec<u64> = db.jobs().unwrap().iter().map(|j| j.id).collect();
+    assert_eq!(listed, [ids[0], ids[4]]);
+    let unfinished: Vec<u64> = (db.unfinished_jobs().unwrap().iter())
+        .map(|j| j.id)
+        .collect();
+    assert_eq!(unfinished, [ids[0], ids[4]]);
+    for id in &ids[1..4] {
+        let e = db.job(*id).unwrap_err();
+        assert!(matches!(e, DbError::Corrupt(n, _) if n == *id), "{e}");
+    }
+    assert_eq!(db.job(ids[4]).unwrap().unwrap().bytes_uploaded, 10);
+    let _ = std::fs::remove_dir_all(&dir);
+}
