@@ -112,6 +112,19 @@ impl ScratchPostgres {
         self.wait_ready()
     }
 
+    /// Stops the server (a fast shutdown) until [`ScratchPostgres::start_again`]:
+    /// a database out of reach for as long as a test needs.
+    pub fn stop_for_now(&mut self) {
+        self.stop(libc::SIGINT);
+    }
+
+    /// Starts the server stopped by [`ScratchPostgres::stop_for_now`] again,
+    /// on the same data; waits until it takes connections.
+    pub fn start_again(&mut self) -> anyhow::Result<()> {
+        self.server = spawn(&self.bin, self.owner, &self.dir)?;
+        self.wait_ready()
+    }
+
     /// Sends `signal` (SIGINT: fast shutdown; SIGQUIT: immediate) and waits
     /// up to 10 s for the server to end, then kills it.
     fn stop(&mut self, signal: i32) {

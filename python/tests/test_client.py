@@ -498,6 +498,9 @@ class Metrics(FarmTest):
         self.assertEqual(value("tessera_tasks_done_total"), sum(j["tasks_done"] for j in jobs))
         self.assertEqual(value("tessera_tasks_running"), sum(j["tasks_running"] for j in jobs))
         self.assertEqual(value("tessera_queue_depth"), 0)
+        # The state is the data dir's SQLite: always reachable, no lease to lose.
+        self.assertEqual(value("tessera_state_reachable"), 1)
+        self.assertEqual(value("tessera_farm_lease_held"), 1)
         self.assertEqual(value("tessera_bytes_uploaded_total"), sum(j["bytes_uploaded"] for j in jobs))
         self.assertEqual(value("tessera_bytes_to_workers_total"), sum(j["bytes_to_workers"] for j in jobs))
         self.assertAlmostEqual(value("tessera_cost_usd_total"), sum(j["cost_usd"] for j in jobs), places=6)

@@ -201,6 +201,20 @@ impl Farm {
             .expect("PostgreSQL starts again");
     }
 
+    /// Stops the farm's PostgreSQL server until [`Farm::start_postgres`].
+    #[allow(dead_code)]
+    pub fn stop_postgres(&mut self) {
+        (self.postgres.as_mut().expect("a farm on PostgreSQL")).stop_for_now();
+    }
+
+    /// Starts the farm's PostgreSQL server again.
+    #[allow(dead_code)]
+    pub fn start_postgres(&mut self) {
+        (self.postgres.as_mut().expect("a farm on PostgreSQL"))
+            .start_again()
+            .expect("PostgreSQL starts again");
+    }
+
     /// The coordinator's database, opened beside it (SQLite in the data
     /// dir, or the farm's PostgreSQL server).
     #[allow(dead_code)]

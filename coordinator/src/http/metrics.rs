@@ -84,7 +84,13 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
     // The live jobs from the core; the finished ones as totals SQLite adds
     // up, never read one by one (a scrape costs no memory per job).
     let snapshot = shared.read(|core, now| core.snapshot(now));
-    let finished = shared.db().finished_totals()?;
+    // A database out of reach is said (tessera_state_reachable 0), not an
+    // error: the scrape is how an operator learns of it.
+    let (finished, reachable) = match shared.db().finished_totals() {
+        Ok(finished) => (finished, true),
+        Err(e) if e.is_unreachable() => (Vec::new(), false),
+        Err(e) => return Err(e.into()),
+    };
     let total = |f: fn(&crate::db::FinishedTotals) -> u64| -> u64 {
         finished.iter().map(|(_, t)| f(t)).sum()
     };
@@ -96,6 +102,18 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         .filter(|j| !j.state.is_final())
         .collect();
 
+    o.one(
+        "tessera_state_reachable",
+        "gauge",
+        "1 while the coordinator's database answers (0: PostgreSQL out of reach; finished jobs' totals are left out of this scrape).",
+        u64::from(reachable),
+    );
+    o.one(
+        "tessera_farm_lease_held",
+        "gauge",
+        "1 while this coordinator holds the farm's lease and dispatches (always 1 without a shared state; 0 on a coordinator whose lease ended).",
+        u64::from(shared.lease.valid()),
+    );
     jobs_by_state(&mut o, &jobs, &finished);
     let active = || jobs.iter();
     let queued: u64 = active()
