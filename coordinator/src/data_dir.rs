@@ -157,41 +157,71 @@ pub fn lock(dir: &Path) -> anyhow::Result<std::fs::File> {
     }
 }
 
-/// The data dir's instance id (`coordinator.id`, made on first use): what a
-/// coordinator restarted on it is known by in a shared database's lease.
-pub fn instance_id(dir: &Path) -> anyhow::Result<String> {
-    let path = dir.join("coordinator.id");
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let id = text.trim();
-        if id.len() == 32 && id.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Ok(id.to_string());
-        }
-    }
-    let id = Ticket::new_secret()[..32].to_string();
-    write_secret_file(&path, &format!("{id}\n"))?;
-    Ok(id)
-}
-
-/// The state URL a data dir was last started with (`state`, the URL with
-/// any password masked), so a start that forgets `--state` is refused
-/// instead of starting an empty farm in SQLite beside it.
-pub fn check_state(dir: &Path, url: Option<&str>) -> anyhow::Result<()> {
-    let path = dir.join("state");
-    let recorded = std::fs::read_to_string(&path).ok();
-    match (url, recorded) {
-        (None, Some(recorded)) => anyhow::bail!(
-            "the data dir {} belongs to a farm whose state is in PostgreSQL ({}): pass --state \
-             (or TESSERA_STATE) with its URL",
+/// What a data dir remembers of the farm it serves: the state URL it was
+/// started with (`state`; masked when it carries a password) and the
+/// asset folder (`blobs.path`). A start that leaves either out uses the one
+/// remembered, saying so, rather than starting an empty farm in SQLite or
+/// an empty asset folder beside the real ones; a remembered URL that was
+/// masked must be given again.
+pub fn remember(
+    dir: &Path,
+    state_url: &mut Option<String>,
+    blobs: &mut Option<std::path::PathBuf>,
+) -> anyhow::Result<()> {
+    let read = |name: &str| {
+        let text = std::fs::read_to_string(dir.join(name)).ok()?;
+        let line = text.trim().to_string();
+        (!line.is_empty()).then_some(line)
+    };
+    match (state_url.as_deref(), read("state")) {
+        (None, Some(recorded)) if recorded.contains("***") => anyhow::bail!(
+            "the data dir {} belongs to a farm whose state is in PostgreSQL ({recorded}): pass \
+             --state (or TESSERA_STATE) with its URL",
             dir.display(),
-            recorded.trim()
         ),
+        (None, Some(recorded)) => {
+            tracing::info!(state = %recorded, "the state this data dir was started with");
+            *state_url = Some(recorded);
+        }
         (Some(url), recorded) => {
             let shown = crate::db::sql::redact(url);
-            if recorded.as_deref().map(str::trim) != Some(shown.as_str()) {
-                write_secret_file(&path, &format!("{shown}\n"))?;
+            match recorded {
+                Some(recorded) if recorded != shown => anyhow::bail!(
+                    "the data dir {} serves the farm whose state is at {recorded}, not {shown}: \
+                     a data dir serves one farm (to move it to this database, remove {})",
+                    dir.display(),
+                    dir.join("state").display()
+                ),
+                Some(_) => {}
+                None if dir.join("state.sqlite").exists() => anyhow::bail!(
+                    "the data dir {} holds a farm in SQLite (state.sqlite): with --state it \
+                     would serve an empty farm beside it. Give the PostgreSQL farm a data dir \
+                     of its own",
+                    dir.display()
+                ),
+                None => write_secret_file(&dir.join("state"), &format!("{shown}\n"))?,
             }
-            Ok(())
         }
-        (None, None) => Ok(()),
+        (None, None) => {}
     }
+    match (blobs.as_ref(), read("blobs.path")) {
+        (None, Some(recorded)) => {
+            tracing::info!(blobs = %recorded, "the asset folder this data dir was started with");
+            *blobs = Some(recorded.into());
+        }
+        (Some(path), recorded) => {
+            let path =
+                std::path::absolute(path).with_context(|| format!("--blobs {}", path.display()))?;
+            let shown = path.display().to_string();
+            if shown.contains('\n') {
+                anyhow::bail!("--blobs {shown:?}: a folder name with a line break");
+            }
+            if recorded.as_deref() != Some(shown.as_str()) {
+                write_secret_file(&dir.join("blobs.path"), &format!("{shown}\n"))?;
+            }
+            *blobs = Some(path);
+        }
+        (None, None) => {}
+    }
+    Ok(())
 }

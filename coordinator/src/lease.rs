@@ -133,8 +133,49 @@ impl Lease {
 
 /// Who this coordinator is to the lease.
 pub struct Me {
+    /// This process, as [`process_instance`] names it.
     pub instance: String,
     pub addr: SocketAddr,
+}
+
+/// This process as a lease's holder: `BOOT_ID/PID_NAMESPACE/PID`, enough
+/// for another coordinator on the same machine (and PID namespace) to see
+/// that it is gone. A data dir copied or a lock file removed does not
+/// make two coordinators one.
+pub fn process_instance() -> String {
+    format!("{}/{}/{}", boot_id(), pid_namespace(), std::process::id())
+}
+
+fn boot_id() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+fn pid_namespace() -> String {
+    std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.display().to_string())
+        .unwrap_or_default()
+}
+
+/// True only when `instance` names a process of this machine's boot and
+/// this PID namespace that no longer exists. Anything else (another
+/// machine, a container, an unreadable boot id) is never taken for gone:
+/// its lease is waited out.
+pub fn process_gone(instance: &str) -> bool {
+    let mut parts = instance.rsplitn(3, '/');
+    let (Some(pid), Some(ns), Some(boot)) = (parts.next(), parts.next(), parts.next()) else {
+        return false;
+    };
+    let Ok(pid) = pid.parse::<i32>() else {
+        return false;
+    };
+    if boot.is_empty() || ns.is_empty() || boot != boot_id() || ns != pid_namespace() || pid <= 0 {
+        return false;
+    }
+    // SAFETY: signal 0 sends nothing; it asks whether the process exists.
+    let alive = unsafe { libc::kill(pid, 0) } == 0;
+    !alive && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
 }
 
 /// The lease keeper's thread: renews the lease every [`RENEW_EVERY`] on
@@ -179,7 +220,7 @@ pub fn keep(
                 }
             },
         };
-        match db.claim_lease(lease.generation, &me.instance, &addr, LEASE_TTL) {
+        match db.claim_lease(lease.generation, &me.instance, &addr, LEASE_TTL, None) {
             Ok(Claim::Ours) => {
                 if failing {
                     tracing::info!(
@@ -235,23 +276,27 @@ pub fn keep(
 /// coordinator. Returns the generation it holds the lease as and when the
 /// claim that was granted began. Blocks: run it on the blocking pool.
 pub fn acquire(db: &mut Db, me: &Me, standby: bool) -> anyhow::Result<(u64, Instant)> {
-    let mut said = false;
+    // Who held the lease when this one last said so.
+    let mut said: Option<(u64, String)> = None;
+    let mut out_of_reach = false;
+    let mut looks = 0u64;
     loop {
-        let holder = db.lease_holder()?;
-        let free = holder
-            .as_ref()
-            .is_none_or(|h| h.ends_in_ms <= 0 || h.instance == me.instance);
-        if free {
-            // A new generation at takeover: epochs only grow.
-            let generation = db.next_generation()?;
-            let started = Instant::now();
-            match db.claim_lease(generation, &me.instance, &me.addr.to_string(), LEASE_TTL)? {
-                Claim::Ours => return Ok((generation, started)),
-                // Another standby was quicker.
-                Claim::Theirs(_) => continue,
+        let holder = match look(db, me) {
+            Ok(Looked::Ours(taken)) => return Ok(taken),
+            Ok(Looked::Held(holder)) => holder,
+            Ok(Looked::Again) => continue,
+            // A standby outlasts a database restart: it waits for it.
+            Err(e) if standby && e.is_unreachable() => {
+                if !out_of_reach {
+                    tracing::warn!("standing by: the state is out of reach ({e}); waiting for it");
+                    out_of_reach = true;
+                }
+                std::thread::sleep(STANDBY_LOOK_EVERY * 4);
+                continue;
             }
-        }
-        let Some(holder) = holder else { continue };
+            Err(e) => return Err(e.into()),
+        };
+        out_of_reach = false;
         if !standby {
             anyhow::bail!(
                 "another coordinator serves this farm: the one at {} (generation {}) holds its \
@@ -263,15 +308,53 @@ pub fn acquire(db: &mut Db, me: &Me, standby: bool) -> anyhow::Result<(u64, Inst
                 RENEW_EVERY.as_secs()
             );
         }
-        if !said {
+        // Still here: tickets keep naming this standby.
+        looks += 1;
+        if looks.is_multiple_of(20) {
+            if let Err(e) = db.register_coordinator(&me.addr.to_string(), 0) {
+                tracing::debug!("cannot record this standby's address: {e}");
+            }
+        }
+        let now = Some((holder.generation, holder.addr.clone()));
+        if said != now {
             tracing::info!(
                 active = %holder.addr,
                 generation = holder.generation,
                 "standing by: another coordinator serves the farm; taking over when its lease ends"
             );
-            said = true;
+            said = now;
         }
         std::thread::sleep(STANDBY_LOOK_EVERY);
+    }
+}
+
+/// What one look at the lease found.
+enum Looked {
+    /// Taken: the generation and when its claim began.
+    Ours((u64, Instant)),
+    Held(Holder),
+    /// Another standby was quicker, or nobody holds it: look again.
+    Again,
+}
+
+fn look(db: &mut Db, me: &Me) -> Result<Looked, crate::db::DbError> {
+    let holder = db.lease_holder()?;
+    // A holder whose process is gone (a coordinator killed on this machine
+    // and started again) is replaced at once, not when its lease ends.
+    let replacing = (holder.as_ref())
+        .filter(|h| h.ends_in_ms > 0 && process_gone(&h.instance))
+        .map(|h| h.generation);
+    let free = replacing.is_some() || holder.as_ref().is_none_or(|h| h.ends_in_ms <= 0);
+    if !free {
+        return Ok(holder.map_or(Looked::Again, Looked::Held));
+    }
+    // A new generation at takeover: epochs only grow.
+    let generation = db.next_generation()?;
+    let started = Instant::now();
+    let addr = me.addr.to_string();
+    match db.claim_lease(generation, &me.instance, &addr, LEASE_TTL, replacing)? {
+        Claim::Ours => Ok(Looked::Ours((generation, started))),
+        Claim::Theirs(_) => Ok(Looked::Again),
     }
 }
 
@@ -300,6 +383,32 @@ mod tests {
         });
         assert!(stale.lost() && !stale.valid());
         assert_eq!(stale.taker().unwrap().generation, 4);
+    }
+
+    #[test]
+    fn only_a_process_of_this_machine_that_is_gone_is_taken_for_gone() {
+        let me = process_instance();
+        assert!(!process_gone(&me), "this process runs");
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = child.id();
+        child.wait().unwrap();
+        let dead = format!("{}/{}/{pid}", boot_id(), pid_namespace());
+        assert!(process_gone(&dead), "{dead}");
+        // Another machine, another PID namespace, or garbage: never gone.
+        assert!(!process_gone(&format!(
+            "another-boot/{}/{pid}",
+            pid_namespace()
+        )));
+        assert!(!process_gone(&format!("{}/pid:[1]/{pid}", boot_id())));
+        for junk in [
+            "",
+            "x",
+            "a/b/c",
+            "//",
+            &format!("{}/{}/-1", boot_id(), pid_namespace()),
+        ] {
+            assert!(!process_gone(junk), "{junk}");
+        }
     }
 
     #[test]

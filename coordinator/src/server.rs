@@ -63,12 +63,12 @@ pub enum Stopped {
 // Long because: the coordinator's start-up in order (data dir, identity,
 // endpoints, tickets, database, store, farm core, threads and tasks);
 // each step uses the ones before it and the order is the point.
-pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
-    let dir = &config.data_dir;
+pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
+    let dir = &config.data_dir.clone();
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
     let dir_lock = data_dir::lock(dir)?;
-    data_dir::check_state(dir, config.state_url.as_deref())?;
+    data_dir::remember(dir, &mut config.state_url, &mut config.blobs_dir)?;
     if config.standby && config.state_url.is_none() {
         bail!("--standby takes over a farm whose state is in PostgreSQL: pass --state too");
     }
@@ -89,16 +89,21 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
     let fingerprint = identity.fingerprint();
     let (db, generation, lease, keeper, tickets) = if db.is_postgres() {
         let me = Me {
-            instance: data_dir::instance_id(dir)?,
+            instance: crate::lease::process_instance(),
             addr: advertised,
         };
         // Tickets naming every coordinator, this one first, before it
         // waits: the active one's tickets name it from its next look.
+        // A standby is named in tickets from now on; a coordinator that
+        // is not one only once it holds the lease (one refused is never).
         let others = {
-            let (d, a) = (db, advertised.to_string());
+            let (d, a, standby) = (db, advertised.to_string(), config.standby);
             let (d, others) = tokio::task::spawn_blocking(move || {
-                let others = d
-                    .register_coordinator(&a, 0)
+                let registered = match standby {
+                    true => d.register_coordinator(&a, 0),
+                    false => Ok(()),
+                };
+                let others = registered
                     .and_then(|()| d.coordinator_addrs(tessera_protocol::ticket::MAX_ADDRS));
                 (d, others)
             })
@@ -120,9 +125,12 @@ pub async fn start(config: Config) -> anyhow::Result<Coordinator> {
             })
         };
         let standby = config.standby;
-        let (mut db, (generation, claimed), me) = tokio::task::spawn_blocking(move || {
-            let taken = crate::lease::acquire(&mut db, &me, standby);
-            taken.map(|t| (db, t, me))
+        let (mut db, (generation, claimed), me, secrets) = tokio::task::spawn_blocking(move || {
+            let taken = crate::lease::acquire(&mut db, &me, standby)?;
+            // The secrets as they are now: tickets rotated while this one
+            // stood by are the ones it serves with.
+            let secrets = shared_ticket_secrets(&db)?;
+            anyhow::Ok((db, taken, me, secrets))
         })
         .await??;
         refuser.abort();
@@ -320,6 +328,19 @@ async fn first_dispatch(shared: Arc<Shared>, took_over: bool) {
     }
 }
 
+/// The tickets' secrets (worker, client, viewer) a shared state holds.
+fn shared_ticket_secrets(db: &Db) -> anyhow::Result<[String; 3]> {
+    let stored = db.shared_secrets(&data_dir::SECRET_NAMES, |_| {
+        Ticket::new_secret().into_bytes()
+    })?;
+    let mut stored = stored.into_iter();
+    let mut next = || {
+        String::from_utf8(stored.next().unwrap_or_default())
+            .context("a shared ticket secret is not text")
+    };
+    Ok([next()?, next()?, next()?])
+}
+
 /// The lease keeper's thread, and how to stop it.
 struct Keeper {
     stop: std::sync::mpsc::Sender<()>,
@@ -394,7 +415,9 @@ impl Coordinator {
         let _ = self.shared.stitches.send(StitchMsg::Stop);
         let (committer, stitcher) = (self.committer, self.stitcher);
         let joined = tokio::task::spawn_blocking(move || (committer.join(), stitcher.join()));
-        if tokio::time::timeout(step(1), joined).await.is_err() {
+        // With a lease to end after them, they leave it a share.
+        let share = if self.keeper.is_some() { 2 } else { 1 };
+        if tokio::time::timeout(step(share), joined).await.is_err() {
             tracing::warn!(
                 "shutting down with the commit or stitch thread still at work: results not yet \
                  committed were not acknowledged (their workers send them again), frames not \
@@ -407,7 +430,7 @@ impl Coordinator {
             let _ = keeper.stop.send(());
             let thread = keeper.thread;
             let ended = tokio::task::spawn_blocking(move || thread.join());
-            let _ = tokio::time::timeout(Duration::from_millis(500), ended).await;
+            let _ = tokio::time::timeout(step(1), ended).await;
         }
         if let Stopped::LostLease(taker) = &stopped {
             tracing::error!(

@@ -59,6 +59,14 @@ impl fmt::Display for Ticket {
     }
 }
 
+/// A piece of a bad ticket, cut to 40 characters for an error message.
+fn shown(part: &str) -> String {
+    match part.char_indices().nth(40) {
+        Some((end, _)) => format!("{}…", &part[..end]),
+        None => part.to_string(),
+    }
+}
+
 impl FromStr for Ticket {
     type Err = TicketError;
 
@@ -74,7 +82,7 @@ impl FromStr for Ticket {
             "worker" => Role::Worker,
             "client" => Role::Client,
             "viewer" => Role::Viewer,
-            other => return Err(TicketError(format!("unknown role `{other}`"))),
+            other => return Err(TicketError(format!("unknown role `{}`", shown(other)))),
         };
         let (addr, query) = rest
             .split_once("/?")
@@ -88,7 +96,7 @@ impl FromStr for Ticket {
             }
             let addr: SocketAddr = addr
                 .parse()
-                .map_err(|_| TicketError(format!("bad address `{addr}`")))?;
+                .map_err(|_| TicketError(format!("bad address `{}`", shown(addr))))?;
             addrs.push(addr);
         }
         let addr = addrs.remove(0);
@@ -97,7 +105,11 @@ impl FromStr for Ticket {
             match pair.split_once('=') {
                 Some(("fp", v)) => fingerprint = Some(v.to_string()),
                 Some(("secret", v)) => secret = Some(v.to_string()),
-                _ => return Err(TicketError(format!("unexpected `{pair}`"))),
+                // The key only: a misspelt `secret=` must not print the secret.
+                _ => {
+                    let key = pair.split_once('=').map_or(pair, |(k, _)| k);
+                    return Err(TicketError(format!("unexpected `{}=…`", shown(key))));
+                }
             }
         }
         let fingerprint = fingerprint.ok_or_else(|| TicketError("no fp=".into()))?;
@@ -154,6 +166,26 @@ mod tests {
         let back: Ticket = line.parse().unwrap();
         assert_eq!(back, two);
         assert_eq!(back.addrs().count(), 3);
+    }
+
+    #[test]
+    fn errors_never_repeat_a_secret_or_a_megabyte() {
+        let fp = "ab".repeat(32);
+        let secret = "s3cr3t".repeat(10);
+        let e = format!("tessera://worker@127.0.0.1:1/?fp={fp}&secrett={secret}")
+            .parse::<Ticket>()
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("secrett") && !e.contains("s3cr3t"), "{e}");
+        let junk = "x".repeat(3 << 20);
+        for line in [
+            format!("tessera://worker@127.0.0.1:1/?fp={fp}&secret=a&{junk}=1"),
+            format!("tessera://{junk}@127.0.0.1:1/?fp={fp}&secret=a"),
+            format!("tessera://worker@{junk}/?fp={fp}&secret=a"),
+        ] {
+            let e = line.parse::<Ticket>().unwrap_err().to_string();
+            assert!(e.len() < 300, "{} bytes", e.len());
+        }
     }
 
     #[test]

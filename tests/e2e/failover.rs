@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use tessera_protocol::ticket::Ticket;
 
-use crate::harness::{tessera, Farm, State};
+use crate::harness::{Farm, State};
+use crate::requires::{require, Need};
 
 /// The second coordinator: a data dir of its own, the farm's state and
 /// blob folder, `--standby`. Killed when dropped.
@@ -23,10 +24,16 @@ pub struct Standby {
 }
 
 impl Standby {
+    /// Started in a PID namespace of its own (`unshare`, root): to it the
+    /// active coordinator is a process it cannot see, as on another
+    /// machine, so it takes over only when the active one's lease ends.
     pub fn start(farm: &Farm, args: &[&str]) -> Standby {
+        require(Need::RootNetns);
         let data = farm.dir.join("data-standby");
         let log = farm.dir.join("standby.log");
-        let mut child = tessera()
+        let mut child = std::process::Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(crate::harness::binary())
             .args([
                 "coordinator",
                 "--listen",
@@ -89,13 +96,14 @@ fn ticket_in(data: &Path, file: &str) -> Option<Ticket> {
         .ok()
 }
 
-/// A farm on PostgreSQL with its blobs in a folder of the test's, and a
+/// A farm on PostgreSQL with its blobs in a folder of the farm's, and a
 /// standby beside its coordinator; returns once the active coordinator's
 /// tickets name both (as a worker or client started from then on sees).
 pub fn farm_with_standby(name: &str, args: &[&str]) -> (Farm, Standby) {
-    let blobs =
-        std::env::temp_dir().join(format!("tessera-e2e-{name}-blobs-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&blobs);
+    // Inside the farm's folder: removed with it.
+    let blobs = std::env::temp_dir()
+        .join(format!("tessera-e2e-{name}-{}", std::process::id()))
+        .join("blobs-shared");
     let blobs = blobs.to_str().unwrap().to_string();
     let mut all = vec!["--blobs", blobs.as_str()];
     all.extend_from_slice(args);
@@ -143,21 +151,21 @@ fn the_standby_takes_over_a_blender_job_when_the_active_coordinator_is_killed() 
         "--frames",
         "1-2",
         "--tiles",
-        "3x3",
+        "4x4",
         "--json",
     ]);
     let (id, total) = (
         job["id"].as_u64().unwrap(),
         job["tasks_total"].as_u64().unwrap(),
     );
-    assert_eq!(total, 18);
+    assert_eq!(total, 32);
     let worker = blender_worker();
     let worker: Vec<&str> = worker.iter().map(String::as_str).collect();
     for name in ["b1", "b2", "b3"] {
         farm.add_worker_with(name, &worker);
     }
-    farm.wait_for(id, "a third of the tiles", |s| {
-        s["tasks_done"].as_u64().unwrap() >= total / 3
+    farm.wait_for(id, "a quarter of the tiles", |s| {
+        s["tasks_done"].as_u64().unwrap() >= total / 4
     });
     farm.kill_coordinator();
     let killed = Instant::now();

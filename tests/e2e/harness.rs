@@ -25,7 +25,7 @@ pub fn use_binary(binary: Option<PathBuf>) {
     *BINARY.lock().unwrap_or_else(|e| e.into_inner()) = binary;
 }
 
-fn binary() -> PathBuf {
+pub fn binary() -> PathBuf {
     (BINARY.lock().unwrap_or_else(|e| e.into_inner()).clone())
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_tessera")))
 }

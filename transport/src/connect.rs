@@ -81,6 +81,23 @@ pub async fn connect_at(
         TransportError::Refused(_) => 1,
         _ => 2,
     });
+    // None could be reached: say so of each.
+    let unreachable: Vec<String> = (failures.iter())
+        .filter_map(|e| match e {
+            TransportError::Connect { addr, reason } => Some(format!("{addr}: {reason}")),
+            _ => None,
+        })
+        .collect();
+    if unreachable.len() == failures.len() && failures.len() > 1 {
+        return Err(TransportError::Connect {
+            addr: ticket.addr,
+            reason: format!(
+                "none of the ticket's {} coordinators answered ({})",
+                failures.len(),
+                unreachable.join("; ")
+            ),
+        });
+    }
     Err(failures
         .into_iter()
         .next()

@@ -48,17 +48,17 @@ const ADDRESS_KEPT_FOR: Duration = Duration::from_secs(7 * 24 * 3600);
 
 impl Db {
     /// Takes or renews the lease for `generation` for `ttl`, as the
-    /// coordinator `instance` (its data dir's) serving at `addr`. Granted
-    /// when nobody holds it; when this generation holds it (even if it
-    /// ended meanwhile: nobody took it); when it ended; or when `instance`
-    /// holds it: the data dir is locked by the caller, so the run that
-    /// took it is gone and this one is its successor.
+    /// coordinator process `instance` serving at `addr`. Granted when
+    /// nobody holds it; when this generation holds it (even if it ended
+    /// meanwhile: nobody took it); when it ended; or when generation
+    /// `replacing` holds it (a holder the caller saw is gone).
     pub fn claim_lease(
         &self,
         generation: u64,
         instance: &str,
         addr: &str,
         ttl: Duration,
+        replacing: Option<u64>,
     ) -> Result<Claim, DbError> {
         self.require_postgres("a lease")?;
         let changed = self.sql.execute(
@@ -69,11 +69,17 @@ impl Db {
                 " + ?4) ON CONFLICT (id) DO UPDATE SET holder = EXCLUDED.holder, ",
                 "instance = EXCLUDED.instance, addr = EXCLUDED.addr, ",
                 "expires_us = EXCLUDED.expires_us WHERE coordinator_lease.holder = EXCLUDED.holder ",
-                "OR coordinator_lease.instance = EXCLUDED.instance ",
+                "OR coordinator_lease.holder = ?5 ",
                 "OR coordinator_lease.expires_us < ",
                 now_us!()
             ),
-            &args![generation as i64, instance, addr, ttl.as_micros() as i64],
+            &args![
+                generation as i64,
+                instance,
+                addr,
+                ttl.as_micros() as i64,
+                replacing.map_or(-1, |g| g as i64)
+            ],
         )?;
         if changed == 1 {
             return Ok(Claim::Ours);
@@ -132,15 +138,15 @@ impl Db {
         Ok(())
     }
 
-    /// The addresses of the coordinators seen lately, in order, at most
-    /// `max`.
+    /// The addresses of the `max` coordinators seen last (each standby and
+    /// active one every few seconds), in order.
     pub fn coordinator_addrs(&self, max: usize) -> Result<Vec<String>, DbError> {
         self.require_postgres("coordinator addresses")?;
         let rows = self.sql.query(
             concat!(
-                "SELECT addr FROM coordinators WHERE seen_us > ",
+                "SELECT addr FROM (SELECT addr, seen_us FROM coordinators WHERE seen_us > ",
                 now_us!(),
-                " - ?1 ORDER BY addr LIMIT ?2"
+                " - ?1 ORDER BY seen_us DESC LIMIT ?2) AS recent ORDER BY addr"
             ),
             &args![ADDRESS_KEPT_FOR.as_micros() as i64, max as i64],
         )?;
@@ -274,10 +280,13 @@ mod tests {
         let ttl = Duration::from_millis(1500);
         let (ga, gb) = (a.next_generation().unwrap(), b.next_generation().unwrap());
         assert_eq!(
-            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl).unwrap(),
+            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl, None)
+                .unwrap(),
             Claim::Ours
         );
-        let Claim::Theirs(holder) = b.claim_lease(gb, "dir-b", "10.0.0.2:7700", ttl).unwrap()
+        let Claim::Theirs(holder) = b
+            .claim_lease(gb, "dir-b", "10.0.0.2:7700", ttl, None)
+            .unwrap()
         else {
             panic!("a second coordinator took a held lease");
         };
@@ -295,7 +304,8 @@ mod tests {
         );
         // Renewing is claiming again.
         assert_eq!(
-            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl).unwrap(),
+            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl, None)
+                .unwrap(),
             Claim::Ours
         );
 
@@ -327,7 +337,8 @@ mod tests {
         assert!(matches!(lapsed, DbError::LeaseLapsed), "{lapsed}");
         assert!(lapsed.is_unreachable(), "a lapsed lease is waited for");
         assert_eq!(
-            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl).unwrap(),
+            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl, None)
+                .unwrap(),
             Claim::Ours
         );
 
@@ -335,7 +346,8 @@ mod tests {
         // commit is refused as fenced.
         std::thread::sleep(ttl + Duration::from_millis(100));
         assert_eq!(
-            b.claim_lease(gb, "dir-b", "10.0.0.2:7700", ttl).unwrap(),
+            b.claim_lease(gb, "dir-b", "10.0.0.2:7700", ttl, None)
+                .unwrap(),
             Claim::Ours
         );
         let fenced = a
@@ -346,7 +358,7 @@ mod tests {
             "{fenced}"
         );
         assert!(matches!(
-            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl).unwrap(),
+            a.claim_lease(ga, "dir-a", "10.0.0.1:7700", ttl, None).unwrap(),
             Claim::Theirs(Holder { generation, .. }) if generation == gb
         ));
         assert_eq!(
@@ -360,17 +372,23 @@ mod tests {
             "only the holders' results, each in its lease"
         );
 
-        // A coordinator restarted on b's data dir takes it at once; an
-        // ended lease is released for a standby at once.
+        // A holder seen gone is replaced at once, and only that holder;
+        // an ended lease is released for a standby at once.
         let gb2 = b.next_generation().unwrap();
+        assert!(matches!(
+            b.claim_lease(gb2, "b2", "10.0.0.2:7700", ttl, Some(ga))
+                .unwrap(),
+            Claim::Theirs(_)
+        ));
         assert_eq!(
-            b.claim_lease(gb2, "dir-b", "10.0.0.2:7700", ttl).unwrap(),
+            b.claim_lease(gb2, "b2", "10.0.0.2:7700", ttl, Some(gb))
+                .unwrap(),
             Claim::Ours
         );
         b.release_lease(gb2).unwrap();
         assert!(b.lease_holder().unwrap().unwrap().ends_in_ms <= 0);
         assert_eq!(
-            a.claim_lease(ga + 10, "dir-a", "10.0.0.1:7700", ttl)
+            a.claim_lease(ga + 10, "dir-a", "10.0.0.1:7700", ttl, None)
                 .unwrap(),
             Claim::Ours
         );

@@ -476,21 +476,57 @@ fn dollar_params(sql: &str) -> String {
 /// `url` without its password, for messages: in a URL's user info, or as
 /// `password=…` in the key=value form.
 pub(crate) fn redact(url: &str) -> String {
-    if let Some(at) = url.find("password=") {
-        let value = at + "password=".len();
-        let end = url[value..].find(' ').map_or(url.len(), |n| value + n);
-        return format!("{}***{}", &url[..value], &url[end..]);
-    }
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => {
-            let userinfo = &url[s + 3..at];
-            match userinfo.find(':') {
-                Some(colon) => format!("{}{}:***{}", &url[..s + 3], &userinfo[..colon], &url[at..]),
-                None => url.to_string(),
+    let mut out = url.to_string();
+    // postgres://USER:PASSWORD@HOST…
+    if let (Some(s), Some(at)) = (out.find("://"), out.rfind('@')) {
+        if at > s {
+            if let Some(colon) = out[s + 3..at].find(':') {
+                out.replace_range(s + 3 + colon + 1..at, "***");
             }
         }
-        _ => url.to_string(),
     }
+    mask_password_values(&out)
+}
+
+/// `password=VALUE` masked wherever it is: the key=value form (spaces
+/// around `=`, a quoted value with escapes) or a URL's query.
+fn mask_password_values(s: &str) -> String {
+    let lower = s.to_ascii_lowercase();
+    let bytes = s.as_bytes();
+    let skip_spaces = |mut j: usize| {
+        while j < bytes.len() && bytes[j] == b' ' {
+            j += 1;
+        }
+        j
+    };
+    let (mut out, mut i) = (String::new(), 0);
+    while let Some(found) = lower[i..].find("password") {
+        let key_end = i + found + "password".len();
+        let j = skip_spaces(key_end);
+        if bytes.get(j) != Some(&b'=') {
+            out.push_str(&s[i..key_end]);
+            i = key_end;
+            continue;
+        }
+        let j = skip_spaces(j + 1);
+        let mut end = if bytes.get(j) == Some(&b'\'') {
+            let mut k = j + 1;
+            while k < bytes.len() && bytes[k] != b'\'' {
+                k += if bytes[k] == b'\\' { 2 } else { 1 };
+            }
+            (k + 1).min(bytes.len())
+        } else {
+            s[j..].find([' ', '&']).map_or(s.len(), |n| j + n)
+        };
+        while !s.is_char_boundary(end) {
+            end += 1;
+        }
+        out.push_str(&s[i..j]);
+        out.push_str("***");
+        i = end;
+    }
+    out.push_str(&s[i..]);
+    out
 }
 
 fn pg_params(params: &[Value]) -> Vec<&(dyn ToSql + Sync)> {
@@ -609,6 +645,21 @@ mod tests {
             redact("postgres://tessera@db/farm"),
             "postgres://tessera@db/farm"
         );
+        // The forms the adversary probe found shown in full.
+        assert_eq!(
+            redact("host=db dbname=x password = LeakMe4"),
+            "host=db dbname=x password = ***"
+        );
+        assert_eq!(
+            redact("host=db password='Leak \\' Me3' dbname=x"),
+            "host=db password=*** dbname=x"
+        );
+        assert_eq!(
+            redact("postgres://db/farm?user=u&PASSWORD=hunter2&sslmode=off"),
+            "postgres://db/farm?user=u&PASSWORD=***&sslmode=off"
+        );
+        assert_eq!(redact("password='unterminated é"), "password=***");
+        assert_eq!(redact("passwordless=1 x"), "passwordless=1 x");
     }
 
     #[test]

@@ -102,18 +102,7 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
         .filter(|j| !j.state.is_final())
         .collect();
 
-    o.one(
-        "tessera_state_reachable",
-        "gauge",
-        "1 while the coordinator's database answers (0: PostgreSQL out of reach; finished jobs' totals are left out of this scrape).",
-        u64::from(reachable),
-    );
-    o.one(
-        "tessera_farm_lease_held",
-        "gauge",
-        "1 while this coordinator holds the farm's lease and dispatches (always 1 without a shared state; 0 on a coordinator whose lease ended).",
-        u64::from(shared.lease.valid()),
-    );
+    health(&mut o, reachable, shared.lease.valid());
     jobs_by_state(&mut o, &jobs, &finished);
     let active = || jobs.iter();
     let queued: u64 = active()
@@ -203,6 +192,23 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
 
     workers(&mut o, &snapshot.workers);
     Ok(o.0)
+}
+
+/// Whether the state's database answers and this coordinator holds the
+/// farm's lease.
+fn health(o: &mut Out, reachable: bool, lease_held: bool) {
+    o.one(
+        "tessera_state_reachable",
+        "gauge",
+        "1 while the coordinator's database answers (0: PostgreSQL out of reach; finished jobs' totals are left out of this scrape).",
+        u64::from(reachable),
+    );
+    o.one(
+        "tessera_farm_lease_held",
+        "gauge",
+        "1 while this coordinator holds the farm's lease and dispatches (always 1 without a shared state; 0 on a coordinator whose lease ended).",
+        u64::from(lease_held),
+    );
 }
 
 /// `tessera_jobs`: the live jobs and the finished ones' totals, by state.

@@ -424,7 +424,14 @@ impl FarmCore {
                 "resumed job"
             );
         }
+        let all_stitched =
+            job.final_state.is_none() && job.frames_done == job.spec.frames.len() as u32;
         self.jobs.insert(id, job);
+        // Every frame stitched but the job's end not recorded (the
+        // coordinator stopped in between): it ends now.
+        if all_stitched {
+            self.frame_stitched(id, 0, now);
+        }
     }
 
     /// Identities quarantined in earlier runs: they get no work.
@@ -527,8 +534,10 @@ impl FarmCore {
         let expired: Vec<_> = noted.into_iter().map(|(a, _)| a).collect();
         self.send_cancels(&expired, now);
         self.enforce_budgets(now);
-        let hold = now.ms < self.rejoin_until || self.stopping;
-        if !hold {
+        let hold = self.holding_for_rejoin(now) || self.stopping;
+        // New work waits only while a lease of the earlier run may still
+        // come back with its worker.
+        if !(self.stopping || now.ms < self.rejoin_until && !self.earlier.is_empty()) {
             for a in self.sched.assign(now.ms) {
                 self.lease_started(a, now);
             }
@@ -568,7 +577,9 @@ impl FarmCore {
         self.stopping = true;
     }
 
-    /// Workers may still rejoin with their tasks (see [`Self::hold_for_rejoin`]).
+    /// Workers may still rejoin with their tasks (see [`Self::hold_for_rejoin`]);
+    /// new work goes out meanwhile once every lease of the earlier run is
+    /// adopted.
     pub fn holding_for_rejoin(&self, now: Now) -> bool {
         now.ms < self.rejoin_until
     }

@@ -1075,6 +1075,34 @@ fn an_auto_worker_offers_the_stored_builds_and_is_told_of_each() {
 
 /// A restored copy of job 1 (`spec`) with `results` committed and the
 /// passes of frame 1 stored or not.
+/// A coordinator stopped after a job's last frame was stitched and before
+/// the job's end was recorded: restored, the job ends at once.
+#[test]
+fn a_job_restored_with_every_frame_stitched_ends_at_once() {
+    let mut farm = Farm::new(3);
+    let now = farm.now();
+    farm.core.restore_job(
+        RestoredJob {
+            id: 1,
+            spec: spec("a", 2, 1),
+            state: JobState::Running,
+            error: None,
+            submitted_unix_ms: now.unix_ms,
+            finished_unix_ms: None,
+            bytes_uploaded: 0,
+            bytes_deduplicated: 0,
+            cost_usd: 0.0,
+            results: vec![(0, 10), (1, 10)],
+            frames: vec![1, 2],
+            passes: Vec::new(),
+            leases: Vec::new(),
+        },
+        now,
+    );
+    farm.collect();
+    assert_eq!(farm.records, [(1, JobState::Done, None)]);
+}
+
 fn restored(spec: JobSpec, results: &[u32], passes: Option<StitchedPasses>) -> Farm {
     let mut farm = Farm::new(3);
     let now = farm.now();
