@@ -157,7 +157,9 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     } = args;
     tessera_worker::use_congestion(congestion);
     // Required by clap unless a subcommand is given.
-    let ticket = client::resolve_ticket(Some(&ticket.context("pass --ticket")?))?;
+    let ticket = ticket.context("pass --ticket")?;
+    let ticket_file = ticket.strip_prefix('@').map(PathBuf::from);
+    let ticket = client::resolve_ticket(Some(&ticket))?;
     if ticket.role != tessera_protocol::messages::Role::Worker {
         anyhow::bail!(
             "this is a {} ticket; a worker joins with DATA_DIR/worker.ticket",
@@ -230,6 +232,7 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     });
     let config = tessera_worker::run::Config {
         ticket,
+        ticket_file,
         name,
         cache_dir,
         cache_max,

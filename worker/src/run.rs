@@ -37,6 +37,10 @@ const TELEMETRY_EVERY: Duration = Duration::from_secs(5);
 
 pub struct Config {
     pub ticket: Ticket,
+    /// The file the ticket was read from (`--ticket @FILE`): read again
+    /// before each connection, so a worker follows the coordinators a
+    /// rewritten ticket names (a standby added, an address moved).
+    pub ticket_file: Option<PathBuf>,
     pub name: String,
     pub cache_dir: PathBuf,
     /// Cap on the blob cache's size in bytes (`--cache-max`).
@@ -164,6 +168,27 @@ const MAX_RECONNECT_WAIT: Duration = Duration::from_secs(5);
 /// The waits between attempts to reconnect: 200 ms doubling up to
 /// [`MAX_RECONNECT_WAIT`] (each then jittered by half either way), from
 /// the first again once a session has joined.
+/// The ticket to connect with: the ticket file as it reads now, when it
+/// still holds a worker ticket of the same coordinators (certificate), else
+/// the ticket the worker started with.
+fn current_ticket(config: &Config) -> Ticket {
+    let Some(path) = &config.ticket_file else {
+        return config.ticket.clone();
+    };
+    let read = std::fs::read_to_string(path)
+        .ok()
+        .and_then(|text| text.trim().parse::<Ticket>().ok());
+    match read {
+        Some(t) if t.role == config.ticket.role && t.fingerprint == config.ticket.fingerprint => {
+            if t.addrs().ne(config.ticket.addrs()) {
+                tracing::info!(addrs = ?t.addrs().collect::<Vec<_>>(), "the ticket file names other coordinators now");
+            }
+            t
+        }
+        _ => config.ticket.clone(),
+    }
+}
+
 /// How long a coordinator of a farm with a standby may send nothing (not
 /// even the acknowledgements of heartbeats and keep-alives, which come at
 /// least every second) before the worker takes it for gone.
@@ -304,7 +329,8 @@ async fn session(
     shutdown: &mut watch::Receiver<bool>,
     backoff: &mut backon::ExponentialBackoff,
 ) -> anyhow::Result<SessionEnd> {
-    let join_ticket = identity::join_ticket(&config.cache_dir, &config.ticket);
+    let ticket = current_ticket(config);
+    let join_ticket = identity::join_ticket(&config.cache_dir, &ticket);
     let session = tokio::select! {
         s = transport::connect(&join_ticket, &config.name, Timing::default()) => s?,
         // While connecting there is nothing to hand back.
@@ -355,7 +381,7 @@ async fn session(
     // coordinator silent for COORDINATOR_SILENT is taken for gone, so the
     // worker joins the one taking over in seconds, not at QUIC's idle
     // timeout.
-    let mut silence = Silence::new(!config.ticket.also.is_empty(), &conn);
+    let mut silence = Silence::new(!ticket.also.is_empty(), &conn);
     let mut silence_check = tokio::time::interval(Duration::from_millis(250));
     let result = loop {
         let next = tokio::select! {
