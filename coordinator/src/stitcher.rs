@@ -47,7 +47,7 @@ pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Stit
             }
         };
         if let Err(e) = stitched {
-            if e.unreachable() || crate::commit::is_transient(&e) {
+            if crate::commit::is_transient(&e) {
                 tracing::warn!(job, "frame left unstitched: {e:#}");
                 continue;
             }
