@@ -81,6 +81,9 @@ fn main() {
     if run("fanout") {
         fanout();
     }
+    if run("fanout-store") {
+        fanout_store();
+    }
     if run("idle") {
         idle_sessions();
     }
@@ -356,6 +359,170 @@ fn fanout() {
     );
     // The job's other frames are not part of the figure.
     farm.run(&["cancel", &id]);
+}
+
+/// Fan-out from an object store: the same scene and workers as
+/// [`fanout`], on a star whose hub is an S3-compatible store (Garage): each
+/// worker behind its own 100 Mbit/s, 20 ms path to it, and the coordinator
+/// behind one more such path (its uplink). Twice, side by side: the
+/// assets in the coordinator's folder (every byte a worker needs crosses
+/// the coordinator's uplink, shared by all), then in a bucket of the store
+/// (`--blobs s3://…`: the workers fetch by the URLs the coordinator hands
+/// out, each on its own path). The upload (and the copy to the bucket) is
+/// done before the clock starts: the job is submitted paused. Printed:
+/// resume to first frame against the limit (a frame's bytes over one link
+/// plus one task): store-served target ≤ 1.3×, coordinator-served expected
+/// near 8× at 8 workers. Needs root and Garage
+/// (`TESSERA_TEST_GARAGE`); `TESSERA_BENCH_FANOUT_MIB` as for `fanout`.
+fn fanout_store() {
+    use tessera_store::scratch_garage::{self, ScratchGarage, BUCKET};
+    if let Some(why) = wan::unavailable() {
+        println!("fan-out from a store: skipped ({why})");
+        return;
+    }
+    if scratch_garage::binary().is_none() {
+        println!("fan-out from a store: skipped ({})", scratch_garage::NEEDED);
+        return;
+    }
+    let workers = env_u64("TESSERA_BENCH_FANOUT_WORKERS").unwrap_or(8) as usize;
+    let (mbit, rtt_ms, task_ms) = (100, 20, 1000);
+    let total = env_u64("TESSERA_BENCH_FANOUT_MIB").unwrap_or(1024) << 20;
+    let mut figures = Vec::new();
+    for served_by in ["coordinator", "store"] {
+        // One path more than workers: the last is the coordinator's.
+        let bench = wan::Bench::start(&vec![wan::Link::new(rtt_ms, 0.0, mbit); workers + 1]);
+        bench.route_between_paths();
+        let uplink = &bench.paths[workers];
+        let garage =
+            ScratchGarage::start_in("fanout", Some(&bench.coordinator_ns), wan::COORDINATOR_IP)
+                .expect("Garage starts in the hub");
+        let mut args: Vec<String> = Vec::new();
+        let mut env: Vec<(String, String)> = Vec::new();
+        if served_by == "store" {
+            args.extend(["--blobs".to_string(), format!("s3://{BUCKET}/fanout")]);
+            env.extend(garage.env().into_iter().map(|(k, v)| (k.to_string(), v)));
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect();
+        let mut farm = Farm::start_in_with_env(
+            &format!("bench-fanout-{served_by}"),
+            &args,
+            Some(&uplink.ns),
+            &uplink.ip,
+            &env,
+        );
+        let (scene, needs) = fanout_scene(&farm.dir.join("scene"), total);
+        for (i, path) in bench.paths[..workers].iter().enumerate() {
+            farm.add_worker_in(
+                Some(&path.ns),
+                &format!("w{i}"),
+                &["--engine", "noop", "--noop-ms", &task_ms.to_string()],
+                &[],
+            );
+        }
+        farm.wait_workers(workers);
+        let prepared = Instant::now();
+        let job = farm.json(&[
+            "submit",
+            scene.to_str().unwrap(),
+            "--engine",
+            "noop",
+            "--frame-files",
+            "cache/f_####.bin",
+            "--paused",
+            "--json",
+        ]);
+        let id = job["id"].as_u64().unwrap().to_string();
+        eprintln!(
+            "fan-out ({served_by}-served): submitted in {:.1} s; resuming",
+            prepared.elapsed().as_secs_f64()
+        );
+        let carried = |p: &wan::PathEnd| {
+            use std::sync::atomic::Ordering::Relaxed;
+            p.up.bytes.load(Relaxed) + p.down.bytes.load(Relaxed)
+        };
+        let carried_before = carried(&bench.paths[workers]);
+        let started = Instant::now();
+        farm.run(&["resume", &id]);
+        let first = loop {
+            let status = farm.json(&["status", &id, "--json"]);
+            if status["frames_done"].as_u64().unwrap() >= 1 {
+                break started.elapsed().as_secs_f64();
+            }
+            assert!(
+                started.elapsed().as_secs() < 1200,
+                "fan-out never finished: {status}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        };
+        // What crossed the coordinator's uplink (both ways, frames with
+        // their headers) from the resume to the first frame.
+        let uplink_bytes = carried(&bench.paths[workers]) - carried_before;
+        farm.run(&["cancel", &id]);
+        figures.push((served_by, first, needs, uplink_bytes));
+        drop(farm);
+        drop(garage);
+    }
+    let rate = mbit as f64 * 1e6 / 8.0;
+    println!(
+        "fan-out from a store: {:.0} MiB scene, {workers} workers each behind {mbit} Mbit/s {rtt_ms} ms to the store, the coordinator behind one more such path",
+        total as f64 / 1048576.0
+    );
+    for (served_by, first, needs, uplink) in &figures {
+        let limit = *needs as f64 / rate + task_ms as f64 / 1000.0;
+        println!(
+            "  {served_by:>11}-served: resume to first frame {first:7.2} s = {:5.2} x the limit ({limit:.2} s: {:.1} MiB over one link + one task); coordinator's uplink carried {:.1} MiB meanwhile",
+            first / limit,
+            *needs as f64 / 1048576.0,
+            *uplink as f64 / 1048576.0
+        );
+    }
+    if let [(_, coordinator, ..), (_, store, needs, _)] = figures[..] {
+        let limit = needs as f64 / rate + task_ms as f64 / 1000.0;
+        println!(
+            "  store-served ÷ limit {:.3} (target <= 1.3); coordinator-served ÷ store-served {:.2}",
+            store / limit,
+            coordinator / store
+        );
+    }
+}
+
+/// The fan-out scene in `dir`: one shared file of 1/16 of `total` and 60
+/// per-frame files; returns the scene and the bytes one frame needs.
+fn fanout_scene(dir: &std::path::Path, total: u64) -> (std::path::PathBuf, u64) {
+    const FRAMES: u64 = 60;
+    let shared_len = total / 16;
+    let frame_len = (total - shared_len) / FRAMES;
+    std::fs::create_dir_all(dir.join("cache")).unwrap();
+    let mut textures = vec!["shared.bin".to_string()];
+    std::fs::write(
+        dir.join("shared.bin"),
+        harness::noise(shared_len as usize, 1),
+    )
+    .unwrap();
+    for f in 1..=FRAMES {
+        let name = format!("cache/f_{f:04}.bin");
+        std::fs::write(dir.join(&name), harness::noise(frame_len as usize, 100 + f)).unwrap();
+        textures.push(name);
+    }
+    let materials: Vec<String> = (textures.iter().enumerate())
+        .map(|(i, t)| format!(r#""m{i}": {{ "kind": "diffuse", "texture": "{t}" }}"#))
+        .collect();
+    let scene = dir.join("fanout.scene.json");
+    std::fs::write(
+        &scene,
+        format!(
+            r#"{{ "resolution": [64, 36], "samples": 1, "max_bounces": 1, "seed": 1,
+  "frames": {{ "start": 1, "end": {FRAMES} }},
+  "background": {{ "sky": {{ "horizon": [0.9, 0.9, 0.9], "zenith": [0.4, 0.6, 1.0] }} }},
+  "camera": [{{ "frame": 1, "position": [0.0, 1.0, 6.0], "look_at": [0.0, 0.5, 0.0], "fov_deg": 40 }}],
+  "materials": {{ {} }}, "objects": [] }}"#,
+            materials.join(", ")
+        ),
+    )
+    .unwrap();
+    let needs = shared_len + frame_len + std::fs::metadata(&scene).unwrap().len();
+    (scene, needs)
 }
 
 /// Asks for each job's status over one connection until all are done;

@@ -175,9 +175,11 @@ fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_c
             transient: e.is_transient(),
             reason: e.to_string(),
         }),
-        Err(e) => Err(CommitFailure::fatal(format!(
-            "cannot make the outputs durable: {e}"
-        ))),
+        // The bucket out of reach is an outage like the database's.
+        Err(e) => Err(CommitFailure {
+            transient: tessera_store::backed::is_transient(&e),
+            reason: format!("cannot make the outputs durable: {e}"),
+        }),
     };
     if exit_after_commit && outcome.is_ok() {
         // The test of "durable before acknowledged": die like a killed

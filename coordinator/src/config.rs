@@ -17,9 +17,9 @@ pub struct Config {
     /// With `state_url`: when another coordinator serves the farm, wait
     /// and take over when its lease ends, instead of refusing to start.
     pub standby: bool,
-    /// The asset store's folder, when it is not `DATA_DIR/blobs` (a folder
-    /// every coordinator of a farm with a standby mounts).
-    pub blobs_dir: Option<PathBuf>,
+    /// Where the assets are, when not in `DATA_DIR/blobs`: a folder every
+    /// coordinator of a farm with a standby mounts, or a bucket.
+    pub blobs: Option<BlobsAt>,
     pub listen: SocketAddr,
     /// The address written into tickets, when it differs from `listen`
     /// (a public address in front of `0.0.0.0`).
@@ -100,7 +100,7 @@ impl Config {
             data_dir,
             state_url: None,
             standby: false,
-            blobs_dir: None,
+            blobs: None,
             listen,
             advertise: None,
             heartbeat_ms: 1000,
@@ -117,6 +117,38 @@ impl Config {
             http: None,
             http_cert: None,
             webhook: None,
+        }
+    }
+}
+
+/// Where a farm keeps its assets and frames (`--blobs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BlobsAt {
+    /// A folder (mounted by every coordinator of the farm).
+    Folder(PathBuf),
+    /// A bucket of an S3-compatible object store, `s3://BUCKET/PREFIX`,
+    /// with this machine's copy in `DATA_DIR/blobs`.
+    Bucket(tessera_store::s3::Location),
+}
+
+impl BlobsAt {
+    /// `s3://BUCKET/PREFIX` is a bucket; anything else a folder.
+    pub fn parse(arg: &str) -> Result<BlobsAt, String> {
+        if arg.starts_with("s3://") {
+            return tessera_store::s3::Location::parse(arg).map(BlobsAt::Bucket);
+        }
+        if arg.is_empty() {
+            return Err("--blobs: an empty folder name".into());
+        }
+        Ok(BlobsAt::Folder(PathBuf::from(arg)))
+    }
+}
+
+impl std::fmt::Display for BlobsAt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BlobsAt::Folder(path) => write!(f, "{}", path.display()),
+            BlobsAt::Bucket(location) => write!(f, "{location}"),
         }
     }
 }

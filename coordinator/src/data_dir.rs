@@ -3,6 +3,7 @@
 //! keep their secrets across restarts (until rotated) and are readable by
 //! their owner only.
 
+use crate::config::BlobsAt;
 use std::net::SocketAddr;
 use std::path::Path;
 
@@ -166,7 +167,7 @@ pub fn lock(dir: &Path) -> anyhow::Result<std::fs::File> {
 pub fn remember(
     dir: &Path,
     state_url: &mut Option<String>,
-    blobs: &mut Option<std::path::PathBuf>,
+    blobs: &mut Option<BlobsAt>,
 ) -> anyhow::Result<()> {
     let read = |name: &str| {
         let text = std::fs::read_to_string(dir.join(name)).ok()?;
@@ -206,20 +207,25 @@ pub fn remember(
     }
     match (blobs.as_ref(), read("blobs.path")) {
         (None, Some(recorded)) => {
-            tracing::info!(blobs = %recorded, "the asset folder this data dir was started with");
-            *blobs = Some(recorded.into());
+            tracing::info!(blobs = %recorded, "the asset store this data dir was started with");
+            *blobs = Some(BlobsAt::parse(&recorded).map_err(anyhow::Error::msg)?);
         }
-        (Some(path), recorded) => {
-            let path =
-                std::path::absolute(path).with_context(|| format!("--blobs {}", path.display()))?;
-            let shown = path.display().to_string();
+        (Some(at), recorded) => {
+            let at = match at {
+                BlobsAt::Folder(path) => BlobsAt::Folder(
+                    std::path::absolute(path)
+                        .with_context(|| format!("--blobs {}", path.display()))?,
+                ),
+                BlobsAt::Bucket(_) => at.clone(),
+            };
+            let shown = at.to_string();
             if shown.contains('\n') {
                 anyhow::bail!("--blobs {shown:?}: a folder name with a line break");
             }
             if recorded.as_deref() != Some(shown.as_str()) {
                 write_secret_file(&dir.join("blobs.path"), &format!("{shown}\n"))?;
             }
-            *blobs = Some(path);
+            *blobs = Some(at);
         }
         (None, None) => {}
     }

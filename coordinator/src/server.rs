@@ -16,12 +16,12 @@ use anyhow::{bail, Context};
 use tessera_protocol::messages::StitchedPasses;
 use tessera_protocol::ticket::Ticket;
 use tessera_store::blob::BlobDir;
-use tessera_store::Verified;
+use tessera_store::{Backed, Verified};
 use tessera_transport::{self as transport, Identity, Timing};
 use tokio::task::JoinSet;
 
 use crate::commit::{self, CommitMsg};
-pub use crate::config::{Config, HttpCert, HttpListen, Webhook};
+pub use crate::config::{BlobsAt, Config, HttpCert, HttpListen, Webhook};
 use crate::db::{Db, Holder, StoredJob};
 use crate::farm::{FarmConfig, FarmCore, RestoredJob};
 use crate::identity::Identities;
@@ -68,7 +68,7 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
     std::fs::create_dir_all(dir)
         .with_context(|| format!("cannot create the data dir {}", dir.display()))?;
     let dir_lock = data_dir::lock(dir)?;
-    data_dir::remember(dir, &mut config.state_url, &mut config.blobs_dir)?;
+    data_dir::remember(dir, &mut config.state_url, &mut config.blobs)?;
     if config.standby && config.state_url.is_none() {
         bail!("--standby takes over a farm whose state is in PostgreSQL: pass --state too");
     }
@@ -151,11 +151,7 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
         let lease = Arc::new(Lease::sole(advertised));
         (db, generation, lease, None, tickets)
     };
-    let blobs = (config.blobs_dir.clone()).unwrap_or_else(|| dir.join("blobs"));
-    let store = Verified::new(
-        BlobDir::open_durable(blobs.clone())
-            .with_context(|| format!("cannot open the asset store {}", blobs.display()))?,
-    );
+    let store = Verified::new(open_store(dir, config.blobs.as_ref()).await?);
     let core = FarmCore::new(FarmConfig {
         scheduler: scheduler::Config {
             lease_ms: config.lease_ms,
@@ -168,6 +164,7 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
         pipelining: config.pipelining,
         heartbeat_ms: config.heartbeat_ms,
         lease_ms: config.lease_ms,
+        store_urls: store.inner().bucket().is_some(),
     });
     let (shared, commit_rx, stitch_rx) = Shared::new(
         core,
@@ -568,4 +565,43 @@ fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
         core.hold_for_rejoin(now);
     });
     Ok(())
+}
+
+/// The asset store: `DATA_DIR/blobs` or the folder `--blobs` names,
+/// durable on its disk; or this machine's copy in `DATA_DIR/blobs` in front
+/// of the bucket `--blobs` names, which is asked once here so that a wrong
+/// endpoint or key stops the start with a clear error.
+async fn open_store(dir: &Path, blobs: Option<&BlobsAt>) -> anyhow::Result<Backed> {
+    let folder = |path: &Path, durable: bool| {
+        let open = if durable {
+            BlobDir::open_durable
+        } else {
+            BlobDir::open
+        };
+        open(path.to_path_buf())
+            .with_context(|| format!("cannot open the asset store {}", path.display()))
+    };
+    match blobs {
+        None => Ok(Backed::local(folder(&dir.join("blobs"), true)?)),
+        Some(BlobsAt::Folder(path)) => Ok(Backed::local(folder(path, true)?)),
+        Some(BlobsAt::Bucket(location)) => {
+            let endpoint = tessera_store::s3::Endpoint::from_env().map_err(anyhow::Error::msg)?;
+            let bucket = tessera_store::s3::Bucket::new(location.clone(), &endpoint)
+                .map_err(anyhow::Error::msg)?;
+            let probe = bucket.clone();
+            tokio::task::spawn_blocking(move || probe.list("blobs").map(|_| ()))
+                .await?
+                .with_context(|| {
+                    format!(
+                        "cannot reach the asset bucket {location} at {}",
+                        endpoint.url
+                    )
+                })?;
+            tracing::info!(%location, endpoint = %endpoint.url, "assets in a bucket");
+            Ok(Backed::with_bucket(
+                folder(&dir.join("blobs"), false)?,
+                bucket,
+            ))
+        }
+    }
 }

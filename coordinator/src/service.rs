@@ -559,7 +559,9 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let db = Db::open(&dir.join("state.sqlite")).unwrap();
-        let store = Verified::new(BlobDir::open_durable(dir.join("blobs")).unwrap());
+        let store = Verified::new(tessera_store::Backed::local(
+            BlobDir::open_durable(dir.join("blobs")).unwrap(),
+        ));
         let core = FarmCore::new(FarmConfig {
             scheduler: scheduler::Config {
                 lease_ms: 1000,
@@ -572,6 +574,7 @@ mod tests {
             pipelining: false,
             heartbeat_ms: 250,
             lease_ms: 1000,
+            store_urls: false,
         });
         let addr = "127.0.0.1:7700".parse().unwrap();
         let ticket = |role| Ticket {

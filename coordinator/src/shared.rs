@@ -16,7 +16,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::Context;
 use tessera_protocol::messages::{CoordMsg, FarmEvent, JobStatus, Snapshot, WorkerInfo};
-use tessera_store::blob::BlobDir;
+use tessera_store::Backed;
 use tessera_store::Verified;
 use tokio::sync::{broadcast, mpsc, Notify};
 
@@ -50,7 +50,7 @@ pub(crate) struct Shared {
     state: Mutex<Locked>,
     db: Mutex<Db>,
     /// The asset store: every blob it is given or reads is hashed.
-    pub store: Verified<BlobDir>,
+    pub store: Verified<Backed>,
     pub wake: Notify,
     start: Instant,
     pub config: Config,
@@ -114,7 +114,7 @@ impl Shared {
     pub(crate) fn new(
         core: FarmCore,
         db: Db,
-        store: Verified<BlobDir>,
+        store: Verified<Backed>,
         config: Config,
         identities: Identities,
         advertised: SocketAddr,

@@ -78,10 +78,11 @@ async fn scrub_pass(shared: &Arc<Shared>, bytes_per_sec: u64) -> anyhow::Result<
 /// Re-hashes one stored blob: its size and whether it still matches its
 /// digest, `None` when it is no longer stored.
 fn rehash(shared: &Shared, digest: &Digest) -> std::io::Result<Option<(u64, bool)>> {
-    let mut file = match std::fs::File::open(shared.store.inner().path(digest)) {
-        Ok(f) => f,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(e),
+    // Where it is durable: the bucket, when there is one.
+    let mut file = match shared.store.inner().open_durable(digest) {
+        Ok(Some(f)) => f,
+        Ok(None) => return Ok(None),
+        Err(e) => return Err(std::io::Error::other(e)),
     };
     let mut hasher = blake3::Hasher::new();
     let mut buf = vec![0u8; SCRUB_BLOCK];

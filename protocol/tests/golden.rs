@@ -453,6 +453,7 @@ fn samples() -> Vec<Sample> {
                 worker_id: 17,
                 heartbeat_ms: 1000,
                 lease_ms: 5000,
+                store_urls: false,
             },
         ),
         sample(
@@ -899,6 +900,22 @@ fn newer() -> Vec<Sample> {
         sample(
             "ClientResponse.Prioritized",
             ClientResponse::Prioritized(job_status(1)),
+        ),
+        // A worker asks it only of a coordinator whose `Joined` said
+        // `store_urls`, which no coordinator of the golden version says.
+        sample(
+            "BlobRequest.Locate",
+            BlobRequest::Locate {
+                digests: vec![Digest::of(b"scene")],
+                job: Some(3),
+            },
+        ),
+        sample(
+            "BlobReply.At",
+            BlobReply::At {
+                url: "http://127.0.0.1:3900/tessera/farm/blobs/ab?X-Amz-Signature=00".into(),
+                len: 4096,
+            },
         ),
     ]
 }

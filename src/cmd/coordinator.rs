@@ -21,10 +21,13 @@ pub(crate) struct Args {
     /// it, a second coordinator on one farm is refused.
     #[arg(long)]
     pub standby: bool,
-    /// Keep assets and frames in this folder instead of DATA_DIR/blobs: a
-    /// folder every coordinator of a farm with a standby mounts.
-    #[arg(long, value_name = "DIR")]
-    pub blobs: Option<PathBuf>,
+    /// Keep assets and frames in this folder instead of DATA_DIR/blobs (a
+    /// folder every coordinator of a farm with a standby mounts), or in a
+    /// bucket of an S3-compatible store, s3://BUCKET/PREFIX: its endpoint
+    /// and keys from AWS_ENDPOINT_URL, AWS_REGION, AWS_ACCESS_KEY_ID and
+    /// AWS_SECRET_ACCESS_KEY or ~/.aws/credentials, never this line.
+    #[arg(long, value_name = "DIR|s3://BUCKET/PREFIX", value_parser = tessera_coordinator::config::BlobsAt::parse)]
+    pub blobs: Option<tessera_coordinator::config::BlobsAt>,
     /// Address to listen on (UDP). Port 0 picks a free port, and keeps it
     /// across restarts with the same data dir.
     #[arg(long, default_value = "127.0.0.1:7700")]
@@ -172,7 +175,7 @@ async fn serve(args: Args) -> anyhow::Result<i32> {
     let mut config = tessera_coordinator::server::Config::new(data_dir.clone(), listen);
     config.state_url = state;
     config.standby = standby;
-    config.blobs_dir = blobs;
+    config.blobs = blobs;
     config.scrub_bytes_per_sec = (scrub_mb_per_sec.max(0.0) * 1e6) as u64;
     config.advertise = advertise;
     config.heartbeat_ms = heartbeat_ms;

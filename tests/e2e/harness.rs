@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use tessera_coordinator::scratch_postgres::ScratchPostgres;
+use tessera_store::scratch_garage::{ScratchGarage, BUCKET};
 use tessera_worker::engine::builtin;
 
 /// Farms are heavy on a 2-core machine: one at a time.
@@ -72,6 +73,10 @@ pub struct Farm {
     /// The PostgreSQL server holding the coordinator's state, when it is
     /// not the data dir's SQLite file (dropped after the coordinator).
     postgres: Option<ScratchPostgres>,
+    /// The farm's object store, if its assets are in a bucket.
+    garage: Option<ScratchGarage>,
+    /// The farm's name (its prefix in the bucket).
+    name: String,
     _lock: MutexGuard<'static, ()>,
 }
 
@@ -82,6 +87,10 @@ pub enum State {
     Sqlite,
     /// A scratch PostgreSQL server of the test's own (`--state`).
     Postgres,
+    /// PostgreSQL as above, and the assets in a bucket of a scratch Garage
+    /// server (an S3-compatible object store) of the test's own (`--blobs
+    /// s3://…`, its endpoint and key in the AWS variables).
+    PostgresS3,
 }
 
 impl Farm {
@@ -106,6 +115,24 @@ impl Farm {
         Farm::start_in_state(name, args, netns, listen_ip, State::Sqlite)
     }
 
+    /// A coordinator in network namespace `netns`, listening on
+    /// `listen_ip`, with `args` and environment variables `env`.
+    #[allow(dead_code)]
+    pub fn start_in_with_env(
+        name: &str,
+        args: &[&str],
+        netns: Option<&str>,
+        listen_ip: &str,
+        env: &[(&str, &str)],
+    ) -> Farm {
+        let mut farm = Farm::start_in_stopped(name, args, netns, listen_ip);
+        farm.coordinator_env = (env.iter())
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        farm.start_coordinator();
+        farm
+    }
+
     /// A coordinator with `args`, its state kept as `state` says.
     pub fn start_with_state(name: &str, args: &[&str], state: State) -> Farm {
         Farm::start_in_state(name, args, None, "127.0.0.1", state)
@@ -120,12 +147,19 @@ impl Farm {
         state: State,
     ) -> Farm {
         let mut farm = Farm::start_in_stopped(name, args, netns, listen_ip);
-        if state == State::Postgres {
+        if matches!(state, State::Postgres | State::PostgresS3) {
             // Without PostgreSQL here this fails, naming what to install.
             let server = ScratchPostgres::start(name).expect("a scratch PostgreSQL");
             farm.coordinator_env
                 .push(("TESSERA_STATE".into(), server.url()));
             farm.postgres = Some(server);
+        }
+        if state == State::PostgresS3 {
+            // Without Garage here this fails, naming what to install.
+            let garage = ScratchGarage::start(name).expect("a scratch Garage");
+            (farm.coordinator_env).extend(garage.env().into_iter().map(|(k, v)| (k.into(), v)));
+            (farm.coordinator_args).extend(["--blobs".into(), format!("s3://{BUCKET}/{name}")]);
+            farm.garage = Some(garage);
         }
         farm.start_coordinator();
         farm
@@ -148,6 +182,8 @@ impl Farm {
             netns: netns.map(str::to_string),
             listen_ip: listen_ip.to_string(),
             postgres: None,
+            garage: None,
+            name: name.to_string(),
             _lock: lock,
         }
     }
@@ -190,6 +226,38 @@ impl Farm {
             );
         }
         self.coordinator = Some(child);
+    }
+
+    /// On a farm whose assets are in a bucket, removes the coordinator's
+    /// own copy (`DATA_DIR/blobs`) while it is stopped: it starts again as
+    /// a coordinator on another machine would, with only the bucket.
+    #[allow(dead_code)]
+    pub fn forget_local_blobs_if_in_a_bucket(&mut self) {
+        assert!(self.coordinator.is_none(), "the coordinator is stopped");
+        if self.garage.is_some() {
+            std::fs::remove_dir_all(self.data.join("blobs")).expect("the folder goes");
+        }
+    }
+
+    /// On a farm whose assets are in a bucket: every frame of `job` is in
+    /// the bucket, not only in the coordinator's folder.
+    #[allow(dead_code)]
+    pub fn assert_frames_in_the_bucket(&self, job: u64) {
+        let Some(garage) = &self.garage else {
+            return;
+        };
+        let bucket = garage.bucket(&self.name).expect("the farm's bucket");
+        let frames = self.db().frames(job).expect("the job's frames");
+        assert!(!frames.is_empty(), "job {job} has no frames");
+        for f in frames {
+            let kept = bucket.head(&format!("blobs/{}", f.digest.to_hex()));
+            assert_eq!(
+                kept.expect("the bucket answers"),
+                Some(f.size),
+                "frame {} of job {job}",
+                f.frame
+            );
+        }
     }
 
     /// Restarts the farm's PostgreSQL server (a fast shutdown: every
@@ -475,8 +543,21 @@ impl Farm {
 
     /// Results a worker held across a coordinator restart and was told the
     /// task was already done (its acknowledgement died with the old run).
+    /// A coordinator that a worker rejoins holding a finished task that is
+    /// done tells it to drop the task; killed before it answered the
+    /// result sent again, only its own log says so.
     pub fn refused_as_already_done(&self) -> Vec<(u64, u32)> {
-        self.log_events("is already done; this duplicate result was dropped")
+        let event = "is already done; this duplicate result was dropped";
+        let mut out = self.log_events(event);
+        for line in (self.coordinator_log().lines())
+            .filter(|l| l.contains("not re-adopted") && l.contains(event))
+        {
+            out.push((
+                field(line, "job").unwrap(),
+                field(line, "task").unwrap() as u32,
+            ));
+        }
+        out
     }
 
     fn log_events(&self, event: &str) -> Vec<(u64, u32)> {

@@ -3,7 +3,7 @@
 //! than the worker has proven, and `--verify` catches a worker returning
 //! altered pixels.
 
-use crate::harness::{assert_frames_match_reference_samples, scenes, Farm};
+use crate::harness::{assert_frames_match_reference_samples, scenes, Farm, State};
 use crate::hostile::{runtime, ticket};
 use crate::hostile_worker::rogue;
 
@@ -35,7 +35,20 @@ fn submit(farm: &Farm, frames: &str, tiles: &str, extra: &[&str]) -> u64 {
 /// honest farm still renders.
 #[test]
 fn a_worker_fetches_only_the_blobs_of_tasks_it_holds() {
-    let mut farm = Farm::start("trust-fetch", &[]);
+    a_worker_fetches_only_the_blobs_of_tasks_it_holds_on(State::Sqlite);
+}
+
+/// The same with the assets in a bucket: the URLs a worker is handed to
+/// fetch from the object store itself follow the same rule, and fetch the
+/// right bytes without credentials.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres) and Garage"]
+fn a_worker_fetches_only_the_blobs_of_tasks_it_holds_on_postgresql_and_s3() {
+    a_worker_fetches_only_the_blobs_of_tasks_it_holds_on(State::PostgresS3);
+}
+
+fn a_worker_fetches_only_the_blobs_of_tasks_it_holds_on(state: State) {
+    let mut farm = Farm::start_with_state("trust-fetch", &[], state);
     farm.add_worker("honest");
     farm.wait_workers(1);
     let first = submit(&farm, "1", "1x1", &[]);
@@ -107,6 +120,30 @@ fn a_worker_fetches_only_the_blobs_of_tasks_it_holds() {
                 }
                 other => panic!("{what} was not refused: {other:?}"),
             }
+            if state == State::PostgresS3 {
+                let located = blob::locate(&s.connection, &[digest], Some(second)).await;
+                assert!(
+                    matches!(located, Err(BlobError::Refused { .. })),
+                    "{what}: a URL was handed out: {located:?}"
+                );
+            }
+        }
+        if state == State::PostgresS3 {
+            let urls = blob::locate(&s.connection, &[scene], Some(second))
+                .await
+                .unwrap();
+            let (url, len) = urls[0].clone().expect("the scene is in the bucket");
+            assert!(
+                url.contains("X-Amz-Signature=") && url.contains("X-Amz-Expires="),
+                "{url}"
+            );
+            let bytes = tokio::task::spawn_blocking(move || {
+                let mut body = ureq::get(&url).call().unwrap().into_body();
+                body.with_config().limit(1 << 30).read_to_vec().unwrap()
+            })
+            .await
+            .unwrap();
+            assert_eq!((bytes.len() as u64, Digest::of(&bytes)), (len, scene));
         }
     });
     drop(s);

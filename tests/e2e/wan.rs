@@ -393,6 +393,32 @@ impl Bench {
         bench
     }
 
+    /// Lets the paths' ends reach one another through the hub (the
+    /// coordinator's namespace, forwarding): a star whose hub serves
+    /// something else (an object store), with the coordinator at the end
+    /// of a path of its own.
+    pub fn route_between_paths(&self) {
+        sysctl(&self.coordinator_ns, "net.ipv4.ip_forward", "1");
+        for from in &self.paths {
+            for to in self.paths.iter().filter(|p| p.ip != from.ip) {
+                ip(&[
+                    "-n",
+                    &from.ns,
+                    "route",
+                    "add",
+                    &format!("{}/32", to.ip),
+                    "via",
+                    COORDINATOR_IP,
+                    "dev",
+                    "w",
+                    "onlink",
+                    "src",
+                    &from.ip,
+                ]);
+            }
+        }
+    }
+
     fn add_netns(&mut self, ns: &str) {
         ip(&["netns", "add", ns]);
         self.created.push(ns.to_string());

@@ -160,6 +160,21 @@ pub enum Answered {
     },
     /// A get of several blobs: `sent` bytes served in all, for `job`.
     GetMany { job: Option<u64>, sent: u64 },
+    /// Where to fetch blobs: `located` bytes the peer may now fetch from
+    /// the object store, for `job`.
+    Locate { job: Option<u64>, located: u64 },
+}
+
+/// Where a store keeps what its folder lacks (the bucket behind the
+/// coordinator's folder). Asked from the blocking pool.
+pub trait Backing: Send + Sync {
+    /// Copies `digest` into the folder if it is kept; whether the folder
+    /// holds it now.
+    fn fetch(&self, digest: &Digest) -> bool;
+    /// The recipe of `file`, if one is kept.
+    fn recipe(&self, file: &Digest) -> Option<Recipe>;
+    /// A short-lived URL a peer fetches `digest` from itself, and its size.
+    fn presign(&self, digest: &Digest) -> Option<(String, u64)>;
 }
 
 /// Which blobs a peer may read: asked before a `Get` or a `Recipe` is
@@ -168,6 +183,10 @@ pub trait ReadGate {
     fn may_read(&self, digest: &Digest) -> bool;
     /// A recipe was served to the peer.
     fn recipe_served(&self, _recipe: &Recipe) {}
+    /// Where blobs the folder lacks are kept, if anywhere.
+    fn backing(&self) -> Option<std::sync::Arc<dyn Backing>> {
+        None
+    }
 }
 
 /// Every blob may be read.
@@ -274,8 +293,21 @@ pub async fn answer_gated(
             ch.send.finish().map_err(lost)?;
             Answered::GetMany { job, sent }
         }
+        BlobRequest::Locate { digests, job } => {
+            let located = locate_many(ch, &digests, gate).await?;
+            ch.send.finish().map_err(lost)?;
+            Answered::Locate { job, located }
+        }
         BlobRequest::Recipe { digest } => {
-            let reply = match dir.recipe(&digest) {
+            let kept = match (dir.recipe(&digest), gate.backing()) {
+                (None, Some(backing)) => {
+                    tokio::task::spawn_blocking(move || backing.recipe(&digest))
+                        .await
+                        .map_err(std::io::Error::other)?
+                }
+                (found, _) => found,
+            };
+            let reply = match kept {
                 Some(r) => {
                     gate.recipe_served(&r);
                     BlobReply::Recipe(r)
@@ -289,6 +321,48 @@ pub async fn answer_gated(
     };
     let _ = ch.send.stopped().await;
     Ok(answered)
+}
+
+/// Answers a [`BlobRequest::Locate`]: each blob's URL, up to the first one
+/// `gate` refuses. Returns the bytes located.
+async fn locate_many(
+    ch: &mut Channel,
+    digests: &[Digest],
+    gate: &(dyn ReadGate + Sync),
+) -> Result<u64, BlobError> {
+    if digests.len() > MAX_GET_MANY {
+        let reason = format!(
+            "at most {MAX_GET_MANY} blobs a request, not {}",
+            digests.len()
+        );
+        ch.send(&BlobReply::Refused { reason }).await?;
+        return Ok(0);
+    }
+    let allowed = digests.iter().take_while(|d| gate.may_read(d)).count();
+    let urls = match gate.backing() {
+        Some(backing) => {
+            let run = digests[..allowed].to_vec();
+            tokio::task::spawn_blocking(move || run.iter().map(|d| backing.presign(d)).collect())
+                .await
+                .map_err(std::io::Error::other)?
+        }
+        None => vec![None; allowed],
+    };
+    let mut located = 0;
+    for url in urls {
+        match url {
+            Some((url, len)) => {
+                located += len;
+                ch.send(&BlobReply::At { url, len }).await?;
+            }
+            None => ch.send(&BlobReply::NotFound).await?,
+        }
+    }
+    if let Some(refused) = digests.get(allowed) {
+        let reason = format!("blob {refused} is not needed by a task this peer holds");
+        ch.send(&BlobReply::Refused { reason }).await?;
+    }
+    Ok(located)
 }
 
 /// Answers a `Get` (one digest) or a [`BlobRequest::GetMany`]: each blob
@@ -311,8 +385,8 @@ async fn send_many(
             ch.send(&BlobReply::Refused { reason }).await?;
             break;
         }
-        let (dir2, run) = (dir.clone(), rest[..allowed].to_vec());
-        let read = tokio::task::spawn_blocking(move || read_run(&dir2, &run))
+        let (dir2, run, backing) = (dir.clone(), rest[..allowed].to_vec(), gate.backing());
+        let read = tokio::task::spawn_blocking(move || read_run(&dir2, &run, backing.as_deref()))
             .await
             .map_err(std::io::Error::other)?;
         rest = &rest[read.len()..];
@@ -369,15 +443,24 @@ enum Stored {
 }
 
 /// Reads the stored blobs `run` in order, until [`READ_AHEAD`] bytes or a
-/// blob larger than a block (which ends the run unread); blocking.
-fn read_run(dir: &BlobDir, run: &[Digest]) -> Vec<std::io::Result<Stored>> {
+/// blob larger than a block (which ends the run unread); one the folder
+/// lacks is copied in from `backing` first. Blocking.
+fn read_run(
+    dir: &BlobDir,
+    run: &[Digest],
+    backing: Option<&dyn Backing>,
+) -> Vec<std::io::Result<Stored>> {
     let mut out = Vec::new();
     let mut bytes_read = 0;
     for digest in run {
         if bytes_read >= READ_AHEAD {
             break;
         }
-        let got = match dir.size(digest) {
+        let size = (dir.size(digest)).or_else(|| {
+            let fetched = backing.is_some_and(|b| b.fetch(digest));
+            fetched.then(|| dir.size(digest)).flatten()
+        });
+        let got = match size {
             None => Ok(Stored::Missing),
             Some(len) if len > BLOCK as u64 => {
                 out.push(Ok(Stored::Large(*digest, len)));
@@ -559,6 +642,45 @@ impl ManyInMemory {
         }
         Ok(Some((digest, bytes)))
     }
+}
+
+/// Asks where to fetch `digests` from the farm's object store: for each, in
+/// order, a URL and its size or `None` (not kept there); an error when the
+/// coordinator refused one.
+pub async fn locate(
+    conn: &quinn::Connection,
+    digests: &[Digest],
+    job: Option<u64>,
+) -> Result<Vec<Option<(String, u64)>>, BlobError> {
+    let mut ch = Channel::new(
+        conn.open_bi()
+            .await
+            .map_err(|e| BlobError::Lost(e.to_string()))?,
+    );
+    let request = BlobRequest::Locate {
+        digests: digests.to_vec(),
+        job,
+    };
+    ch.send(&request).await?;
+    ch.send
+        .finish()
+        .map_err(|e| BlobError::Lost(e.to_string()))?;
+    let mut out = Vec::with_capacity(digests.len());
+    for digest in digests {
+        match ch.recv::<BlobReply>().await? {
+            Some(BlobReply::At { url, len }) => out.push(Some((url, len))),
+            Some(BlobReply::NotFound) => out.push(None),
+            Some(BlobReply::Refused { reason }) => {
+                return Err(BlobError::Refused {
+                    digest: *digest,
+                    reason,
+                })
+            }
+            Some(other) => return Err(BlobError::Lost(format!("unexpected reply {other:?}"))),
+            None => return Err(BlobError::Lost("stream closed before every answer".into())),
+        }
+    }
+    Ok(out)
 }
 
 /// Downloads one blob from `conn` into `dir`, verifying it. Returns its size.

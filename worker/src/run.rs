@@ -354,7 +354,8 @@ async fn session(
             }
         }
     });
-    let heartbeat_ms = join(config, cache, held, &tx, &mut recv).await?;
+    let (heartbeat_ms, store_urls) = join(config, cache, held, &tx, &mut recv).await?;
+    cache.set_store_urls(store_urls);
     *backoff = reconnect_backoff();
     cache.reset_jobs();
     *held.link.lock().expect("link lock") = Some(tx.clone());
@@ -485,7 +486,7 @@ async fn join(
     held: &Held,
     tx: &mpsc::UnboundedSender<WorkerMsg>,
     recv: &mut quinn::RecvStream,
-) -> anyhow::Result<u64> {
+) -> anyhow::Result<(u64, bool)> {
     let hostname = std::fs::read_to_string("/etc/hostname")
         .unwrap_or_default()
         .trim()
@@ -518,15 +519,17 @@ async fn join(
             worker_id,
             heartbeat_ms,
             lease_ms,
+            store_urls,
         }) => {
             tracing::info!(
                 worker_id,
                 heartbeat_ms,
                 lease_ms,
+                store_urls,
                 holding = held.table.len(),
                 "joined the farm"
             );
-            Ok(heartbeat_ms)
+            Ok((heartbeat_ms, store_urls))
         }
         other => anyhow::bail!("expected Joined, got {other:?}"),
     }

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use tessera_protocol::chunk::Recipe;
 use tessera_protocol::Digest;
-use tessera_transport::blob::{self, ReadGate};
+use tessera_store::{Backed, BlobStore};
+use tessera_transport::blob::{self, Backing, ReadGate};
 use tessera_transport::Channel;
 
 use super::fetch::Fetch;
@@ -56,6 +57,36 @@ impl ReadGate for Gate<'_> {
     fn recipe_served(&self, recipe: &Recipe) {
         self.fetch.recipe_served(recipe);
     }
+
+    fn backing(&self) -> Option<Arc<dyn Backing>> {
+        let store = self.shared.store.inner();
+        store.bucket()?;
+        Some(Arc::new(Bucketed(store.clone())))
+    }
+}
+
+/// How long a worker's URL to a blob in the bucket stays valid: long
+/// enough to start the fetch (one already started runs to its end).
+const URL_VALID: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// The bucket behind the coordinator's folder, as blob streams ask it.
+struct Bucketed(Backed);
+
+impl Backing for Bucketed {
+    fn fetch(&self, digest: &Digest) -> bool {
+        self.0.ensure_local(digest).unwrap_or_else(|e| {
+            tracing::warn!(%digest, "cannot copy a blob from the bucket: {e}");
+            false
+        })
+    }
+
+    fn recipe(&self, file: &Digest) -> Option<Recipe> {
+        self.0.recipe(file)
+    }
+
+    fn presign(&self, digest: &Digest) -> Option<(String, u64)> {
+        self.0.presign(digest, URL_VALID)
+    }
 }
 
 async fn serve_blob(
@@ -65,7 +96,7 @@ async fn serve_blob(
     fetch: &Fetch,
 ) -> anyhow::Result<()> {
     let gate = Gate { shared, fetch };
-    match blob::answer_gated(shared.store.inner(), ch, uploaded, &gate).await? {
+    match blob::answer_gated(shared.store.inner().dir(), ch, uploaded, &gate).await? {
         blob::Answered::Get {
             job: Some(job),
             sent,
@@ -75,6 +106,8 @@ async fn serve_blob(
             job: Some(job),
             sent,
         } => shared.update(|core, _| core.served_to_worker(job, sent)),
+        // Fetched from the bucket, not sent by this coordinator.
+        blob::Answered::Locate { .. } => {}
         _ => {}
     }
     Ok(())

@@ -132,18 +132,18 @@ fn handle(shared: &Arc<Shared>, id: WorkerId, msg: WorkerMsg) {
         } => {
             // The lease first: a result for a task this worker does not
             // hold stores nothing.
-            let (expected, bundle) = shared.read(|core, _| {
-                let holds = core.holds(id, task);
-                let expected = holds.then(|| core.expected_output(task)).flatten();
-                (
-                    expected,
-                    holds.then(|| core.expected_bundle(task)).flatten(),
-                )
+            let expected = shared.read(|core, _| {
+                core.holds(id, task)
+                    .map_err(|refused| refused.to_string())?;
+                let rect = core.expected_output(task).ok_or("the task has no output")?;
+                Ok::<_, String>((rect, core.expected_bundle(task)))
             });
-            let Some((rect, whole)) = expected else {
-                let reason = "this worker holds no current lease on the task".to_string();
-                shared.update(|core, _| core.refuse(id, task, reason));
-                return;
+            let ((rect, whole), bundle) = match expected {
+                Ok(expected) => expected,
+                Err(reason) => {
+                    shared.update(|core, _| core.refuse(id, task, reason));
+                    return;
+                }
             };
             let stored = check_output(shared, output, inline.as_deref(), rect, whole)
                 .and_then(|()| match &bundle {
@@ -417,7 +417,7 @@ fn store_output(shared: &Shared, output: Digest, inline: Option<Vec<u8>>) -> Res
         if let Err(e) = shared.store.inner().put_unsynced(&output, &bytes) {
             return Err(format!("cannot store the output: {e}"));
         }
-    } else if shared.store.has(&output).is_none() {
+    } else if !shared.store.inner().dir().contains(&output) {
         return Err(format!("output blob {output} was not uploaded"));
     }
     Ok(())

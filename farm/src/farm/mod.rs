@@ -59,6 +59,9 @@ pub struct FarmConfig {
     pub pipelining: bool,
     pub heartbeat_ms: u64,
     pub lease_ms: u64,
+    /// The assets are in an object store that workers may fetch from
+    /// themselves (told in `Joined`).
+    pub store_urls: bool,
 }
 
 /// A result the scheduler accepted, waiting for its commit.

@@ -75,6 +75,7 @@ impl FarmCore {
                 worker_id: id,
                 heartbeat_ms: self.config.heartbeat_ms,
                 lease_ms: self.config.lease_ms,
+                store_urls: self.config.store_urls,
             },
         );
         if fetches_builds {
@@ -120,7 +121,10 @@ impl FarmCore {
                 (w.name.clone(), w.identity.clone())
             });
         for &task in holding {
-            let adopted = if self.may_adopt(&identity, task) {
+            let done = (self.sched.task_view(key(task))).is_some_and(|view| view.done);
+            let adopted = if done {
+                Err(scheduler::Refused::AlreadyDone { task: key(task) })
+            } else if self.may_adopt(&identity, task) {
                 self.sched.adopt(id, key(task), Epoch(task.epoch), now.ms)
             } else {
                 Err(scheduler::Refused::StaleEpoch {
@@ -351,7 +355,7 @@ impl FarmCore {
             } => {
                 // Kept only for a task the worker holds, so the map is
                 // bounded by its leases.
-                if self.holds(id, task) {
+                if self.holds(id, task).is_ok() {
                     if let Some(w) = self.workers.get_mut(&id) {
                         // From the network: bounded, cut at a character.
                         if let Some(s) = stage.as_mut() {
@@ -436,8 +440,11 @@ impl FarmCore {
             .map(|(_, id, w)| (id, w.name.clone()))
     }
 
-    pub fn holds(&self, id: WorkerId, task: TaskRef) -> bool {
-        self.sched.holds_lease(id, key(task), Epoch(task.epoch))
+    /// Whether worker `id` holds the current lease on `task`, and if not,
+    /// why: a result for a task already done says so, so a worker that
+    /// resends one after a coordinator restart knows it was kept.
+    pub fn holds(&self, id: WorkerId, task: TaskRef) -> Result<(), scheduler::Refused> {
+        self.sched.lease_check(id, key(task), Epoch(task.epoch))
     }
 
     /// What the output of `task` must be: its tile rectangle, and whether
@@ -480,7 +487,7 @@ impl FarmCore {
     /// never reaches stitching.
     pub fn result_rejected(&mut self, id: WorkerId, task: TaskRef, reason: String, now: Now) {
         self.refuse(id, task, reason.clone());
-        if self.holds(id, task) {
+        if self.holds(id, task).is_ok() {
             self.task_failed(id, task, format!("bad result: {reason}"), false, now);
         }
     }
@@ -535,7 +542,7 @@ impl FarmCore {
         if let Some(w) = self.workers.get_mut(&id) {
             w.progress.remove(&task);
         }
-        if self.holds(id, task) {
+        if self.holds(id, task).is_ok() {
             if let super::verify::Verdict::Held = self.check_result(id, task, output, similar, now)
             {
                 return;

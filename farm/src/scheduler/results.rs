@@ -285,8 +285,13 @@ impl Scheduler {
     /// Whether `worker` holds a current lease (or a straggler's second
     /// one) on `task` under `epoch`: what it may report on or send a
     /// result for.
-    pub fn holds_lease(&self, worker: WorkerId, task: TaskKey, epoch: Epoch) -> bool {
-        self.check_lease(worker, task, epoch).is_ok()
+    pub fn lease_check(
+        &self,
+        worker: WorkerId,
+        task: TaskKey,
+        epoch: Epoch,
+    ) -> Result<(), Refused> {
+        self.check_lease(worker, task, epoch).map(|_| ())
     }
 
     /// The leases `worker` holds, in task order.

@@ -26,6 +26,15 @@ pub enum BlobRequest {
         digests: Vec<Digest>,
         job: Option<u64>,
     },
+    /// Where a worker fetches these blobs itself, from the farm's object
+    /// store (at most [`MAX_GET_MANY`]): answered in order, each `At` or
+    /// `NotFound`; a `Refused` one ends the stream. Sent only to a
+    /// coordinator whose [`crate::messages::CoordMsg::Joined`] said
+    /// `store_urls`.
+    Locate {
+        digests: Vec<Digest>,
+        job: Option<u64>,
+    },
 }
 
 /// The most blobs one [`BlobRequest::GetMany`] names.
@@ -44,4 +53,10 @@ pub enum BlobReply {
     },
     Recipe(Recipe),
     NotFound,
+    /// The blob's `len` bytes are at `url`, an HTTP GET (byte ranges
+    /// allowed) that needs no credentials until it expires, minutes later.
+    At {
+        url: String,
+        len: u64,
+    },
 }

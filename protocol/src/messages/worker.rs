@@ -228,6 +228,10 @@ pub enum CoordMsg {
         worker_id: u64,
         heartbeat_ms: u64,
         lease_ms: u64,
+        /// The farm's assets are in an object store: the worker may ask
+        /// where to fetch them itself ([`crate::messages::BlobRequest::Locate`]).
+        #[serde(default)]
+        store_urls: bool,
     },
     Job(JobInfo),
     /// A lease. A worker may hold more than its slots (pipelined leases):

@@ -53,7 +53,10 @@ impl Cache {
             }
         }
         self.reserve(entry.size, &what)?;
-        let got = blob::get(conn, entry.digest, Some(job), &self.blobs).await;
+        let got = match (self.whole_from_store(conn, job, entry.digest, entry.size)).await {
+            Some(got) => Ok(got),
+            None => blob::get(conn, entry.digest, Some(job), &self.blobs).await,
+        };
         self.unreserve(entry.size);
         let got = got.with_context(|| format!("fetching {what}"))?;
         self.insert(entry.digest, got);
@@ -130,10 +133,15 @@ impl Cache {
             tokio::task::spawn_blocking(move || place_local_chunks(&path, size, &p, sources))
                 .await?
                 .with_context(|| format!("preparing {what} in the cache"))?;
-        let fetched = self
-            .fetch_chunks(conn, job, lacking, &file, &places)
-            .await
-            .with_context(|| format!("fetching the chunks of {what}"))?;
+        let from_store =
+            (self.chunks_from_store(conn, job, recipe, &lacking, &file, &places)).await;
+        let fetched = match from_store {
+            Some(fetched) => fetched,
+            None => self
+                .fetch_chunks(conn, job, lacking, &file, &places)
+                .await
+                .with_context(|| format!("fetching the chunks of {what}"))?,
+        };
         let (blobs, recipe2, path) = (self.blobs.clone(), recipe.clone(), partial.to_path_buf());
         tokio::task::spawn_blocking(move || -> Result<(), blob::BlobError> {
             drop(file);

@@ -33,6 +33,7 @@ use tokio::sync::OnceCell;
 use crate::stamp::Stamp;
 
 mod fetch;
+mod from_store;
 mod layout;
 mod store;
 
@@ -92,6 +93,8 @@ pub struct Cache {
     /// (pipelined leases) then finds the chunks the one before it brought
     /// in, instead of fetching the same bytes beside it.
     fetching: tokio::sync::Mutex<()>,
+    /// Whether to fetch from the farm's object store (and how).
+    store_urls: from_store::StoreUrls,
 }
 
 impl Cache {
@@ -142,6 +145,7 @@ impl Cache {
             builds_root,
             cap,
             fetching: tokio::sync::Mutex::new(()),
+            store_urls: Default::default(),
             state: Mutex::new(State {
                 lru,
                 chunks,

@@ -1,0 +1,518 @@
+//! The coordinator's asset store: a blob folder, alone or in front of a
+//! bucket of an S3-compatible object store.
+//!
+//! Alone, the folder is the store and every write is durable on its disk.
+//! In front of a bucket, the bucket is the store (what a standby
+//! coordinator on another machine finds) and the folder is this machine's
+//! copy of what it touched: blobs arrive there (uploads, results), are
+//! copied to the bucket before anything relies on them ([`Backed::sync`],
+//! before a submit is answered and before a result is acknowledged), and
+//! blobs only in the bucket are copied down when something reads them by
+//! path ([`Backed::ensure_local`]).
+//!
+//! In the bucket, under its prefix: `blobs/HEX` (the bytes), `recipes/HEX`
+//! (the chunks a file was joined from), `lists/HEX` (the file a chunk list
+//! made) and `touched/HEX` (an empty object whose time is when the blob was
+//! last named: objects cannot be touched in place).
+
+use std::collections::{HashMap, HashSet};
+use std::io::Read;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::blob::{BlobDir, BlobError, MAX_BLOB};
+use crate::s3::{Bucket, S3Error};
+use crate::store::{BlobStore, StoredBlob};
+use tessera_protocol::chunk::{ChunkList, Recipe};
+use tessera_protocol::Digest;
+
+/// Most digests remembered as already in the bucket.
+const MAX_KNOWN: usize = 1 << 16;
+/// The largest recipe or list object read back.
+const MAX_RECIPE: u64 = 64 << 20;
+
+/// A blob folder, with a bucket behind it or not.
+#[derive(Debug, Clone)]
+pub struct Backed {
+    dir: BlobDir,
+    bucket: Option<Arc<Bucket>>,
+    /// Blobs known to be in the bucket, so naming them again costs no
+    /// request. Bounded: emptied when it reaches [`MAX_KNOWN`].
+    known: Arc<Mutex<HashSet<Digest>>>,
+}
+
+fn io(e: S3Error) -> BlobError {
+    BlobError::Io(e.into())
+}
+
+fn blob_name(d: &Digest) -> String {
+    format!("blobs/{}", d.to_hex())
+}
+
+impl Backed {
+    /// The folder alone: it must be durable.
+    pub fn local(dir: BlobDir) -> Backed {
+        Backed {
+            dir,
+            bucket: None,
+            known: Default::default(),
+        }
+    }
+
+    /// The folder `dir` (this machine's copy) in front of `bucket`.
+    pub fn with_bucket(dir: BlobDir, bucket: Bucket) -> Backed {
+        Backed {
+            dir,
+            bucket: Some(Arc::new(bucket)),
+            known: Default::default(),
+        }
+    }
+
+    /// The folder.
+    pub fn dir(&self) -> &BlobDir {
+        &self.dir
+    }
+
+    /// The bucket, if there is one.
+    pub fn bucket(&self) -> Option<&Bucket> {
+        self.bucket.as_deref()
+    }
+
+    /// Where the blob is (or would be) in the folder.
+    pub fn path(&self, digest: &Digest) -> PathBuf {
+        self.dir.path(digest)
+    }
+
+    fn known(&self, d: &Digest) -> bool {
+        self.known.lock().expect("known lock").contains(d)
+    }
+
+    fn remember(&self, d: Digest) {
+        let mut known = self.known.lock().expect("known lock");
+        if known.len() >= MAX_KNOWN {
+            known.clear();
+        }
+        known.insert(d);
+    }
+
+    /// Whether the blob is stored; with a bucket, copies one that is only
+    /// there into the folder first, so it can be read by [`Backed::path`].
+    pub fn ensure_local(&self, digest: &Digest) -> Result<bool, BlobError> {
+        if self.dir.contains(digest) {
+            return Ok(true);
+        }
+        let Some(bucket) = &self.bucket else {
+            return Ok(false);
+        };
+        let Some((len, body)) = bucket.open(&blob_name(digest)).map_err(io)? else {
+            return Ok(false);
+        };
+        if len > MAX_BLOB {
+            return Err(BlobError::TooLarge {
+                digest: *digest,
+                len,
+            });
+        }
+        // Into a temporary file, then adopted: the folder re-hashes it, so
+        // what the bucket gives back is checked like any upload.
+        let temp = (self.dir.root().join("tmp")).join(format!(
+            "{}.{:016x}",
+            digest.to_hex(),
+            rand::random::<u64>()
+        ));
+        let copied = (|| {
+            let mut out = std::fs::File::create(&temp)?;
+            let n = std::io::copy(&mut body.take(len), &mut out)?;
+            if n != len {
+                return Err(BlobError::Short {
+                    digest: *digest,
+                    expected: len,
+                    got: n,
+                });
+            }
+            self.dir.adopt(&temp, digest)
+        })();
+        match copied {
+            Ok(()) => {}
+            // Rotted in the bucket: gone, so the store reports it missing
+            // and the next submit (or result) stores it again.
+            Err(BlobError::Mismatch { .. }) => {
+                let _ = std::fs::remove_file(&temp);
+                bucket.delete(&blob_name(digest)).map_err(io)?;
+                return Err(BlobError::Corrupt(*digest));
+            }
+            Err(e) => {
+                let _ = std::fs::remove_file(&temp);
+                return Err(e);
+            }
+        }
+        self.remember(*digest);
+        Ok(true)
+    }
+
+    /// Stores `bytes` in the folder only; [`Backed::sync`] makes them
+    /// durable (and copies them to the bucket) before anything relies on
+    /// them.
+    pub fn put_unsynced(&self, digest: &Digest, bytes: &[u8]) -> std::io::Result<()> {
+        self.dir.put_unsynced(digest, bytes)
+    }
+
+    /// Makes stored blobs durable: synced to the folder's disk, or with a
+    /// bucket, copied there (those not there yet).
+    pub fn sync(&self, digests: &[Digest]) -> Result<(), BlobError> {
+        match &self.bucket {
+            None => Ok(self.dir.sync(digests)?),
+            Some(bucket) => {
+                for d in digests {
+                    self.upload(bucket, d)?;
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// [`Backed::sync`] for blobs named again and again (a job's files):
+    /// those made durable before are remembered and skipped.
+    pub fn sync_remembered(&self, digests: &[Digest]) -> Result<(), BlobError> {
+        match &self.bucket {
+            None => Ok(self.dir.sync_remembered(digests)?),
+            Some(_) => self.sync(digests),
+        }
+    }
+
+    /// Copies a blob of the folder to the bucket unless it is there; one
+    /// in neither is not stored.
+    fn upload(&self, bucket: &Bucket, d: &Digest) -> Result<(), BlobError> {
+        if self.known(d) {
+            return Ok(());
+        }
+        let kept = bucket.head(&blob_name(d)).map_err(io)?;
+        match self.dir.size(d) {
+            Some(local) if kept != Some(local) => {
+                bucket
+                    .put_file(&blob_name(d), &self.dir.path(d))
+                    .map_err(io)?;
+            }
+            // Only in the bucket (stored through another coordinator).
+            None if kept.is_none() => return Err(BlobError::NotFound(*d)),
+            _ => {}
+        }
+        self.remember(*d);
+        Ok(())
+    }
+
+    /// The stored blob's bytes as a stream, from where it is durable (the
+    /// bucket, if there is one): what a scrub re-hashes.
+    pub fn open_durable(&self, digest: &Digest) -> Result<Option<crate::s3::Body>, BlobError> {
+        match &self.bucket {
+            Some(bucket) => Ok(bucket.open(&blob_name(digest)).map_err(io)?.map(|(_, r)| r)),
+            None => match std::fs::File::open(self.dir.path(digest)) {
+                Ok(f) => Ok(Some(Box::new(f))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(e.into()),
+            },
+        }
+    }
+
+    /// A URL a worker fetches the blob from for `valid`, without
+    /// credentials, and the blob's size: only with a bucket, and only for a
+    /// blob in it.
+    pub fn presign(&self, digest: &Digest, valid: Duration) -> Option<(String, u64)> {
+        let bucket = self.bucket.as_ref()?;
+        let len = bucket.head(&blob_name(digest)).ok()??;
+        self.remember(*digest);
+        Some((bucket.presign_get(&blob_name(digest), valid), len))
+    }
+
+    /// Copies a recipe (and its list) to the bucket.
+    fn upload_recipe(&self, bucket: &Bucket, recipe: &Recipe) -> Result<(), BlobError> {
+        let bytes = tessera_protocol::codec::encode(recipe)?;
+        let hex = recipe.digest.to_hex();
+        bucket.put(&format!("recipes/{hex}"), &bytes).map_err(io)?;
+        let list = format!("lists/{}", recipe.list_id().to_hex());
+        bucket.put(&list, hex.as_bytes()).map_err(io)
+    }
+}
+
+impl BlobStore for Backed {
+    fn has(&self, digest: &Digest) -> Option<u64> {
+        if let Some(len) = self.dir.size(digest) {
+            return Some(len);
+        }
+        let bucket = self.bucket.as_ref()?;
+        match bucket.head(&blob_name(digest)) {
+            Ok(found) => found,
+            Err(e) => {
+                tracing_warn(&e);
+                None
+            }
+        }
+    }
+
+    fn put(&self, digest: &Digest, bytes: &[u8]) -> Result<(), BlobError> {
+        match &self.bucket {
+            None => Ok(self.dir.put_as(digest, bytes)?),
+            Some(bucket) => {
+                self.dir.put_unsynced(digest, bytes)?;
+                if !self.known(digest) {
+                    bucket.put(&blob_name(digest), bytes).map_err(io)?;
+                    self.remember(*digest);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    fn get(&self, digest: &Digest) -> Result<Vec<u8>, BlobError> {
+        match self.dir.read(digest) {
+            Err(BlobError::NotFound(_)) if self.bucket.is_some() => {
+                if !self.ensure_local(digest)? {
+                    return Err(BlobError::NotFound(*digest));
+                }
+                self.dir.read(digest)
+            }
+            other => other,
+        }
+    }
+
+    fn remove(&self, digest: &Digest) -> Result<(), BlobError> {
+        if let Some(bucket) = &self.bucket {
+            let hex = digest.to_hex();
+            if let Some(recipe) = self.recipe(digest) {
+                bucket
+                    .delete(&format!("lists/{}", recipe.list_id().to_hex()))
+                    .map_err(io)?;
+            }
+            bucket.delete(&format!("recipes/{hex}")).map_err(io)?;
+            bucket.delete(&format!("touched/{hex}")).map_err(io)?;
+            bucket.delete(&blob_name(digest)).map_err(io)?;
+            self.known.lock().expect("known lock").remove(digest);
+        }
+        Ok(self.dir.remove(digest)?)
+    }
+
+    fn list(&self) -> Result<Vec<StoredBlob>, BlobError> {
+        let mut blobs: HashMap<Digest, StoredBlob> = HashMap::new();
+        if let Some(bucket) = &self.bucket {
+            for o in bucket.list("blobs").map_err(io)? {
+                if let Ok(digest) = o.name.parse::<Digest>() {
+                    let written = o.modified;
+                    blobs.insert(
+                        digest,
+                        StoredBlob {
+                            digest,
+                            size: o.size,
+                            written,
+                        },
+                    );
+                }
+            }
+            for o in bucket.list("touched").map_err(io)? {
+                if let Some(b) = (o.name.parse::<Digest>().ok()).and_then(|d| blobs.get_mut(&d)) {
+                    b.written = b.written.max(o.modified);
+                }
+            }
+        }
+        // What is only in the folder (not yet copied up) is stored too.
+        for (digest, size, written) in self.dir.list()? {
+            let b = blobs.entry(digest).or_insert(StoredBlob {
+                digest,
+                size,
+                written,
+            });
+            b.written = b.written.max(written);
+        }
+        Ok(blobs.into_values().collect())
+    }
+
+    fn touch(&self, digest: &Digest) -> bool {
+        let local = self.dir.touch(digest);
+        let Some(bucket) = &self.bucket else {
+            return local;
+        };
+        if !local && !matches!(bucket.head(&blob_name(digest)), Ok(Some(_))) {
+            return false;
+        }
+        match bucket.put(&format!("touched/{}", digest.to_hex()), b"") {
+            Ok(()) => true,
+            Err(e) => {
+                tracing_warn(&e);
+                local
+            }
+        }
+    }
+
+    fn assemble_list(&self, list: &ChunkList) -> Result<Digest, BlobError> {
+        let Some(bucket) = &self.bucket else {
+            return self.dir.assemble_list(list);
+        };
+        if let Some(file) = self.file_of_list(&list.id()) {
+            return Ok(file);
+        }
+        for c in &list.chunks {
+            self.ensure_local(&c.digest)?;
+        }
+        let file = self.dir.assemble_list(list)?;
+        // The chunks, the file, then its recipe: a list object names only
+        // a file that is there.
+        let chunks: Vec<Digest> = list.chunks.iter().map(|c| c.digest).collect();
+        self.sync(&chunks)?;
+        self.upload(bucket, &file)?;
+        let recipe = self.dir.recipe(&file).ok_or_else(|| BlobError::Recipe {
+            file,
+            reason: "its recipe was not kept".into(),
+        })?;
+        self.upload_recipe(bucket, &recipe)?;
+        Ok(file)
+    }
+
+    fn file_of_list(&self, list: &Digest) -> Option<Digest> {
+        if let Some(file) = self.dir.file_of_list(list) {
+            return Some(file);
+        }
+        let bucket = self.bucket.as_ref()?;
+        let named = bucket
+            .get(&format!("lists/{}", list.to_hex()), MAX_RECIPE)
+            .ok()??;
+        let file: Digest = std::str::from_utf8(&named).ok()?.trim().parse().ok()?;
+        self.touch(&file).then_some(file)
+    }
+
+    fn recipe(&self, file: &Digest) -> Option<Recipe> {
+        if let Some(recipe) = self.dir.recipe(file) {
+            return Some(recipe);
+        }
+        let bucket = self.bucket.as_ref()?;
+        let bytes = bucket
+            .get(&format!("recipes/{}", file.to_hex()), MAX_RECIPE)
+            .ok()??;
+        let recipe: Recipe = tessera_protocol::codec::decode_frame(&bytes).ok()?;
+        (recipe.digest == *file).then_some(recipe)
+    }
+}
+
+/// Whether asking again later may work: the bucket was out of reach or
+/// busy (a disk error or a missing blob is not).
+pub fn is_transient(e: &BlobError) -> bool {
+    match e {
+        BlobError::Io(io) => (io.get_ref())
+            .and_then(|inner| inner.downcast_ref::<S3Error>())
+            .is_some_and(|s3| s3.transient),
+        _ => false,
+    }
+}
+
+fn tracing_warn(e: &S3Error) {
+    tracing::warn!("{e}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scratch_garage::ScratchGarage;
+    use crate::Verified;
+
+    fn scratch_dir(name: &str) -> PathBuf {
+        std::env::temp_dir().join(format!(
+            "tessera-backed-{name}-{}-{}",
+            std::process::id(),
+            rand::random::<u32>()
+        ))
+    }
+
+    #[test]
+    fn a_folder_alone_passes_the_store_suite() {
+        let dir = scratch_dir("local");
+        crate::store::suite(&Backed::local(BlobDir::open_durable(&dir).unwrap()));
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// The store suite on a real S3-compatible server, then what another
+    /// machine's coordinator (an empty folder, the same bucket) finds.
+    #[test]
+    #[ignore = "needs Garage (cargo install --locked garage@2.5.0, or TESSERA_TEST_GARAGE)"]
+    fn a_folder_in_front_of_a_bucket_passes_the_store_suite_and_another_machine_finds_it_all() {
+        let garage = ScratchGarage::start("suite").unwrap();
+        let (one, two) = (scratch_dir("one"), scratch_dir("two"));
+        let bucket = || garage.bucket("farm").unwrap();
+        let store = Backed::with_bucket(BlobDir::open(&one).unwrap(), bucket());
+        crate::store::suite(&store);
+
+        // A blob received into the folder (an upload, a result) is in the
+        // bucket once synced; a file joined from chunks, with its recipe.
+        let tile = vec![7u8; 300_000];
+        let d = Digest::of(&tile);
+        store.put_unsynced(&d, &tile).unwrap();
+        assert_eq!(
+            bucket().head(&blob_name(&d)).unwrap(),
+            None,
+            "not before the sync"
+        );
+        store.sync(&[d]).unwrap();
+        assert_eq!(bucket().head(&blob_name(&d)).unwrap(), Some(300_000));
+        let chunks: Vec<Vec<u8>> = (0..3u8).map(|i| vec![i; 1000 + i as usize]).collect();
+        let refs: Vec<tessera_protocol::chunk::ChunkRef> = (chunks.iter())
+            .map(|c| tessera_protocol::chunk::ChunkRef {
+                digest: Digest::of(c),
+                len: c.len() as u32,
+            })
+            .collect();
+        for c in &chunks {
+            store.put(&Digest::of(c), c).unwrap();
+        }
+        let list = ChunkList {
+            size: refs.iter().map(|r| u64::from(r.len)).sum(),
+            chunks: refs,
+        };
+        let file = store.assemble_list(&list).unwrap();
+
+        // Another machine: nothing in its folder, everything in the bucket.
+        let other = Verified::new(Backed::with_bucket(BlobDir::open(&two).unwrap(), bucket()));
+        assert_eq!(other.get(&d).unwrap(), tile);
+        assert!(other.inner().path(&d).exists(), "copied down when read");
+        assert_eq!(other.file_of_list(&list.id()), Some(file));
+        assert_eq!(other.recipe(&file).unwrap().chunks, list.chunks);
+        assert_eq!(other.get(&file).unwrap(), chunks.concat());
+        let listed: HashSet<Digest> = other.list().unwrap().iter().map(|b| b.digest).collect();
+        assert!(listed.contains(&d) && listed.contains(&file));
+
+        // A worker's URL fetches the bytes without credentials; a blob not
+        // in the bucket has none.
+        let (url, len) = other.inner().presign(&d, Duration::from_secs(60)).unwrap();
+        assert_eq!(len, 300_000);
+        let mut fetched = Vec::new();
+        let response = ureq::get(&url).call().unwrap();
+        (response.into_body().into_reader())
+            .read_to_end(&mut fetched)
+            .unwrap();
+        assert_eq!(fetched, tile);
+        assert_eq!(
+            other
+                .inner()
+                .presign(&Digest::of(b"nope"), Duration::from_secs(60)),
+            None
+        );
+
+        // Rot in the bucket is caught when read (and the blob removed), not
+        // served: the bucket's copy is the one that counts.
+        let rotten = vec![9u8; 5000];
+        let r = Digest::of(&rotten);
+        bucket().put(&blob_name(&r), b"not those bytes").unwrap();
+        assert!(matches!(other.get(&r), Err(BlobError::Corrupt(c)) if c == r));
+        assert!(!other.inner().path(&r).exists());
+        assert_eq!(bucket().head(&blob_name(&r)).unwrap(), None);
+
+        // Removal reaches the bucket.
+        other.remove(&file).unwrap();
+        assert_eq!(
+            store.has(&file).filter(|_| !store.dir().contains(&file)),
+            None
+        );
+        assert_eq!(bucket().head(&blob_name(&file)).unwrap(), None);
+        assert_eq!(other.file_of_list(&list.id()), None);
+        for dir in [one, two] {
+            std::fs::remove_dir_all(dir).unwrap();
+        }
+    }
+}
