@@ -2,7 +2,10 @@
 //! made by Debian's `initdb` in a folder of its own, served by `postgres`
 //! on a Unix socket in that folder only (no TCP port to collide on), owned
 //! by whoever made it: it dies with its owner (`PR_SET_PDEATHSIG`), and is
-//! stopped and removed on drop.
+//! stopped and removed on drop. A test whose coordinators must lose the
+//! database to a network cut (a Unix socket crosses network namespaces)
+//! has it listen on a TCP address of its own as well
+//! ([`ScratchPostgres::start_on_tcp`]).
 //!
 //! PostgreSQL refuses to run as root: as root, the cluster belongs to the
 //! `postgres` user (which Debian's package makes).
@@ -20,6 +23,8 @@ pub struct ScratchPostgres {
     dir: PathBuf,
     bin: PathBuf,
     owner: Option<(u32, u32)>,
+    /// The TCP address it listens on too, if any.
+    tcp: Option<std::net::SocketAddr>,
     server: Child,
 }
 
@@ -58,6 +63,20 @@ impl ScratchPostgres {
     /// Makes and starts a cluster named after `name` (a folder under the
     /// temporary dir); waits until it takes connections.
     pub fn start(name: &str) -> anyhow::Result<ScratchPostgres> {
+        ScratchPostgres::start_listening(name, None)
+    }
+
+    /// [`ScratchPostgres::start`], listening on `tcp` too (an address of
+    /// this machine's; trusted from the subnets it is on, so give it one
+    /// only the test reaches).
+    pub fn start_on_tcp(name: &str, tcp: std::net::SocketAddr) -> anyhow::Result<ScratchPostgres> {
+        ScratchPostgres::start_listening(name, Some(tcp))
+    }
+
+    fn start_listening(
+        name: &str,
+        tcp: Option<std::net::SocketAddr>,
+    ) -> anyhow::Result<ScratchPostgres> {
         let bin = bin_dir().with_context(|| format!("no PostgreSQL here: {NEEDED}"))?;
         let dir = std::env::temp_dir().join(format!(
             "tessera-pg-{name}-{}-{}",
@@ -92,11 +111,19 @@ impl ScratchPostgres {
                 String::from_utf8_lossy(&initdb.stderr).trim()
             );
         }
-        let server = spawn(&bin, owner, &dir)?;
+        if tcp.is_some() {
+            // `initdb --auth=trust` trusts 127.0.0.1 only over TCP.
+            let mut hba = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))?;
+            std::io::Write::write_all(&mut hba, b"host all all samenet trust\n")?;
+        }
+        let server = spawn(&bin, owner, &dir, tcp)?;
         let mut scratch = ScratchPostgres {
             dir,
             bin,
             owner,
+            tcp,
             server,
         };
         scratch.wait_ready()?;
@@ -108,7 +135,7 @@ impl ScratchPostgres {
     /// starts it again on the same data; waits until it takes connections.
     pub fn restart(&mut self) -> anyhow::Result<()> {
         self.stop(libc::SIGINT);
-        self.server = spawn(&self.bin, self.owner, &self.dir)?;
+        self.server = spawn(&self.bin, self.owner, &self.dir, self.tcp)?;
         self.wait_ready()
     }
 
@@ -121,7 +148,7 @@ impl ScratchPostgres {
     /// Starts the server stopped by [`ScratchPostgres::stop_for_now`] again,
     /// on the same data; waits until it takes connections.
     pub fn start_again(&mut self) -> anyhow::Result<()> {
-        self.server = spawn(&self.bin, self.owner, &self.dir)?;
+        self.server = spawn(&self.bin, self.owner, &self.dir, self.tcp)?;
         self.wait_ready()
     }
 
@@ -144,7 +171,24 @@ impl ScratchPostgres {
     /// The connection string of its `postgres` database (what `--state`
     /// takes).
     pub fn url(&self) -> String {
-        format!("host={} user=postgres dbname=postgres", self.dir.display())
+        // The port names the socket's file too.
+        let port = self.tcp.map_or(5432, |a| a.port());
+        format!(
+            "host={} port={port} user=postgres dbname=postgres",
+            self.dir.display()
+        )
+    }
+
+    /// The connection string of its `postgres` database over TCP, when it
+    /// listens on TCP ([`ScratchPostgres::start_on_tcp`]).
+    pub fn tcp_url(&self) -> Option<String> {
+        (self.tcp).map(|a| {
+            format!(
+                "host={} port={} user=postgres dbname=postgres",
+                a.ip(),
+                a.port()
+            )
+        })
     }
 
     /// Its folder (the data dir and the socket are in it).
@@ -178,16 +222,27 @@ impl Drop for ScratchPostgres {
     }
 }
 
-/// Starts `postgres` on the cluster in `dir` (its socket there too),
-/// owned: it dies with this process.
-fn spawn(bin: &Path, owner: Option<(u32, u32)>, dir: &Path) -> anyhow::Result<Child> {
+/// Starts `postgres` on the cluster in `dir` (its socket there too, and
+/// on `tcp` if given), owned: it dies with this process.
+fn spawn(
+    bin: &Path,
+    owner: Option<(u32, u32)>,
+    dir: &Path,
+    tcp: Option<std::net::SocketAddr>,
+) -> anyhow::Result<Child> {
     let mut server = as_owner(Command::new(bin.join("postgres")), owner, dir);
+    let listen = tcp.map_or(String::new(), |a| a.ip().to_string());
+    let port = tcp.map_or(5432, |a| a.port());
     server
         .arg("-D")
         .arg(dir.join("data"))
         .arg("-k")
         .arg(dir)
-        .args(["-c", "listen_addresses=", "-c", "max_connections=40"])
+        .arg("-c")
+        .arg(format!("listen_addresses={listen}"))
+        .arg("-c")
+        .arg(format!("port={port}"))
+        .args(["-c", "max_connections=40"])
         .args([
             "-c",
             "shared_buffers=16MB",

@@ -69,6 +69,9 @@ pub struct Farm {
     /// The network namespace the coordinator and client commands run in,
     /// and the address the coordinator listens on there.
     netns: Option<String>,
+    /// The one client commands run in (the coordinator's unless
+    /// [`Farm::run_clients_in`] says otherwise).
+    client_netns: Option<String>,
     listen_ip: String,
     /// The PostgreSQL server holding the coordinator's state, when it is
     /// not the data dir's SQLite file (dropped after the coordinator).
@@ -165,6 +168,30 @@ impl Farm {
         farm
     }
 
+    /// As [`Farm::start_in`], its state in `server`, which the
+    /// coordinator reaches at `url` (over TCP, say, where a Unix socket
+    /// would cross the namespace).
+    pub fn start_in_on_postgres(
+        name: &str,
+        args: &[&str],
+        netns: Option<&str>,
+        listen_ip: &str,
+        server: ScratchPostgres,
+        url: String,
+    ) -> Farm {
+        let mut farm = Farm::start_in_stopped(name, args, netns, listen_ip);
+        farm.coordinator_env.push(("TESSERA_STATE".into(), url));
+        farm.postgres = Some(server);
+        farm.start_coordinator();
+        farm
+    }
+
+    /// Client commands run in network namespace `netns` from now on
+    /// (None: this process's).
+    pub fn run_clients_in(&mut self, netns: Option<&str>) {
+        self.client_netns = netns.map(str::to_string);
+    }
+
     /// The farm's folders, its coordinator not started yet.
     fn start_in_stopped(name: &str, args: &[&str], netns: Option<&str>, listen_ip: &str) -> Farm {
         let lock = ONE_FARM.lock().unwrap_or_else(|e| e.into_inner());
@@ -180,6 +207,7 @@ impl Farm {
             coordinator_starts: 0,
             workers: Vec::new(),
             netns: netns.map(str::to_string),
+            client_netns: netns.map(str::to_string),
             listen_ip: listen_ip.to_string(),
             postgres: None,
             garage: None,
@@ -411,7 +439,7 @@ impl Farm {
     /// `DIR/v34/external`), as a studio names its library in
     /// `TESSERA_ASSET_ROOTS`; a missing one is left out.
     pub fn command(&self, args: &[&str]) -> Command {
-        let mut c = in_netns(self.netns.as_deref());
+        let mut c = in_netns(self.client_netns.as_deref());
         let roots = ["external", "v45/external", "v34/external"].map(|r| self.dir.join(r));
         c.args(args)
             .env("TESSERA_TICKET", self.client_ticket())

@@ -22,7 +22,7 @@ struct Partition {
 const FARM_IP: &str = "127.77.0.1";
 const VICTIM_IP: &str = "127.77.0.2";
 
-fn ip(args: &[&str]) {
+pub fn ip(args: &[&str]) {
     let out = Command::new("ip")
         .args(args)
         .output()

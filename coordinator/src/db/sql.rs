@@ -199,6 +199,14 @@ pub struct Pg {
 /// again before it fails.
 pub const RECONNECT_PATIENCE: Duration = Duration::from_secs(10);
 
+/// How long what was sent to PostgreSQL may go unacknowledged (and an idle
+/// connection unanswered by keepalives) before the connection counts as
+/// closed. A server cut off by the network sends no reset: without this a
+/// statement on its connection waits out the system's TCP retransmissions
+/// (about 15 minutes on Linux), holding the commit thread, and a result a
+/// worker sent meanwhile is neither accepted nor refused.
+pub const DEAD_AFTER: Duration = Duration::from_secs(5);
+
 /// Past this many prepared statements the cache starts again (the ones
 /// built from a job filter vary).
 const MAX_PREPARED: usize = 256;
@@ -217,6 +225,8 @@ impl Sql {
         }
         config.application_name("tessera-coordinator");
         config.connect_timeout(Duration::from_secs(5));
+        config.tcp_user_timeout(DEAD_AFTER);
+        config.keepalives_idle(DEAD_AFTER);
         let pg = Pg {
             config,
             shown: redact(url),
