@@ -176,10 +176,16 @@ fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_c
             reason: e.to_string(),
         }),
         // The bucket out of reach is an outage like the database's.
-        Err(e) => Err(CommitFailure {
-            transient: tessera_store::backed::is_transient(&e),
-            reason: format!("cannot make the outputs durable: {e}"),
-        }),
+        Err(e) => {
+            tracing::warn!(
+                results = batch.len(),
+                "cannot make results durable, refusing them (their tasks run again): {e}"
+            );
+            Err(CommitFailure {
+                transient: tessera_store::backed::is_transient(&e),
+                reason: format!("cannot make the outputs durable: {e}"),
+            })
+        }
     };
     if exit_after_commit && outcome.is_ok() {
         // The test of "durable before acknowledged": die like a killed

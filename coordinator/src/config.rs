@@ -134,8 +134,13 @@ pub enum BlobsAt {
 impl BlobsAt {
     /// `s3://BUCKET/PREFIX` is a bucket; anything else a folder.
     pub fn parse(arg: &str) -> Result<BlobsAt, String> {
-        if arg.starts_with("s3://") {
-            return tessera_store::s3::Location::parse(arg).map(BlobsAt::Bucket);
+        // `S3://` too: never a folder named `S3:`.
+        if arg
+            .get(..5)
+            .is_some_and(|s| s.eq_ignore_ascii_case("s3://"))
+        {
+            return tessera_store::s3::Location::parse(&format!("s3://{}", &arg[5..]))
+                .map(BlobsAt::Bucket);
         }
         if arg.is_empty() {
             return Err("--blobs: an empty folder name".into());

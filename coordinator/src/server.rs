@@ -589,15 +589,22 @@ async fn open_store(dir: &Path, blobs: Option<&BlobsAt>) -> anyhow::Result<Backe
             let bucket = tessera_store::s3::Bucket::new(location.clone(), &endpoint)
                 .map_err(anyhow::Error::msg)?;
             let probe = bucket.clone();
-            tokio::task::spawn_blocking(move || probe.list("blobs").map(|_| ()))
-                .await?
-                .with_context(|| {
-                    format!(
-                        "cannot reach the asset bucket {location} at {}",
-                        endpoint.url
-                    )
-                })?;
-            tracing::info!(%location, endpoint = %endpoint.url, "assets in a bucket");
+            let shown = endpoint.shown();
+            match tokio::task::spawn_blocking(move || probe.list("blobs").map(|_| ())).await? {
+                Ok(()) => {}
+                // Out of reach for now (a standby taking over during an
+                // outage): serve, and wait for it where it is needed.
+                Err(e) if e.transient => tracing::warn!(
+                    %location,
+                    endpoint = %shown,
+                    "the asset bucket is out of reach for now ({e}); results wait for it"
+                ),
+                Err(e) => bail!(
+                    "the asset bucket {location} at {shown} refused: {e} (check the bucket's \
+                     name, AWS_REGION and the keys)"
+                ),
+            }
+            tracing::info!(%location, endpoint = %shown, "assets in a bucket");
             Ok(Backed::with_bucket(
                 folder(&dir.join("blobs"), false)?,
                 bucket,

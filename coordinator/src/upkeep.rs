@@ -62,9 +62,16 @@ async fn scrub_pass(shared: &Arc<Shared>, bytes_per_sec: u64) -> anyhow::Result<
         pass.blobs += 1;
         pass.bytes += bytes;
         if !intact {
-            pass.corrupt += 1;
-            tracing::warn!(digest = %blob.digest, "scrub: stored blob is corrupt: removed, it will be asked for again");
-            shared.store.remove(&blob.digest)?;
+            // Put back from a good copy, read again, or removed (then it is
+            // asked for again).
+            let shared2 = shared.clone();
+            let removed =
+                tokio::task::spawn_blocking(move || shared2.store.inner().repair(&blob.digest))
+                    .await??;
+            if removed {
+                pass.corrupt += 1;
+                tracing::warn!(digest = %blob.digest, "scrub: stored blob is corrupt: removed, it will be asked for again");
+            }
         }
         // Stay under the rate: the pass may not be ahead of its budget.
         let budget = Duration::from_secs_f64(pass.bytes as f64 / bytes_per_sec as f64);

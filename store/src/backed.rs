@@ -29,6 +29,13 @@ use tessera_protocol::Digest;
 
 /// Most digests remembered as already in the bucket.
 const MAX_KNOWN: usize = 1 << 16;
+/// Most unknown digests one [`Backed::touch_many`] asks the bucket about.
+const ASK_AT_MOST: usize = 256;
+/// Most chunks whose place in a file is remembered (about 20 MB).
+const MAX_HOMES: usize = 1 << 18;
+/// Blobs up to this size are put without asking first whether the bucket
+/// has them: one request instead of two.
+const PUT_BLIND: u64 = 1 << 20;
 /// The largest recipe or list object read back.
 const MAX_RECIPE: u64 = 64 << 20;
 
@@ -40,7 +47,13 @@ pub struct Backed {
     /// Blobs known to be in the bucket, so naming them again costs no
     /// request. Bounded: emptied when it reaches [`MAX_KNOWN`].
     known: Arc<Mutex<HashSet<Digest>>>,
+    /// Where each chunk of the files joined or whose recipes were read
+    /// lies: its file, offset and length. Bounded by [`MAX_HOMES`].
+    homes: Arc<Mutex<HashMap<Digest, Home>>>,
 }
+
+/// Where a chunk lies: its file, offset and length.
+type Home = (Digest, u64, u32);
 
 fn io(e: S3Error) -> BlobError {
     BlobError::Io(e.into())
@@ -57,6 +70,7 @@ impl Backed {
             dir,
             bucket: None,
             known: Default::default(),
+            homes: Default::default(),
         }
     }
 
@@ -66,6 +80,7 @@ impl Backed {
             dir,
             bucket: Some(Arc::new(bucket)),
             known: Default::default(),
+            homes: Default::default(),
         }
     }
 
@@ -105,6 +120,29 @@ impl Backed {
         let Some(bucket) = &self.bucket else {
             return Ok(false);
         };
+        if self.chunk_from_its_file(digest)? {
+            return Ok(true);
+        }
+        // A copy that does not hash right is read once more before the
+        // bucket's object is taken for rotten: one bad read (a flaky link,
+        // a proxy) must not cost the only copy.
+        match self.copy_down(bucket, digest) {
+            Err(BlobError::Mismatch { .. }) => {}
+            other => return other,
+        }
+        match self.copy_down(bucket, digest) {
+            Err(BlobError::Mismatch { .. }) => {
+                tracing::warn!(%digest, "the bucket's copy is corrupt (read twice): removed");
+                bucket.delete(&blob_name(digest)).map_err(io)?;
+                Err(BlobError::Corrupt(*digest))
+            }
+            other => other,
+        }
+    }
+
+    /// One copy of the bucket's object into the folder, verified; `false`
+    /// when the bucket has none.
+    fn copy_down(&self, bucket: &Bucket, digest: &Digest) -> Result<bool, BlobError> {
         let Some((len, body)) = bucket.open(&blob_name(digest)).map_err(io)? else {
             return Ok(false);
         };
@@ -133,22 +171,110 @@ impl Backed {
             }
             self.dir.adopt(&temp, digest)
         })();
-        match copied {
-            Ok(()) => {}
-            // Rotted in the bucket: gone, so the store reports it missing
-            // and the next submit (or result) stores it again.
-            Err(BlobError::Mismatch { .. }) => {
-                let _ = std::fs::remove_file(&temp);
-                bucket.delete(&blob_name(digest)).map_err(io)?;
-                return Err(BlobError::Corrupt(*digest));
-            }
-            Err(e) => {
-                let _ = std::fs::remove_file(&temp);
-                return Err(e);
-            }
+        if let Err(e) = copied {
+            let _ = std::fs::remove_file(&temp);
+            return Err(e);
         }
         self.remember(*digest);
         Ok(true)
+    }
+
+    /// What a scrub does with a blob whose durable copy did not hash
+    /// right: with a bucket, put this machine's copy back if it is good,
+    /// else read the bucket's once more and remove it only if it is still
+    /// wrong; alone, remove it. Returns whether it was removed.
+    pub fn repair(&self, digest: &Digest) -> Result<bool, BlobError> {
+        let Some(bucket) = &self.bucket else {
+            self.dir.remove(digest)?;
+            return Ok(true);
+        };
+        if let Ok(bytes) = self.dir.read(digest) {
+            if Digest::of(&bytes) == *digest {
+                tracing::warn!(%digest, "the bucket's copy was corrupt: put back from this machine's");
+                bucket
+                    .put_file(&blob_name(digest), &self.dir.path(digest))
+                    .map_err(io)?;
+                return Ok(false);
+            }
+            self.dir.remove(digest)?;
+        }
+        match self.ensure_local(digest) {
+            Ok(_) => Ok(false),
+            Err(BlobError::Corrupt(_)) => {
+                self.remove(digest)?;
+                Ok(true)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A chunk of a file joined here or whose recipe was read: cut from the
+    /// file (copied down first), checked, and stored in the folder. Chunks
+    /// are not kept in the bucket one by one (a request each); their files
+    /// and recipes are.
+    fn chunk_from_its_file(&self, chunk: &Digest) -> Result<bool, BlobError> {
+        use std::os::unix::fs::FileExt;
+        let home = self.homes.lock().expect("homes lock").get(chunk).copied();
+        let Some((file, offset, len)) = home else {
+            return Ok(false);
+        };
+        if !(self.dir.contains(&file) || self.ensure_local(&file)?) {
+            return Ok(false);
+        }
+        let mut bytes = vec![0u8; len as usize];
+        std::fs::File::open(self.dir.path(&file))?.read_exact_at(&mut bytes, offset)?;
+        if Digest::of(&bytes) != *chunk {
+            return Ok(false);
+        }
+        self.dir.put_unsynced(chunk, &bytes)?;
+        Ok(true)
+    }
+
+    /// Which of `digests` are stored, each marked as just written (see
+    /// [`BlobStore::touch`]): those in the folder, or chunks of a file
+    /// whose recipe is known; the bucket is asked about the rest only when
+    /// they are few ([`ASK_AT_MOST`], 16 at a time). Many unknown digests
+    /// are a new file's chunks, which the bucket never holds one by one:
+    /// a request each would cost minutes on a long path.
+    pub fn touch_many(&self, digests: &[Digest]) -> Vec<bool> {
+        let mut stored: Vec<bool> = (digests.iter())
+            .map(|d| self.dir.touch(d) || self.homes.lock().expect("homes lock").contains_key(d))
+            .collect();
+        let unknown: Vec<usize> = (0..digests.len()).filter(|&i| !stored[i]).collect();
+        if self.bucket.is_none() || unknown.is_empty() || unknown.len() > ASK_AT_MOST {
+            return stored;
+        }
+        let found: Vec<(usize, bool)> = std::thread::scope(|s| {
+            let asks: Vec<_> = (unknown.chunks(unknown.len().div_ceil(16)))
+                .map(|part| {
+                    s.spawn(move || {
+                        (part.iter())
+                            .map(|&i| (i, self.touch(&digests[i])))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            asks.into_iter()
+                .flat_map(|a| a.join().unwrap_or_default())
+                .collect()
+        });
+        for (i, yes) in found {
+            stored[i] = yes;
+        }
+        stored
+    }
+
+    /// Remembers where each chunk of `recipe` lies in its file.
+    fn index(&self, recipe: &Recipe) {
+        let mut homes = self.homes.lock().expect("homes lock");
+        if homes.len() + recipe.chunks.len() > MAX_HOMES {
+            homes.clear();
+        }
+        for (offset, c) in recipe.offsets() {
+            homes
+                .entry(c.digest)
+                .or_insert((recipe.digest, offset, c.len));
+        }
     }
 
     /// Stores `bytes` in the folder only; [`Backed::sync`] makes them
@@ -185,6 +311,13 @@ impl Backed {
     /// in neither is not stored.
     fn upload(&self, bucket: &Bucket, d: &Digest) -> Result<(), BlobError> {
         if self.known(d) {
+            return Ok(());
+        }
+        if self.dir.size(d).is_some_and(|len| len <= PUT_BLIND) {
+            bucket
+                .put_file(&blob_name(d), &self.dir.path(d))
+                .map_err(io)?;
+            self.remember(*d);
             return Ok(());
         }
         let kept = bucket.head(&blob_name(d)).map_err(io)?;
@@ -265,15 +398,20 @@ impl BlobStore for Backed {
     }
 
     fn get(&self, digest: &Digest) -> Result<Vec<u8>, BlobError> {
-        match self.dir.read(digest) {
-            Err(BlobError::NotFound(_)) if self.bucket.is_some() => {
-                if !self.ensure_local(digest)? {
-                    return Err(BlobError::NotFound(*digest));
-                }
-                self.dir.read(digest)
-            }
-            other => other,
+        if self.bucket.is_none() {
+            return self.dir.read(digest);
         }
+        match self.dir.read(digest) {
+            Ok(bytes) if Digest::of(&bytes) == *digest => return Ok(bytes),
+            // This machine's copy rotted: the bucket's counts.
+            Ok(_) => self.dir.remove(digest)?,
+            Err(BlobError::NotFound(_)) => {}
+            Err(e) => return Err(e),
+        }
+        if !self.ensure_local(digest)? {
+            return Err(BlobError::NotFound(*digest));
+        }
+        self.dir.read(digest)
     }
 
     fn remove(&self, digest: &Digest) -> Result<(), BlobError> {
@@ -350,20 +488,22 @@ impl BlobStore for Backed {
         if let Some(file) = self.file_of_list(&list.id()) {
             return Ok(file);
         }
-        for c in &list.chunks {
-            self.ensure_local(&c.digest)?;
+        // Chunks of files joined before, named again (an edited file),
+        // are cut from those files.
+        for c in list.chunks.iter().filter(|c| !self.dir.contains(&c.digest)) {
+            self.chunk_from_its_file(&c.digest)?;
         }
         let file = self.dir.assemble_list(list)?;
-        // The chunks, the file, then its recipe: a list object names only
-        // a file that is there.
-        let chunks: Vec<Digest> = list.chunks.iter().map(|c| c.digest).collect();
-        self.sync(&chunks)?;
+        // The file, then its recipe (a list object names only a file that
+        // is there); its chunks stay in the folder, cut from the file where
+        // another coordinator needs one.
         self.upload(bucket, &file)?;
         let recipe = self.dir.recipe(&file).ok_or_else(|| BlobError::Recipe {
             file,
             reason: "its recipe was not kept".into(),
         })?;
         self.upload_recipe(bucket, &recipe)?;
+        self.index(&recipe);
         Ok(file)
     }
 
@@ -380,15 +520,21 @@ impl BlobStore for Backed {
     }
 
     fn recipe(&self, file: &Digest) -> Option<Recipe> {
-        if let Some(recipe) = self.dir.recipe(file) {
-            return Some(recipe);
+        let recipe = match self.dir.recipe(file) {
+            Some(recipe) => recipe,
+            None => {
+                let bucket = self.bucket.as_ref()?;
+                let bytes = bucket
+                    .get(&format!("recipes/{}", file.to_hex()), MAX_RECIPE)
+                    .ok()??;
+                let recipe: Recipe = tessera_protocol::codec::decode_frame(&bytes).ok()?;
+                (recipe.digest == *file).then_some(recipe)?
+            }
+        };
+        if self.bucket.is_some() {
+            self.index(&recipe);
         }
-        let bucket = self.bucket.as_ref()?;
-        let bytes = bucket
-            .get(&format!("recipes/{}", file.to_hex()), MAX_RECIPE)
-            .ok()??;
-        let recipe: Recipe = tessera_protocol::codec::decode_frame(&bytes).ok()?;
-        (recipe.digest == *file).then_some(recipe)
+        Some(recipe)
     }
 }
 
@@ -458,8 +604,9 @@ mod tests {
                 len: c.len() as u32,
             })
             .collect();
+        // Chunks arrive as uploads do: in the folder only.
         for c in &chunks {
-            store.put(&Digest::of(c), c).unwrap();
+            store.put_unsynced(&Digest::of(c), c).unwrap();
         }
         let list = ChunkList {
             size: refs.iter().map(|r| u64::from(r.len)).sum(),
@@ -473,6 +620,15 @@ mod tests {
         assert!(other.inner().path(&d).exists(), "copied down when read");
         assert_eq!(other.file_of_list(&list.id()), Some(file));
         assert_eq!(other.recipe(&file).unwrap().chunks, list.chunks);
+        // Chunks are not in the bucket one by one; once the file's recipe
+        // was read, a chunk is cut from the file (what an older worker's
+        // fetch of chunks asks of a standby).
+        assert_eq!(
+            bucket().head(&blob_name(&Digest::of(&chunks[1]))).unwrap(),
+            None
+        );
+        assert!(other.inner().ensure_local(&Digest::of(&chunks[1])).unwrap());
+        assert_eq!(other.get(&Digest::of(&chunks[1])).unwrap(), chunks[1]);
         assert_eq!(other.get(&file).unwrap(), chunks.concat());
         let listed: HashSet<Digest> = other.list().unwrap().iter().map(|b| b.digest).collect();
         assert!(listed.contains(&d) && listed.contains(&file));
@@ -502,6 +658,22 @@ mod tests {
         assert!(matches!(other.get(&r), Err(BlobError::Corrupt(c)) if c == r));
         assert!(!other.inner().path(&r).exists());
         assert_eq!(bucket().head(&blob_name(&r)).unwrap(), None);
+
+        // A scrub that finds the bucket's copy wrong puts this machine's
+        // good copy back instead of removing it; a rotten local copy is
+        // replaced from the bucket, whose object stays.
+        let good = vec![5u8; 4000];
+        let g = Digest::of(&good);
+        store.put(&g, &good).unwrap();
+        bucket().put(&blob_name(&g), b"bitrot").unwrap();
+        assert!(!store.repair(&g).unwrap(), "put back, not removed");
+        assert_eq!(
+            bucket().get(&blob_name(&g), 1 << 20).unwrap().unwrap(),
+            good
+        );
+        std::fs::write(store.path(&g), b"rotten here").unwrap();
+        assert_eq!(store.get(&g).unwrap(), good);
+        assert_eq!(bucket().head(&blob_name(&g)).unwrap(), Some(4000));
 
         // Removal reaches the bucket.
         other.remove(&file).unwrap();

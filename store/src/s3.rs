@@ -71,7 +71,11 @@ impl Location {
         let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
         let bucket_ok = (3..=63).contains(&bucket.len())
             && (bucket.bytes())
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-');
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'.' || b == b'-')
+            && !bucket.contains("..")
+            && !bucket.starts_with(['.', '-'])
+            && !bucket.ends_with(['.', '-'])
+            && bucket.parse::<std::net::Ipv4Addr>().is_err();
         if !bucket_ok {
             return Err(format!(
                 "{bucket:?} is not a bucket name (3 to 63 of a-z, 0-9, '.' and '-')"
@@ -123,6 +127,19 @@ impl std::fmt::Debug for Endpoint {
 }
 
 impl Endpoint {
+    /// The endpoint's URL without a user name or password in it (for logs
+    /// and errors).
+    pub fn shown(&self) -> String {
+        match url::Url::parse(&self.url) {
+            Ok(mut u) if !u.username().is_empty() || u.password().is_some() => {
+                let _ = u.set_username("");
+                let _ = u.set_password(None);
+                u.to_string()
+            }
+            _ => self.url.clone(),
+        }
+    }
+
     /// From the AWS variables, then the shared credentials file (profile
     /// `AWS_PROFILE`, else `default`). Without `AWS_ENDPOINT_URL` (or
     /// `AWS_ENDPOINT_URL_S3`) it is AWS's S3 in the region.
@@ -560,6 +577,9 @@ mod tests {
             "s3://farm/a//b",
             "s3://farm/a?x=1",
             "s3://farm/a b",
+            "s3://farm..assets",
+            "s3://192.168.0.1/x",
+            "s3://-farm",
         ] {
             assert!(Location::parse(bad).is_err(), "{bad}");
         }

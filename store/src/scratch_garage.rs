@@ -110,7 +110,7 @@ impl ScratchGarage {
         let server = command
             .spawn()
             .map_err(|e| format!("cannot start Garage: {e}"))?;
-        let scratch = ScratchGarage {
+        let mut scratch = ScratchGarage {
             dir,
             bin,
             server,
@@ -141,17 +141,20 @@ impl ScratchGarage {
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 
-    fn set_up(&self) -> Result<(), String> {
+    fn set_up(&mut self) -> Result<(), String> {
         let began = Instant::now();
-        let id = loop {
-            match self.garage(&["node", "id", "-q"]) {
-                Ok(id) => break id,
-                Err(e) if began.elapsed() > Duration::from_secs(30) => {
-                    return Err(format!("Garage did not start within 30 s: {e}"))
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        // `status` asks the server (`node id` only reads its key file).
+        while let Err(e) = self.garage(&["status"]) {
+            if let Ok(Some(exit)) = self.server.try_wait() {
+                let err = std::fs::read_to_string(self.dir.join("garage.err")).unwrap_or_default();
+                return Err(format!("Garage exited ({exit}): {}", err.trim()));
             }
-        };
+            if began.elapsed() > Duration::from_secs(30) {
+                return Err(format!("Garage did not start within 30 s: {e}"));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let id = self.garage(&["node", "id", "-q"])?;
         let id = id.trim().split('@').next().unwrap_or_default().to_string();
         self.garage(&["layout", "assign", "-z", "dc1", "-c", "1G", &id])?;
         self.garage(&["layout", "apply", "--version", "1"])?;

@@ -48,7 +48,12 @@ pub(crate) async fn handle(
         // Touching each stored file is disk work: off the runtime.
         ClientRequest::MissingBlobs(digests) => ClientResponse::Missing(
             shared
-                .blocking(move |s| digests.into_iter().filter(|d| !s.store.touch(d)).collect())
+                .blocking(move |s| {
+                    let stored = s.store.inner().touch_many(&digests);
+                    (digests.into_iter().zip(stored))
+                        .filter_map(|(d, stored)| (!stored).then_some(d))
+                        .collect()
+                })
                 .await?,
         ),
         ClientRequest::KnownLists(lists) => {
