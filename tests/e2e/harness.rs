@@ -159,7 +159,8 @@ impl Farm {
         }
         if state == State::PostgresS3 {
             // Without Garage here this fails, naming what to install.
-            let garage = ScratchGarage::start(name).expect("a scratch Garage");
+            // In the coordinator's network namespace, on its address.
+            let garage = ScratchGarage::start_in(name, netns, listen_ip).expect("a scratch Garage");
             (farm.coordinator_env).extend(garage.env().into_iter().map(|(k, v)| (k.into(), v)));
             (farm.coordinator_args).extend(["--blobs".into(), format!("s3://{BUCKET}/{name}")]);
             farm.garage = Some(garage);

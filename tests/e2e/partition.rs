@@ -131,13 +131,14 @@ fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_ref
     );
 }
 
-/// The same with the coordinator's state in PostgreSQL.
+/// The same with the coordinator's state in PostgreSQL and its assets in
+/// an S3-compatible object store (Garage, in the coordinator's namespace).
 #[test]
-#[ignore = "needs PostgreSQL (initdb, postgres) and root with iproute2"]
-fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused_on_postgresql()
-{
+#[ignore = "needs PostgreSQL (initdb, postgres), Garage and root with iproute2"]
+fn a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused_on_postgresql_and_s3(
+) {
     a_partitioned_worker_loses_its_tasks_then_rejoins_and_its_stale_result_is_refused_on(
-        State::Postgres,
+        State::PostgresS3,
     );
 }
 
