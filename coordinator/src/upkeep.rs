@@ -70,7 +70,7 @@ async fn scrub_pass(shared: &Arc<Shared>, bytes_per_sec: u64) -> anyhow::Result<
                     .await??;
             if removed {
                 pass.corrupt += 1;
-                tracing::warn!(digest = %blob.digest, "scrub: stored blob is corrupt: removed, it will be asked for again");
+                tracing::warn!(digest = %blob.digest, "scrub: stored blob is corrupt: taken for missing, it will be asked for again");
             }
         }
         // Stay under the rate: the pass may not be ahead of its budget.

@@ -50,6 +50,9 @@ pub struct Backed {
     /// Where each chunk of the files joined or whose recipes were read
     /// lies: its file, offset and length. Bounded by [`MAX_HOMES`].
     homes: Arc<Mutex<HashMap<Digest, Home>>>,
+    /// Objects whose bytes did not hash right when read (twice): taken for
+    /// missing until stored again. Bounded like `known`.
+    suspect: Arc<Mutex<HashSet<Digest>>>,
 }
 
 /// Where a chunk lies: its file, offset and length.
@@ -71,6 +74,7 @@ impl Backed {
             bucket: None,
             known: Default::default(),
             homes: Default::default(),
+            suspect: Default::default(),
         }
     }
 
@@ -81,6 +85,7 @@ impl Backed {
             bucket: Some(Arc::new(bucket)),
             known: Default::default(),
             homes: Default::default(),
+            suspect: Default::default(),
         }
     }
 
@@ -103,7 +108,23 @@ impl Backed {
         self.known.lock().expect("known lock").contains(d)
     }
 
+    /// Marks `d`'s object in the bucket as not hashing right: missing to
+    /// `has` and `touch`, overwritten by the next upload.
+    fn suspect(&self, d: Digest) {
+        self.known.lock().expect("known lock").remove(&d);
+        let mut suspect = self.suspect.lock().expect("suspect lock");
+        if suspect.len() >= MAX_KNOWN {
+            suspect.clear();
+        }
+        suspect.insert(d);
+    }
+
+    fn suspected(&self, d: &Digest) -> bool {
+        self.suspect.lock().expect("suspect lock").contains(d)
+    }
+
     fn remember(&self, d: Digest) {
+        self.suspect.lock().expect("suspect lock").remove(&d);
         let mut known = self.known.lock().expect("known lock");
         if known.len() >= MAX_KNOWN {
             known.clear();
@@ -131,9 +152,12 @@ impl Backed {
             other => return other,
         }
         match self.copy_down(bucket, digest) {
+            // Never deleted on what reads say (a damaging path looks the
+            // same as rot): taken for missing, and stored again over it by
+            // the next upload of those bytes.
             Err(BlobError::Mismatch { .. }) => {
-                tracing::warn!(%digest, "the bucket's copy is corrupt (read twice): removed");
-                bucket.delete(&blob_name(digest)).map_err(io)?;
+                tracing::warn!(%digest, "the bucket's copy does not hash right (read twice): taken for missing until it is stored again; left in the bucket");
+                self.suspect(*digest);
                 Err(BlobError::Corrupt(*digest))
             }
             other => other,
@@ -181,8 +205,9 @@ impl Backed {
 
     /// What a scrub does with a blob whose durable copy did not hash
     /// right: with a bucket, put this machine's copy back if it is good,
-    /// else read the bucket's once more and remove it only if it is still
-    /// wrong; alone, remove it. Returns whether it was removed.
+    /// else read the bucket's again and, if still wrong, take it for
+    /// missing (never deleting it); alone, remove it. Returns whether it is
+    /// now missing.
     pub fn repair(&self, digest: &Digest) -> Result<bool, BlobError> {
         let Some(bucket) = &self.bucket else {
             self.dir.remove(digest)?;
@@ -200,10 +225,7 @@ impl Backed {
         }
         match self.ensure_local(digest) {
             Ok(_) => Ok(false),
-            Err(BlobError::Corrupt(_)) => {
-                self.remove(digest)?;
-                Ok(true)
-            }
+            Err(BlobError::Corrupt(_)) => Ok(true),
             Err(e) => Err(e),
         }
     }
@@ -313,7 +335,12 @@ impl Backed {
         if self.known(d) {
             return Ok(());
         }
-        if self.dir.size(d).is_some_and(|len| len <= PUT_BLIND) {
+        let suspected = self.suspected(d);
+        if self
+            .dir
+            .size(d)
+            .is_some_and(|len| len <= PUT_BLIND || suspected)
+        {
             bucket
                 .put_file(&blob_name(d), &self.dir.path(d))
                 .map_err(io)?;
@@ -374,6 +401,9 @@ impl BlobStore for Backed {
             return Some(len);
         }
         let bucket = self.bucket.as_ref()?;
+        if self.suspected(digest) {
+            return None;
+        }
         match bucket.head(&blob_name(digest)) {
             Ok(found) => found,
             Err(e) => {
@@ -388,7 +418,7 @@ impl BlobStore for Backed {
             None => Ok(self.dir.put_as(digest, bytes)?),
             Some(bucket) => {
                 self.dir.put_unsynced(digest, bytes)?;
-                if !self.known(digest) {
+                if !self.known(digest) || self.suspected(digest) {
                     bucket.put(&blob_name(digest), bytes).map_err(io)?;
                     self.remember(*digest);
                 }
@@ -469,7 +499,9 @@ impl BlobStore for Backed {
         let Some(bucket) = &self.bucket else {
             return local;
         };
-        if !local && !matches!(bucket.head(&blob_name(digest)), Ok(Some(_))) {
+        if !local
+            && (self.suspected(digest) || !matches!(bucket.head(&blob_name(digest)), Ok(Some(_))))
+        {
             return false;
         }
         match bucket.put(&format!("touched/{}", digest.to_hex()), b"") {
@@ -655,9 +687,23 @@ mod tests {
         let rotten = vec![9u8; 5000];
         let r = Digest::of(&rotten);
         bucket().put(&blob_name(&r), b"not those bytes").unwrap();
+        // Bytes that do not hash right, read twice, are never served and
+        // never deleted (a damaging path reads the same as rot): the blob
+        // is missing until stored again over them.
         assert!(matches!(other.get(&r), Err(BlobError::Corrupt(c)) if c == r));
         assert!(!other.inner().path(&r).exists());
-        assert_eq!(bucket().head(&blob_name(&r)).unwrap(), None);
+        assert_eq!(
+            bucket().head(&blob_name(&r)).unwrap(),
+            Some(15),
+            "left in place"
+        );
+        assert_eq!(other.has(&r), None);
+        assert!(!other.touch(&r));
+        other.put(&r, &rotten).unwrap();
+        assert_eq!(
+            bucket().get(&blob_name(&r), 1 << 20).unwrap().unwrap(),
+            rotten
+        );
 
         // A scrub that finds the bucket's copy wrong puts this machine's
         // good copy back instead of removing it; a rotten local copy is
