@@ -232,35 +232,7 @@ fn fanout() {
         Some(&bench.coordinator_ns),
         wan::COORDINATOR_IP,
     );
-    let dir = farm.dir.join("scene");
-    std::fs::create_dir_all(dir.join("cache")).unwrap();
-    let mut textures = vec!["shared.bin".to_string()];
-    std::fs::write(
-        dir.join("shared.bin"),
-        harness::noise(shared_len as usize, 1),
-    )
-    .unwrap();
-    for f in 1..=FRAMES {
-        let name = format!("cache/f_{f:04}.bin");
-        std::fs::write(dir.join(&name), harness::noise(frame_len as usize, 100 + f)).unwrap();
-        textures.push(name);
-    }
-    let materials: Vec<String> = (textures.iter().enumerate())
-        .map(|(i, t)| format!(r#""m{i}": {{ "kind": "diffuse", "texture": "{t}" }}"#))
-        .collect();
-    let scene = dir.join("fanout.scene.json");
-    std::fs::write(
-        &scene,
-        format!(
-            r#"{{ "resolution": [64, 36], "samples": 1, "max_bounces": 1, "seed": 1,
-  "frames": {{ "start": 1, "end": {FRAMES} }},
-  "background": {{ "sky": {{ "horizon": [0.9, 0.9, 0.9], "zenith": [0.4, 0.6, 1.0] }} }},
-  "camera": [{{ "frame": 1, "position": [0.0, 1.0, 6.0], "look_at": [0.0, 0.5, 0.0], "fov_deg": 40 }}],
-  "materials": {{ {} }}, "objects": [] }}"#,
-            materials.join(", ")
-        ),
-    )
-    .unwrap();
+    let (scene, needs) = fanout_scene(&farm.dir.join("scene"), total);
     for (i, path) in bench.paths.iter().enumerate() {
         farm.add_worker_in(
             Some(&path.ns),
@@ -333,7 +305,6 @@ fn fanout() {
     let _ = events.kill();
     let _ = events.wait();
     let first = first.unwrap();
-    let needs = shared_len + frame_len + std::fs::metadata(&scene).unwrap().len();
     let rate = mbit as f64 * 1e6 / 8.0;
     let limit = needs as f64 / rate + task_ms as f64 / 1000.0;
     let whole = (total as f64) / rate + task_ms as f64 / 1000.0;

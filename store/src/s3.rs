@@ -396,29 +396,20 @@ impl Bucket {
     /// Object `name`'s bytes, `None` when there is none; at most `limit`
     /// bytes (more is an error).
     pub fn get(&self, name: &str, limit: u64) -> Result<Option<Vec<u8>>, S3Error> {
-        let key = self.key(name);
-        let url = (self.signer.get_object(Some(&self.credentials), &key)).sign(SIGNED_FOR);
-        let response = self.call(self.agent.get(url.as_str()).call(), &key)?;
-        if response.status().as_u16() == 404 {
+        let Some((len, body)) = self.open(name)? else {
             return Ok(None);
-        }
-        let response = expect_ok(&key, response)?;
-        let mut bytes = Vec::new();
-        let mut body = response
-            .into_body()
-            .into_with_config()
-            .limit(u64::MAX)
-            .reader();
-        (&mut body)
-            .take(limit.saturating_add(1))
-            .read_to_end(&mut bytes)
-            .map_err(|e| S3Error::new(format!("{key}: {e}"), true))?;
-        if bytes.len() as u64 > limit {
+        };
+        let key = self.key(name);
+        if len > limit {
             return Err(S3Error::new(
                 format!("{key}: larger than {limit} bytes"),
                 false,
             ));
         }
+        let mut bytes = Vec::new();
+        (body.take(len))
+            .read_to_end(&mut bytes)
+            .map_err(|e| S3Error::new(format!("{key}: {e}"), true))?;
         Ok(Some(bytes))
     }
 
