@@ -89,7 +89,10 @@ pub(crate) async fn scan(
             "a scan's path may be at most {MAX_SCAN_PATH} bytes"
         )));
     }
-    if shared.store.has(&blend).is_none() {
+    // With a bucket, asking it is a request: off the runtime.
+    let store = shared.store.clone();
+    let stored = tokio::task::spawn_blocking(move || store.has(&blend)).await;
+    if stored.ok().flatten().is_none() {
         return Err(ClientError::invalid(format!(
             "blob {blend} was not uploaded"
         )));
