@@ -14,6 +14,7 @@ mod blender_versions;
 mod bounds;
 mod contract;
 mod dashboard;
+mod deploy;
 mod doc_scripts;
 mod durability;
 mod failover;

@@ -143,10 +143,10 @@ fn the_coreweave_manifests_validate_and_drain_before_the_kill() {
 }
 
 /// The manifests of a farm with a standby (`deploy/kubernetes/coordinators/`:
-/// two coordinators, PostgreSQL, a shared asset volume) validate offline,
-/// and run what the docs say: both coordinators `--standby` on the shared
-/// state and blob volume, each with a data dir of its own, never on one
-/// node, the database password only in a Secret.
+/// two coordinators, PostgreSQL, Garage as the object store) validate
+/// offline, and run what the docs say: both coordinators `--standby` on the
+/// shared state and bucket, each with a data dir of its own, never on one
+/// node, the database password and the store's keys only in Secrets.
 #[test]
 #[ignore = "needs kubernetes-validate (.ci/run installs it)"]
 fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
@@ -163,7 +163,7 @@ fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert_eq!(text.matches(" passed for resource ").count(), 6, "{text}");
+    assert_eq!(text.matches(" passed for resource ").count(), 10, "{text}");
 
     let docs = documents(&dir.join("coordinators.yaml"));
     let kind = |k: &str| docs.iter().find(|d| d["kind"] == k).unwrap().clone();
@@ -189,17 +189,52 @@ fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
         set["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
         "data"
     );
-    let blobs = mounted(flag("--blobs"));
-    let volume = (pod["volumes"].as_array().unwrap().iter())
-        .find(|v| v["name"] == blobs.as_str())
-        .unwrap();
-    let claim = volume["persistentVolumeClaim"]["claimName"].clone();
-    let pvc = kind("PersistentVolumeClaim");
-    assert_eq!(pvc["metadata"]["name"], claim);
-    assert_eq!(pvc["spec"]["accessModes"][0], "ReadWriteMany");
-    // The state's URL names no password; PGPASSWORD comes from the Secret.
+    assert_eq!(mounts.len(), 1, "one volume of its own, no shared one");
+    assert_eq!(pod["securityContext"]["fsGroup"], 1000, "the image's user");
+    // The assets in the bucket; its endpoint the store's Service, its keys
+    // from a Secret, never the command line.
+    assert_eq!(flag("--blobs"), "s3://tessera/farm");
     let env = c["env"].as_array().unwrap();
     let var = |name: &str| env.iter().find(|e| e["name"] == name).unwrap().clone();
+    let garage = documents(&dir.join("garage.yaml"));
+    let garage_kind = |k: &str| garage.iter().find(|d| d["kind"] == k).unwrap().clone();
+    let service = garage_kind("Service");
+    let port = service["spec"]["ports"][0]["port"].as_u64().unwrap();
+    assert_eq!(
+        var("AWS_ENDPOINT_URL")["value"],
+        format!(
+            "http://{}:{port}",
+            service["metadata"]["name"].as_str().unwrap()
+        )
+    );
+    assert_eq!(var("AWS_REGION")["value"], "garage");
+    let config = garage_kind("ConfigMap")["data"]["garage.toml"].clone();
+    let config = config.as_str().unwrap();
+    assert!(config.contains("s3_region = \"garage\""), "{config}");
+    assert!(!config.contains("rpc_secret"), "{config}");
+    for (name, key) in [
+        ("AWS_ACCESS_KEY_ID", "access-key-id"),
+        ("AWS_SECRET_ACCESS_KEY", "secret-access-key"),
+    ] {
+        let secret = var(name)["valueFrom"]["secretKeyRef"].clone();
+        assert_eq!(secret["key"], key);
+        let named = (docs.iter())
+            .find(|d| d["kind"] == "Secret" && d["metadata"]["name"] == secret["name"])
+            .unwrap();
+        assert!(named["stringData"][key].is_string());
+    }
+    assert!(
+        !args.iter().any(|a| a.contains("AWS") || a.contains("key")),
+        "{args:?}"
+    );
+    let store = &garage_kind("StatefulSet")["spec"]["template"]["spec"]["containers"][0];
+    let rpc = &store["env"][0];
+    assert_eq!(rpc["name"], "GARAGE_RPC_SECRET");
+    assert_eq!(
+        rpc["valueFrom"]["secretKeyRef"]["name"],
+        garage_kind("Secret")["metadata"]["name"]
+    );
+    // The state's URL names no password; PGPASSWORD comes from the Secret.
     let url = var("TESSERA_STATE")["value"].as_str().unwrap().to_string();
     let userinfo = url.split('@').next().unwrap();
     assert!(
@@ -208,7 +243,10 @@ fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
     );
     assert!(url.contains("tessera-postgres"), "{url}");
     let secret = var("PGPASSWORD")["valueFrom"]["secretKeyRef"].clone();
-    assert_eq!(secret["name"], kind("Secret")["metadata"]["name"]);
+    assert_eq!(secret["name"], "tessera-state");
+    assert!(docs
+        .iter()
+        .any(|d| d["kind"] == "Secret" && d["metadata"]["name"] == "tessera-state"));
     assert_eq!(
         var("POD_IP")["valueFrom"]["fieldRef"]["fieldPath"],
         "status.podIP"
@@ -225,4 +263,156 @@ fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
         .unwrap();
     let pg_env = pg_set["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
     assert!(pg_env.contains("tessera-state"), "{pg_env}");
+}
+
+/// `docker-compose` (Debian's, 1.29; `.ci/run` installs it), which checks a
+/// Compose file against the Compose schema offline (`config`).
+fn compose() -> PathBuf {
+    std::env::var_os("TESSERA_TEST_DOCKER_COMPOSE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("docker-compose"))
+}
+
+/// `docker-compose config` of `file` in `dir` (where its `.env` is).
+fn compose_config(dir: &Path, file: &Path) -> std::process::Output {
+    Command::new(compose())
+        .arg("-f")
+        .arg(file)
+        .arg("config")
+        .current_dir(dir)
+        .env_remove("COMPOSE_PROJECT_NAME")
+        .output()
+        .unwrap_or_else(|e| panic!("{}: {e}: install Debian's docker-compose (.ci/run does) or set TESSERA_TEST_DOCKER_COMPOSE", compose().display()))
+}
+
+/// The Compose file of a farm with a standby (`deploy/compose/`: two
+/// coordinators, PostgreSQL, Garage) validates offline against the Compose
+/// schema with the example `.env` filled in, refuses to start without it,
+/// and runs what the docs say: both coordinators `--standby` on the shared
+/// state and bucket with volumes of their own, advertising the ports they
+/// publish, every secret from `.env`, none on a command line.
+#[test]
+#[ignore = "needs docker-compose (.ci/run installs it)"]
+fn the_compose_file_validates_and_runs_a_standby_on_postgres_and_a_bucket() {
+    let source = manifests().join("../compose");
+    let tmp = std::env::temp_dir().join(format!("tessera-compose-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    for name in ["compose.yaml", "garage.toml", "env.example"] {
+        std::fs::copy(source.join(name), tmp.join(name)).unwrap();
+    }
+    let file = tmp.join("compose.yaml");
+
+    // Without a filled-in .env it refuses, naming what is missing.
+    let out = compose_config(&tmp, &file);
+    assert!(!out.status.success(), "it validated with no .env");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("TESSERA_DB_PASSWORD"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Every line of the example filled in.
+    let example = std::fs::read_to_string(tmp.join("env.example")).unwrap();
+    let secrets = [
+        ("TESSERA_DB_PASSWORD", "db-password-1"),
+        ("GARAGE_RPC_SECRET", "rpc-secret-2"),
+        ("AWS_ACCESS_KEY_ID", "GKkey-id-3"),
+        ("AWS_SECRET_ACCESS_KEY", "secret-key-4"),
+    ];
+    let mut env = String::new();
+    for line in example.lines().filter(|l| !l.starts_with('#')) {
+        let (name, value) = line.split_once('=').unwrap();
+        let value = match secrets.iter().find(|(n, _)| *n == name) {
+            Some((_, v)) => v.to_string(),
+            None if name == "TESSERA_HOST" => "198.51.100.7".to_string(),
+            None => {
+                assert!(!value.is_empty(), "{name} is left empty in env.example");
+                value.to_string()
+            }
+        };
+        env.push_str(&format!("{name}={value}\n"));
+    }
+    for (name, _) in secrets {
+        assert!(
+            env.contains(&format!("{name}=")),
+            "env.example lacks {name}"
+        );
+    }
+    std::fs::write(tmp.join(".env"), env).unwrap();
+    let out = compose_config(&tmp, &file);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let resolved = tmp.join("resolved.yaml");
+    std::fs::write(&resolved, &out.stdout).unwrap();
+    let config = &documents(&resolved)[0];
+
+    // The schema is checked: a misspelt key fails.
+    let text = std::fs::read_to_string(&file).unwrap();
+    std::fs::write(
+        &file,
+        text.replace("stop_grace_period", "stop_grace_periods"),
+    )
+    .unwrap();
+    assert!(
+        !compose_config(&tmp, &file).status.success(),
+        "a misspelt key passed"
+    );
+
+    let services = &config["services"];
+    for (name, port) in [("coordinator-a", 7700), ("coordinator-b", 7701)] {
+        let c = &services[name];
+        let args: Vec<&str> = (c["command"].as_array().unwrap().iter())
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert_eq!(args[0], "coordinator", "{name}");
+        assert!(args.contains(&"--standby"), "{name}: {args:?}");
+        let flag = |f: &str| args.windows(2).find(|w| w[0] == f).unwrap()[1];
+        assert_eq!(flag("--blobs"), "s3://tessera/farm");
+        assert_eq!(flag("--advertise"), format!("198.51.100.7:{port}"));
+        assert_eq!(c["ports"][0]["published"].as_u64(), Some(port));
+        assert_eq!(c["ports"][0]["protocol"], "udp");
+        // A volume of its own, holding the data dir.
+        let volume = c["volumes"][0].as_str().unwrap();
+        let (source, target) = volume.split_once(':').unwrap();
+        assert_eq!(source, name);
+        assert!(flag("--data-dir").starts_with(&format!("{}/", target.split(':').next().unwrap())));
+        let env = &c["environment"];
+        let state = env["TESSERA_STATE"].as_str().unwrap();
+        assert!(
+            !state
+                .trim_start_matches("postgres://")
+                .split('@')
+                .next()
+                .unwrap()
+                .contains(':'),
+            "{state}"
+        );
+        assert!(state.contains("@postgres:5432/"), "{state}");
+        assert_eq!(env["PGPASSWORD"], "db-password-1");
+        assert_eq!(env["AWS_ACCESS_KEY_ID"], "GKkey-id-3");
+        assert_eq!(env["AWS_SECRET_ACCESS_KEY"], "secret-key-4");
+        // Workers reach the store where the coordinator signs its URLs.
+        assert_eq!(env["AWS_ENDPOINT_URL"], "http://198.51.100.7:3900");
+        for (_, secret) in secrets {
+            assert!(!args.iter().any(|a| a.contains(secret)), "{args:?}");
+        }
+        assert_eq!(c["depends_on"]["postgres"]["condition"], "service_healthy");
+    }
+    let postgres = &services["postgres"];
+    assert_eq!(
+        postgres["environment"]["POSTGRES_PASSWORD"],
+        "db-password-1"
+    );
+    assert_eq!(postgres["environment"]["POSTGRES_USER"], "tessera");
+    let garage = &services["garage"];
+    assert_eq!(garage["environment"]["GARAGE_RPC_SECRET"], "rpc-secret-2");
+    assert_eq!(garage["ports"][0]["published"].as_u64(), Some(3900));
+    assert!(
+        garage["ports"].as_array().unwrap().len() == 1,
+        "RPC stays inside"
+    );
+    std::fs::remove_dir_all(&tmp).unwrap();
 }
