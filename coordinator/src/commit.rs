@@ -46,6 +46,7 @@ pub(crate) enum CommitMsg {
 pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<CommitMsg>) {
     let exit_after_commit =
         std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_EXIT_AFTER_COMMIT);
+    let mut outage = Outage::default();
     let mut stop = false;
     while !stop {
         let Some(first) = rx.blocking_recv() else {
@@ -80,13 +81,51 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
             }
         }
         if !batch.is_empty() {
-            commit_results(&shared, batch, exit_after_commit);
+            commit_results(&shared, batch, exit_after_commit, &mut outage);
         }
         if let Some((job, tasks, frames)) = withdraw {
             if let Err(e) = shared.db().withdraw(job, &tasks, &frames) {
                 tracing::error!(job, "cannot withdraw results: {e}");
             }
         }
+    }
+}
+
+/// How often a store outage that goes on is said again in the log.
+const OUTAGE_SAID_EVERY: Duration = Duration::from_secs(10);
+
+/// The store being out of reach when results commit, as the log tells it:
+/// the first refusal at once, then a line with the count every
+/// [`OUTAGE_SAID_EVERY`], and its end.
+#[derive(Debug, Default)]
+struct Outage {
+    began: Option<Instant>,
+    said: Option<Instant>,
+    /// Results refused since the last line, and in all.
+    unsaid: u64,
+    refused: u64,
+}
+
+impl Outage {
+    /// `n` results refused at `now`: the count to say now, if it is time.
+    fn refused(&mut self, n: usize, now: Instant) -> Option<u64> {
+        self.began.get_or_insert(now);
+        self.unsaid += n as u64;
+        self.refused += n as u64;
+        if self.said.is_some_and(|said| now < said + OUTAGE_SAID_EVERY) {
+            return None;
+        }
+        self.said = Some(now);
+        Some(std::mem::take(&mut self.unsaid))
+    }
+
+    /// Results durable again at `now`: how long the outage lasted and the
+    /// results it refused, if there was one.
+    fn over(&mut self, now: Instant) -> Option<(Duration, u64)> {
+        let began = self.began?;
+        let refused = self.refused;
+        *self = Outage::default();
+        Some((now - began, refused))
     }
 }
 
@@ -147,7 +186,12 @@ impl Unreachable for anyhow::Error {
 }
 
 /// Writes one batch of results, then lets the core acknowledge them.
-fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_commit: bool) {
+fn commit_results(
+    shared: &Arc<Shared>,
+    batch: Vec<AcceptedResult>,
+    exit_after_commit: bool,
+    outage: &mut Outage,
+) {
     let rows: Vec<NewResult<'_>> = batch
         .iter()
         .map(|c| NewResult {
@@ -164,7 +208,17 @@ fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_c
     // The outputs first: a result is durable, blob and row, before it
     // is acknowledged.
     let outputs: Vec<_> = batch.iter().map(|c| c.output).collect();
-    let outcome = match shared.store.inner().sync(&outputs) {
+    let synced = shared.store.inner().sync(&outputs);
+    if synced.is_ok() {
+        if let Some((lasted, refused)) = outage.over(Instant::now()) {
+            tracing::warn!(
+                refused,
+                "results are durable again, after {:.1} s of the store out of reach",
+                lasted.as_secs_f64()
+            );
+        }
+    }
+    let outcome = match synced {
         Ok(()) => patiently("commit results", || {
             shared.db().insert_results(&rows, &costs)
         })
@@ -177,10 +231,14 @@ fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_c
         }),
         // The bucket out of reach is an outage like the database's.
         Err(e) => {
-            tracing::warn!(
-                results = batch.len(),
-                "cannot make results durable, refusing them (their tasks run again): {e}"
-            );
+            // Refused tasks run again at once: said once, then every
+            // OUTAGE_SAID_EVERY with the count, not at each refusal.
+            if let Some(refused) = outage.refused(batch.len(), Instant::now()) {
+                tracing::warn!(
+                    refused,
+                    "cannot make results durable, refusing them (their tasks run again): {e}"
+                );
+            }
             Err(CommitFailure {
                 transient: tessera_store::backed::is_transient(&e),
                 reason: format!("cannot make the outputs durable: {e}"),
@@ -197,4 +255,35 @@ fn commit_results(shared: &Arc<Shared>, batch: Vec<AcceptedResult>, exit_after_c
         std::process::abort();
     }
     shared.update(|core, now| core.committed(&batch, outcome, now));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_store_outage_is_said_at_once_then_every_ten_seconds_with_the_count_then_its_end() {
+        let t0 = Instant::now();
+        let at = |ms: u64| t0 + Duration::from_millis(ms);
+        let mut outage = Outage::default();
+        assert_eq!(outage.over(at(0)), None, "no outage, nothing to say");
+        assert_eq!(outage.refused(2, at(0)), Some(2));
+        // Refused tasks come back at once, 27 a second: said again only
+        // once 10 s passed, with the refusals since the last line.
+        let said: Vec<_> = (1..=300)
+            .filter_map(|i| outage.refused(1, at(i * 37)))
+            .collect();
+        assert_eq!(said, [271], "the 271st came 10.027 s in");
+        assert_eq!(outage.refused(1, at(15_000)), None);
+        assert_eq!(
+            outage.over(at(16_000)),
+            Some((Duration::from_secs(16), 303))
+        );
+        assert_eq!(outage.over(at(17_000)), None, "said once");
+        assert_eq!(
+            outage.refused(1, at(18_000)),
+            Some(1),
+            "a new outage is said at once"
+        );
+    }
 }

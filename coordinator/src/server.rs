@@ -60,8 +60,8 @@ pub enum Stopped {
 
 /// Opens the data dir (creating it, the certificate and the tickets on first
 /// start), restores every job, and starts listening.
-// Long because: the coordinator's start-up in order (data dir, identity,
-// endpoints, tickets, database, store, farm core, threads and tasks);
+// Long because: the coordinator's start-up in order (data dir, database
+// and identity, store, endpoints, tickets and lease, farm core, threads and tasks);
 // each step uses the ones before it and the order is the point.
 pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
     let dir = &config.data_dir.clone();
@@ -77,6 +77,9 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
     let (state_dir, state_url) = (dir.clone(), config.state_url.clone());
     let (mut db, identity, secrets) =
         tokio::task::spawn_blocking(move || open_state(&state_dir, state_url.as_deref())).await??;
+    // Before standing by: a standby whose bucket refuses it stops now, not
+    // when it takes the farm over.
+    let store = Verified::new(open_store(dir, config.blobs.as_ref()).await?);
     let (endpoint, http) = bind_both(&config, &identity, previous).await?;
     let bound = endpoint.local_addr()?;
     let advertised = match config.advertise {
@@ -151,7 +154,6 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
         let lease = Arc::new(Lease::sole(advertised));
         (db, generation, lease, None, tickets)
     };
-    let store = Verified::new(open_store(dir, config.blobs.as_ref()).await?);
     let core = FarmCore::new(FarmConfig {
         scheduler: scheduler::Config {
             lease_ms: config.lease_ms,

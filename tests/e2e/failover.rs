@@ -695,3 +695,58 @@ fn signal(pid: u32, sig: i32) {
     // SAFETY: a signal to a process this test started.
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
 }
+
+/// A standby whose bucket refuses its key stops at its start, with the
+/// bucket's reason, before it stands by: it never waits to fail only when
+/// the farm needs it (it took the lease and exited, before), and never
+/// writes a ticket nor gets named in the farm's.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres) and Garage"]
+fn a_standby_its_bucket_refuses_stops_at_its_start_not_when_it_takes_over() {
+    let name = "standby-refused";
+    let farm = Farm::start_with_state(name, &[], State::PostgresS3);
+    let wrong_key = "0".repeat(64);
+    let env = (farm.coordinator_env.iter()).map(|(k, v)| match k.as_str() {
+        "AWS_SECRET_ACCESS_KEY" => (k.as_str(), wrong_key.as_str()),
+        _ => (k.as_str(), v.as_str()),
+    });
+    let data = farm.dir.join("data-standby");
+    let blobs = format!("s3://{}/{name}", tessera_store::scratch_garage::BUCKET);
+    let mut child = std::process::Command::new(crate::harness::binary())
+        .args(["coordinator", "--listen", "127.0.0.1:0", "--standby"])
+        .args(["--blobs", &blobs, "--data-dir"])
+        .arg(&data)
+        .envs(env)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start the standby");
+    let began = Instant::now();
+    let exit = loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            break exit;
+        }
+        if began.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            panic!("a standby its bucket refuses stood by");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(!exit.success(), "{exit}");
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(err.contains(&blobs), "the error names the bucket: {err}");
+    assert!(!err.contains(&wrong_key), "the key is never shown: {err}");
+    assert!(
+        ticket_in(&data, "worker.ticket").is_none(),
+        "it wrote a ticket"
+    );
+    // The active coordinator's tickets, rewritten each look, name it alone.
+    std::thread::sleep(Duration::from_secs(4));
+    let ticket = ticket_in(&farm.data, "worker.ticket").unwrap();
+    assert!(
+        ticket.also.is_empty(),
+        "named in tickets: {:?}",
+        ticket.also
+    );
+}
