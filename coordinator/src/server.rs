@@ -80,7 +80,7 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
     // Before standing by: a standby whose bucket refuses it stops now, not
     // when it takes the farm over.
     let store = Verified::new(open_store(dir, config.blobs.as_ref()).await?);
-    let (endpoint, http) = bind_both(&config, &identity, previous).await?;
+    let (endpoint, mut http) = bind_both(&config, &identity, previous).await?;
     let bound = endpoint.local_addr()?;
     let advertised = match config.advertise {
         Some(a) => a,
@@ -116,7 +116,26 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
         };
         let waiting = Lease::sole(advertised);
         waiting.name_others(&others);
-        data_dir::write_tickets_for(dir, &waiting.addrs(), &fingerprint, secrets.clone())?;
+        let waiting_tickets =
+            data_dir::write_tickets_for(dir, &waiting.addrs(), &fingerprint, secrets.clone())?;
+        // Its HTTP port says it stands by (and its lease gauge, 0) until
+        // it takes over; then the listener is the API's.
+        let answering = match http.take() {
+            Some(listener) => {
+                let listener = Arc::new(listener);
+                let bearers = crate::http::standby::Bearers {
+                    client: waiting_tickets.client.secret.clone(),
+                    viewer: waiting_tickets.viewer.secret.clone(),
+                };
+                let task = tokio::spawn(crate::http::standby::answer(
+                    listener.clone(),
+                    crate::http::tls(&identity, config.http_cert.as_ref())?,
+                    Arc::new(bearers),
+                ));
+                Some((listener, task))
+            }
+            None => None,
+        };
         // A standby refuses connections (clients and workers try the
         // ticket's other addresses) until it takes over.
         let refuser = {
@@ -137,6 +156,13 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
         })
         .await??;
         refuser.abort();
+        if let Some((listener, task)) = answering {
+            task.abort();
+            let _ = task.await;
+            let listener = Arc::try_unwrap(listener)
+                .map_err(|_| anyhow::anyhow!("the HTTP listener is still the standby's"))?;
+            http = Some(listener);
+        }
         db.set_fence(generation);
         tracing::info!(generation, "this coordinator holds the farm's lease");
         let lease = Arc::new(Lease::held(generation, claimed, advertised));

@@ -750,3 +750,53 @@ fn a_standby_its_bucket_refuses_stops_at_its_start_not_when_it_takes_over() {
         ticket.also
     );
 }
+
+/// A standby's HTTP port answers while it stands by (it accepted and kept
+/// silent, before): `/metrics`, to the client ticket's bearer, with
+/// `tessera_farm_lease_held 0`, to a wrong one 401; the API 503
+/// `unavailable`. Once it takes over, the same port serves the API.
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres) and root"]
+fn a_standby_answers_on_its_http_port_and_serves_the_api_there_once_it_takes_over() {
+    use crate::harness::http_call;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let http = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let args = ["--heartbeat-ms", "300", "--lease-ms", "1500"];
+    let mut farm = Farm::start_with_state("standby-http", &args, State::Postgres);
+    let mut standby_args = args.to_vec();
+    let http_arg = http.to_string();
+    standby_args.extend(["--http", http_arg.as_str()]);
+    let standby = Standby::start(&farm, &standby_args);
+    wait_until("the standby's HTTP port", Duration::from_secs(30), || {
+        std::net::TcpStream::connect(http).is_ok()
+    });
+    let ticket = crate::hostile::ticket(&farm, "client.ticket");
+    let lease_held = |body: &str| -> Option<f64> {
+        (body.lines())
+            .find_map(|l| l.strip_prefix("tessera_farm_lease_held "))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let (code, body) = http_call(&ticket, http, "GET", "/metrics", "");
+    assert_eq!((code, lease_held(&body)), (200, Some(0.0)), "{body}");
+    let mut wrong = ticket.clone();
+    wrong.secret = "0".repeat(ticket.secret.len());
+    assert_eq!(http_call(&wrong, http, "GET", "/metrics", "").0, 401);
+    let (code, body) = http_call(&ticket, http, "GET", "/v1/status", "");
+    assert_eq!(code, 503, "{body}");
+    let error: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["kind"], "unavailable", "{body}");
+
+    farm.kill_coordinator();
+    wait_until(
+        "the standby serving the API",
+        Duration::from_secs(30),
+        || http_call(&ticket, http, "GET", "/v1/status", "").0 == 200,
+    );
+    let (code, body) = http_call(&ticket, http, "GET", "/metrics", "");
+    assert_eq!((code, lease_held(&body)), (200, Some(1.0)), "{body}");
+    drop(standby);
+}

@@ -194,19 +194,30 @@ pub(crate) fn render(shared: &Shared) -> anyhow::Result<String> {
     Ok(o.0)
 }
 
+/// The page of a standby, which holds no farm yet: its lease gauge, 0.
+pub(crate) fn render_standby() -> String {
+    let mut o = Out(String::new());
+    lease_held(&mut o, false);
+    o.0
+}
+
 /// Whether the state's database answers and this coordinator holds the
 /// farm's lease.
-fn health(o: &mut Out, reachable: bool, lease_held: bool) {
+fn health(o: &mut Out, reachable: bool, lease_held_now: bool) {
     o.one(
         "tessera_state_reachable",
         "gauge",
         "1 while the coordinator's database answers (0: PostgreSQL out of reach; finished jobs' totals are left out of this scrape).",
         u64::from(reachable),
     );
+    lease_held(o, lease_held_now);
+}
+
+fn lease_held(o: &mut Out, lease_held: bool) {
     o.one(
         "tessera_farm_lease_held",
         "gauge",
-        "1 while this coordinator holds the farm's lease and dispatches (always 1 without a shared state; 0 on a coordinator whose lease ended).",
+        "1 while this coordinator holds the farm's lease and dispatches (always 1 without a shared state; 0 on a standby, or on a coordinator whose lease ended).",
         u64::from(lease_held),
     );
 }

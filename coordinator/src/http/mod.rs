@@ -31,6 +31,7 @@ pub mod metrics;
 pub mod places;
 pub mod preview;
 pub mod session;
+pub(crate) mod standby;
 
 use std::convert::Infallible;
 use std::sync::Arc;
