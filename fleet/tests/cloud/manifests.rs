@@ -178,6 +178,10 @@ fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
     assert!(args.contains(&"--standby"), "{args:?}");
     let flag = |name: &str| args.windows(2).find(|w| w[0] == name).unwrap()[1];
     assert_eq!(flag("--advertise"), "$(POD_IP):7700");
+    assert!(
+        args.contains(&"--http"),
+        "/metrics, active or standby: {args:?}"
+    );
     // The data dir is the pod's own volume; the blobs the shared one.
     let mounts = c["volumeMounts"].as_array().unwrap();
     let mounted = |path: &str| {
@@ -385,6 +389,12 @@ fn the_compose_file_validates_and_runs_a_standby_on_postgres_and_a_bucket() {
         let flag = |f: &str| args.windows(2).find(|w| w[0] == f).unwrap()[1];
         assert_eq!(flag("--blobs"), "s3://tessera/farm");
         assert_eq!(flag("--advertise"), format!("198.51.100.7:{port}"));
+        assert!(
+            args.contains(&"--http"),
+            "/metrics, active or standby: {args:?}"
+        );
+        assert_eq!(c["ports"][1]["published"].as_u64(), Some(port));
+        assert_eq!(c["ports"][1]["protocol"], "tcp");
         assert_eq!(c["ports"][0]["published"].as_u64(), Some(port));
         assert_eq!(c["ports"][0]["protocol"], "udp");
         // A volume of its own, holding the data dir.
