@@ -478,6 +478,74 @@ fn same_bytes(path: &Path, digest: &Digest) -> bool {
 /// The longest wait between two attempts to reconnect.
 const MAX_RECONNECT_WAIT: Duration = Duration::from_secs(5);
 
+/// `tessera events`: the farm's events (one job's, with `job`) until the
+/// job ends or stdout closes, followed across a coordinator's restart or a
+/// standby's takeover: a lost feed is subscribed again (through every
+/// address of the ticket) for up to [`RECONNECT_FOR`]. Events of the gap
+/// are not shown; one job's final state never is missed (asked for after
+/// each subscription).
+pub async fn events(ticket: &Ticket, job: Option<u64>, json: bool) -> anyhow::Result<i32> {
+    use tessera_protocol::messages::FarmEvent;
+    let mut lost_since: Option<Instant> = None;
+    let mut backoff = reconnect_backoff();
+    loop {
+        // Subscribed first, so that nothing falls between: an unknown job
+        // is an error; a finished one's stream is its final event alone.
+        let subscribed = async {
+            let feed = Client::connect(ticket).await?.subscribe().await?;
+            let finished = match job {
+                Some(job) => {
+                    let status = Client::connect(ticket).await?.job(job).await?;
+                    status.state.is_final().then(|| {
+                        let event = FarmEvent::JobChanged {
+                            job,
+                            state: status.state,
+                        };
+                        let at = status.finished_unix_ms.unwrap_or(status.submitted_unix_ms);
+                        crate::report::event_line(at, &event, json)
+                    })
+                }
+                None => None,
+            };
+            anyhow::Ok((feed, finished))
+        };
+        let lost = match subscribed.await {
+            Ok((_, Some(last))) => {
+                println!("{last}");
+                return Ok(exit::OK);
+            }
+            Ok((feed, None)) => {
+                if lost_since.take().is_some() {
+                    eprintln!("reconnected to the coordinator; events go on (those meanwhile were missed)");
+                }
+                backoff = reconnect_backoff();
+                match crate::report::stream_events(feed, job, json).await {
+                    crate::report::FeedEnd::Done => return Ok(exit::OK),
+                    crate::report::FeedEnd::Lost(e) => e,
+                }
+            }
+            // Only a coordinator out of reach is waited for; a wrong ticket
+            // or an unknown job is said at once.
+            Err(e) if exit::is_unreachable(&e) && lost_since.is_some() => e,
+            Err(e) => return Err(e),
+        };
+        let since = match lost_since {
+            Some(since) => since,
+            None => {
+                eprintln!("lost the coordinator's event feed ({lost:#}); reconnecting");
+                *lost_since.insert(Instant::now())
+            }
+        };
+        if since.elapsed() >= RECONNECT_FOR {
+            return Err(lost.context(format!(
+                "the coordinator did not come back within {} s",
+                RECONNECT_FOR.as_secs()
+            )));
+        }
+        tokio::time::sleep(backoff.next().unwrap_or(MAX_RECONNECT_WAIT)).await;
+    }
+}
+
 /// The waits between attempts to reconnect: 200 ms doubling up to
 /// [`MAX_RECONNECT_WAIT`], from the first again once reconnected.
 fn reconnect_backoff() -> backon::ExponentialBackoff {

@@ -631,20 +631,32 @@ pub fn print_builds(builds: &[BuildInfo], json: bool) {
     }
 }
 
+/// How a feed of `tessera events` ended.
+pub enum FeedEnd {
+    /// As asked: the job's final event printed, or stdout closed.
+    Done,
+    /// The connection broke or the coordinator closed the feed (a restart,
+    /// a standby taking over): the caller may subscribe again.
+    Lost(anyhow::Error),
+}
+
 /// `tessera events`: every farm event from the feed (of one job, with
 /// `job`), one line each: NDJSON with `json`, else `TYPE key=value …`.
 /// One job's ends after the event that finishes the job; every job's when
-/// the coordinator closes the feed.
-pub async fn stream_events(
-    mut feed: crate::client::Feed,
-    job: Option<u64>,
-    json: bool,
-) -> anyhow::Result<i32> {
+/// the feed ends.
+pub async fn stream_events(mut feed: crate::client::Feed, job: Option<u64>, json: bool) -> FeedEnd {
     use std::io::Write;
     use tessera_protocol::events::event_job;
     use tessera_protocol::messages::{ClientResponse, FarmEvent};
     let mut out = std::io::stdout();
-    while let Some(msg) = feed.next().await? {
+    loop {
+        let msg = match feed.next().await {
+            Ok(Some(msg)) => msg,
+            Ok(None) => {
+                return FeedEnd::Lost(anyhow::anyhow!("the coordinator closed the event feed"))
+            }
+            Err(e) => return FeedEnd::Lost(e),
+        };
         let ClientResponse::Event { unix_ms, event } = msg else {
             continue;
         };
@@ -657,10 +669,9 @@ pub async fn stream_events(
         let line = event_line(unix_ms, &event, json);
         // A closed stdout (`| head`) ends the stream quietly.
         if writeln!(out, "{line}").and_then(|()| out.flush()).is_err() || last {
-            return Ok(0);
+            return FeedEnd::Done;
         }
     }
-    anyhow::bail!("the coordinator closed the event feed")
 }
 
 /// One event as `events` prints it: its JSON, or its type and fields.

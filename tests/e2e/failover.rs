@@ -372,6 +372,13 @@ fn a_worker_started_before_the_standby_follows_its_rewritten_ticket() {
     ]);
     let id = job["id"].as_u64().unwrap();
     let total = job["tasks_total"].as_u64().unwrap();
+    // A script following the job's events follows it across the takeover.
+    let events = farm
+        .command(&["events", "--json", "--job", &id.to_string()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     farm.wait_for(id, "a quarter of the tasks", |s| {
         s["tasks_done"].as_u64().unwrap() >= total / 4
     });
@@ -379,6 +386,32 @@ fn a_worker_started_before_the_standby_follows_its_rewritten_ticket() {
     let out = farm.dir.join("out");
     let done = farm.wait_done(id, &out);
     assert_eq!(done["state"], "done", "{done}");
+    let mut events = events;
+    let began = Instant::now();
+    let status = loop {
+        if let Some(status) = events.try_wait().unwrap() {
+            break status;
+        }
+        if began.elapsed() > Duration::from_secs(60) {
+            let _ = events.kill();
+            panic!("`events --job` did not end with its job");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let read = |pipe: Option<&mut dyn std::io::Read>| {
+        let mut text = String::new();
+        pipe.unwrap().read_to_string(&mut text).unwrap();
+        text
+    };
+    let stdout = read(events.stdout.as_mut().map(|p| p as &mut dyn std::io::Read));
+    let stderr = read(events.stderr.as_mut().map(|p| p as &mut dyn std::io::Read));
+    assert!(status.success(), "{status:?}: {stderr}");
+    let last: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(
+        (last["type"].as_str(), last["job"].as_u64()),
+        (Some("job.done"), Some(id)),
+        "{stdout}"
+    );
     crate::harness::assert_frames_match_reference(&out, &scene, &[1, 2]);
     assert!(
         farm.log_of(0)
