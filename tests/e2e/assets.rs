@@ -349,7 +349,7 @@ fn chunk_upload_killed_half_way_resumes_without_resending_stored_chunks_on(state
 
 /// Bytes written into the (sparse) files of a folder: the disk blocks they
 /// take.
-fn written_bytes(dir: &Path) -> u64 {
+pub(crate) fn written_bytes(dir: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     (std::fs::read_dir(dir).into_iter().flatten().flatten())
         .map(|f| f.metadata().map_or(0, |m| m.blocks() * 512))

@@ -833,3 +833,48 @@ fn a_standby_answers_on_its_http_port_and_serves_the_api_there_once_it_takes_ove
     assert_eq!((code, lease_held(&body)), (200, Some(1.0)), "{body}");
     drop(standby);
 }
+
+/// A worker fetching a task's files when the active coordinator is killed
+/// loses the fetch with its connection; the standby re-adopts the task
+/// when the worker rejoins, and the worker fetches again over the new
+/// connection and finishes it. (It dropped the task, before: the job stayed
+/// running with the task held by nobody, until the worker left.)
+#[test]
+#[ignore = "needs PostgreSQL (initdb, postgres) and root"]
+fn a_task_whose_files_were_being_fetched_at_the_kill_is_finished_after_the_takeover() {
+    const MIB: u64 = 1 << 20;
+    let (mut farm, _standby) =
+        farm_with_standby("refetch", &["--heartbeat-ms", "300", "--lease-ms", "1500"]);
+    let dir = farm.dir.join("scene");
+    std::fs::create_dir_all(&dir).unwrap();
+    let size = 256 * MIB;
+    std::fs::write(
+        dir.join("big.bin"),
+        crate::harness::noise(size as usize, 11),
+    )
+    .unwrap();
+    let scene = crate::assets::write_scene(&dir, &["big.bin"]);
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--engine",
+        "noop",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    farm.add_worker_with("w1", &["--engine", "noop"]);
+    let partial = farm.dir.join("cache-w1").join("partial");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while crate::assets::written_bytes(&partial) < size / 20 {
+        assert!(Instant::now() < deadline, "the fetch never started");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    farm.kill_coordinator();
+    let got = crate::assets::written_bytes(&partial);
+    assert!(
+        got < size * 9 / 10,
+        "the fetch was over at the kill: {got} of {size}"
+    );
+    let done = farm.wait_for(id, "the job done on the standby", |s| s["state"] == "done");
+    assert_eq!(done["tasks_done"], done["tasks_total"], "{done}");
+}

@@ -404,6 +404,31 @@ async fn session(
             }
             next = framing::read_frame::<CoordMsg, _>(&mut recv) => next,
             Some((t, outcome)) = held.finished_rx.recv() => {
+                // Its files' fetch died with an earlier connection, and this
+                // one's coordinator left the task with this worker (it
+                // re-adopted it when this worker rejoined): fetch again,
+                // here. (Dropped, the task would be held by nobody.)
+                let outcome = match outcome {
+                    Outcome::Lost(task) if conn.close_reason().is_none() && held.table.is_rendering(t) => {
+                        match held.table.job_info(t.job) {
+                            Some(job) => {
+                                tracing::info!(job = t.job, task = t.index, "fetching the task's files again, over the new connection");
+                                let env = TaskEnv {
+                                    config: config.clone(),
+                                    cache: cache.clone(),
+                                    conn: conn.clone(),
+                                    link: held.link.clone(),
+                                    finished: held.finished_tx.clone(),
+                                    slots: held.slots.clone(),
+                                };
+                                start_render(held, env, job, *task);
+                                continue;
+                            }
+                            None => Outcome::Lost(task),
+                        }
+                    }
+                    outcome => outcome,
+                };
                 if let Some(report) = held.table.finished(t, outcome) {
                     send_report(&conn, &tx, report);
                 }
@@ -555,6 +580,20 @@ async fn heartbeat(tx: mpsc::UnboundedSender<WorkerMsg>, heartbeat_ms: u64) {
     }
 }
 
+/// Starts `task`'s render (its files fetched first), held in the table.
+fn start_render(held: &mut Held, env: TaskEnv, job: Arc<JobInfo>, task: TaskSpec) {
+    let t = task.task;
+    let ctl = Arc::new(Control::default());
+    // Its place in the slots' order is taken now, at assignment.
+    let turn = env.slots.turn();
+    let handle = tokio::spawn(run_task(env, job, task, ctl.clone(), turn));
+    let render = Render {
+        handle: handle.abort_handle(),
+        ctl,
+    };
+    held.table.started(t, render);
+}
+
 /// One message from the coordinator, applied to the task table (a render
 /// started or stopped, a result acknowledged). Returns true when it asks
 /// the worker to drain.
@@ -608,16 +647,7 @@ fn on_message(
                     return false;
                 }
             };
-            let t = task.task;
-            let ctl = Arc::new(Control::default());
-            // Its place in the slots' order is taken now, at assignment.
-            let turn = env.slots.turn();
-            let handle = tokio::spawn(run_task(env, job, task, ctl.clone(), turn));
-            let render = Render {
-                handle: handle.abort_handle(),
-                ctl,
-            };
-            held.table.started(t, render);
+            start_render(held, env, job, task);
         }
         CoordMsg::Cancel(t) => {
             if held.table.cancel(t) {

@@ -30,8 +30,10 @@ pub struct Report {
 pub enum Outcome {
     Report(Report),
     /// The connection it fetched its files over went away before the
-    /// render could start: there is nothing to report.
-    Lost,
+    /// render could start: there is nothing to report. The task, to fetch
+    /// again over the next connection if that one's coordinator left it
+    /// with this worker (re-adopted).
+    Lost(Box<TaskSpec>),
 }
 
 enum State<H> {
@@ -118,6 +120,17 @@ impl<H: Stop> TaskTable<H> {
         Ok(job)
     }
 
+    /// Whether `t` is held under its epoch and rendering (not finished).
+    pub fn is_rendering(&self, t: TaskRef) -> bool {
+        (self.tasks.get(&key(t)))
+            .is_some_and(|h| h.epoch == t.epoch && matches!(h.state, State::Rendering(_)))
+    }
+
+    /// The job `job` as the coordinator described it.
+    pub fn job_info(&self, job: u64) -> Option<Arc<JobInfo>> {
+        self.jobs.get(&job).cloned()
+    }
+
     /// The render of an assigned task started.
     pub fn started(&mut self, t: TaskRef, render: H) {
         let held = Held {
@@ -157,7 +170,7 @@ impl<H: Stop> TaskTable<H> {
             return None;
         }
         match outcome {
-            Outcome::Lost => {
+            Outcome::Lost(_) => {
                 self.tasks.remove(&key(t));
                 None
             }
@@ -372,7 +385,11 @@ mod tests {
         table.job(info(1));
         let t = lease(1, 0, 7);
         start(&mut table, t);
-        assert!(table.finished(t, Outcome::Lost).is_none());
+        assert!(table.is_rendering(t));
+        assert!(table
+            .finished(t, Outcome::Lost(Box::new(spec(t))))
+            .is_none());
+        assert!(!table.is_rendering(t));
         assert!(table.holding().is_empty());
     }
 

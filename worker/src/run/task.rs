@@ -39,7 +39,7 @@ pub(super) async fn run_task(
                 task = t.index,
                 "connection lost while fetching the job's files: {e:#}"
             );
-            Outcome::Lost
+            Outcome::Lost(Box::new(task))
         }
         Err(e) => {
             let failure = match &e {
