@@ -317,25 +317,36 @@ impl Bucket {
         }
     }
 
-    /// Stores `bytes` as object `name`.
+    /// Stores `bytes` as object `name`. Every put carries the bytes'
+    /// `Content-MD5`, signed: the server stores nothing that arrived
+    /// damaged (`BadDigest`, taken as transient). A transient failure is
+    /// tried again, [`PUT_TRIES`] times in all.
     pub fn put(&self, name: &str, bytes: &[u8]) -> Result<(), S3Error> {
         let key = self.key(name);
-        let url = (self.signer.put_object(Some(&self.credentials), &key)).sign(SIGNED_FOR);
-        let response = self.call(self.agent.put(url.as_str()).send(bytes), &key)?;
-        expect_ok(&key, response).map(drop)
+        let md5 = content_md5(bytes);
+        patiently(|| {
+            let mut action = self.signer.put_object(Some(&self.credentials), &key);
+            action.headers_mut().insert("content-md5", md5.as_str());
+            let url = action.sign(SIGNED_FOR);
+            let request = self.agent.put(url.as_str()).header("content-md5", &md5);
+            expect_ok(&key, self.call(request.send(bytes), &key)?).map(drop)
+        })
     }
 
     /// Stores the file at `path` as object `name`: in one request up to
-    /// [`SINGLE_PUT`], in parts above.
+    /// [`SINGLE_PUT`], in parts above; each checked and tried as
+    /// [`Bucket::put`] says.
     pub fn put_file(&self, name: &str, path: &Path) -> Result<(), S3Error> {
         let io = |e: std::io::Error| S3Error::new(format!("{}: {e}", path.display()), false);
         let file = std::fs::File::open(path).map_err(io)?;
         let len = file.metadata().map_err(io)?.len();
         if len <= SINGLE_PUT {
-            let key = self.key(name);
-            let url = (self.signer.put_object(Some(&self.credentials), &key)).sign(SIGNED_FOR);
-            let response = self.call(self.agent.put(url.as_str()).send(&file), &key)?;
-            return expect_ok(&key, response).map(drop);
+            let mut bytes = Vec::with_capacity(len as usize);
+            (&file)
+                .take(SINGLE_PUT)
+                .read_to_end(&mut bytes)
+                .map_err(io)?;
+            return self.put(name, &bytes);
         }
         self.put_in_parts(name, file, len)
     }
@@ -355,14 +366,19 @@ impl Bucket {
             for number in 1..=len.div_ceil(part_len) {
                 let part = u16::try_from(number)
                     .map_err(|_| S3Error::new(format!("{key}: too many parts"), false))?;
-                let url = (self.signer.upload_part(creds, &key, part, &id)).sign(SIGNED_FOR);
                 let mut bytes = Vec::new();
                 (&mut file)
                     .take(part_len)
                     .read_to_end(&mut bytes)
                     .map_err(|e| S3Error::new(format!("{key}: {e}"), false))?;
-                let response = self.call(self.agent.put(url.as_str()).send(&bytes[..]), &key)?;
-                let response = expect_ok(&key, response)?;
+                let md5 = content_md5(&bytes);
+                let response = patiently(|| {
+                    let mut action = self.signer.upload_part(creds, &key, part, &id);
+                    action.headers_mut().insert("content-md5", md5.as_str());
+                    let url = action.sign(SIGNED_FOR);
+                    let request = self.agent.put(url.as_str()).header("content-md5", &md5);
+                    expect_ok(&key, self.call(request.send(&bytes[..]), &key)?)
+                })?;
                 let etag = (response.headers().get("etag"))
                     .and_then(|v| v.to_str().ok())
                     .ok_or_else(|| S3Error::new(format!("{key}: a part without an ETag"), false))?;
@@ -502,6 +518,32 @@ impl Bucket {
     }
 }
 
+/// How many times a put is tried when it fails for a transient reason (a
+/// dropped connection, a 5xx, bytes damaged on the way).
+const PUT_TRIES: u32 = 3;
+
+/// `put`, tried again after 200 ms, then 1 s, while it fails transiently.
+fn patiently<T>(mut put: impl FnMut() -> Result<T, S3Error>) -> Result<T, S3Error> {
+    let mut tries = 1;
+    loop {
+        match put() {
+            Err(e) if e.transient && tries < PUT_TRIES => {
+                tracing::debug!("a put to the bucket failed ({e}); trying again");
+                std::thread::sleep(Duration::from_millis(200 * 5u64.pow(tries - 1)));
+                tries += 1;
+            }
+            outcome => return outcome,
+        }
+    }
+}
+
+/// The base64 MD5 of `bytes`, as `Content-MD5` carries it.
+fn content_md5(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    use md5::Digest as _;
+    base64::engine::general_purpose::STANDARD.encode(md5::Md5::digest(bytes))
+}
+
 fn content_length(response: &ureq::http::Response<ureq::Body>) -> Option<u64> {
     (response.headers().get("content-length"))
         .and_then(|v| v.to_str().ok())
@@ -526,9 +568,12 @@ fn failed(what: &str, response: ureq::http::Response<ureq::Body>) -> S3Error {
     let code = (body.split_once("<Code>"))
         .and_then(|(_, rest)| rest.split_once("</Code>"))
         .map_or("", |(code, _)| code);
+    // BadDigest: the bytes arrived damaged (the Content-MD5 said so); a
+    // new try sends them again.
+    let damaged = status == 400 && code == "BadDigest";
     S3Error::new(
         format!("{what}: HTTP {status} {code}"),
-        status >= 500 || status == 429,
+        status >= 500 || status == 429 || damaged,
     )
 }
 
@@ -626,5 +671,96 @@ mod tests {
         let none = Endpoint::from_vars(vars(&[("AWS_PROFILE", "nobody")]));
         assert!(none.is_err());
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    /// A proxy between a bucket's client and Garage that damages one byte
+    /// of the body of the first PUT it carries (as a bad link or a hostile
+    /// hop would); returns its address and how many bodies it damaged.
+    fn damaging_proxy(
+        to: std::net::SocketAddr,
+    ) -> (
+        std::net::SocketAddr,
+        std::sync::Arc<std::sync::atomic::AtomicU32>,
+    ) {
+        use std::io::Write;
+        use std::sync::atomic::{AtomicU32, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = listener.local_addr().unwrap();
+        let damaged = std::sync::Arc::new(AtomicU32::new(0));
+        let count = damaged.clone();
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(mut client) = client else { return };
+                let Ok(mut server) = std::net::TcpStream::connect(to) else {
+                    return;
+                };
+                let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || std::io::copy(&mut s2, &mut c2));
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    let mut seen = Vec::new();
+                    let mut buf = [0u8; 64 << 10];
+                    loop {
+                        let n = match client.read(&mut buf) {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => n,
+                        };
+                        let start = seen.len();
+                        seen.extend_from_slice(&buf[..n]);
+                        // The first body byte of a PUT, once.
+                        let body = (seen.windows(4).position(|w| w == b"\r\n\r\n"))
+                            .map(|p| p + 4)
+                            .filter(|&b| seen.starts_with(b"PUT ") && b >= start && b < seen.len());
+                        if let Some(b) = body {
+                            if count.fetch_add(1, Ordering::SeqCst) == 0 {
+                                buf[b - start] ^= 0x55;
+                            } else {
+                                count.fetch_sub(1, Ordering::SeqCst);
+                            }
+                        }
+                        if server.write_all(&buf[..n]).is_err() {
+                            return;
+                        }
+                        // One request per buffer: the next starts afresh.
+                        if body.is_some() || seen.len() > (1 << 20) {
+                            seen.clear();
+                        }
+                    }
+                });
+            }
+        });
+        (addr, damaged)
+    }
+
+    /// Bytes damaged on their way to the bucket are never stored: the put
+    /// carries their Content-MD5, the server refuses what does not match
+    /// (BadDigest), and the put is tried again.
+    #[test]
+    #[ignore = "needs Garage (cargo install --locked garage@2.5.0, or TESSERA_TEST_GARAGE)"]
+    fn bytes_damaged_on_the_way_to_the_bucket_are_refused_and_sent_again() {
+        let garage = crate::scratch_garage::ScratchGarage::start("damaged-put").unwrap();
+        let url = garage.url();
+        let garage_addr = url.trim_start_matches("http://").parse().unwrap();
+        let (proxy, damaged) = damaging_proxy(garage_addr);
+        let env: std::collections::HashMap<_, _> = garage.env().into_iter().collect();
+        let through = Endpoint::new(
+            &format!("http://{proxy}"),
+            &env["AWS_REGION"],
+            &env["AWS_ACCESS_KEY_ID"],
+            &env["AWS_SECRET_ACCESS_KEY"],
+        );
+        let location =
+            Location::parse(&format!("s3://{}/damaged", crate::scratch_garage::BUCKET)).unwrap();
+        let bucket = Bucket::new(location, &through).unwrap();
+        let bytes: Vec<u8> = (0..200_000u32).map(|i| (i * 7 + i / 13) as u8).collect();
+        bucket.put("blobs/x", &bytes).unwrap();
+        assert_eq!(
+            damaged.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "one body damaged"
+        );
+        let direct = garage.bucket("damaged").unwrap();
+        let stored = direct.get("blobs/x", 1 << 20).unwrap().expect("stored");
+        assert!(stored == bytes, "the bucket holds damaged bytes");
     }
 }
