@@ -229,7 +229,9 @@ fn commit_results(
             transient: e.is_transient(),
             reason: e.to_string(),
         }),
-        // The bucket out of reach is an outage like the database's.
+        // The bucket out of reach, or refusing (a revoked key), is an
+        // outage like the database's: the results are refused and their
+        // tasks run again; no job fails for it.
         Err(e) => {
             // Refused tasks run again at once: said once, then every
             // OUTAGE_SAID_EVERY with the count, not at each refusal.
@@ -240,7 +242,7 @@ fn commit_results(
                 );
             }
             Err(CommitFailure {
-                transient: tessera_store::backed::is_transient(&e),
+                transient: tessera_store::backed::is_the_buckets(&e),
                 reason: format!("cannot make the outputs durable: {e}"),
             })
         }

@@ -38,9 +38,24 @@ pub(crate) enum StitchMsg {
 pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<StitchMsg>) {
     use crate::commit::Unreachable;
     while let Some(StitchMsg::Frame { job, frame_pos }) = rx.blocking_recv() {
+        let mut bucket_said = None;
         let stitched = loop {
             match crate::commit::patiently("stitch", || stitch_frame(&shared, job, frame_pos)) {
                 Err(e) if e.unreachable() && !shared.lease.lost() => {
+                    std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                // The bucket out of reach or refusing (a revoked key): an
+                // outage, waited out; the frame is stitched once it ends.
+                Err(e) if the_buckets(&e) && !shared.lease.lost() => {
+                    if bucket_said.is_none_or(|at: std::time::Instant| {
+                        at.elapsed() >= std::time::Duration::from_secs(10)
+                    }) {
+                        tracing::warn!(
+                            job,
+                            "cannot store a stitched frame, waiting for the bucket: {e:#}"
+                        );
+                        bucket_said = Some(std::time::Instant::now());
+                    }
                     std::thread::sleep(std::time::Duration::from_secs(1));
                 }
                 outcome => break outcome,
@@ -55,6 +70,15 @@ pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Stit
             shared.update(|core, now| core.fail_job(job, error, now));
         }
     }
+}
+
+/// Whether `e` is the bucket's answer (see
+/// [`tessera_store::backed::is_the_buckets`]).
+fn the_buckets(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.downcast_ref::<tessera_store::blob::BlobError>()
+            .is_some_and(tessera_store::backed::is_the_buckets)
+    })
 }
 
 fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::Result<()> {

@@ -581,6 +581,15 @@ pub fn is_transient(e: &BlobError) -> bool {
     }
 }
 
+/// Whether the bucket answered `e` (out of reach, busy, or refusing: a
+/// revoked key, a missing bucket), not this machine's disk.
+pub fn is_the_buckets(e: &BlobError) -> bool {
+    match e {
+        BlobError::Io(io) => (io.get_ref()).is_some_and(|inner| inner.is::<S3Error>()),
+        _ => false,
+    }
+}
+
 fn tracing_warn(e: &S3Error) {
     tracing::warn!("{e}");
 }

@@ -122,6 +122,12 @@ impl ScratchGarage {
         Ok(scratch)
     }
 
+    /// `garage ARGS` against it, as its operator runs it (`bucket deny
+    /// --write …`); its output.
+    pub fn cli(&self, args: &[&str]) -> Result<String, String> {
+        self.garage(args)
+    }
+
     fn garage(&self, args: &[&str]) -> Result<String, String> {
         let out = in_netns(self.netns.as_deref(), &self.bin)
             .arg("-c")

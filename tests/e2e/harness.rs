@@ -271,6 +271,14 @@ impl Farm {
     /// On a farm whose assets are in a bucket: every frame of `job` is in
     /// the bucket, not only in the coordinator's folder.
     #[allow(dead_code)]
+    /// The farm's object store, on a farm whose assets are in a bucket.
+    #[allow(dead_code)]
+    pub fn garage(&self) -> &ScratchGarage {
+        self.garage
+            .as_ref()
+            .expect("a farm with its assets in a bucket")
+    }
+
     pub fn assert_frames_in_the_bucket(&self, job: u64) {
         let Some(garage) = &self.garage else {
             return;
