@@ -358,7 +358,7 @@ impl Bucket {
         let response = self.call(self.agent.post(url.as_str()).send_empty(), &key)?;
         let body = read_body(&key, expect_ok(&key, response)?, 1 << 20)?;
         let created = rusty_s3::actions::CreateMultipartUpload::parse_response(&body)
-            .map_err(|e| S3Error::new(format!("{key}: a multipart upload's reply: {e}"), false))?;
+            .map_err(|e| S3Error::new(format!("{key}: a multipart upload's reply: {e}"), true))?;
         let id = created.upload_id().to_string();
         let part_len = PART.max(len.div_ceil(10_000));
         let uploaded = (|| {
@@ -474,8 +474,10 @@ impl Bucket {
             let url = action.sign(SIGNED_FOR);
             let response = self.call(self.agent.get(url.as_str()).call(), &under)?;
             let body = read_body(&under, expect_ok(&under, response)?, 64 << 20)?;
+            // A reply that does not parse was damaged on the way (or is
+            // not a bucket's): asking again may work.
             let page = rusty_s3::actions::ListObjectsV2::parse_response(&body)
-                .map_err(|e| S3Error::new(format!("listing {under}: {e}"), false))?;
+                .map_err(|e| S3Error::new(format!("listing {under}: {e}"), true))?;
             for object in page.contents {
                 let Some(name) = object.key.strip_prefix(&under) else {
                     continue;

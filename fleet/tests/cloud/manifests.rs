@@ -163,7 +163,7 @@ fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(out.status.success(), "{text}");
-    assert_eq!(text.matches(" passed for resource ").count(), 10, "{text}");
+    assert_eq!(text.matches(" passed for resource ").count(), 12, "{text}");
 
     let docs = documents(&dir.join("coordinators.yaml"));
     let kind = |k: &str| docs.iter().find(|d| d["kind"] == k).unwrap().clone();
@@ -267,6 +267,36 @@ fn the_coordinator_manifests_validate_and_run_a_standby_on_shared_state() {
         .unwrap();
     let pg_env = pg_set["spec"]["template"]["spec"]["containers"][0]["env"].to_string();
     assert!(pg_env.contains("tessera-state"), "{pg_env}");
+    // PostgreSQL takes connections from the coordinators alone; Garage's
+    // RPC from Garage alone; its S3 port from anyone (signed URLs).
+    let policies = documents(&dir.join("network-policy.yaml"));
+    let labels = |d: &Value| {
+        let name = &d["spec"]["template"]["metadata"]["labels"]["app.kubernetes.io/name"];
+        serde_json::json!({ "app.kubernetes.io/name": name })
+    };
+    let policy = |selects: &Value| {
+        (policies.iter())
+            .find(|p| p["spec"]["podSelector"]["matchLabels"] == *selects)
+            .unwrap()
+            .clone()
+    };
+    let pg = policy(&labels(pg_set));
+    let from = &pg["spec"]["ingress"][0]["from"][0]["podSelector"]["matchLabels"];
+    assert_eq!(*from, labels(&set), "PostgreSQL's clients");
+    assert_eq!(pg["spec"]["ingress"].as_array().unwrap().len(), 1);
+    let store = policy(&labels(&garage_kind("StatefulSet")));
+    let rules = store["spec"]["ingress"].as_array().unwrap();
+    let rpc = (rules.iter())
+        .find(|r| r["ports"][0]["port"] == 3901)
+        .unwrap();
+    assert_eq!(
+        rpc["from"][0]["podSelector"]["matchLabels"],
+        labels(&garage_kind("StatefulSet"))
+    );
+    let s3 = (rules.iter())
+        .find(|r| r["ports"][0]["port"] == 3900)
+        .unwrap();
+    assert!(s3.get("from").is_none(), "workers fetch from anywhere");
 }
 
 /// `docker-compose` (Debian's, 1.29; `.ci/run` installs it), which checks a
