@@ -47,7 +47,7 @@ pub(crate) fn retry(shared: &Arc<Shared>, id: u64) -> Result<JobStatus, ClientEr
             (stored.spec.manifest.iter()).find(|m| shared.store.has(&m.digest).is_none())
         {
             return Err(ClientError::conflict(format!(
-                "job {id}'s file `{}` was removed by garbage collection (the job finished more than --retention ago); submit it again",
+                "job {id}'s file `{}` is not in the store: removed by garbage collection (the job finished more than --retention ago), or its stored copy was found damaged; submit it again",
                 m.path
             )));
         }

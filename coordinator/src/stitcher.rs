@@ -39,10 +39,24 @@ pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Stit
     use crate::commit::Unreachable;
     while let Some(StitchMsg::Frame { job, frame_pos }) = rx.blocking_recv() {
         let mut bucket_said = None;
+        let mut damaged_since = None;
         let stitched = loop {
             match crate::commit::patiently("stitch", || stitch_frame(&shared, job, frame_pos)) {
                 Err(e) if e.unreachable() && !shared.lease.lost() => {
                     std::thread::sleep(std::time::Duration::from_secs(1));
+                }
+                // A blob read from the bucket did not hash right (twice):
+                // a damaging path looks like rot, so it is read again for
+                // a while before the frame (and its job) is given up on.
+                Err(e)
+                    if damaged_in_the_bucket(&shared, &e)
+                        && damaged_since
+                            .get_or_insert_with(std::time::Instant::now)
+                            .elapsed()
+                            < DAMAGED_PATIENCE
+                        && !shared.lease.lost() =>
+                {
+                    std::thread::sleep(std::time::Duration::from_secs(2));
                 }
                 // The bucket out of reach or refusing (a revoked key): an
                 // outage, waited out; the frame is stitched once it ends.
@@ -70,6 +84,21 @@ pub(crate) fn stitcher(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Stit
             shared.update(|core, now| core.fail_job(job, error, now));
         }
     }
+}
+
+/// How long a frame whose blobs read back damaged from the bucket is
+/// tried again before its job fails.
+const DAMAGED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Whether `e` says a blob read from the farm's bucket did not hash right.
+fn damaged_in_the_bucket(shared: &Shared, e: &anyhow::Error) -> bool {
+    shared.store.inner().bucket().is_some()
+        && e.chain().any(|c| {
+            matches!(
+                c.downcast_ref::<tessera_store::blob::BlobError>(),
+                Some(tessera_store::blob::BlobError::Corrupt(_))
+            )
+        })
 }
 
 /// Whether `e` is the bucket's answer (see

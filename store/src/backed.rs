@@ -19,7 +19,7 @@ use std::collections::{HashMap, HashSet};
 use std::io::Read;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::blob::{BlobDir, BlobError, MAX_BLOB};
 use crate::s3::{Bucket, S3Error};
@@ -29,6 +29,10 @@ use tessera_protocol::Digest;
 
 /// Most digests remembered as already in the bucket.
 const MAX_KNOWN: usize = 1 << 16;
+
+/// How long a bucket object that did not hash right is taken for missing
+/// before it is asked for again.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(60);
 /// Most unknown digests one [`Backed::touch_many`] asks the bucket about.
 const ASK_AT_MOST: usize = 256;
 /// Most chunks whose place in a file is remembered (about 20 MB).
@@ -50,9 +54,10 @@ pub struct Backed {
     /// Where each chunk of the files joined or whose recipes were read
     /// lies: its file, offset and length. Bounded by [`MAX_HOMES`].
     homes: Arc<Mutex<HashMap<Digest, Home>>>,
-    /// Objects whose bytes did not hash right when read (twice): taken for
-    /// missing until stored again. Bounded like `known`.
-    suspect: Arc<Mutex<HashSet<Digest>>>,
+    /// Objects whose bytes did not hash right when read (twice), and when:
+    /// taken for missing until stored again or for [`SUSPECT_FOR`].
+    /// Bounded like `known`.
+    suspect: Arc<Mutex<HashMap<Digest, Instant>>>,
 }
 
 /// Where a chunk lies: its file, offset and length.
@@ -109,18 +114,29 @@ impl Backed {
     }
 
     /// Marks `d`'s object in the bucket as not hashing right: missing to
-    /// `has` and `touch`, overwritten by the next upload.
+    /// `has` and `touch`, and overwritten by an upload, for
+    /// [`SUSPECT_FOR`]; then asked again (a damaging path, not rot, may
+    /// have made it look bad: a standby taking over behind one must not
+    /// take the whole bucket for missing for good).
     fn suspect(&self, d: Digest) {
         self.known.lock().expect("known lock").remove(&d);
         let mut suspect = self.suspect.lock().expect("suspect lock");
         if suspect.len() >= MAX_KNOWN {
             suspect.clear();
         }
-        suspect.insert(d);
+        suspect.insert(d, Instant::now());
     }
 
     fn suspected(&self, d: &Digest) -> bool {
-        self.suspect.lock().expect("suspect lock").contains(d)
+        let mut suspect = self.suspect.lock().expect("suspect lock");
+        match suspect.get(d) {
+            Some(since) if since.elapsed() < SUSPECT_FOR => true,
+            Some(_) => {
+                suspect.remove(d);
+                false
+            }
+            None => false,
+        }
     }
 
     fn remember(&self, d: Digest) {

@@ -53,6 +53,20 @@ impl FarmCore {
     ) {
         // A result may leave a checked job waiting for another identity.
         self.check_blocked_soon();
+        // Tasks whose results an outage refused are handed out again only
+        // after a wait that grows while the outage lasts: not rendered
+        // again and again at once (rented time) while nothing can be kept.
+        let hold = match &outcome {
+            Err(e) if e.transient => {
+                self.refused_in_a_row = self.refused_in_a_row.saturating_add(1);
+                let doublings = (self.refused_in_a_row - 1).min(6);
+                (super::OUTAGE_HOLD_MS << doublings).min(super::OUTAGE_HOLD_MAX_MS)
+            }
+            _ => {
+                self.refused_in_a_row = 0;
+                0
+            }
+        };
         let mut failed_jobs = Vec::new();
         for (i, c) in batch.iter().enumerate() {
             let (accepted, reason) = match &outcome {
@@ -65,7 +79,8 @@ impl FarmCore {
                 Err(e) if e.transient => {
                     // Rendered again later (by this coordinator once the
                     // database is back, or by the one that took over).
-                    self.sched.reopen(key(c.task));
+                    self.sched
+                        .reopen_at(key(c.task), now.ms.saturating_add(hold));
                     (false, Some(e.reason.clone()))
                 }
                 Err(e) => {

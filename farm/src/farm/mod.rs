@@ -258,7 +258,17 @@ pub struct FarmCore {
     /// The coordinator is shutting down: its workers leave because it
     /// does, so no job is blocked by their leaving, and no work goes out.
     stopping: bool,
+    /// Batches of results refused in a row because they could not be made
+    /// durable (the database or the bucket out of reach or refusing):
+    /// their tasks wait longer each time before they are handed out again.
+    refused_in_a_row: u32,
 }
+
+/// The first wait of a task whose result an outage refused; it doubles
+/// with each batch refused in a row, up to [`OUTAGE_HOLD_MAX_MS`].
+pub const OUTAGE_HOLD_MS: Millis = 500;
+/// The longest such wait.
+pub const OUTAGE_HOLD_MAX_MS: Millis = 30_000;
 
 /// How many finished jobs' final states the core remembers (see
 /// `FarmCore::finished`); older ones are read from the database.
@@ -314,6 +324,7 @@ impl FarmCore {
             settling: false,
             effects: Vec::new(),
             lease_expiries: 0,
+            refused_in_a_row: 0,
             blocked_check: false,
             blocked_told: HashSet::new(),
             stopping: false,

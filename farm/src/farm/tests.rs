@@ -609,14 +609,44 @@ fn a_commit_the_database_could_not_take_refuses_the_result_and_runs_the_task_aga
     let status = farm.core.job_status(job, farm.now()).unwrap();
     assert_eq!(status.state, JobState::Queued, "its task is queued again");
     assert_eq!(status.tasks_done, 0);
-    // The task is handed out again, under a new lease, and completes.
+    // Not at once (rendered again and again while nothing can be kept):
+    // after OUTAGE_HOLD_MS, under a new lease.
+    farm.dispatch();
+    assert!(farm.assigned(w).is_empty(), "handed out again at once");
+    let t = farm.now;
+    farm.at(t + crate::farm::OUTAGE_HOLD_MS);
     farm.dispatch();
     let again = farm.assigned(w)[0].task;
     assert_eq!((again.job, again.index), (lease.job, lease.index));
     assert!(again.epoch > lease.epoch);
+    // Refused again in a row: it waits twice as long.
     farm.done(w, again);
+    let batch = std::mem::take(&mut farm.commits);
+    let refused = CommitFailure {
+        reason: "the bucket refused: HTTP 403 AccessDenied".into(),
+        transient: true,
+    };
+    farm.core.committed(&batch, Err(refused), farm.now());
+    farm.collect();
+    let t = farm.now;
+    farm.at(t + crate::farm::OUTAGE_HOLD_MS);
+    farm.dispatch();
+    assert!(farm.assigned(w).is_empty(), "the second wait is longer");
+    farm.at(t + 2 * crate::farm::OUTAGE_HOLD_MS);
+    // (Heard from meanwhile: a worker silent for a lease gets nothing.)
+    farm.msg(w, WorkerMsg::Heartbeat { telemetry: None });
+    farm.dispatch();
+    let third = farm.assigned(w)[0].task;
+    assert!(third.epoch > again.epoch);
+    // Once results are kept again, no wait is left over.
+    farm.done(w, third);
     farm.commit_all(&mut BTreeSet::new());
-    assert_eq!(kinds(&farm.read(w)), ["ack 1/0 true"]);
+    let acks = kinds(&farm.read(w));
+    assert_eq!(
+        acks.last().map(String::as_str),
+        Some("ack 1/0 true"),
+        "{acks:?}"
+    );
     farm.stitch_all();
     assert_eq!(farm.records, [(job, JobState::Done, None)]);
 }

@@ -225,6 +225,22 @@ impl Scheduler {
         true
     }
 
+    /// [`Scheduler::reopen`], the task handed out again only from `at`
+    /// (its result refused by an outage), counting no attempt.
+    pub fn reopen_at(&mut self, task: TaskKey, at: Millis) -> bool {
+        if !self.reopen(task) {
+            return false;
+        }
+        let job = self.jobs.get_mut(&task.job).expect("reopened above");
+        if let Some(i) = job.queue.iter().position(|&i| i == task.index) {
+            job.queue.remove(i);
+            sync_ready(&mut self.ready, job);
+        }
+        job.backoff.insert(task.index, at);
+        self.retries.insert((at, task));
+        true
+    }
+
     /// Queued tasks of `job` that only a worker with none of their excluded
     /// tags may take, with those tags: what a check waits for.
     pub fn excluded_queued(&self, job: JobId) -> Vec<(u32, Vec<Tag>)> {
