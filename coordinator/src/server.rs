@@ -79,7 +79,7 @@ pub async fn start(mut config: Config) -> anyhow::Result<Coordinator> {
         tokio::task::spawn_blocking(move || open_state(&state_dir, state_url.as_deref())).await??;
     // Before standing by: a standby whose bucket refuses it stops now, not
     // when it takes the farm over.
-    let store = Verified::new(open_store(dir, config.blobs.as_ref()).await?);
+    let store = Verified::new(open_store(dir, config.blobs.as_ref(), config.standby).await?);
     let (endpoint, mut http) = bind_both(&config, &identity, previous).await?;
     let bound = endpoint.local_addr()?;
     let advertised = match config.advertise {
@@ -599,7 +599,7 @@ fn restore(shared: &Arc<Shared>) -> anyhow::Result<()> {
 /// durable on its disk; or this machine's copy in `DATA_DIR/blobs` in front
 /// of the bucket `--blobs` names, which is asked once here so that a wrong
 /// endpoint or key stops the start with a clear error.
-async fn open_store(dir: &Path, blobs: Option<&BlobsAt>) -> anyhow::Result<Backed> {
+async fn open_store(dir: &Path, blobs: Option<&BlobsAt>, standby: bool) -> anyhow::Result<Backed> {
     let folder = |path: &Path, durable: bool| {
         let open = if durable {
             BlobDir::open_durable
@@ -620,7 +620,13 @@ async fn open_store(dir: &Path, blobs: Option<&BlobsAt>) -> anyhow::Result<Backe
             let shown = endpoint.shown();
             match tokio::task::spawn_blocking(move || probe.list("blobs").map(|_| ())).await? {
                 Ok(()) => {}
-                // Out of reach for now (a standby taking over during an
+                // A standby that cannot reach it would take the farm over
+                // unable to keep a result: it stands by only once it can.
+                Err(e) if standby => bail!(
+                    "the asset bucket {location} at {shown} is out of reach ({e}): a standby \
+                     stands by only once it reaches its bucket"
+                ),
+                // Out of reach for now (a coordinator restarted during an
                 // outage): serve, and wait for it where it is needed.
                 Err(e) if e.transient => tracing::warn!(
                     %location,

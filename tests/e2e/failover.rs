@@ -729,8 +729,8 @@ fn signal(pid: u32, sig: i32) {
     assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
 }
 
-/// A standby whose bucket refuses its key stops at its start, with the
-/// bucket's reason, before it stands by: it never waits to fail only when
+/// A standby whose bucket refuses its key, or that cannot reach its
+/// bucket, stops at its start, with the reason, before it stands by: it never waits to fail only when
 /// the farm needs it (it took the lease and exited, before), and never
 /// writes a ticket nor gets named in the farm's.
 #[test]
@@ -738,42 +738,54 @@ fn signal(pid: u32, sig: i32) {
 fn a_standby_its_bucket_refuses_stops_at_its_start_not_when_it_takes_over() {
     let name = "standby-refused";
     let farm = Farm::start_with_state(name, &[], State::PostgresS3);
-    let wrong_key = "0".repeat(64);
-    let env = (farm.coordinator_env.iter()).map(|(k, v)| match k.as_str() {
-        "AWS_SECRET_ACCESS_KEY" => (k.as_str(), wrong_key.as_str()),
-        _ => (k.as_str(), v.as_str()),
-    });
-    let data = farm.dir.join("data-standby");
     let blobs = format!("s3://{}/{name}", tessera_store::scratch_garage::BUCKET);
-    let mut child = std::process::Command::new(crate::harness::binary())
-        .args(["coordinator", "--listen", "127.0.0.1:0", "--standby"])
-        .args(["--blobs", &blobs, "--data-dir"])
-        .arg(&data)
-        .envs(env)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start the standby");
-    let began = Instant::now();
-    let exit = loop {
-        if let Some(exit) = child.try_wait().unwrap() {
-            break exit;
-        }
-        if began.elapsed() > Duration::from_secs(30) {
-            let _ = child.kill();
-            panic!("a standby its bucket refuses stood by");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    assert!(!exit.success(), "{exit}");
-    let mut err = String::new();
-    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
-    assert!(err.contains(&blobs), "the error names the bucket: {err}");
-    assert!(!err.contains(&wrong_key), "the key is never shown: {err}");
-    assert!(
-        ticket_in(&data, "worker.ticket").is_none(),
-        "it wrote a ticket"
-    );
+    let wrong_key = "0".repeat(64);
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let dead_url = format!("http://{}", dead.local_addr().unwrap());
+    drop(dead);
+    // A wrong key, then an endpoint nobody answers on.
+    for (n, (var, value)) in [
+        ("AWS_SECRET_ACCESS_KEY", wrong_key.as_str()),
+        ("AWS_ENDPOINT_URL", dead_url.as_str()),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let env = (farm.coordinator_env.iter()).map(|(k, v)| match k == var {
+            true => (k.as_str(), value),
+            false => (k.as_str(), v.as_str()),
+        });
+        let data = farm.dir.join(format!("data-standby-{n}"));
+        let mut child = std::process::Command::new(crate::harness::binary())
+            .args(["coordinator", "--listen", "127.0.0.1:0", "--standby"])
+            .args(["--blobs", &blobs, "--data-dir"])
+            .arg(&data)
+            .envs(env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start the standby");
+        let began = Instant::now();
+        let exit = loop {
+            if let Some(exit) = child.try_wait().unwrap() {
+                break exit;
+            }
+            if began.elapsed() > Duration::from_secs(60) {
+                let _ = child.kill();
+                panic!("a standby with a wrong {var} stood by");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        };
+        assert!(!exit.success(), "{var}: {exit}");
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert!(err.contains(&blobs), "the error names the bucket: {err}");
+        assert!(!err.contains(&wrong_key), "the key is never shown: {err}");
+        assert!(
+            ticket_in(&data, "worker.ticket").is_none(),
+            "it wrote a ticket"
+        );
+    }
     // The active coordinator's tickets, rewritten each look, name it alone.
     std::thread::sleep(Duration::from_secs(4));
     let ticket = ticket_in(&farm.data, "worker.ticket").unwrap();
@@ -822,6 +834,13 @@ fn a_standby_answers_on_its_http_port_and_serves_the_api_there_once_it_takes_ove
     assert_eq!(code, 503, "{body}");
     let error: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(error["kind"], "unavailable", "{body}");
+    // Idle sockets, more than it serves at once, never keep a scrape out.
+    let idle: Vec<_> = (0..100)
+        .map(|_| std::net::TcpStream::connect(http).unwrap())
+        .collect();
+    let (code, body) = http_call(&ticket, http, "GET", "/metrics", "");
+    assert_eq!((code, lease_held(&body)), (200, Some(0.0)), "{body}");
+    drop(idle);
 
     farm.kill_coordinator();
     wait_until(

@@ -4,8 +4,9 @@
 //! and is seen alive); every other request `503` of kind `unavailable`,
 //! saying that it stands by (clients find the active coordinator through
 //! their ticket's other addresses). Small and bounded: at most
-//! [`MAX_CONNECTIONS`] at once, each given [`HANDSHAKE_TIMEOUT`] for its
-//! TLS handshake and headers and closed after one answer.
+//! [`MAX_CONNECTIONS`] at once (the oldest closed for a newcomer), each
+//! given [`HANDSHAKE_TIMEOUT`] for its TLS handshake and headers and closed
+//! after one answer.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -38,15 +39,22 @@ pub(crate) async fn answer(
 ) {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let mut connections = JoinSet::new();
+    // Oldest first: at the limit, the oldest still open is closed to make
+    // room (an answer takes one request: the oldest are the idle ones), so
+    // idle sockets never keep a scrape out.
+    let mut opened = std::collections::VecDeque::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
                 let Ok((tcp, _)) = accepted else { continue };
-                if connections.len() >= MAX_CONNECTIONS {
-                    continue;
+                opened.retain(|c: &tokio::task::AbortHandle| !c.is_finished());
+                if opened.len() >= MAX_CONNECTIONS {
+                    if let Some(oldest) = opened.pop_front() {
+                        oldest.abort();
+                    }
                 }
                 let (acceptor, bearers) = (acceptor.clone(), bearers.clone());
-                connections.spawn(async move {
+                let handle = connections.spawn(async move {
                     let Ok(Ok(tls)) = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await else {
                         return;
                     };
@@ -61,6 +69,7 @@ pub(crate) async fn answer(
                         .serve_connection(TokioIo::new(tls), service);
                     let _ = tokio::time::timeout(2 * HANDSHAKE_TIMEOUT, served).await;
                 });
+                opened.push_back(handle);
             }
             Some(_) = connections.join_next(), if !connections.is_empty() => {}
         }
