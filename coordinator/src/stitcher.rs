@@ -142,6 +142,10 @@ fn stitch_frame(shared: &Arc<Shared>, job_id: u64, frame_pos: usize) -> anyhow::
         }
     };
     let digest = shared.store.put_bytes(&image)?;
+    // In the bucket before the frame is recorded: `put_bytes` skips bytes
+    // this machine's folder holds already, which a coordinator killed
+    // between storing and uploading them may hold only there.
+    shared.store.inner().sync(&[digest])?;
     let size = image.len() as u64;
     if plan.stage == StitchStage::Passes {
         // The finishing task's input: kept out of the job's frames.

@@ -222,8 +222,11 @@ fn the_standby_takes_over_a_blender_job_when_the_active_coordinator_is_killed() 
     }
     let twice = renders.values().filter(|&&n| n > 1).count();
     assert_eq!(renders.len() as u64, total, "every tile rendered");
-    // One slot per worker: at most one tile each was in flight.
-    assert!(twice <= 3, "{twice} tiles rendered twice: {renders:?}");
+    // In flight at the kill: per worker, its one slot's tile and the one
+    // leased ahead of it (pipelining), which it may render before it hears
+    // from the standby: under load, one that rejoins after the standby's
+    // rejoin window finds both given to others.
+    assert!(twice <= 6, "{twice} tiles rendered twice: {renders:?}");
     let log = standby.log_text();
     let handed_after_ms = logged(&log, "first task handed out", "since_ms");
     eprintln!(

@@ -304,7 +304,12 @@ async fn serve(
         let bytes = (shared.store.get(&source)).with_context(|| format!("reading {label}"))?;
         let made = make(&bytes).map_err(|e| e.to_string());
         let recorded = match &made {
-            Ok(png) => Ok(shared.store.put_bytes(png)?),
+            Ok(png) => {
+                let digest = shared.store.put_bytes(png)?;
+                // Where the record says it is (see the stitcher).
+                shared.store.inner().sync(&[digest])?;
+                Ok(digest)
+            }
             Err(why) => Err(why.clone()),
         };
         shared
