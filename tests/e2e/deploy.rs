@@ -229,15 +229,5 @@ fn the_deploy_files_store_set_up_as_written_keeps_a_farms_frames() {
         &Endpoint::new(&endpoint, "garage", key_id, secret),
     )
     .unwrap();
-    let frames = farm.db().frames(job).expect("the job's frames");
-    assert!(!frames.is_empty());
-    for f in frames {
-        let kept = bucket.head(&format!("blobs/{}", f.digest.to_hex()));
-        assert_eq!(
-            kept.expect("the bucket answers"),
-            Some(f.size),
-            "frame {}",
-            f.frame
-        );
-    }
+    farm.assert_frames_in(&bucket, job);
 }

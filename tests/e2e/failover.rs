@@ -89,6 +89,22 @@ pub fn wait_until(what: &str, limit: Duration, mut ready: impl FnMut() -> bool) 
     }
 }
 
+/// Waits up to 60 s for `child` to exit (killed and failing the test
+/// after that, naming `what`); its exit status.
+fn exit_within(child: &mut Child, what: &str) -> std::process::ExitStatus {
+    let began = Instant::now();
+    loop {
+        if let Some(exit) = child.try_wait().unwrap() {
+            return exit;
+        }
+        if began.elapsed() > Duration::from_secs(60) {
+            let _ = child.kill();
+            panic!("{what}: not within 60 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// The ticket in `file` of data dir `data`.
 fn ticket_in(data: &Path, file: &str) -> Option<Ticket> {
     std::fs::read_to_string(data.join(file))
@@ -390,17 +406,7 @@ fn a_worker_started_before_the_standby_follows_its_rewritten_ticket() {
     let done = farm.wait_done(id, &out);
     assert_eq!(done["state"], "done", "{done}");
     let mut events = events;
-    let began = Instant::now();
-    let status = loop {
-        if let Some(status) = events.try_wait().unwrap() {
-            break status;
-        }
-        if began.elapsed() > Duration::from_secs(60) {
-            let _ = events.kill();
-            panic!("`events --job` did not end with its job");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let status = exit_within(&mut events, "`events --job` ending with its job");
     let read = |pipe: Option<&mut dyn std::io::Read>| {
         let mut text = String::new();
         pipe.unwrap().read_to_string(&mut text).unwrap();
@@ -768,17 +774,10 @@ fn a_standby_its_bucket_refuses_stops_at_its_start_not_when_it_takes_over() {
             .stderr(Stdio::piped())
             .spawn()
             .expect("start the standby");
-        let began = Instant::now();
-        let exit = loop {
-            if let Some(exit) = child.try_wait().unwrap() {
-                break exit;
-            }
-            if began.elapsed() > Duration::from_secs(60) {
-                let _ = child.kill();
-                panic!("a standby with a wrong {var} stood by");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let exit = exit_within(
+            &mut child,
+            &format!("a standby with a wrong {var} stopping"),
+        );
         assert!(!exit.success(), "{var}: {exit}");
         let mut err = String::new();
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();

@@ -283,7 +283,11 @@ impl Farm {
         let Some(garage) = &self.garage else {
             return;
         };
-        let bucket = garage.bucket(&self.name).expect("the farm's bucket");
+        self.assert_frames_in(&garage.bucket(&self.name).expect("the farm's bucket"), job);
+    }
+
+    /// Every frame of `job` is in `bucket`, whole.
+    pub fn assert_frames_in(&self, bucket: &tessera_store::s3::Bucket, job: u64) {
         let frames = self.db().frames(job).expect("the job's frames");
         assert!(!frames.is_empty(), "job {job} has no frames");
         for f in frames {

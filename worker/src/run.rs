@@ -413,14 +413,7 @@ async fn session(
                         match held.table.job_info(t.job) {
                             Some(job) => {
                                 tracing::info!(job = t.job, task = t.index, "fetching the task's files again, over the new connection");
-                                let env = TaskEnv {
-                                    config: config.clone(),
-                                    cache: cache.clone(),
-                                    conn: conn.clone(),
-                                    link: held.link.clone(),
-                                    finished: held.finished_tx.clone(),
-                                    slots: held.slots.clone(),
-                                };
+                                let env = task_env(config, cache, &conn, held);
                                 start_render(held, env, job, *task);
                                 continue;
                             }
@@ -472,14 +465,7 @@ async fn session(
         if matches!(msg, CoordMsg::Assign(_)) {
             held.idle.work();
         }
-        let env = TaskEnv {
-            config: config.clone(),
-            cache: cache.clone(),
-            conn: conn.clone(),
-            link: held.link.clone(),
-            finished: held.finished_tx.clone(),
-            slots: held.slots.clone(),
-        };
+        let env = task_env(config, cache, &conn, held);
         if on_message(held, env, &tx, msg) && !draining {
             draining = true;
             held.draining = true;
@@ -577,6 +563,23 @@ async fn heartbeat(tx: mpsc::UnboundedSender<WorkerMsg>, heartbeat_ms: u64) {
         if tx.send(WorkerMsg::Heartbeat { telemetry }).is_err() {
             break;
         }
+    }
+}
+
+/// What a task started over `conn` runs with.
+fn task_env(
+    config: &Arc<Config>,
+    cache: &Arc<Cache>,
+    conn: &quinn::Connection,
+    held: &Held,
+) -> TaskEnv {
+    TaskEnv {
+        config: config.clone(),
+        cache: cache.clone(),
+        conn: conn.clone(),
+        link: held.link.clone(),
+        finished: held.finished_tx.clone(),
+        slots: held.slots.clone(),
     }
 }
 
