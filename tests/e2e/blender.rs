@@ -3,7 +3,8 @@
 //! `#[ignore = "needs blender"]`: listed as ignored by a plain `cargo test`,
 //! run by CI's `--include-ignored`, and failed there if Blender is missing.
 //!
-//! With `TESSERA_TEST_BLENDER_RUNTIME=bpy` the same tests run on the `bpy`
+//! Each test is also `blender::on_bpy::TEST`, the same on the `bpy` module
+//! (see [`also_on_bpy`]). With `TESSERA_TEST_BLENDER_RUNTIME=bpy` the tests run on the `bpy`
 //! module in the Python named by `TESSERA_BLENDER_PYTHON` instead: the
 //! scenes are made and saved by that Blender, its own renders are the
 //! references, workers offer it with `--blender-python`, and `submit`
@@ -22,6 +23,54 @@ pub(crate) fn enabled() -> bool {
     require(Need::Blender);
     true
 }
+
+/// Points this test process at the `bpy` module (`$TESSERA_TEST_BPY`)
+/// instead of Debian's executable, as `TESSERA_TEST_BLENDER_RUNTIME=bpy`
+/// would: what the [`also_on_bpy`] wrappers call before a test's body. The
+/// variables it sets reach the whole process and the farms it starts, so it
+/// runs only where nextest gives each test a process of its own.
+pub(crate) fn use_bpy() {
+    require(Need::Bpy);
+    assert!(
+        std::env::var("NEXTEST_EXECUTION_MODE").is_ok_and(|m| m == "process-per-test"),
+        "a Blender test on bpy sets its process's environment: run it with cargo nextest \
+         (./test), which gives each test a process of its own"
+    );
+    let py = std::env::var_os("TESSERA_TEST_BPY").unwrap();
+    std::env::set_var("TESSERA_TEST_BLENDER_RUNTIME", "bpy");
+    std::env::set_var("TESSERA_BLENDER_PYTHON", py);
+}
+
+/// The tests named, again on the official Blender 4.5 LTS as the `bpy`
+/// module: `MODULE::on_bpy::TEST` runs `MODULE::TEST` after [`use_bpy`]
+/// (scenes saved by 4.5, references rendered by 4.5). In the same run as
+/// the rest, so CI needs no second pass for them.
+macro_rules! also_on_bpy {
+    ($($test:ident),* $(,)?) => {
+        mod on_bpy {
+            $(
+                #[test]
+                #[ignore = "needs blender and bpy 4.5 (TESSERA_TEST_BPY)"]
+                fn $test() {
+                    crate::blender::use_bpy();
+                    super::$test();
+                }
+            )*
+        }
+    };
+}
+pub(crate) use also_on_bpy;
+
+also_on_bpy!(
+    tiled_blend_with_relative_absolute_and_linked_files_matches_blenders_own_render,
+    sample_ranges_merge_to_the_full_render_within_float_precision,
+    a_text_block_in_a_submitted_file_never_runs,
+    bad_blend_files_are_refused_before_upload_with_one_line,
+    a_crashing_blender_fails_the_task_with_its_last_lines_then_the_job,
+    a_worker_whose_blender_always_crashes_is_blocklisted_and_the_job_completes_on_the_others,
+    submit_refuses_files_outside_the_project_and_asset_roots_and_stores_none_of_them,
+    a_reference_the_job_does_not_carry_never_reads_the_workers_own_file,
+);
 
 /// The `bpy` interpreter the tests run on, when they run on the module.
 fn bpy_python() -> Option<PathBuf> {

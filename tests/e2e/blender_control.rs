@@ -6,13 +6,25 @@
 //! runaway renders with a reason; `kill -9` of a worker leaves no Blender
 //! behind, and a worker started again on the same cache folder ends what a
 //! crashed one left. Like `blender::`, these run on Debian's 3.4 and, with
-//! `TESSERA_TEST_BLENDER_RUNTIME=bpy`, on the `bpy` module (CI runs both).
+//! `TESSERA_TEST_BLENDER_RUNTIME=bpy`, on the `bpy` module: each is also
+//! `blender_control::on_bpy::TEST`, which CI runs in the same pass.
 
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::blender::{blender_script, blender_worker, enabled, run_ok};
+use crate::blender::{also_on_bpy, blender_script, blender_worker, enabled, run_ok};
 use crate::harness::Farm;
+
+also_on_bpy!(
+    a_cancel_kills_the_renderer_frees_the_slot_and_never_renders_the_task_again,
+    a_budget_reached_mid_tile_with_on_budget_cancel_kills_the_renderer,
+    a_stragglers_losing_copy_is_killed,
+    a_task_past_its_time_limit_is_ended_and_the_job_fails_with_the_limit,
+    a_stalled_renderer_is_ended_after_the_stall_window_with_its_log_kept,
+    a_long_silent_render_that_works_is_not_taken_for_stalled,
+    killing_a_worker_mid_render_leaves_no_blender_and_a_restart_ends_what_a_crash_left,
+    a_renderer_gets_only_the_allow_listed_environment_never_the_workers_secrets,
+);
 
 /// Makes `DIR/slow.blend`: the factory scene on Cycles (CPU, no adaptive
 /// sampling, no denoising) at 96x64 with a million samples per pixel, so
