@@ -13,6 +13,10 @@ use tessera_coordinator::scratch_postgres::ScratchPostgres;
 use tessera_store::scratch_garage::{ScratchGarage, BUCKET};
 use tessera_worker::engine::builtin;
 
+// Also included by the benches (`#[path]`): a path from this file.
+#[path = "reference.rs"]
+mod reference;
+
 /// Farms are heavy on a 2-core machine: one at a time.
 static ONE_FARM: Mutex<()> = Mutex::new(());
 
@@ -660,17 +664,10 @@ impl Drop for Farm {
     }
 }
 
-/// The pixels of `frame` of a builtin scene, rendered whole in this process.
+/// The pixels of `frame` of a builtin scene, rendered whole (once per test
+/// build: see `reference`).
 pub fn reference_frame(scene: &Path, frame: u32, samples: Option<u32>) -> (u32, u32, Vec<u8>) {
-    let s = builtin::Scene::load(scene).unwrap();
-    let t = builtin::Textures::load(&s, scene.parent().unwrap()).unwrap();
-    let (w, h) = s.resolution();
-    let samples = samples.unwrap_or_else(|| s.samples());
-    (
-        w,
-        h,
-        builtin::render_tile(&s, &t, frame, builtin::PixelRect::full(w, h), samples, 2),
-    )
+    reference::frame(scene, frame, samples)
 }
 
 pub fn png_pixels(path: &Path) -> (u32, u32, Vec<u8>) {
