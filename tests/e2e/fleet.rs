@@ -215,7 +215,7 @@ fn a_local_fleet_starts_nodes_for_a_submit_replaces_a_killed_one_and_stops_them_
     let s = fleet.wait("start", |_| true);
     assert!(nodes(&s).is_empty(), "nodes rented for nothing: {s}");
 
-    let job = submit(&farm, "1-4", "2x2", "256");
+    let job = submit(&farm, "1-4", "2x2", "128");
     let s = fleet.wait("rent two nodes", |s| nodes(s).len() == 2);
     let first = nodes(&s)[0].clone();
     // The coordinator has the fleet's report too: the dashboard's farm
@@ -246,7 +246,7 @@ fn a_local_fleet_starts_nodes_for_a_submit_replaces_a_killed_one_and_stops_them_
         &out,
         &scenes().join("demo.scene.json"),
         &[1, 2, 3, 4],
-        256,
+        128,
     );
     // Nothing queued: every node is released by the idle timeout.
     let s = fleet.wait("release idle nodes", |s| nodes(s).is_empty());
@@ -666,7 +666,7 @@ fn crash_and_adopt(farm: &Farm, toml: &str, alive: &dyn Fn(&str) -> bool) -> Vec
         );
     };
     let fleet = Fleet::start(farm, toml);
-    let job = submit(farm, "1-4", "2x2", "256");
+    let job = submit(farm, "1-4", "2x2", "128");
     let s = fleet.wait("rent two nodes", |s| nodes(s).len() == 2);
     let first = nodes(&s);
     step("rented two nodes");
@@ -700,7 +700,7 @@ fn crash_and_adopt(farm: &Farm, toml: &str, alive: &dyn Fn(&str) -> bool) -> Vec
     step("released both when idle");
 
     // No fleet comes back: the nodes stop by themselves.
-    let job = submit(farm, "1-4", "2x2", "256");
+    let job = submit(farm, "1-4", "2x2", "128");
     let s = again.wait("rent two new nodes", |s| nodes(s).len() == 2);
     let second = nodes(&s);
     step("rented two new nodes");
