@@ -181,9 +181,21 @@ fn client_commands_end_quietly_when_their_reader_closes_the_pipe() {
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
+        // A job that makes events and costs little to render.
+        let eventful = || {
+            let scene = scenes().join("demo.scene.json");
+            let args = [
+                "submit",
+                scene.to_str().unwrap(),
+                "--samples",
+                "1",
+                "--json",
+            ];
+            farm.json(&args);
+        };
         if args[0] == "events" {
             // Something to print: the stream shows only what happens now.
-            farm.submit_demo_frame("1x1");
+            eventful();
         }
         // Read one line, then close the pipe, as `head -1` does.
         let mut line = String::new();
@@ -193,7 +205,7 @@ fn client_commands_end_quietly_when_their_reader_closes_the_pipe() {
         if args[0] == "events" {
             // More events after the reader left: the next write meets a
             // closed pipe.
-            farm.submit_demo_frame("1x1");
+            eventful();
         }
         let out = child.wait_with_output().unwrap();
         let stderr = String::from_utf8_lossy(&out.stderr);

@@ -52,13 +52,15 @@ pub fn frame(scene: &Path, frame: u32, samples: Option<u32>) -> (u32, u32, Vec<u
 }
 
 /// A hash of the builtin renderer's sources (the worker's
-/// `engine/builtin/` and the scanner's `builtin/`) and of `Cargo.lock`:
-/// what its pixels depend on.
+/// `engine/builtin/`, the scanner's `builtin/`, the protocol's `sums.rs`)
+/// and of `Cargo.lock`: what its pixels depend on. A source it missed
+/// would make a stale reference, which fails a test, never passes one: the
+/// farm's frames come from the code as it is.
 fn renderer_identity() -> &'static str {
     static ID: OnceLock<String> = OnceLock::new();
     ID.get_or_init(|| {
         let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-        let mut files = vec![root.join("Cargo.lock")];
+        let mut files = vec![root.join("Cargo.lock"), root.join("protocol/src/sums.rs")];
         for folder in ["worker/src/engine/builtin", "scan/src/builtin"] {
             let found = std::fs::read_dir(root.join(folder)).unwrap();
             files.extend(found.map(|e| e.unwrap().path()));
