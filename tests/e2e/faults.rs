@@ -666,11 +666,12 @@ fn a_bucket_that_refuses_writes_mid_job_holds_the_job_until_it_takes_them() {
     let deny = [&["bucket", "deny", "--write", "tessera"][..], &key].concat();
     farm.garage().cli(&deny).expect("write permission revoked");
     farm.add_worker("w1");
-    // Tasks render and their results are refused: several go by (each
-    // refused batch waits twice as long as the one before it: three, not
-    // more, keep the test short).
+    // Tasks render and their results are refused: five renders of the
+    // job's four tasks, so at least one task was rendered again after a
+    // refusal (each refused batch waits twice as long as the one before
+    // it: five, not more, keep the test short).
     let began = std::time::Instant::now();
-    while farm.renders().len() < 3 {
+    while farm.renders().len() < 5 {
         assert!(
             began.elapsed() < Duration::from_secs(120),
             "no renders while the bucket refused writes"

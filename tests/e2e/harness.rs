@@ -664,12 +664,6 @@ impl Drop for Farm {
     }
 }
 
-/// The pixels of `frame` of a builtin scene, rendered whole (once per test
-/// build: see `reference`).
-pub fn reference_frame(scene: &Path, frame: u32, samples: Option<u32>) -> (u32, u32, Vec<u8>) {
-    reference::frame(scene, frame, samples)
-}
-
 pub fn png_pixels(path: &Path) -> (u32, u32, Vec<u8>) {
     let bytes = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     builtin::decode_png_rgb(&bytes).unwrap()
@@ -702,7 +696,7 @@ fn check_frames(dir: &Path, scene: &Path, frames: &[u32], samples: Option<u32>) 
     for &f in frames {
         let got = png_pixels(&dir.join(format!("frame_{f:04}.png")));
         assert!(
-            got == reference_frame(scene, f, samples),
+            reference::matches(scene, f, samples, &got),
             "frame {f} differs from the whole-frame render"
         );
     }
