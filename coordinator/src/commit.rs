@@ -20,6 +20,10 @@ pub const FAILPOINT: &str = "TESSERA_FAILPOINT";
 /// Ends the process right after the first committed batch, before any of
 /// its results is acknowledged.
 pub const FAILPOINT_EXIT_AFTER_COMMIT: &str = "exit-after-commit";
+/// The first committed batch is reported to the farm core as refused by
+/// an outage: a commit whose answer was lost and whose retries ran out,
+/// with its rows in the database all the same.
+pub const FAILPOINT_LOSE_FIRST_ANSWER: &str = "lose-first-commit-answer";
 /// The stitcher aborts the coordinator once a frame's passes are stitched
 /// and recorded, before its finishing task is handed out.
 pub const FAILPOINT_EXIT_AFTER_PASSES: &str = "exit-after-passes";
@@ -44,8 +48,9 @@ pub(crate) enum CommitMsg {
 /// the outcome to the farm core, which acknowledges and counts them and
 /// asks for the frames they complete.
 pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<CommitMsg>) {
-    let exit_after_commit =
-        std::env::var(FAILPOINT).is_ok_and(|v| v == FAILPOINT_EXIT_AFTER_COMMIT);
+    let failpoint = std::env::var(FAILPOINT).ok();
+    let exit_after_commit = failpoint.as_deref() == Some(FAILPOINT_EXIT_AFTER_COMMIT);
+    let mut lose_answer = failpoint.as_deref() == Some(FAILPOINT_LOSE_FIRST_ANSWER);
     let mut outage = Outage::default();
     let mut stop = false;
     while !stop {
@@ -81,7 +86,8 @@ pub(crate) fn committer(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Com
             }
         }
         if !batch.is_empty() {
-            commit_results(&shared, batch, exit_after_commit, &mut outage);
+            let lost = commit_results(&shared, batch, exit_after_commit, lose_answer, &mut outage);
+            lose_answer &= !lost;
         }
         if let Some((job, tasks, frames)) = withdraw {
             if let Err(e) = shared.db().withdraw(job, &tasks, &frames) {
@@ -186,12 +192,15 @@ impl Unreachable for anyhow::Error {
 }
 
 /// Writes one batch of results, then lets the core acknowledge them.
+/// With `lose_answer` (a failpoint), a committed batch is reported to the
+/// core as refused, and true is returned.
 fn commit_results(
     shared: &Arc<Shared>,
     batch: Vec<AcceptedResult>,
     exit_after_commit: bool,
+    lose_answer: bool,
     outage: &mut Outage,
-) {
+) -> bool {
     let rows: Vec<NewResult<'_>> = batch
         .iter()
         .map(|c| NewResult {
@@ -256,7 +265,21 @@ fn commit_results(
         );
         std::process::abort();
     }
+    let lost = lose_answer && outcome.is_ok();
+    let outcome = if lost {
+        tracing::warn!(
+            results = batch.len(),
+            "failpoint: a committed batch reported as refused by an outage"
+        );
+        Err(CommitFailure {
+            transient: true,
+            reason: "failpoint: the commit's answer was lost".into(),
+        })
+    } else {
+        outcome
+    };
     shared.update(|core, now| core.committed(&batch, outcome, now));
+    lost
 }
 
 #[cfg(test)]

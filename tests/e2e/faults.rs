@@ -652,6 +652,46 @@ fn coordinator_killed_between_a_commit_and_its_ack_keeps_the_result_and_its_veri
     assert_eq!(farm.renders(), [(id, 0)], "rendered once");
 }
 
+/// A commit whose answer was lost, with its rows in the database, reported
+/// to the farm core as refused by an outage (a failpoint: in CI it took
+/// PostgreSQL stopped at the very moment of a COMMIT, then down past the
+/// commit's 30 s of patience). Its task runs again and its second result
+/// finds the first one's row: that row is counted, the frame stitched and
+/// the job done. Before, the job never ended.
+#[test]
+fn a_commit_reported_refused_that_had_landed_still_lets_the_job_finish() {
+    use tessera_coordinator::commit::{FAILPOINT, FAILPOINT_LOSE_FIRST_ANSWER};
+
+    let mut farm = Farm::start("lostanswer", &[]);
+    farm.coordinator_env
+        .push((FAILPOINT.into(), FAILPOINT_LOSE_FIRST_ANSWER.into()));
+    farm.kill_coordinator();
+    farm.start_coordinator();
+    farm.add_worker("w1");
+    let scene = scenes().join("demo.scene.json");
+    let job = farm.json(&[
+        "submit",
+        scene.to_str().unwrap(),
+        "--frames",
+        "1",
+        "--tiles",
+        "2x1",
+        "--samples",
+        "32",
+        "--json",
+    ]);
+    let id = job["id"].as_u64().unwrap();
+    let out = farm.dir.join("out");
+    let done = farm.wait_done(id, &out);
+    assert_eq!(done["state"], "done", "{done}");
+    assert_eq!(done["tasks_done"], 2, "{done}");
+    assert_frames_match_reference_samples(&out, &scene, &[1], 32);
+    let renders = farm.renders();
+    // The first batch (one result, or both) was refused and ran again.
+    assert!(renders.len() > 2, "the refused task ran again: {renders:?}");
+    assert_eq!(farm.db().results(id).unwrap().len(), 2);
+}
+
 /// The bucket refusing the coordinator's writes mid-job (its key's write
 /// permission revoked) is an outage, not the job's failure: results are
 /// refused and their tasks run again until the key may write again; the

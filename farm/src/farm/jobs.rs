@@ -43,8 +43,18 @@ impl FarmCore {
     }
 
     /// The database has written `batch` (`Ok(fresh)`: which rows were new)
-    /// or failed to: acknowledges each result, counts the new ones and asks
-    /// for the frames they complete.
+    /// or failed to: acknowledges each result, counts it and asks for the
+    /// frames it completes.
+    ///
+    /// A result is accepted only for a task this core has not counted (a
+    /// task counted is refused as done, and one reopened after counting has
+    /// its row withdrawn first), so a row the database already held for it
+    /// was written by a commit this core was told had failed: its answer
+    /// was lost (a connection that closed at its commit) and the database
+    /// then stayed out of reach past the commit's patience, so the batch
+    /// was refused and the task ran again. That row is the task's result of
+    /// record (stitches read it) and is counted now; left uncounted, its
+    /// frame would never be stitched and the job never end.
     pub fn committed(
         &mut self,
         batch: &[AcceptedResult],
@@ -71,7 +81,15 @@ impl FarmCore {
         for (i, c) in batch.iter().enumerate() {
             let (accepted, reason) = match &outcome {
                 Ok(fresh) => {
-                    if fresh.get(i).copied().unwrap_or(false) && self.still_counts(c.task) {
+                    if !fresh.get(i).copied().unwrap_or(false) {
+                        tracing::warn!(
+                            job = c.task.job,
+                            task = c.task.index,
+                            "the database already held this task's result, from a commit \
+                             whose answer was lost: it is the result of record"
+                        );
+                    }
+                    if self.still_counts(c.task) {
                         self.count_result(c, now);
                     }
                     (true, None)

@@ -651,6 +651,53 @@ fn a_commit_the_database_could_not_take_refuses_the_result_and_runs_the_task_aga
     assert_eq!(farm.records, [(job, JobState::Done, None)]);
 }
 
+/// A commit whose answer was lost (PostgreSQL stopped at its COMMIT) and
+/// whose retries then ran out: the core was told it failed, though the
+/// row is in the database. The task ran again, and its second result found
+/// the first one's row there; that row is counted and the frame stitched.
+/// Before, it was acknowledged and never counted: the frame was never
+/// stitched and the job never ended (seen in CI's `state::postgresql_down…`).
+#[test]
+fn a_result_whose_refused_commit_had_landed_is_counted_when_its_task_runs_again() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 1, 2));
+    let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let leases: Vec<_> = farm.assigned(w).iter().map(|l| l.task).collect();
+    assert_eq!(leases.len(), 2);
+    farm.done(w, leases[0]);
+    let batch = std::mem::take(&mut farm.commits);
+    // In the database, though the core hears it failed.
+    let mut db = BTreeSet::from([(job, leases[0].index)]);
+    let lost = CommitFailure {
+        reason: "the database cannot be reached".into(),
+        transient: true,
+    };
+    farm.core.committed(&batch, Err(lost), farm.now());
+    farm.collect();
+    farm.done(w, leases[1]);
+    farm.commit_all(&mut db);
+    assert!(farm.stitches.is_empty(), "one tile of two counted");
+    let t = farm.now;
+    farm.at(t + crate::farm::OUTAGE_HOLD_MS);
+    farm.msg(w, WorkerMsg::Heartbeat { telemetry: None });
+    farm.dispatch();
+    let again = farm.assigned(w)[0].task;
+    assert_eq!(again.index, leases[0].index);
+    farm.done(w, again);
+    let batch = std::mem::take(&mut farm.commits);
+    // The database already holds the task's row: not fresh.
+    farm.core.committed(&batch, Ok(vec![false]), farm.now());
+    farm.collect();
+    assert_eq!(
+        kinds(&farm.read(w)).last().map(String::as_str),
+        Some("ack 1/0 true")
+    );
+    assert_eq!(farm.stitches, [(job, 0)], "both tiles counted");
+    farm.stitch_all();
+    assert_eq!(farm.records, [(job, JobState::Done, None)]);
+}
+
 #[test]
 fn a_failed_commit_is_refused_to_the_worker_and_fails_the_job() {
     let mut farm = Farm::new(3);
