@@ -25,6 +25,9 @@ pub(crate) struct Job {
     /// position, length); `None` for jobs whose tasks are one frame's.
     pub chunks: Option<Vec<Chunk>>,
     pub tasks_done: u32,
+    /// Which tasks are counted in `tasks_done` (a bit each): a task is
+    /// counted once, whatever the commits report.
+    counted: Vec<u64>,
     /// Accepted results per frame position.
     pub done_per_frame: Vec<u32>,
     pub stitched: Vec<bool>,
@@ -106,6 +109,7 @@ impl Job {
             tasks_per_frame,
             chunks,
             tasks_done: 0,
+            counted: Vec::new(),
             done_per_frame: vec![0; frames],
             stitched: vec![false; frames],
             passes: vec![None; frames],
@@ -193,6 +197,33 @@ impl Job {
                 let pos = (index / self.tasks_per_frame) as usize;
                 pos..pos + 1
             }
+        }
+    }
+
+    /// Marks task `index` counted: false when it was already (or is not
+    /// one of the job's tasks), and it must not be counted again.
+    pub fn count_once(&mut self, index: u32) -> bool {
+        if index >= self.tasks_total() {
+            return false;
+        }
+        let (word, bit) = ((index / 64) as usize, 1u64 << (index % 64));
+        if self.counted.len() <= word {
+            self.counted.resize(word + 1, 0);
+        }
+        let fresh = self.counted[word] & bit == 0;
+        self.counted[word] |= bit;
+        fresh
+    }
+
+    /// Whether task `index` is counted.
+    pub fn is_counted(&self, index: u32) -> bool {
+        (self.counted.get((index / 64) as usize)).is_some_and(|w| w & (1u64 << (index % 64)) != 0)
+    }
+
+    /// Task `index` is no longer counted (its result was withdrawn).
+    pub fn uncount(&mut self, index: u32) {
+        if let Some(word) = self.counted.get_mut((index / 64) as usize) {
+            *word &= !(1u64 << (index % 64));
         }
     }
 

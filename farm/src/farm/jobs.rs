@@ -46,15 +46,16 @@ impl FarmCore {
     /// or failed to: acknowledges each result, counts it and asks for the
     /// frames it completes.
     ///
-    /// A result is accepted only for a task this core has not counted (a
-    /// task counted is refused as done, and one reopened after counting has
-    /// its row withdrawn first), so a row the database already held for it
-    /// was written by a commit this core was told had failed: its answer
+    /// A row the database already held for an accepted result was, as a
+    /// rule, written by a commit this core was told had failed: its answer
     /// was lost (a connection that closed at its commit) and the database
     /// then stayed out of reach past the commit's patience, so the batch
     /// was refused and the task ran again. That row is the task's result of
     /// record (stitches read it) and is counted now; left uncounted, its
-    /// frame would never be stitched and the job never end.
+    /// frame would never be stitched and the job never end. A task is
+    /// counted once whatever the commits report (`Job::count_once`): a
+    /// job retried while one of its commits was in flight sees that task's
+    /// row land, and then the same task's result again.
     pub fn committed(
         &mut self,
         batch: &[AcceptedResult],
@@ -124,6 +125,17 @@ impl FarmCore {
     }
 
     fn count_result(&mut self, c: &AcceptedResult, now: Now) {
+        let job = self.jobs.get_mut(&c.task.job);
+        if job.is_some_and(|job| !job.count_once(c.task.index)) {
+            // Counted already: a result of this task committed while the
+            // job was being retried (restored without it), say.
+            tracing::warn!(
+                job = c.task.job,
+                task = c.task.index,
+                "a result for a task already counted: not counted again"
+            );
+            return;
+        }
         let event = FarmEvent::TaskFinished {
             job: c.task.job,
             index: c.task.index,

@@ -387,16 +387,12 @@ impl FarmCore {
             stored.bytes_uploaded,
             stored.bytes_deduplicated,
         );
-        let mut done = vec![false; job.tasks_total() as usize];
         for (index, render_ms) in stored.results {
-            if let Some(slot) = done.get_mut(index as usize) {
-                if !*slot {
-                    *slot = true;
-                    job.tasks_done += 1;
-                    job.render_ms += render_ms;
-                    for pos in job.frame_positions(index) {
-                        job.done_per_frame[pos] += 1;
-                    }
+            if job.count_once(index) {
+                job.tasks_done += 1;
+                job.render_ms += render_ms;
+                for pos in job.frame_positions(index) {
+                    job.done_per_frame[pos] += 1;
                 }
             }
         }
@@ -420,7 +416,7 @@ impl FarmCore {
             job.finished_unix_ms = stored.finished_unix_ms;
         } else {
             let pending: Vec<u32> = (0..job.tasks_total())
-                .filter(|&i| !done[i as usize])
+                .filter(|&i| !job.is_counted(i))
                 .collect();
             for pos in 0..job.done_per_frame.len() {
                 if job.stitch_due(pos) {

@@ -698,6 +698,30 @@ fn a_result_whose_refused_commit_had_landed_is_counted_when_its_task_runs_again(
     assert_eq!(farm.records, [(job, JobState::Done, None)]);
 }
 
+/// A task counted once, whatever the commits report: the same result
+/// reported again (as when a job was retried while one of its commits was
+/// in flight, and the task rendered again) counts nothing more.
+#[test]
+fn a_task_is_counted_once_however_often_its_results_commit() {
+    let mut farm = Farm::new(3);
+    let job = farm.submit(spec("a", 1, 2));
+    let w = farm.join("w1", worker_info(2, Engine::Builtin, vec![]));
+    farm.dispatch();
+    let leases: Vec<_> = farm.assigned(w).iter().map(|l| l.task).collect();
+    farm.done(w, leases[0]);
+    let batch = std::mem::take(&mut farm.commits);
+    farm.core.committed(&batch, Ok(vec![true]), farm.now());
+    farm.core.committed(&batch, Ok(vec![false]), farm.now());
+    farm.core.committed(&batch, Ok(vec![true]), farm.now());
+    farm.collect();
+    let status = farm.core.job_status(job, farm.now()).unwrap();
+    assert_eq!(status.tasks_done, 1);
+    assert!(farm.stitches.is_empty(), "one tile of two");
+    farm.done(w, leases[1]);
+    farm.commit_all(&mut BTreeSet::new());
+    assert_eq!(farm.stitches, [(job, 0)]);
+}
+
 #[test]
 fn a_failed_commit_is_refused_to_the_worker_and_fails_the_job() {
     let mut farm = Farm::new(3);

@@ -389,6 +389,7 @@ impl FarmCore {
             if checks.counted.remove(&index) {
                 job.tasks_done -= 1;
                 job.done_per_frame[pos] -= 1;
+                job.uncount(index);
             } else {
                 checks.voided.insert(index);
             }
