@@ -55,7 +55,9 @@ impl FarmCore {
     /// frame would never be stitched and the job never end. A task is
     /// counted once whatever the commits report (`Job::count_once`): a
     /// job retried while one of its commits was in flight sees that task's
-    /// row land, and then the same task's result again.
+    /// row land, and then the same task's result again. In a job whose
+    /// results are checked, such a row may be one nobody checked, so the
+    /// job fails saying so rather than take it.
     pub fn committed(
         &mut self,
         batch: &[AcceptedResult],
@@ -81,6 +83,19 @@ impl FarmCore {
         let mut failed_jobs = Vec::new();
         for (i, c) in batch.iter().enumerate() {
             let (accepted, reason) = match &outcome {
+                Ok(fresh) if !fresh.get(i).copied().unwrap_or(false) && self.checked(c) => {
+                    // The row held may be an identity's result that was
+                    // never checked (or a liar's whose withdrawal failed):
+                    // not taken for the job's pixels.
+                    let error = format!(
+                        "task {}: the database holds a result for it that was not checked \
+                         (a commit whose answer was lost, or a withdrawal that failed); \
+                         submit the job again",
+                        c.task.index
+                    );
+                    failed_jobs.push((c.task.job, error));
+                    (true, None)
+                }
                 Ok(fresh) => {
                     if !fresh.get(i).copied().unwrap_or(false) {
                         tracing::warn!(
@@ -122,6 +137,11 @@ impl FarmCore {
             self.fail_job(job, error, now);
         }
         self.effects.push(Effect::Wake);
+    }
+
+    /// Whether the job of `c` has its results checked (`--verify`).
+    fn checked(&self, c: &AcceptedResult) -> bool {
+        (self.jobs.get(&c.task.job)).is_some_and(|j| j.verify.is_some())
     }
 
     fn count_result(&mut self, c: &AcceptedResult, now: Now) {

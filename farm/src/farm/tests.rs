@@ -722,6 +722,42 @@ fn a_task_is_counted_once_however_often_its_results_commit() {
     assert_eq!(farm.stitches, [(job, 0)]);
 }
 
+/// In a job whose results are checked, a row the database already held
+/// for a task may be another identity's, never checked: the job fails
+/// saying so, and neither takes it nor waits forever.
+#[test]
+fn a_row_already_held_for_a_checked_task_fails_its_job_saying_why() {
+    let mut farm = Farm::new(3);
+    let mut spec = spec("v", 1, 1);
+    spec.verify_percent = 100;
+    let job = farm.submit(spec);
+    let a = farm.join("a", worker_info(1, Engine::Builtin, vec![]));
+    let b = farm.join("b", worker_info(1, Engine::Builtin, vec![]));
+    for _ in 0..10 {
+        farm.dispatch();
+        for id in [a, b] {
+            for lease in farm.assigned(id) {
+                farm.done(id, lease.task);
+            }
+        }
+        if !farm.commits.is_empty() {
+            break;
+        }
+        let at = farm.now + 1;
+        farm.at(at);
+    }
+    let batch = std::mem::take(&mut farm.commits);
+    assert_eq!(batch.len(), 1, "the checked result");
+    farm.core.committed(&batch, Ok(vec![false]), farm.now());
+    farm.collect();
+    assert!(farm.stitches.is_empty(), "not taken for the frame");
+    let [(id, state, Some(error))] = &farm.records[..] else {
+        panic!("{:?}", farm.records);
+    };
+    assert_eq!((*id, *state), (job, JobState::Failed));
+    assert!(error.contains("was not checked"), "{error}");
+}
+
 #[test]
 fn a_failed_commit_is_refused_to_the_worker_and_fails_the_job() {
     let mut farm = Farm::new(3);
